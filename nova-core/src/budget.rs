@@ -1,0 +1,213 @@
+//! A counted budget that admitted work waits on: bytes for the admission buffer, flights for the
+//! chain backlog. Waiters are served first come, first served (tokio's semaphore is fair), and
+//! every unit taken is given back exactly once, when its permit drops.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics::BudgetMetrics;
+
+#[derive(Debug, Clone)]
+pub struct Budget {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    semaphore: Arc<Semaphore>,
+    capacity: u64,
+    metrics: BudgetMetrics,
+}
+
+/// Units held from a budget; dropping it returns them.
+#[derive(Debug)]
+pub struct BudgetPermit {
+    permit: OwnedSemaphorePermit,
+    budget: Arc<Inner>,
+}
+
+impl BudgetPermit {
+    pub fn units(&self) -> u64 {
+        self.permit.num_permits() as u64
+    }
+}
+
+impl Drop for BudgetPermit {
+    fn drop(&mut self) {
+        // The semaphore gets the units back after this returns; report the level it will have.
+        let in_use = self
+            .budget
+            .in_use()
+            .saturating_sub(self.permit.num_permits() as u64);
+        self.budget.metrics.in_use.set(in_use as i64);
+    }
+}
+
+impl Inner {
+    fn in_use(&self) -> u64 {
+        self.capacity - self.semaphore.available_permits() as u64
+    }
+}
+
+/// Decrements the waiter gauge however the wait ends, including cancellation.
+struct WaiterGuard<'a>(&'a BudgetMetrics);
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.dec();
+    }
+}
+
+impl Budget {
+    /// A budget of `capacity` units (at least one).
+    pub fn new(capacity: u64, metrics: BudgetMetrics) -> Self {
+        let capacity = capacity.clamp(1, Semaphore::MAX_PERMITS as u64);
+        metrics.capacity.set(capacity as i64);
+        metrics.in_use.set(0);
+        Self {
+            inner: Arc::new(Inner {
+                semaphore: Arc::new(Semaphore::new(capacity as usize)),
+                capacity,
+                metrics,
+            }),
+        }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.inner.capacity
+    }
+
+    pub fn in_use(&self) -> u64 {
+        self.inner.in_use()
+    }
+
+    pub fn waiters(&self) -> i64 {
+        self.inner.metrics.waiters.get()
+    }
+
+    /// The charge actually taken for a request of `units`: never more than the whole budget, so
+    /// an oversized request waits for an empty budget instead of deadlocking.
+    pub fn clamp(&self, units: u64) -> u32 {
+        units.min(self.inner.capacity).min(u32::MAX as u64) as u32
+    }
+
+    /// Takes the units now if they are free.
+    pub fn try_acquire(&self, units: u64) -> Option<BudgetPermit> {
+        let permit = self
+            .inner
+            .semaphore
+            .clone()
+            .try_acquire_many_owned(self.clamp(units))
+            .ok()?;
+        Some(self.granted(permit))
+    }
+
+    /// Waits until the units are free. Cancel-safe: dropping the future gives up the place in
+    /// line and takes nothing.
+    pub async fn acquire(&self, units: u64) -> BudgetPermit {
+        if let Some(permit) = self.try_acquire(units) {
+            self.inner.metrics.wait.observe(0.0);
+            return permit;
+        }
+        let started = Instant::now();
+        self.inner.metrics.waiters.inc();
+        let _waiting = WaiterGuard(&self.inner.metrics);
+        let permit = self
+            .inner
+            .semaphore
+            .clone()
+            .acquire_many_owned(self.clamp(units))
+            .await
+            // The semaphore is never closed while a Budget exists.
+            .expect("budget semaphore closed");
+        self.inner
+            .metrics
+            .wait
+            .observe(started.elapsed().as_secs_f64());
+        self.granted(permit)
+    }
+
+    fn granted(&self, permit: OwnedSemaphorePermit) -> BudgetPermit {
+        self.inner.metrics.in_use.set(self.inner.in_use() as i64);
+        BudgetPermit {
+            permit,
+            budget: self.inner.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use std::time::Duration;
+
+    fn budget(capacity: u64) -> Budget {
+        let metrics = Metrics::new();
+        Budget::new(capacity, metrics.admission.clone())
+    }
+
+    #[tokio::test]
+    async fn units_come_back_exactly_once() {
+        let b = budget(100);
+        let p1 = b.acquire(60).await;
+        assert_eq!(b.in_use(), 60);
+        assert!(b.try_acquire(41).is_none());
+        let p2 = b.try_acquire(40).unwrap();
+        assert_eq!(b.in_use(), 100);
+        drop(p1);
+        assert_eq!(b.in_use(), 40);
+        drop(p2);
+        assert_eq!(b.in_use(), 0);
+        assert_eq!(b.inner.metrics.in_use.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_request_is_clamped_and_still_served() {
+        let b = budget(100);
+        let held = b.acquire(10).await;
+        let big = {
+            let b = b.clone();
+            tokio::spawn(async move { b.acquire(1_000_000).await.units() })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(b.waiters(), 1, "the big request waits for the whole budget");
+        drop(held);
+        assert_eq!(big.await.unwrap(), 100);
+        assert_eq!(b.waiters(), 0);
+    }
+
+    #[tokio::test]
+    async fn waiters_are_served_in_arrival_order() {
+        let b = budget(10);
+        let held = b.acquire(10).await;
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+        for i in 0..3u64 {
+            let b = b.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let p = b.acquire(10).await;
+                tx.send(i).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                drop(p);
+            });
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(held);
+        let order = [rx.recv().await, rx.recv().await, rx.recv().await];
+        assert_eq!(order, [Some(0), Some(1), Some(2)]);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_wait_takes_nothing() {
+        let b = budget(10);
+        let held = b.acquire(10).await;
+        let waited = tokio::time::timeout(Duration::from_millis(10), b.acquire(5)).await;
+        assert!(waited.is_err());
+        assert_eq!(b.waiters(), 0);
+        drop(held);
+        assert_eq!(b.in_use(), 0);
+    }
+}

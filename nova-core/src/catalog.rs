@@ -1,0 +1,582 @@
+//! The catalog: streams, the index of where each stream's records live, and chain checkpoints,
+//! encoded as keys and values in the metastore.
+//!
+//! ```text
+//! n/{name}                        stream by name: id, created time, class
+//! t/{id:be64}                     stream tail: absorbed tail seq, stored bytes
+//! i/{id:be64}{end_seq:be64}       index entry: a run of the stream's records in an object
+//! c/{star}                        chain state: current epoch and the last absorbed slot
+//! m/next_stream_id                the next stream id to hand out
+//! ```
+//!
+//! Index entries are keyed by their *exclusive end*, so the entry holding sequence number `s` is
+//! the first key after `(id, s)` in a forward scan. Every value starts with a format byte (kept
+//! stable) so fields can be added later.
+
+use std::sync::Arc;
+
+use bytes::{Buf, BufMut};
+
+use crate::metastore::{Compare, KeyValue, MAX_SCAN, Metastore, MetastoreError, Txn, TxnOutcome};
+
+const FORMAT: u8 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageClass {
+    Standard,
+}
+
+impl StorageClass {
+    fn code(self) -> u8 {
+        match self {
+            StorageClass::Standard => 1,
+        }
+    }
+
+    fn from_code(code: u8) -> Result<Self, CatalogError> {
+        match code {
+            1 => Ok(StorageClass::Standard),
+            other => Err(CatalogError::Corrupt(format!(
+                "unknown storage class {other}"
+            ))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamMeta {
+    pub id: u64,
+    pub name: String,
+    pub created_at_ms: u64,
+    pub class: StorageClass,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamTail {
+    /// One past the last absorbed record.
+    pub tail_seq: u64,
+    /// Encoded bytes of the absorbed records.
+    pub stored_bytes: u64,
+}
+
+/// A run of one stream's records in one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub stream_id: u64,
+    pub start_seq: u64,
+    /// Exclusive.
+    pub end_seq: u64,
+    pub object_key: String,
+    pub offset: u64,
+    pub len: u64,
+    pub crc32c: u32,
+}
+
+/// A star's chain: the epoch it writes now, and how far the absorb has recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainState {
+    pub epoch: u64,
+    /// The last slot of `epoch` whose entries are in the index; `None` before the first.
+    pub checkpoint: Option<u64>,
+}
+
+/// The chain state with the version it was read at, for compare-and-set updates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VersionedChain {
+    pub state: ChainState,
+    pub version: u64,
+}
+
+/// One absorb transaction: index entries and tails from consecutive slots, and the checkpoint
+/// they move the chain to.
+#[derive(Debug, Clone, Default)]
+pub struct AbsorbBatch {
+    pub entries: Vec<IndexEntry>,
+    pub tails: Vec<(u64, StreamTail)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("stream {0:?} already exists")]
+    AlreadyExists(String),
+    #[error("stream {0:?} not found")]
+    NotFound(String),
+    /// Somebody else changed what this call expected to own (the chain moved on).
+    #[error("catalog conflict: {0}")]
+    Conflict(String),
+    #[error("catalog value is corrupt: {0}")]
+    Corrupt(String),
+    #[error(transparent)]
+    Metastore(#[from] MetastoreError),
+}
+
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    store: Arc<dyn Metastore>,
+}
+
+fn name_key(name: &str) -> Vec<u8> {
+    let mut key = b"n/".to_vec();
+    key.extend_from_slice(name.as_bytes());
+    key
+}
+
+fn tail_key(id: u64) -> Vec<u8> {
+    let mut key = b"t/".to_vec();
+    key.extend_from_slice(&id.to_be_bytes());
+    key
+}
+
+fn index_prefix(id: u64) -> Vec<u8> {
+    let mut key = b"i/".to_vec();
+    key.extend_from_slice(&id.to_be_bytes());
+    key
+}
+
+fn index_key(id: u64, end_seq: u64) -> Vec<u8> {
+    let mut key = index_prefix(id);
+    key.extend_from_slice(&end_seq.to_be_bytes());
+    key
+}
+
+fn chain_key(star: &str) -> Vec<u8> {
+    let mut key = b"c/".to_vec();
+    key.extend_from_slice(star.as_bytes());
+    key
+}
+
+const NEXT_ID_KEY: &[u8] = b"m/next_stream_id";
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn start(buf: &[u8]) -> Result<Reader<'_>, CatalogError> {
+        match buf.first() {
+            Some(&FORMAT) => Ok(Reader(&buf[1..])),
+            Some(other) => Err(CatalogError::Corrupt(format!(
+                "unknown value format {other}"
+            ))),
+            None => Err(CatalogError::Corrupt("empty value".into())),
+        }
+    }
+    fn need(&self, n: usize) -> Result<(), CatalogError> {
+        if self.0.len() < n {
+            Err(CatalogError::Corrupt("value truncated".into()))
+        } else {
+            Ok(())
+        }
+    }
+    fn u8(&mut self) -> Result<u8, CatalogError> {
+        self.need(1)?;
+        Ok(self.0.get_u8())
+    }
+    fn u32(&mut self) -> Result<u32, CatalogError> {
+        self.need(4)?;
+        Ok(self.0.get_u32_le())
+    }
+    fn u64(&mut self) -> Result<u64, CatalogError> {
+        self.need(8)?;
+        Ok(self.0.get_u64_le())
+    }
+    fn string(&mut self) -> Result<String, CatalogError> {
+        let len = self.u32()? as usize;
+        self.need(len)?;
+        let s = std::str::from_utf8(&self.0[..len])
+            .map_err(|_| CatalogError::Corrupt("string is not UTF-8".into()))?
+            .to_owned();
+        self.0.advance(len);
+        Ok(s)
+    }
+}
+
+fn encode_meta(meta: &StreamMeta) -> Vec<u8> {
+    let mut buf = vec![FORMAT];
+    buf.put_u64_le(meta.id);
+    buf.put_u64_le(meta.created_at_ms);
+    buf.put_u8(meta.class.code());
+    buf
+}
+
+fn decode_meta(name: &str, value: &[u8]) -> Result<StreamMeta, CatalogError> {
+    let mut r = Reader::start(value)?;
+    Ok(StreamMeta {
+        id: r.u64()?,
+        name: name.to_owned(),
+        created_at_ms: r.u64()?,
+        class: StorageClass::from_code(r.u8()?)?,
+    })
+}
+
+fn encode_tail(tail: &StreamTail) -> Vec<u8> {
+    let mut buf = vec![FORMAT];
+    buf.put_u64_le(tail.tail_seq);
+    buf.put_u64_le(tail.stored_bytes);
+    buf
+}
+
+fn decode_tail(value: &[u8]) -> Result<StreamTail, CatalogError> {
+    let mut r = Reader::start(value)?;
+    Ok(StreamTail {
+        tail_seq: r.u64()?,
+        stored_bytes: r.u64()?,
+    })
+}
+
+fn encode_entry(entry: &IndexEntry) -> Vec<u8> {
+    let mut buf = vec![FORMAT];
+    buf.put_u64_le(entry.start_seq);
+    buf.put_u32_le(entry.object_key.len() as u32);
+    buf.put_slice(entry.object_key.as_bytes());
+    buf.put_u64_le(entry.offset);
+    buf.put_u64_le(entry.len);
+    buf.put_u32_le(entry.crc32c);
+    buf
+}
+
+fn decode_entry(key: &[u8], value: &[u8]) -> Result<IndexEntry, CatalogError> {
+    if key.len() != 2 + 16 {
+        return Err(CatalogError::Corrupt(
+            "index key has the wrong length".into(),
+        ));
+    }
+    let mut k = &key[2..];
+    let stream_id = k.get_u64();
+    let end_seq = k.get_u64();
+    let mut r = Reader::start(value)?;
+    Ok(IndexEntry {
+        stream_id,
+        start_seq: r.u64()?,
+        end_seq,
+        object_key: r.string()?,
+        offset: r.u64()?,
+        len: r.u64()?,
+        crc32c: r.u32()?,
+    })
+}
+
+fn encode_chain(state: &ChainState) -> Vec<u8> {
+    let mut buf = vec![FORMAT];
+    buf.put_u64_le(state.epoch);
+    match state.checkpoint {
+        Some(slot) => {
+            buf.put_u8(1);
+            buf.put_u64_le(slot);
+        }
+        None => buf.put_u8(0),
+    }
+    buf
+}
+
+fn decode_chain(value: &[u8]) -> Result<ChainState, CatalogError> {
+    let mut r = Reader::start(value)?;
+    let epoch = r.u64()?;
+    let checkpoint = match r.u8()? {
+        0 => None,
+        1 => Some(r.u64()?),
+        other => return Err(CatalogError::Corrupt(format!("bad checkpoint tag {other}"))),
+    };
+    Ok(ChainState { epoch, checkpoint })
+}
+
+impl Catalog {
+    pub fn new(store: Arc<dyn Metastore>) -> Self {
+        Self { store }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Metastore> {
+        &self.store
+    }
+
+    /// Creates a stream with a fresh id. Ids are never reused, so index entries left behind by a
+    /// deleted stream can never be mistaken for a new stream's.
+    pub async fn create_stream(
+        &self,
+        name: &str,
+        class: StorageClass,
+        created_at_ms: u64,
+    ) -> Result<StreamMeta, CatalogError> {
+        loop {
+            let counter = self.store.get(NEXT_ID_KEY).await?;
+            let (id, counter_compare) = match &counter {
+                Some(kv) => {
+                    let mut r = Reader::start(&kv.value)?;
+                    (r.u64()?, Compare::Version(NEXT_ID_KEY.to_vec(), kv.version))
+                }
+                None => (1, Compare::Missing(NEXT_ID_KEY.to_vec())),
+            };
+            let meta = StreamMeta {
+                id,
+                name: name.to_owned(),
+                created_at_ms,
+                class,
+            };
+            let mut next = vec![FORMAT];
+            next.put_u64_le(id + 1);
+            let txn = Txn::new()
+                .compare(Compare::Missing(name_key(name)))
+                .compare(counter_compare)
+                .put(name_key(name), encode_meta(&meta))
+                .put(NEXT_ID_KEY.to_vec(), next)
+                .put(tail_key(id), encode_tail(&StreamTail::default()));
+            match self.store.commit(txn).await? {
+                TxnOutcome::Committed { .. } => return Ok(meta),
+                TxnOutcome::Conflict => {
+                    if self.store.get(&name_key(name)).await?.is_some() {
+                        return Err(CatalogError::AlreadyExists(name.to_owned()));
+                    }
+                    // Another create took the id we read; try the next one.
+                }
+            }
+        }
+    }
+
+    /// Removes a stream's name and tail. Its index entries stay until collected; nothing can
+    /// reach them once the name is gone.
+    pub async fn delete_stream(&self, name: &str) -> Result<StreamMeta, CatalogError> {
+        let kv = self
+            .store
+            .get(&name_key(name))
+            .await?
+            .ok_or_else(|| CatalogError::NotFound(name.to_owned()))?;
+        let meta = decode_meta(name, &kv.value)?;
+        let txn = Txn::new()
+            .compare(Compare::Version(name_key(name), kv.version))
+            .delete(name_key(name))
+            .delete(tail_key(meta.id));
+        match self.store.commit(txn).await? {
+            TxnOutcome::Committed { .. } => Ok(meta),
+            TxnOutcome::Conflict => Err(CatalogError::Conflict(format!(
+                "stream {name:?} changed while being deleted"
+            ))),
+        }
+    }
+
+    /// Every stream with its absorbed tail.
+    pub async fn load_streams(&self) -> Result<Vec<(StreamMeta, StreamTail)>, CatalogError> {
+        let mut metas = Vec::new();
+        for kv in self.scan_all(b"n/").await? {
+            let name = std::str::from_utf8(&kv.key[2..])
+                .map_err(|_| CatalogError::Corrupt("stream name is not UTF-8".into()))?;
+            metas.push(decode_meta(name, &kv.value)?);
+        }
+        let mut out = Vec::with_capacity(metas.len());
+        for meta in metas {
+            let tail = match self.store.get(&tail_key(meta.id)).await? {
+                Some(kv) => decode_tail(&kv.value)?,
+                None => StreamTail::default(),
+            };
+            out.push((meta, tail));
+        }
+        Ok(out)
+    }
+
+    async fn scan_all(&self, prefix: &[u8]) -> Result<Vec<KeyValue>, CatalogError> {
+        let mut out: Vec<KeyValue> = Vec::new();
+        loop {
+            let after = out.last().map(|kv| kv.key.clone());
+            let page = self.store.scan(prefix, after.as_deref(), MAX_SCAN).await?;
+            let done = page.len() < MAX_SCAN;
+            out.extend(page);
+            if done {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Index entries of a stream covering `from_seq` onwards, in order, at most `limit`.
+    pub async fn index_entries(
+        &self,
+        stream_id: u64,
+        from_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<IndexEntry>, CatalogError> {
+        let after = index_key(stream_id, from_seq);
+        self.store
+            .scan(&index_prefix(stream_id), Some(&after), limit)
+            .await?
+            .iter()
+            .map(|kv| decode_entry(&kv.key, &kv.value))
+            .collect()
+    }
+
+    pub async fn chain(&self, star: &str) -> Result<Option<VersionedChain>, CatalogError> {
+        match self.store.get(&chain_key(star)).await? {
+            Some(kv) => Ok(Some(VersionedChain {
+                state: decode_chain(&kv.value)?,
+                version: kv.version,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    /// Moves the chain to `state` if it is still at `expected` (`None`: it must not exist yet).
+    pub async fn set_chain(
+        &self,
+        star: &str,
+        expected: Option<u64>,
+        state: ChainState,
+    ) -> Result<VersionedChain, CatalogError> {
+        self.absorb(star, expected, state, AbsorbBatch::default())
+            .await
+    }
+
+    /// Records index entries and tails and moves the chain's checkpoint, atomically, if the
+    /// chain is still at the version the caller last saw.
+    pub async fn absorb(
+        &self,
+        star: &str,
+        expected: Option<u64>,
+        state: ChainState,
+        batch: AbsorbBatch,
+    ) -> Result<VersionedChain, CatalogError> {
+        let key = chain_key(star);
+        let compare = match expected {
+            Some(version) => Compare::Version(key.clone(), version),
+            None => Compare::Missing(key.clone()),
+        };
+        let mut txn = Txn::new().compare(compare).put(key, encode_chain(&state));
+        for entry in &batch.entries {
+            txn = txn.put(
+                index_key(entry.stream_id, entry.end_seq),
+                encode_entry(entry),
+            );
+        }
+        for (id, tail) in &batch.tails {
+            txn = txn.put(tail_key(*id), encode_tail(tail));
+        }
+        match self.store.commit(txn).await? {
+            TxnOutcome::Committed { revision } => Ok(VersionedChain {
+                state,
+                version: revision,
+            }),
+            TxnOutcome::Conflict => Err(CatalogError::Conflict(format!(
+                "chain of {star} moved: another process owns it"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metastore::EmbeddedMetastore;
+
+    fn catalog() -> (tempfile::TempDir, Catalog) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedMetastore::open(dir.path().join("m.redb")).unwrap();
+        (dir, Catalog::new(Arc::new(store)))
+    }
+
+    #[tokio::test]
+    async fn streams_get_fresh_ids_and_names_are_unique() {
+        let (_dir, catalog) = catalog();
+        let a = catalog
+            .create_stream("a", StorageClass::Standard, 1)
+            .await
+            .unwrap();
+        let b = catalog
+            .create_stream("b", StorageClass::Standard, 2)
+            .await
+            .unwrap();
+        assert_ne!(a.id, b.id);
+        assert!(matches!(
+            catalog.create_stream("a", StorageClass::Standard, 3).await,
+            Err(CatalogError::AlreadyExists(_))
+        ));
+        catalog.delete_stream("a").await.unwrap();
+        let again = catalog
+            .create_stream("a", StorageClass::Standard, 4)
+            .await
+            .unwrap();
+        assert!(again.id > b.id, "ids are never reused");
+        let loaded = catalog.load_streams().await.unwrap();
+        let names: Vec<_> = loaded.iter().map(|(m, _)| m.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert!(matches!(
+            catalog.delete_stream("nope").await,
+            Err(CatalogError::NotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn absorb_records_entries_and_fences_stale_writers() {
+        let (_dir, catalog) = catalog();
+        let s = catalog
+            .create_stream("s", StorageClass::Standard, 1)
+            .await
+            .unwrap();
+        let chain = catalog
+            .set_chain(
+                "star",
+                None,
+                ChainState {
+                    epoch: 1,
+                    checkpoint: None,
+                },
+            )
+            .await
+            .unwrap();
+        let entry = |start, end| IndexEntry {
+            stream_id: s.id,
+            start_seq: start,
+            end_seq: end,
+            object_key: format!("obj-{start}"),
+            offset: 16,
+            len: 100,
+            crc32c: 7,
+        };
+        let batch = AbsorbBatch {
+            entries: vec![entry(0, 10), entry(10, 25)],
+            tails: vec![(
+                s.id,
+                StreamTail {
+                    tail_seq: 25,
+                    stored_bytes: 200,
+                },
+            )],
+        };
+        let next = ChainState {
+            epoch: 1,
+            checkpoint: Some(1),
+        };
+        let chain2 = catalog
+            .absorb("star", Some(chain.version), next, batch)
+            .await
+            .unwrap();
+        assert_eq!(catalog.chain("star").await.unwrap(), Some(chain2));
+        // A writer still holding the old version is refused.
+        assert!(matches!(
+            catalog
+                .absorb("star", Some(chain.version), next, AbsorbBatch::default())
+                .await,
+            Err(CatalogError::Conflict(_))
+        ));
+        assert_eq!(
+            catalog.index_entries(s.id, 0, 10).await.unwrap(),
+            [entry(0, 10), entry(10, 25)]
+        );
+        assert_eq!(
+            catalog.index_entries(s.id, 9, 10).await.unwrap(),
+            [entry(0, 10), entry(10, 25)]
+        );
+        assert_eq!(
+            catalog.index_entries(s.id, 10, 10).await.unwrap(),
+            [entry(10, 25)]
+        );
+        assert!(
+            catalog
+                .index_entries(s.id, 25, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let loaded = catalog.load_streams().await.unwrap();
+        assert_eq!(
+            loaded[0].1,
+            StreamTail {
+                tail_seq: 25,
+                stored_bytes: 200
+            }
+        );
+    }
+}

@@ -1,0 +1,235 @@
+//! The record encoding inside a flight section.
+//!
+//! A section is the concatenation of the records of one stream in one flight, in sequence order.
+//! Each record is framed as:
+//!
+//! ```text
+//! u32 len            bytes that follow this field
+//! u64 timestamp      ms since the Unix epoch
+//! u32 header_count
+//! header_count × (u32 name_len, name, u32 value_len, value)
+//! body               the rest of the frame
+//! ```
+//!
+//! All integers are little-endian. A batch is encoded on its own into a *fragment*; a stream's
+//! section is its fragments laid end to end, so the star never copies a batch twice.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use super::FormatError;
+use crate::record::{Header, Record};
+
+/// Fixed framing bytes per record: len, timestamp, header count.
+pub const RECORD_FRAME_BYTES: usize = 4 + 8 + 4;
+/// Framing bytes per header: the two length prefixes.
+pub const HEADER_FRAME_BYTES: usize = 4 + 4;
+
+/// One batch's records, encoded and ready to be laid into a section.
+#[derive(Debug, Clone)]
+pub struct Fragment {
+    pub bytes: Bytes,
+    pub records: u64,
+}
+
+/// The encoded size of one record.
+pub fn encoded_len(record: &Record) -> usize {
+    RECORD_FRAME_BYTES
+        + record
+            .headers
+            .iter()
+            .map(|h| HEADER_FRAME_BYTES + h.name.len() + h.value.len())
+            .sum::<usize>()
+        + record.body.len()
+}
+
+/// Encodes records into one contiguous fragment. Callers have already validated the record
+/// caps, so every length fits its u32 field.
+pub fn encode_fragment<'a>(records: impl IntoIterator<Item = &'a Record> + Clone) -> Fragment {
+    let total: usize = records.clone().into_iter().map(encoded_len).sum();
+    let mut buf = BytesMut::with_capacity(total);
+    let mut count = 0u64;
+    for record in records {
+        let len = encoded_len(record) - 4;
+        buf.put_u32_le(len as u32);
+        buf.put_u64_le(record.timestamp);
+        buf.put_u32_le(record.headers.len() as u32);
+        for header in &record.headers {
+            buf.put_u32_le(header.name.len() as u32);
+            buf.put_slice(&header.name);
+            buf.put_u32_le(header.value.len() as u32);
+            buf.put_slice(&header.value);
+        }
+        buf.put_slice(&record.body);
+        count += 1;
+    }
+    Fragment {
+        bytes: buf.freeze(),
+        records: count,
+    }
+}
+
+/// Iterates the records of a section (or any run of whole fragments) without copying: bodies and
+/// headers are slices of the input.
+#[derive(Debug, Clone)]
+pub struct RecordIter {
+    rest: Bytes,
+}
+
+impl RecordIter {
+    pub fn new(section: Bytes) -> Self {
+        Self { rest: section }
+    }
+
+    /// Skips `n` records without materialising them.
+    pub fn skip_records(&mut self, n: u64) -> Result<(), FormatError> {
+        for _ in 0..n {
+            let len = self.frame_len()?;
+            self.rest.advance(4 + len);
+        }
+        Ok(())
+    }
+
+    fn frame_len(&self) -> Result<usize, FormatError> {
+        if self.rest.len() < 4 {
+            return Err(FormatError::corrupt("record frame truncated"));
+        }
+        let len = u32::from_le_bytes([self.rest[0], self.rest[1], self.rest[2], self.rest[3]]);
+        let len = len as usize;
+        if len > self.rest.len() - 4 {
+            return Err(FormatError::corrupt("record length runs past the section"));
+        }
+        Ok(len)
+    }
+
+    fn decode_next(&mut self) -> Result<Record, FormatError> {
+        let len = self.frame_len()?;
+        self.rest.advance(4);
+        let mut frame = self.rest.split_to(len);
+        if frame.len() < 12 {
+            return Err(FormatError::corrupt(
+                "record frame shorter than its fixed fields",
+            ));
+        }
+        let timestamp = frame.get_u64_le();
+        let header_count = frame.get_u32_le() as usize;
+        // Each header needs at least its two length prefixes; refuse counts the frame cannot hold
+        // before allocating for them.
+        if header_count > frame.len() / HEADER_FRAME_BYTES {
+            return Err(FormatError::corrupt(
+                "header count exceeds the record frame",
+            ));
+        }
+        let mut headers = Vec::with_capacity(header_count);
+        for _ in 0..header_count {
+            let name = take_prefixed(&mut frame)?;
+            let value = take_prefixed(&mut frame)?;
+            headers.push(Header { name, value });
+        }
+        Ok(Record {
+            timestamp,
+            headers,
+            body: frame,
+        })
+    }
+}
+
+fn take_prefixed(frame: &mut Bytes) -> Result<Bytes, FormatError> {
+    if frame.len() < 4 {
+        return Err(FormatError::corrupt("header length truncated"));
+    }
+    let len = frame.get_u32_le() as usize;
+    if len > frame.len() {
+        return Err(FormatError::corrupt("header runs past the record frame"));
+    }
+    Ok(frame.split_to(len))
+}
+
+impl Iterator for RecordIter {
+    type Item = Result<Record, FormatError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let item = self.decode_next();
+        if item.is_err() {
+            // A corrupt frame poisons everything after it.
+            self.rest.clear();
+        }
+        Some(item)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn arb_record() -> impl Strategy<Value = Record> {
+        (
+            any::<u64>(),
+            proptest::collection::vec(
+                (
+                    proptest::collection::vec(any::<u8>(), 0..16),
+                    proptest::collection::vec(any::<u8>(), 0..16),
+                ),
+                0..4,
+            ),
+            proptest::collection::vec(any::<u8>(), 0..256),
+        )
+            .prop_map(|(timestamp, headers, body)| Record {
+                timestamp,
+                headers: headers
+                    .into_iter()
+                    .map(|(n, v)| Header {
+                        name: n.into(),
+                        value: v.into(),
+                    })
+                    .collect(),
+                body: body.into(),
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn fragments_round_trip(records in proptest::collection::vec(arb_record(), 0..32)) {
+            let fragment = encode_fragment(records.iter());
+            prop_assert_eq!(fragment.records, records.len() as u64);
+            prop_assert_eq!(fragment.bytes.len(), records.iter().map(encoded_len).sum::<usize>());
+            let decoded: Result<Vec<_>, _> = RecordIter::new(fragment.bytes).collect();
+            prop_assert_eq!(decoded.unwrap(), records);
+        }
+
+        #[test]
+        fn skipping_lands_on_the_right_record(
+            records in proptest::collection::vec(arb_record(), 1..16),
+            skip in 0usize..16,
+        ) {
+            let skip = skip % records.len();
+            let fragment = encode_fragment(records.iter());
+            let mut iter = RecordIter::new(fragment.bytes);
+            iter.skip_records(skip as u64).unwrap();
+            let decoded: Result<Vec<_>, _> = iter.collect();
+            prop_assert_eq!(&decoded.unwrap()[..], &records[skip..]);
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            for item in RecordIter::new(bytes.into()) {
+                if item.is_err() { break; }
+            }
+        }
+
+        #[test]
+        fn truncation_is_detected(records in proptest::collection::vec(arb_record(), 1..8), cut in 1usize..64) {
+            let fragment = encode_fragment(records.iter());
+            let cut = cut.min(fragment.bytes.len());
+            let truncated = fragment.bytes.slice(..fragment.bytes.len() - cut);
+            let decoded: Result<Vec<_>, _> = RecordIter::new(truncated).collect();
+            // Either an error, or (when the cut removed whole records exactly) fewer records.
+            if let Ok(decoded) = decoded {
+                prop_assert!(decoded.len() < records.len());
+            }
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! Where things live in the object store.
+//!
+//! ```text
+//! chain/{star}/{epoch:010}/{slot:020}     one flight (or a fence) per slot
+//! ```
+//!
+//! Numbers are zero-padded so that byte order, which listing uses, is numeric order.
+
+/// The prefix holding every slot of one epoch of a star's chain.
+pub fn chain_prefix(star: &str, epoch: u64) -> String {
+    format!("chain/{star}/{epoch:010}/")
+}
+
+pub fn slot_key(star: &str, epoch: u64, slot: u64) -> String {
+    format!("{}{slot:020}", chain_prefix(star, epoch))
+}
+
+/// The slot number out of a key under `chain_prefix`, or `None` for a key that is not a slot.
+pub fn parse_slot(prefix: &str, key: &str) -> Option<u64> {
+    let rest = key.strip_prefix(prefix)?;
+    if rest.len() != 20 || !rest.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    rest.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_keys_sort_numerically_and_parse_back() {
+        let a = slot_key("s", 1, 9);
+        let b = slot_key("s", 1, 10);
+        assert!(a < b);
+        assert_eq!(parse_slot(&chain_prefix("s", 1), &b), Some(10));
+        assert_eq!(
+            parse_slot(&chain_prefix("s", 1), "chain/s/0000000001/junk"),
+            None
+        );
+        assert_eq!(parse_slot(&chain_prefix("s", 2), &b), None);
+    }
+}

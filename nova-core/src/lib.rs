@@ -1,0 +1,13 @@
+//! Nova's core: records, the flight object format, budgets, the catalog, the object store and
+//! metastore traits with their backends, and metrics. Everything a star and a gateway share.
+
+pub mod budget;
+pub mod catalog;
+pub mod flight;
+pub mod keys;
+pub mod limits;
+pub mod metastore;
+pub mod metrics;
+pub mod object_store;
+pub mod record;
+pub mod shed;

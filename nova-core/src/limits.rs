@@ -1,0 +1,50 @@
+//! Every default bound in one place. The binaries turn each of these into a flag; the docs in
+//! `docs/budgets.md` say what each one bounds and what happens at its limit.
+
+pub const KIB: u64 = 1024;
+pub const MIB: u64 = 1024 * KIB;
+
+/// `--s3-memory-buffer-mib`: bytes of appends retained from decode to resolution.
+pub const ADMISSION_BUFFER_MIB: u64 = 256;
+/// `--s3-chain-backlog-flights`: flights acknowledged but not yet absorbed.
+pub const CHAIN_BACKLOG_FLIGHTS: u32 = 1024;
+/// `--tail-window-cache-mib`: acknowledged payloads kept in memory for hot reads.
+pub const TAIL_WINDOW_CACHE_MIB: u64 = 128;
+/// `--max-producer-sessions`: concurrent producer sessions per star.
+pub const MAX_PRODUCER_SESSIONS: u32 = 4096;
+/// `--grpc-stream-window-kib`: the HTTP/2 per-stream receive window (the protocol floor).
+pub const GRPC_STREAM_WINDOW_KIB: u32 = 64;
+/// `--max-batch-bytes`: content bytes of one append batch.
+pub const MAX_BATCH_BYTES: u64 = 100 * MIB;
+/// `--max-batch-records`: records in one append batch.
+pub const MAX_BATCH_RECORDS: u32 = 65_536;
+/// `--max-record-bytes`: content bytes of one record (body plus header names and values).
+pub const MAX_RECORD_BYTES: u64 = MIB;
+/// `--max-read-bytes`: content bytes in one read response.
+pub const MAX_READ_BYTES: u64 = 8 * MIB;
+/// `--max-read-records`: records in one read response.
+pub const MAX_READ_RECORDS: u32 = 8192;
+
+/// `--flight-max-bytes`: a flight closes once its sections reach this size. 8 MiB keeps S3
+/// request cost at 128 PUTs per GiB while a single PUT still completes in tens of milliseconds.
+pub const FLIGHT_MAX_BYTES: u64 = 8 * MIB;
+/// `--flight-linger-ms`: an open flight closes this long after its first batch arrived, so a
+/// lightly loaded star adds at most this much to ack latency and issues at most 20 PUTs per second.
+pub const FLIGHT_LINGER_MS: u64 = 50;
+/// `--flight-max-inflight`: flights being written to the object store at once.
+pub const FLIGHT_MAX_INFLIGHT: u32 = 8;
+
+/// Appends a session may have admitted but not yet answered. Past it the session stops reading
+/// frames until the oldest is answered, so one session's pipeline depth is bounded even when
+/// every request in it is a cheap rejection.
+pub const SESSION_PIPELINE_DEPTH: usize = 1024;
+
+/// Streams in one `ListStreams` page when the request asks for none, and the most it may ask for.
+pub const LIST_STREAMS_DEFAULT: u32 = 100;
+pub const LIST_STREAMS_MAX: u32 = 1000;
+
+/// Longest stream name, in bytes.
+pub const MAX_STREAM_NAME_BYTES: usize = 512;
+
+/// Retry hint sent with a shed session open.
+pub const SESSION_SHED_RETRY_AFTER_MS: u64 = 1000;

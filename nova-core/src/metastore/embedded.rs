@@ -1,0 +1,216 @@
+//! The embedded metastore: one redb file. redb commits are durable (fsynced) before they
+//! return, and its file lock keeps a second process from opening the same data directory.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::Semaphore;
+
+use super::{
+    Capabilities, Compare, KeyValue, MAX_SCAN, Metastore, MetastoreError, Mutation, Txn, TxnOutcome,
+};
+
+/// Values are stored as an 8-byte little-endian version followed by the caller's bytes.
+const KV: TableDefinition<&[u8], &[u8]> = TableDefinition::new("kv");
+/// Holds the last version handed out, so versions grow across restarts.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const REVISION: &str = "revision";
+
+/// redb's page cache. A fixed term of the star's memory, so it is set rather than left at
+/// redb's 1 GiB default.
+const CACHE_BYTES: usize = 32 * 1024 * 1024;
+
+/// Blocking calls in flight at once; callers past it wait for a turn.
+const MAX_CONCURRENT_CALLS: usize = 16;
+
+#[derive(Debug, Clone)]
+pub struct EmbeddedMetastore {
+    db: Arc<Database>,
+    path: String,
+    calls: Arc<Semaphore>,
+}
+
+fn internal(err: impl std::fmt::Display) -> MetastoreError {
+    MetastoreError::Internal(err.to_string())
+}
+
+impl EmbeddedMetastore {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, MetastoreError> {
+        let path = path.as_ref();
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => MetastoreError::Unavailable(format!(
+                    "{} is already open in another process",
+                    path.display()
+                )),
+                other => internal(other),
+            })?;
+        let txn = db.begin_write().map_err(internal)?;
+        txn.open_table(KV).map_err(internal)?;
+        txn.open_table(META).map_err(internal)?;
+        txn.commit().map_err(internal)?;
+        Ok(Self {
+            db: Arc::new(db),
+            path: path.display().to_string(),
+            calls: Arc::new(Semaphore::new(MAX_CONCURRENT_CALLS)),
+        })
+    }
+
+    async fn blocking<T, F>(&self, f: F) -> Result<T, MetastoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Database) -> Result<T, MetastoreError> + Send + 'static,
+    {
+        let _turn = self
+            .calls
+            .acquire()
+            .await
+            .map_err(|_| MetastoreError::Unavailable("metastore closed".into()))?;
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || f(&db))
+            .await
+            .map_err(internal)?
+    }
+}
+
+fn decode(key: &[u8], stored: &[u8]) -> Result<KeyValue, MetastoreError> {
+    if stored.len() < 8 {
+        return Err(internal("stored value shorter than its version"));
+    }
+    let mut version = [0u8; 8];
+    version.copy_from_slice(&stored[..8]);
+    Ok(KeyValue {
+        key: key.to_vec(),
+        value: stored[8..].to_vec(),
+        version: u64::from_le_bytes(version),
+    })
+}
+
+#[async_trait]
+impl Metastore for EmbeddedMetastore {
+    fn describe(&self) -> String {
+        format!("embedded metastore {}", self.path)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            leases: false,
+            shared: false,
+        }
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError> {
+        let key = key.to_vec();
+        self.blocking(move |db| {
+            let txn = db.begin_read().map_err(internal)?;
+            let table = txn.open_table(KV).map_err(internal)?;
+            match table.get(key.as_slice()).map_err(internal)? {
+                Some(value) => decode(&key, value.value()).map(Some),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn scan(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<KeyValue>, MetastoreError> {
+        let prefix = prefix.to_vec();
+        let start_after = start_after.map(<[u8]>::to_vec);
+        let limit = limit.clamp(1, MAX_SCAN);
+        self.blocking(move |db| {
+            let txn = db.begin_read().map_err(internal)?;
+            let table = txn.open_table(KV).map_err(internal)?;
+            let start = match &start_after {
+                Some(after) if after.as_slice() >= prefix.as_slice() => after.clone(),
+                _ => prefix.clone(),
+            };
+            let mut out = Vec::new();
+            for item in table.range(start.as_slice()..).map_err(internal)? {
+                let (key, value) = item.map_err(internal)?;
+                let key = key.value();
+                if !key.starts_with(&prefix) {
+                    break;
+                }
+                if start_after.as_deref().is_some_and(|after| key <= after) {
+                    continue;
+                }
+                out.push(decode(key, value.value())?);
+                if out.len() == limit {
+                    break;
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn commit(&self, txn: Txn) -> Result<TxnOutcome, MetastoreError> {
+        self.blocking(move |db| {
+            let write = db.begin_write().map_err(internal)?;
+            let revision = 'apply: {
+                let mut table = write.open_table(KV).map_err(internal)?;
+                for compare in &txn.compares {
+                    let holds = match compare {
+                        Compare::Missing(key) => {
+                            table.get(key.as_slice()).map_err(internal)?.is_none()
+                        }
+                        Compare::Version(key, want) => {
+                            match table.get(key.as_slice()).map_err(internal)? {
+                                Some(value) => decode(key, value.value())?.version == *want,
+                                None => false,
+                            }
+                        }
+                    };
+                    if !holds {
+                        break 'apply None;
+                    }
+                }
+                let mut meta = write.open_table(META).map_err(internal)?;
+                // Like etcd, one revision per transaction: every key it puts gets that version.
+                let revision = meta
+                    .get(REVISION)
+                    .map_err(internal)?
+                    .map(|v| v.value())
+                    .unwrap_or(0)
+                    + 1;
+                let mut buf = Vec::new();
+                for mutation in &txn.mutations {
+                    match mutation {
+                        Mutation::Put(key, value) => {
+                            buf.clear();
+                            buf.extend_from_slice(&revision.to_le_bytes());
+                            buf.extend_from_slice(value);
+                            table
+                                .insert(key.as_slice(), buf.as_slice())
+                                .map_err(internal)?;
+                        }
+                        Mutation::Delete(key) => {
+                            table.remove(key.as_slice()).map_err(internal)?;
+                        }
+                    }
+                }
+                meta.insert(REVISION, revision).map_err(internal)?;
+                Some(revision)
+            };
+            match revision {
+                Some(revision) => {
+                    write.commit().map_err(internal)?;
+                    Ok(TxnOutcome::Committed { revision })
+                }
+                None => {
+                    write.abort().map_err(internal)?;
+                    Ok(TxnOutcome::Conflict)
+                }
+            }
+        })
+        .await
+    }
+}

@@ -1,0 +1,312 @@
+//! Prometheus metrics. One `Metrics` per process, registered in its own registry so tests can
+//! run several stars side by side. Names carry the `nova_` prefix and a unit suffix.
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Opts, Registry, TextEncoder,
+};
+
+/// The four series every budget exports.
+#[derive(Debug, Clone)]
+pub struct BudgetMetrics {
+    pub capacity: IntGauge,
+    pub in_use: IntGauge,
+    pub waiters: IntGauge,
+    pub wait: Histogram,
+}
+
+#[derive(Debug, Clone)]
+pub struct TailCacheMetrics {
+    pub capacity: IntGauge,
+    pub in_use: IntGauge,
+    pub flights: IntGauge,
+    pub evicted_flights: IntCounter,
+    pub skipped_flights: IntCounter,
+    pub hits: IntCounter,
+    pub misses: IntCounter,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreMetrics {
+    pub requests: IntCounterVec,
+    pub latency: HistogramVec,
+    pub bytes: IntCounterVec,
+}
+
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub admission: BudgetMetrics,
+    pub backlog: BudgetMetrics,
+    pub tail_cache: TailCacheMetrics,
+    pub store: StoreMetrics,
+    pub producer_sessions: IntGauge,
+    pub producer_sessions_capacity: IntGauge,
+    /// New work refused at a cap: `cap` names the flag.
+    pub sheds: IntCounterVec,
+    /// Appends refused for their content: `reason` names the cap or the check.
+    pub rejections: IntCounterVec,
+    /// Stalls by the budget that stalled and the diagnosed cause.
+    pub stalls: IntCounterVec,
+    pub stall_seconds: prometheus::CounterVec,
+    pub oldest_admitted_age: Gauge,
+    pub oldest_unabsorbed_age: Gauge,
+    pub flights_in_flight: IntGauge,
+    pub flights_written: IntCounter,
+    pub flight_bytes: IntCounter,
+    pub flight_write_retries: IntCounter,
+    pub flights_absorbed: IntCounter,
+    pub absorb_latency: Histogram,
+    pub appended_records: IntCounterVec,
+    pub appended_bytes: IntCounterVec,
+    pub read_records: IntCounter,
+    pub read_bytes: IntCounter,
+}
+
+fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+    // Names are fixed at compile time and unique in a fresh registry, so this cannot fail.
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric registered twice");
+    c
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+    register(r, IntGauge::new(name, help).expect("valid metric"))
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
+    register(r, IntCounter::new(name, help).expect("valid metric"))
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(
+        r,
+        IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
+/// Buckets from 100µs to about two minutes: waits and latencies both live in this range.
+fn wait_buckets() -> Vec<f64> {
+    prometheus::exponential_buckets(0.0001, 4.0, 11).expect("valid buckets")
+}
+
+fn histogram(r: &Registry, name: &str, help: &str) -> Histogram {
+    register(
+        r,
+        Histogram::with_opts(HistogramOpts::new(name, help).buckets(wait_buckets()))
+            .expect("valid metric"),
+    )
+}
+
+fn budget(r: &Registry, prefix: &str, unit: &str, what: &str) -> BudgetMetrics {
+    BudgetMetrics {
+        capacity: gauge(
+            r,
+            &format!("{prefix}_capacity_{unit}"),
+            &format!("Capacity of the {what}."),
+        ),
+        in_use: gauge(
+            r,
+            &format!("{prefix}_used_{unit}"),
+            &format!("Units of the {what} held right now."),
+        ),
+        waiters: gauge(
+            r,
+            &format!("{prefix}_waiters"),
+            &format!("Callers waiting for room in the {what}."),
+        ),
+        wait: histogram(
+            r,
+            &format!("{prefix}_wait_seconds"),
+            &format!("Time callers waited for room in the {what}."),
+        ),
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let admission = budget(&r, "nova_admission_buffer", "bytes", "admission buffer");
+        let backlog = budget(&r, "nova_chain_backlog", "flights", "chain backlog budget");
+        let tail_cache = TailCacheMetrics {
+            capacity: gauge(
+                &r,
+                "nova_tail_cache_capacity_bytes",
+                "Capacity of the tail window cache.",
+            ),
+            in_use: gauge(
+                &r,
+                "nova_tail_cache_used_bytes",
+                "Bytes held by the tail window cache.",
+            ),
+            flights: gauge(
+                &r,
+                "nova_tail_cache_flights",
+                "Flights held by the tail window cache.",
+            ),
+            evicted_flights: counter(
+                &r,
+                "nova_tail_cache_evicted_flights_total",
+                "Flights evicted from the tail window cache to make room.",
+            ),
+            skipped_flights: counter(
+                &r,
+                "nova_tail_cache_skipped_flights_total",
+                "Flights larger than the whole tail window cache, never cached.",
+            ),
+            hits: counter(
+                &r,
+                "nova_tail_cache_hits_total",
+                "Read lookups served from the tail window cache.",
+            ),
+            misses: counter(
+                &r,
+                "nova_tail_cache_misses_total",
+                "Read lookups that fell back to the object store.",
+            ),
+        };
+        let store = StoreMetrics {
+            requests: counter_vec(
+                &r,
+                "nova_object_store_requests_total",
+                "Object store requests by operation and outcome.",
+                &["op", "outcome"],
+            ),
+            latency: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "nova_object_store_request_duration_seconds",
+                        "Object store request latency by operation.",
+                    )
+                    .buckets(wait_buckets()),
+                    &["op"],
+                )
+                .expect("valid metric"),
+            ),
+            bytes: counter_vec(
+                &r,
+                "nova_object_store_bytes_total",
+                "Bytes written to or read from the object store by operation.",
+                &["op"],
+            ),
+        };
+        Self {
+            admission,
+            backlog,
+            tail_cache,
+            store,
+            producer_sessions: gauge(&r, "nova_producer_sessions", "Open producer sessions."),
+            producer_sessions_capacity: gauge(
+                &r,
+                "nova_producer_sessions_capacity",
+                "Producer sessions allowed at once (--max-producer-sessions).",
+            ),
+            sheds: counter_vec(
+                &r,
+                "nova_sheds_total",
+                "New work refused with RESOURCE_EXHAUSTED, by the cap that refused it.",
+                &["cap"],
+            ),
+            rejections: counter_vec(
+                &r,
+                "nova_append_rejections_total",
+                "Append requests refused for their content, by reason.",
+                &["reason"],
+            ),
+            stalls: counter_vec(
+                &r,
+                "nova_stalls_total",
+                "Times a budget ran out and blocked admission, by budget and diagnosed cause.",
+                &["budget", "cause"],
+            ),
+            stall_seconds: register(
+                &r,
+                prometheus::CounterVec::new(
+                    Opts::new(
+                        "nova_stall_seconds_total",
+                        "Time spent stalled, by budget and diagnosed cause.",
+                    ),
+                    &["budget", "cause"],
+                )
+                .expect("valid metric"),
+            ),
+            oldest_admitted_age: register(
+                &r,
+                Gauge::new(
+                    "nova_oldest_admitted_age_seconds",
+                    "Age of the oldest admitted batch not yet acknowledged or failed.",
+                )
+                .expect("valid metric"),
+            ),
+            oldest_unabsorbed_age: register(
+                &r,
+                Gauge::new(
+                    "nova_oldest_unabsorbed_flight_age_seconds",
+                    "Age of the oldest acknowledged flight not yet absorbed into the index.",
+                )
+                .expect("valid metric"),
+            ),
+            flights_in_flight: gauge(
+                &r,
+                "nova_flights_in_flight",
+                "Flights being written to the object store.",
+            ),
+            flights_written: counter(
+                &r,
+                "nova_flights_written_total",
+                "Flights durable in the object store.",
+            ),
+            flight_bytes: counter(
+                &r,
+                "nova_flight_bytes_total",
+                "Bytes of flights durable in the object store.",
+            ),
+            flight_write_retries: counter(
+                &r,
+                "nova_flight_write_retries_total",
+                "Failed flight write attempts that were retried.",
+            ),
+            flights_absorbed: counter(
+                &r,
+                "nova_flights_absorbed_total",
+                "Flights recorded in the index.",
+            ),
+            absorb_latency: histogram(
+                &r,
+                "nova_absorb_commit_seconds",
+                "Time one absorb transaction took in the metastore.",
+            ),
+            appended_records: counter_vec(
+                &r,
+                "nova_stream_appended_records_total",
+                "Records acknowledged, by stream.",
+                &["stream"],
+            ),
+            appended_bytes: counter_vec(
+                &r,
+                "nova_stream_appended_bytes_total",
+                "Content bytes acknowledged, by stream.",
+                &["stream"],
+            ),
+            read_records: counter(&r, "nova_read_records_total", "Records served by Read."),
+            read_bytes: counter(&r, "nova_read_bytes_total", "Content bytes served by Read."),
+            registry: r,
+        }
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metric families.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

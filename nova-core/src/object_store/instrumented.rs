@@ -1,0 +1,115 @@
+//! A wrapper that counts every request, its outcome, latency and bytes.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+
+use super::{
+    CreateOutcome, GetRange, GetResult, ListPage, ObjectMeta, ObjectStore, Op, PutPayload,
+    StoreError,
+};
+use crate::metrics::StoreMetrics;
+
+#[derive(Debug, Clone)]
+pub struct Instrumented {
+    inner: Arc<dyn ObjectStore>,
+    metrics: StoreMetrics,
+}
+
+impl Instrumented {
+    pub fn new(inner: Arc<dyn ObjectStore>, metrics: StoreMetrics) -> Self {
+        Self { inner, metrics }
+    }
+
+    fn record<T>(&self, op: Op, started: Instant, result: &Result<T, StoreError>, bytes: u64) {
+        let outcome = match result {
+            Ok(_) => "ok",
+            Err(StoreError::NotFound { .. }) => "not_found",
+            Err(StoreError::InvalidRange { .. }) => "invalid_range",
+            Err(StoreError::Transient { .. }) => "transient_error",
+            Err(StoreError::Permanent { .. }) => "error",
+        };
+        self.metrics
+            .requests
+            .with_label_values(&[op.as_str(), outcome])
+            .inc();
+        self.metrics
+            .latency
+            .with_label_values(&[op.as_str()])
+            .observe(started.elapsed().as_secs_f64());
+        if result.is_ok() && bytes > 0 {
+            self.metrics
+                .bytes
+                .with_label_values(&[op.as_str()])
+                .inc_by(bytes);
+        }
+    }
+}
+
+#[async_trait]
+impl ObjectStore for Instrumented {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    async fn put_if_absent(
+        &self,
+        key: &str,
+        payload: PutPayload,
+    ) -> Result<CreateOutcome, StoreError> {
+        let started = Instant::now();
+        let len = payload.len();
+        let result = self.inner.put_if_absent(key, payload).await;
+        let written = matches!(result, Ok(CreateOutcome::Created));
+        self.record(
+            Op::PutIfAbsent,
+            started,
+            &result,
+            if written { len } else { 0 },
+        );
+        result
+    }
+
+    async fn put(&self, key: &str, payload: PutPayload) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let len = payload.len();
+        let result = self.inner.put(key, payload).await;
+        self.record(Op::Put, started, &result, len);
+        result
+    }
+
+    async fn get(&self, key: &str, range: GetRange) -> Result<GetResult, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.get(key, range).await;
+        let len = result.as_ref().map(|r| r.bytes.len() as u64).unwrap_or(0);
+        self.record(Op::Get, started, &result, len);
+        result
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.head(key).await;
+        self.record(Op::Head, started, &result, 0);
+        result
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        max_keys: usize,
+    ) -> Result<ListPage, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.list(prefix, start_after, max_keys).await;
+        self.record(Op::List, started, &result, 0);
+        result
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = self.inner.delete(key).await;
+        self.record(Op::Delete, started, &result, 0);
+        result
+    }
+}

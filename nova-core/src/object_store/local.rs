@@ -1,0 +1,381 @@
+//! A directory as an object store: the embedded default.
+//!
+//! Objects live at `ROOT/objects/KEY`. Every write goes to a temporary file that is fsynced
+//! first, then appears under its key atomically: a hard link for conditional creates (link
+//! fails with EEXIST when the key is taken, so exactly one of several racing writers wins) and a
+//! rename for plain puts. The key's directory is fsynced after the link or rename, so an object
+//! that was reported written survives a crash of the machine.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::Semaphore;
+
+use super::{
+    CreateOutcome, GetRange, GetResult, ListPage, MAX_LIST_KEYS, ObjectMeta, ObjectStore, Op,
+    PutPayload, StoreError, StoreLimits,
+};
+
+#[derive(Debug, Clone)]
+pub struct LocalStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    objects: PathBuf,
+    tmp: PathBuf,
+    reads: Semaphore,
+    writes: Semaphore,
+    limits: StoreLimits,
+}
+
+impl LocalStore {
+    /// Opens (creating if needed) a store rooted at `root`. Leftover temporary files from a crash
+    /// are removed: they were never linked under a key, so nothing refers to them.
+    pub fn open(root: impl AsRef<Path>, limits: StoreLimits) -> io::Result<Self> {
+        let root = root.as_ref();
+        let objects = root.join("objects");
+        let tmp = root.join("tmp");
+        fs::create_dir_all(&objects)?;
+        fs::create_dir_all(&tmp)?;
+        for entry in fs::read_dir(&tmp)? {
+            let _ = fs::remove_file(entry?.path());
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                objects,
+                tmp,
+                reads: Semaphore::new(limits.read_concurrency.max(1)),
+                writes: Semaphore::new(limits.write_concurrency.max(1)),
+                limits,
+            }),
+        })
+    }
+
+    async fn run<T, F>(&self, op: Op, key: &str, write: bool, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner) -> Result<T, StoreError> + Send + 'static,
+    {
+        let semaphore = if write {
+            &self.inner.writes
+        } else {
+            &self.inner.reads
+        };
+        let _permit = semaphore
+            .acquire()
+            .await
+            .map_err(|_| StoreError::Permanent {
+                op,
+                key: key.to_owned(),
+                message: "store closed".into(),
+            })?;
+        let inner = self.inner.clone();
+        let task = tokio::task::spawn_blocking(move || f(&inner));
+        match tokio::time::timeout(self.inner.limits.request_timeout, task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(StoreError::Permanent {
+                op,
+                key: key.to_owned(),
+                message: format!("filesystem task failed: {join}"),
+            }),
+            Err(_) => Err(StoreError::Transient {
+                op,
+                key: key.to_owned(),
+                message: format!("timed out after {:?}", self.inner.limits.request_timeout),
+            }),
+        }
+    }
+}
+
+impl Inner {
+    fn path_of(&self, op: Op, key: &str) -> Result<PathBuf, StoreError> {
+        let valid = !key.is_empty()
+            && !key.starts_with('/')
+            && key
+                .split('/')
+                .all(|part| !part.is_empty() && part != "." && part != "..");
+        if !valid {
+            return Err(StoreError::Permanent {
+                op,
+                key: key.to_owned(),
+                message: "invalid key for a local store".into(),
+            });
+        }
+        Ok(self.objects.join(key))
+    }
+
+    /// Writes the payload to a fresh temporary file and fsyncs it.
+    fn write_temp(&self, payload: &PutPayload) -> io::Result<PathBuf> {
+        let name = format!(
+            "{:016x}{:016x}.tmp",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        );
+        let path = self.tmp.join(name);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        for part in payload.parts() {
+            file.write_all(part)?;
+        }
+        file.sync_all()?;
+        Ok(path)
+    }
+
+    /// Creates the key's parent directories, fsyncing each directory that gained an entry so
+    /// the new object is reachable after a crash.
+    fn ensure_parent(&self, path: &Path) -> io::Result<PathBuf> {
+        let parent = path.parent().unwrap_or(&self.objects).to_path_buf();
+        if !parent.exists() {
+            let mut missing = Vec::new();
+            let mut dir = parent.as_path();
+            while !dir.exists() {
+                missing.push(dir.to_path_buf());
+                dir = match dir.parent() {
+                    Some(p) => p,
+                    None => break,
+                };
+            }
+            fs::create_dir_all(&parent)?;
+            for created in missing.iter().rev() {
+                if let Some(above) = created.parent() {
+                    sync_dir(above)?;
+                }
+            }
+        }
+        Ok(parent)
+    }
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+fn io_error(op: Op, key: &str, err: io::Error) -> StoreError {
+    match err.kind() {
+        io::ErrorKind::NotFound => StoreError::NotFound {
+            key: key.to_owned(),
+        },
+        io::ErrorKind::PermissionDenied | io::ErrorKind::InvalidInput => StoreError::Permanent {
+            op,
+            key: key.to_owned(),
+            message: err.to_string(),
+        },
+        // Disk full, I/O errors and the like may clear; the caller's retry policy decides.
+        _ => StoreError::Transient {
+            op,
+            key: key.to_owned(),
+            message: err.to_string(),
+        },
+    }
+}
+
+#[async_trait]
+impl ObjectStore for LocalStore {
+    fn describe(&self) -> String {
+        format!("local directory {}", self.inner.objects.display())
+    }
+
+    async fn put_if_absent(
+        &self,
+        key: &str,
+        payload: PutPayload,
+    ) -> Result<CreateOutcome, StoreError> {
+        let owned = key.to_owned();
+        self.run(Op::PutIfAbsent, key, true, move |inner| {
+            let op = Op::PutIfAbsent;
+            let path = inner.path_of(op, &owned)?;
+            let err = |e| io_error(op, &owned, e);
+            let tmp = inner.write_temp(&payload).map_err(err)?;
+            let outcome =
+                inner
+                    .ensure_parent(&path)
+                    .and_then(|parent| match fs::hard_link(&tmp, &path) {
+                        Ok(()) => sync_dir(&parent).map(|()| CreateOutcome::Created),
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                            Ok(CreateOutcome::AlreadyExists)
+                        }
+                        Err(e) => Err(e),
+                    });
+            let _ = fs::remove_file(&tmp);
+            outcome.map_err(err)
+        })
+        .await
+    }
+
+    async fn put(&self, key: &str, payload: PutPayload) -> Result<(), StoreError> {
+        let owned = key.to_owned();
+        self.run(Op::Put, key, true, move |inner| {
+            let op = Op::Put;
+            let path = inner.path_of(op, &owned)?;
+            let err = |e| io_error(op, &owned, e);
+            let tmp = inner.write_temp(&payload).map_err(err)?;
+            let result = inner
+                .ensure_parent(&path)
+                .and_then(|parent| fs::rename(&tmp, &path).and_then(|()| sync_dir(&parent)));
+            if result.is_err() {
+                let _ = fs::remove_file(&tmp);
+            }
+            result.map_err(err)
+        })
+        .await
+    }
+
+    async fn get(&self, key: &str, range: GetRange) -> Result<GetResult, StoreError> {
+        let owned = key.to_owned();
+        self.run(Op::Get, key, false, move |inner| {
+            let op = Op::Get;
+            let path = inner.path_of(op, &owned)?;
+            let err = |e| io_error(op, &owned, e);
+            let mut file = File::open(&path).map_err(err)?;
+            let size = file.metadata().map_err(err)?.len();
+            let (start, end) = match &range {
+                GetRange::All => (0, size),
+                GetRange::Suffix(n) => (size.saturating_sub(*n), size),
+                GetRange::Bounded(r) => {
+                    if r.start >= r.end || r.start >= size {
+                        return Err(StoreError::InvalidRange {
+                            key: owned.clone(),
+                            range: range.clone(),
+                        });
+                    }
+                    (r.start, r.end.min(size))
+                }
+            };
+            let mut buf = vec![0u8; (end - start) as usize];
+            file.seek(SeekFrom::Start(start)).map_err(err)?;
+            file.read_exact(&mut buf).map_err(err)?;
+            Ok(GetResult {
+                bytes: Bytes::from(buf),
+                object_size: size,
+            })
+        })
+        .await
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        let owned = key.to_owned();
+        self.run(Op::Head, key, false, move |inner| {
+            let path = inner.path_of(Op::Head, &owned)?;
+            let meta = fs::metadata(&path).map_err(|e| io_error(Op::Head, &owned, e))?;
+            if !meta.is_file() {
+                return Err(StoreError::NotFound { key: owned });
+            }
+            Ok(ObjectMeta {
+                key: owned,
+                size: meta.len(),
+            })
+        })
+        .await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        max_keys: usize,
+    ) -> Result<ListPage, StoreError> {
+        let prefix = prefix.to_owned();
+        let start_after = start_after.map(str::to_owned);
+        let max_keys = max_keys.clamp(1, MAX_LIST_KEYS);
+        let key = prefix.clone();
+        self.run(Op::List, &key, false, move |inner| {
+            list_dir(inner, &prefix, start_after.as_deref(), max_keys)
+                .map_err(|e| io_error(Op::List, &prefix, e))
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        let owned = key.to_owned();
+        self.run(Op::Delete, key, true, move |inner| {
+            let path = inner.path_of(Op::Delete, &owned)?;
+            match fs::remove_file(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(io_error(Op::Delete, &owned, e)),
+            }
+        })
+        .await
+    }
+}
+
+/// Walks the directory tree in key order. Within a directory, entries are ordered by the key
+/// text they lead to (a directory `a` sorts as `a/`), so a depth-first walk yields keys in the
+/// same byte order S3 lists them in, and the walk can stop after one page.
+fn list_dir(
+    inner: &Inner,
+    prefix: &str,
+    start_after: Option<&str>,
+    max_keys: usize,
+) -> io::Result<ListPage> {
+    // Start at the deepest directory the prefix names in full.
+    let base = match prefix.rfind('/') {
+        Some(i) => &prefix[..=i],
+        None => "",
+    };
+    let mut page = ListPage::default();
+    let root = inner.objects.join(base);
+    if !root.is_dir() {
+        return Ok(page);
+    }
+    // A stack of directories still to walk, each with its entries sorted in reverse so `pop`
+    // yields the smallest first.
+    let mut stack: Vec<Vec<(String, bool)>> = vec![sorted_entries(&root, base)?];
+    while let Some(level) = stack.last_mut() {
+        let Some((key, is_dir)) = level.pop() else {
+            stack.pop();
+            continue;
+        };
+        if is_dir {
+            let dir_key = format!("{key}/");
+            // Skip subtrees that cannot hold a key both matching the prefix and past start_after.
+            let may_match = dir_key.starts_with(prefix) || prefix.starts_with(&dir_key);
+            let may_follow = start_after
+                .is_none_or(|after| dir_key.as_str() > after || after.starts_with(&dir_key));
+            if may_match && may_follow {
+                stack.push(sorted_entries(&inner.objects.join(&key), &dir_key)?);
+            }
+            continue;
+        }
+        if !key.starts_with(prefix) || start_after.is_some_and(|after| key.as_str() <= after) {
+            continue;
+        }
+        let size = fs::metadata(inner.objects.join(&key))?.len();
+        page.objects.push(ObjectMeta { key, size });
+        if page.objects.len() == max_keys {
+            page.next_start_after = page.objects.last().map(|o| o.key.clone());
+            break;
+        }
+    }
+    Ok(page)
+}
+
+fn sorted_entries(dir: &Path, key_prefix: &str) -> io::Result<Vec<(String, bool)>> {
+    let mut entries = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        let is_dir = entry.file_type()?.is_dir();
+        entries.push((format!("{key_prefix}{name}"), is_dir));
+    }
+    entries.sort_by(|a, b| sort_key(b).cmp(&sort_key(a)));
+    Ok(entries)
+}
+
+fn sort_key((key, is_dir): &(String, bool)) -> String {
+    if *is_dir {
+        format!("{key}/")
+    } else {
+        key.clone()
+    }
+}

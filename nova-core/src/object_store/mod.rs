@@ -1,0 +1,169 @@
+//! The object store a star writes flights to, and its two backends: a local directory (the
+//! zero-setup default) and S3 through aws-sdk-s3. Both pass the suite in `conformance`.
+
+pub mod conformance;
+mod instrumented;
+mod local;
+mod payload;
+mod s3;
+
+use std::fmt;
+use std::ops::Range;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub use instrumented::Instrumented;
+pub use local::LocalStore;
+pub use payload::PutPayload;
+pub use s3::{S3Config, S3Store};
+
+/// Which part of an object to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GetRange {
+    All,
+    /// Byte range, end exclusive. An end past the object's size is clamped to it.
+    Bounded(Range<u64>),
+    /// The last n bytes, or the whole object when it is shorter.
+    Suffix(u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct GetResult {
+    pub bytes: Bytes,
+    /// The whole object's size, whatever range was read.
+    pub object_size: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    pub key: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListPage {
+    pub objects: Vec<ObjectMeta>,
+    /// Pass as `start_after` to read the next page; `None` on the last page.
+    pub next_start_after: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateOutcome {
+    Created,
+    /// Something already exists at the key; nothing was written.
+    AlreadyExists,
+}
+
+/// Object-store operations, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    Put,
+    PutIfAbsent,
+    Get,
+    Head,
+    List,
+    Delete,
+}
+
+impl Op {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Put => "put",
+            Op::PutIfAbsent => "put_if_absent",
+            Op::Get => "get",
+            Op::Head => "head",
+            Op::List => "list",
+            Op::Delete => "delete",
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("object {key} not found")]
+    NotFound { key: String },
+    #[error("range {range:?} is not satisfiable for object {key}")]
+    InvalidRange { key: String, range: GetRange },
+    /// Worth retrying: a timeout, a connection failure, throttling, a 5xx.
+    #[error("object store {op} of {key} failed (retryable): {message}")]
+    Transient {
+        op: Op,
+        key: String,
+        message: String,
+    },
+    /// Retrying will not help: bad credentials, a missing bucket, a malformed request.
+    #[error("object store {op} of {key} failed: {message}")]
+    Permanent {
+        op: Op,
+        key: String,
+        message: String,
+    },
+}
+
+impl StoreError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Transient { .. })
+    }
+}
+
+/// Conditional creates are the chain's fencing primitive, so a backend must make them atomic:
+/// among concurrent `put_if_absent` calls on one key exactly one returns `Created`.
+#[async_trait]
+pub trait ObjectStore: Send + Sync + fmt::Debug + 'static {
+    /// A short description for logs: the backend and where it points.
+    fn describe(&self) -> String;
+
+    /// Writes the object only if nothing exists at `key`. Durable when it returns `Created`.
+    async fn put_if_absent(
+        &self,
+        key: &str,
+        payload: PutPayload,
+    ) -> Result<CreateOutcome, StoreError>;
+
+    /// Writes the object, replacing whatever was there.
+    async fn put(&self, key: &str, payload: PutPayload) -> Result<(), StoreError>;
+
+    async fn get(&self, key: &str, range: GetRange) -> Result<GetResult, StoreError>;
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError>;
+
+    /// Keys under `prefix` in byte order, strictly after `start_after`, at most `max_keys`
+    /// (capped at 1000) per page.
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        max_keys: usize,
+    ) -> Result<ListPage, StoreError>;
+
+    /// Deletes the object; deleting a missing key succeeds.
+    async fn delete(&self, key: &str) -> Result<(), StoreError>;
+}
+
+/// The largest page a list call returns, matching S3's own cap.
+pub const MAX_LIST_KEYS: usize = 1000;
+
+/// Read and write concurrency limits, and a deadline per request, shared by the backends.
+#[derive(Debug, Clone)]
+pub struct StoreLimits {
+    pub read_concurrency: usize,
+    pub write_concurrency: usize,
+    pub request_timeout: std::time::Duration,
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        Self {
+            read_concurrency: 64,
+            write_concurrency: 16,
+            request_timeout: std::time::Duration::from_secs(30),
+        }
+    }
+}

@@ -1,0 +1,406 @@
+//! S3 (or any S3-compatible server) through aws-sdk-s3.
+//!
+//! Reads and writes each pass a concurrency limit of their own, so a burst of cold reads cannot
+//! starve flight writes. Every attempt has a deadline; the SDK retries only errors it classes as
+//! transient (timeouts, throttling, 5xx), and a conditional create's 412 is never retried: it is
+//! the answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::BehaviorVersion;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::config::{
+    Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
+};
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_smithy_types::body::SdkBody;
+use tokio::sync::Semaphore;
+
+use super::{
+    CreateOutcome, GetRange, GetResult, ListPage, MAX_LIST_KEYS, ObjectMeta, ObjectStore, Op,
+    PutPayload, StoreError, StoreLimits,
+};
+
+#[derive(Debug, Clone)]
+pub struct S3Config {
+    pub bucket: String,
+    /// Prepended to every key; a trailing `/` is added when missing.
+    pub prefix: String,
+    /// A custom endpoint (an S3-compatible server); `None` means AWS.
+    pub endpoint: Option<String>,
+    pub region: String,
+    pub force_path_style: bool,
+    /// Static credentials; `None` means the standard AWS credential chain.
+    pub credentials: Option<(String, String)>,
+    pub limits: StoreLimits,
+    /// Attempts per request, including the first.
+    pub max_attempts: u32,
+}
+
+impl S3Config {
+    pub fn new(bucket: impl Into<String>) -> Self {
+        Self {
+            bucket: bucket.into(),
+            prefix: String::new(),
+            endpoint: None,
+            region: "us-east-1".into(),
+            force_path_style: true,
+            credentials: None,
+            limits: StoreLimits::default(),
+            max_attempts: 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct S3Store {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: aws_sdk_s3::Client,
+    bucket: String,
+    prefix: String,
+    endpoint: String,
+    reads: Semaphore,
+    writes: Semaphore,
+}
+
+impl S3Store {
+    pub async fn new(config: S3Config) -> Self {
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .region(Region::new(config.region.clone()));
+        if let Some(endpoint) = &config.endpoint {
+            loader = loader.endpoint_url(endpoint);
+        }
+        if let Some((key, secret)) = &config.credentials {
+            loader = loader.credentials_provider(Credentials::new(
+                key,
+                secret,
+                None,
+                None,
+                "nova-config",
+            ));
+        }
+        let shared = loader.load().await;
+        let timeouts = TimeoutConfig::builder()
+            .operation_attempt_timeout(config.limits.request_timeout)
+            .connect_timeout(Duration::from_secs(5).min(config.limits.request_timeout))
+            .build();
+        let s3_config = aws_sdk_s3::config::Builder::from(&shared)
+            .force_path_style(config.force_path_style)
+            .timeout_config(timeouts)
+            .retry_config(RetryConfig::standard().with_max_attempts(config.max_attempts.max(1)))
+            // Flights stream as several slices; a trailing checksum would need aws-chunked
+            // encoding, which not every S3-compatible server accepts. Flights carry crc32c per
+            // section and footer, checked on every read.
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+            .build();
+        let mut prefix = config.prefix.trim_start_matches('/').to_owned();
+        if !prefix.is_empty() && !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        Self {
+            inner: Arc::new(Inner {
+                client: aws_sdk_s3::Client::from_conf(s3_config),
+                bucket: config.bucket,
+                prefix,
+                endpoint: config.endpoint.unwrap_or_else(|| "aws".into()),
+                reads: Semaphore::new(config.limits.read_concurrency.max(1)),
+                writes: Semaphore::new(config.limits.write_concurrency.max(1)),
+            }),
+        }
+    }
+
+    /// The SDK client, for tests and tools that need to set up a bucket.
+    pub fn client(&self) -> &aws_sdk_s3::Client {
+        &self.inner.client
+    }
+
+    fn full_key(&self, key: &str) -> String {
+        format!("{}{}", self.inner.prefix, key)
+    }
+
+    fn body(payload: &PutPayload) -> ByteStream {
+        if let [single] = payload.parts() {
+            return ByteStream::from(single.clone());
+        }
+        let payload = payload.clone();
+        ByteStream::new(SdkBody::retryable(move || {
+            SdkBody::from_body_1_x(payload.body())
+        }))
+    }
+}
+
+fn closed(op: Op, key: &str) -> StoreError {
+    StoreError::Permanent {
+        op,
+        key: key.to_owned(),
+        message: "store closed".into(),
+    }
+}
+
+fn status_of<E>(err: &SdkError<E, HttpResponse>) -> Option<u16> {
+    err.raw_response().map(|r| r.status().as_u16())
+}
+
+/// Maps an SDK error to a store error, saying whether a retry could help.
+fn classify<E>(op: Op, key: &str, err: SdkError<E, HttpResponse>) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let status = status_of(&err);
+    let code = err.code().map(str::to_owned);
+    let message = DisplayErrorContext(&err).to_string();
+    let key = key.to_owned();
+    let transient = |message| StoreError::Transient {
+        op,
+        key: key.clone(),
+        message,
+    };
+    match &err {
+        // The request may never have reached the server, or its answer was lost.
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            transient(message)
+        }
+        SdkError::ServiceError(_) => match (status, code.as_deref()) {
+            (Some(404), _) | (_, Some("NoSuchKey")) => StoreError::NotFound { key },
+            (Some(416), _) | (_, Some("InvalidRange")) => StoreError::InvalidRange {
+                key,
+                range: GetRange::All,
+            },
+            // A conditional write raced another one in flight on the same key: ask again.
+            (Some(409), Some("ConditionalRequestConflict")) => transient(message),
+            (Some(408 | 429 | 500..=599), _) => transient(message),
+            (_, Some("SlowDown" | "RequestTimeout" | "InternalError" | "ServiceUnavailable")) => {
+                transient(message)
+            }
+            _ => StoreError::Permanent { op, key, message },
+        },
+        _ => StoreError::Permanent { op, key, message },
+    }
+}
+
+fn range_header(range: &GetRange) -> Option<String> {
+    match range {
+        GetRange::All => None,
+        GetRange::Bounded(r) => Some(format!("bytes={}-{}", r.start, r.end - 1)),
+        GetRange::Suffix(n) => Some(format!("bytes=-{n}")),
+    }
+}
+
+/// The total size out of a `Content-Range: bytes a-b/total` header.
+fn total_from_content_range(value: &str) -> Option<u64> {
+    value.rsplit('/').next()?.parse().ok()
+}
+
+#[async_trait]
+impl ObjectStore for S3Store {
+    fn describe(&self) -> String {
+        format!(
+            "s3://{}/{} at {}",
+            self.inner.bucket, self.inner.prefix, self.inner.endpoint
+        )
+    }
+
+    async fn put_if_absent(
+        &self,
+        key: &str,
+        payload: PutPayload,
+    ) -> Result<CreateOutcome, StoreError> {
+        let op = Op::PutIfAbsent;
+        let _permit = self
+            .inner
+            .writes
+            .acquire()
+            .await
+            .map_err(|_| closed(op, key))?;
+        let result = self
+            .inner
+            .client
+            .put_object()
+            .bucket(&self.inner.bucket)
+            .key(self.full_key(key))
+            .if_none_match("*")
+            .content_length(payload.len() as i64)
+            .body(Self::body(&payload))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(CreateOutcome::Created),
+            Err(err) if status_of(&err) == Some(412) => Ok(CreateOutcome::AlreadyExists),
+            Err(err) => Err(classify(op, key, err)),
+        }
+    }
+
+    async fn put(&self, key: &str, payload: PutPayload) -> Result<(), StoreError> {
+        let op = Op::Put;
+        let _permit = self
+            .inner
+            .writes
+            .acquire()
+            .await
+            .map_err(|_| closed(op, key))?;
+        self.inner
+            .client
+            .put_object()
+            .bucket(&self.inner.bucket)
+            .key(self.full_key(key))
+            .content_length(payload.len() as i64)
+            .body(Self::body(&payload))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|err| classify(op, key, err))
+    }
+
+    async fn get(&self, key: &str, range: GetRange) -> Result<GetResult, StoreError> {
+        let op = Op::Get;
+        if let GetRange::Bounded(r) = &range
+            && r.start >= r.end
+        {
+            return Err(StoreError::InvalidRange {
+                key: key.to_owned(),
+                range,
+            });
+        }
+        // The permit is held until the body is fully read: the connection is busy until then.
+        let _permit = self
+            .inner
+            .reads
+            .acquire()
+            .await
+            .map_err(|_| closed(op, key))?;
+        let response = self
+            .inner
+            .client
+            .get_object()
+            .bucket(&self.inner.bucket)
+            .key(self.full_key(key))
+            .set_range(range_header(&range))
+            .send()
+            .await
+            .map_err(|err| match classify(op, key, err) {
+                StoreError::InvalidRange { key, .. } => StoreError::InvalidRange {
+                    key,
+                    range: range.clone(),
+                },
+                other => other,
+            })?;
+        let object_size = match (&range, response.content_range()) {
+            (GetRange::All, _) => response.content_length().map(|l| l as u64),
+            (_, Some(content_range)) => total_from_content_range(content_range),
+            (_, None) => response.content_length().map(|l| l as u64),
+        };
+        let bytes = response
+            .body
+            .collect()
+            .await
+            .map_err(|e| StoreError::Transient {
+                op,
+                key: key.to_owned(),
+                message: format!("reading the body: {e}"),
+            })?
+            .into_bytes();
+        Ok(GetResult {
+            object_size: object_size.unwrap_or(bytes.len() as u64),
+            bytes,
+        })
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        let op = Op::Head;
+        let _permit = self
+            .inner
+            .reads
+            .acquire()
+            .await
+            .map_err(|_| closed(op, key))?;
+        let response = self
+            .inner
+            .client
+            .head_object()
+            .bucket(&self.inner.bucket)
+            .key(self.full_key(key))
+            .send()
+            .await
+            .map_err(|err| classify(op, key, err))?;
+        Ok(ObjectMeta {
+            key: key.to_owned(),
+            size: response.content_length().unwrap_or(0).max(0) as u64,
+        })
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        max_keys: usize,
+    ) -> Result<ListPage, StoreError> {
+        let op = Op::List;
+        let max_keys = max_keys.clamp(1, MAX_LIST_KEYS);
+        let _permit = self
+            .inner
+            .reads
+            .acquire()
+            .await
+            .map_err(|_| closed(op, prefix))?;
+        let response = self
+            .inner
+            .client
+            .list_objects_v2()
+            .bucket(&self.inner.bucket)
+            .prefix(self.full_key(prefix))
+            .set_start_after(start_after.map(|s| self.full_key(s)))
+            .max_keys(max_keys as i32)
+            .send()
+            .await
+            .map_err(|err| classify(op, prefix, err))?;
+        let objects: Vec<ObjectMeta> = response
+            .contents()
+            .iter()
+            .filter_map(|object| {
+                let key = object.key()?.strip_prefix(&self.inner.prefix)?.to_owned();
+                Some(ObjectMeta {
+                    key,
+                    size: object.size().unwrap_or(0).max(0) as u64,
+                })
+            })
+            .collect();
+        let next_start_after = if response.is_truncated().unwrap_or(false) {
+            objects.last().map(|o| o.key.clone())
+        } else {
+            None
+        };
+        Ok(ListPage {
+            objects,
+            next_start_after,
+        })
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        let op = Op::Delete;
+        let _permit = self
+            .inner
+            .writes
+            .acquire()
+            .await
+            .map_err(|_| closed(op, key))?;
+        self.inner
+            .client
+            .delete_object()
+            .bucket(&self.inner.bucket)
+            .key(self.full_key(key))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|err| classify(op, key, err))
+    }
+}
