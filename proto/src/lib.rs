@@ -1,5 +1,18 @@
+//! Nova's wire schema (`nova.v1`), the validated domain types requests become, and the mapping
+//! from errors to gRPC statuses. Everything else depends on this crate; it depends on nothing
+//! of Nova's.
+
+pub mod domain;
+pub mod error;
+pub mod validate;
+
 pub mod v1 {
+    #![allow(clippy::all)]
     tonic::include_proto!("nova.v1");
+
+    /// The encoded file descriptor set, for the reflection service.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         tonic::include_file_descriptor_set!("nova_v1_descriptor");
 }
+
+pub use error::RequestError;

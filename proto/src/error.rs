@@ -1,0 +1,140 @@
+//! Errors a client can see, and how each maps to a gRPC code. The mapping is the contract
+//! clients retry by, so each arm says why its code is the right one.
+
+use std::time::Duration;
+
+use tonic::{Code, Status};
+
+use crate::v1;
+
+/// Metadata key carrying a retry hint in milliseconds on RESOURCE_EXHAUSTED and UNAVAILABLE.
+pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("append batch is empty: send at least one record")]
+    EmptyBatch,
+    #[error("append batch has {records} records, over --max-batch-records={cap}")]
+    TooManyRecords { records: u64, cap: u32 },
+    #[error("append batch holds {bytes} bytes, over --max-batch-bytes={cap}")]
+    BatchTooLarge { bytes: u64, cap: u64 },
+    #[error("record {index} of the batch holds {bytes} bytes, over --max-record-bytes={cap}")]
+    RecordTooLarge { index: u64, bytes: u64, cap: u64 },
+    #[error("stream name {name:?} {reason}")]
+    InvalidStreamName { name: String, reason: &'static str },
+    #[error("stream {0:?} does not exist")]
+    StreamNotFound(String),
+    #[error("stream {0:?} already exists")]
+    StreamExists(String),
+    #[error("match_seq_num {expected} does not match stream {stream:?}'s next sequence number {next_seq}")]
+    SeqMismatch {
+        stream: String,
+        expected: u64,
+        next_seq: u64,
+    },
+    #[error("{cap} reached ({limit}): {what}; retry after {retry_after:?}")]
+    CapReached {
+        cap: &'static str,
+        limit: u64,
+        what: &'static str,
+        retry_after: Duration,
+    },
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    DataLoss(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl RequestError {
+    pub fn code(&self) -> Code {
+        match self {
+            // The request itself is wrong; sending it again unchanged fails again.
+            RequestError::EmptyBatch
+            | RequestError::TooManyRecords { .. }
+            | RequestError::BatchTooLarge { .. }
+            | RequestError::RecordTooLarge { .. }
+            | RequestError::InvalidStreamName { .. } => Code::InvalidArgument,
+            RequestError::StreamNotFound(_) => Code::NotFound,
+            RequestError::StreamExists(_) => Code::AlreadyExists,
+            // The stream moved on; the producer must decide what its next seq is.
+            RequestError::SeqMismatch { .. } => Code::FailedPrecondition,
+            // Nothing was admitted; retrying after the hint is always safe.
+            RequestError::CapReached { .. } => Code::ResourceExhausted,
+            // Nothing was acknowledged; the client may retry (with match_seq_num to stay exact).
+            RequestError::Unavailable(_) => Code::Unavailable,
+            RequestError::DataLoss(_) => Code::DataLoss,
+            RequestError::Internal(_) => Code::Internal,
+        }
+    }
+
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            RequestError::CapReached { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The per-request error carried in an `AppendAck`.
+    pub fn to_append_error(&self) -> v1::AppendError {
+        v1::AppendError {
+            code: self.code() as i32,
+            message: self.to_string(),
+            next_seq: match self {
+                RequestError::SeqMismatch { next_seq, .. } => Some(*next_seq),
+                _ => None,
+            },
+        }
+    }
+}
+
+impl From<RequestError> for Status {
+    fn from(err: RequestError) -> Status {
+        let mut status = Status::new(err.code(), err.to_string());
+        if let Some(retry_after) = err.retry_after()
+            && let Ok(value) = retry_after.as_millis().to_string().parse()
+        {
+            status.metadata_mut().insert(RETRY_AFTER_MS, value);
+        }
+        status
+    }
+}
+
+/// Reads the retry hint off a status, if the server sent one.
+pub fn retry_after(status: &Status) -> Option<Duration> {
+    let value = status.metadata().get(RETRY_AFTER_MS)?.to_str().ok()?;
+    value.parse::<u64>().ok().map(Duration::from_millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shed_carries_its_cap_and_hint() {
+        let err = RequestError::CapReached {
+            cap: "--max-producer-sessions",
+            limit: 4096,
+            what: "producer sessions",
+            retry_after: Duration::from_millis(1500),
+        };
+        let status = Status::from(err);
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert!(status.message().contains("--max-producer-sessions"));
+        assert_eq!(retry_after(&status), Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn a_mismatch_reports_the_next_seq() {
+        let err = RequestError::SeqMismatch {
+            stream: "s".into(),
+            expected: 3,
+            next_seq: 10,
+        };
+        let wire = err.to_append_error();
+        assert_eq!(wire.code, Code::FailedPrecondition as i32);
+        assert_eq!(wire.next_seq, Some(10));
+    }
+}

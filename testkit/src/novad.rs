@@ -1,0 +1,239 @@
+//! A real novad process for end-to-end tests.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::process::{free_port, signal, wait_for_port};
+
+pub struct NovadBuilder {
+    binary: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    data_dir: Option<PathBuf>,
+}
+
+impl NovadBuilder {
+    /// `binary` is the novad executable (`env!("CARGO_BIN_EXE_novad")` in novad's own tests).
+    pub fn new(binary: impl Into<PathBuf>) -> Self {
+        Self {
+            binary: binary.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            data_dir: None,
+        }
+    }
+
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Uses this data directory instead of a fresh temporary one.
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_dir = Some(dir.into());
+        self
+    }
+
+    /// Starts novad and waits until it accepts connections (it listens only once recovery is
+    /// done).
+    pub fn start(self) -> Novad {
+        let (temp, data_dir) = match self.data_dir {
+            Some(dir) => (None, dir),
+            None => {
+                let temp = tempfile::tempdir().expect("tempdir");
+                let dir = temp.path().to_path_buf();
+                (Some(temp), dir)
+            }
+        };
+        let mut novad = Novad {
+            child: None,
+            binary: self.binary,
+            args: self.args,
+            env: self.env,
+            port: free_port(),
+            metrics_port: free_port(),
+            data_dir,
+            _temp: temp,
+            starts: 0,
+        };
+        novad.spawn();
+        novad.wait_ready(Duration::from_secs(60));
+        novad
+    }
+}
+
+pub struct Novad {
+    child: Option<Child>,
+    binary: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    port: u16,
+    metrics_port: u16,
+    data_dir: PathBuf,
+    _temp: Option<tempfile::TempDir>,
+    starts: u32,
+}
+
+impl Novad {
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Where this start's output goes.
+    pub fn log_path(&self) -> PathBuf {
+        self.data_dir.join(format!("novad-{}.log", self.starts))
+    }
+
+    /// Everything novad printed in its current (or last) run.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn spawn(&mut self) {
+        self.starts += 1;
+        let log = File::create(self.log_path()).expect("create novad log");
+        let mut command = Command::new(&self.binary);
+        command
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{}", self.metrics_port))
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(&self.args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log"))
+            .stderr(log);
+        for (k, v) in &self.env {
+            command.env(k, v);
+        }
+        self.child = Some(command.spawn().expect("spawn novad"));
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("novad exited with {status} before listening:\n{}", self.log());
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("novad did not listen within {timeout:?}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills novad with SIGKILL: no chance to flush or clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(child.id(), libc::SIGKILL);
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit, up to `timeout`.
+    pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("novad is running");
+        signal(child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("novad did not exit within {timeout:?} of SIGTERM:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts novad again on the same port and data directory, and waits until it listens.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop novad before restarting it");
+        self.spawn();
+        self.wait_ready(Duration::from_secs(60));
+    }
+
+    /// Starts novad again without waiting for it to listen.
+    pub fn restart_detached(&mut self) {
+        assert!(self.child.is_none(), "stop novad before restarting it");
+        self.spawn();
+    }
+
+    /// Whether the process has exited, and how.
+    pub fn try_exit_status(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// The metrics page, in Prometheus text format.
+    pub fn metrics(&self) -> String {
+        wait_for_port(self.metrics_port, Duration::from_secs(10), "novad metrics");
+        let mut stream = TcpStream::connect(("127.0.0.1", self.metrics_port)).expect("connect");
+        let request = format!(
+            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
+            self.metrics_port
+        );
+        stream.write_all(request.as_bytes()).expect("send");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("read");
+        match response.split_once("\r\n\r\n") {
+            Some((_, body)) => body.to_owned(),
+            None => response,
+        }
+    }
+
+    /// The value of one series on the metrics page (`name` may include labels, exactly as
+    /// printed), or `None` when absent.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        self.metrics().lines().find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            if name == series { value.parse().ok() } else { None }
+        })
+    }
+}
+
+impl Drop for Novad {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(child.id(), libc::SIGKILL);
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,38 @@
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// Waits until something accepts connections on the port, or panics after `timeout`.
+pub fn wait_for_port(port: u16, timeout: Duration, what: &str) {
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what} did not listen on port {port} within {timeout:?}");
+}
+
+/// The repository root (the parent of this crate's directory).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit sits in the workspace")
+        .to_path_buf()
+}
+
+/// Sends a signal to a process by PID.
+pub(crate) fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions; a stale PID only yields ESRCH.
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}
