@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use nova_core::object_store::{LocalStore, ObjectStore, S3Config, S3Store, StoreLimits, conformance};
+use nova_core::object_store::{
+    LocalStore, ObjectStore, S3Config, S3Store, StoreLimits, conformance,
+};
 use nova_testkit::Moto;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -41,7 +43,10 @@ async fn s3_errors_are_classified() {
     config.credentials = Some(("test".into(), "testtest".into()));
     let store = S3Store::new(config).await;
     let err = store.put("k", "v".into()).await.unwrap_err();
-    assert!(!err.is_retryable(), "a missing bucket is not worth retrying: {err}");
+    assert!(
+        !err.is_retryable(),
+        "a missing bucket is not worth retrying: {err}"
+    );
 
     // A server that is gone is a transient failure.
     let port = moto.port();
@@ -52,5 +57,8 @@ async fn s3_errors_are_classified() {
     config.max_attempts = 1;
     let store = S3Store::new(config).await;
     let err = store.put("k", "v".into()).await.unwrap_err();
-    assert!(err.is_retryable(), "an unreachable server is retryable: {err}");
+    assert!(
+        err.is_retryable(),
+        "an unreachable server is retryable: {err}"
+    );
 }

@@ -18,6 +18,23 @@ pub struct Record {
 }
 
 impl Record {
+    /// A record with just a body; the star stamps its timestamp.
+    pub fn new(body: impl Into<Bytes>) -> Self {
+        Self {
+            timestamp: 0,
+            headers: Vec::new(),
+            body: body.into(),
+        }
+    }
+
+    pub fn with_header(mut self, name: impl Into<Bytes>, value: impl Into<Bytes>) -> Self {
+        self.headers.push(Header {
+            name: name.into(),
+            value: value.into(),
+        });
+        self
+    }
+
     /// The bytes a producer chose to store: body plus header names and values. Record caps, batch
     /// caps and read caps are all measured in these.
     pub fn content_bytes(&self) -> u64 {

@@ -27,7 +27,9 @@ pub enum RequestError {
     StreamNotFound(String),
     #[error("stream {0:?} already exists")]
     StreamExists(String),
-    #[error("match_seq_num {expected} does not match stream {stream:?}'s next sequence number {next_seq}")]
+    #[error(
+        "match_seq_num {expected} does not match stream {stream:?}'s next sequence number {next_seq}"
+    )]
     SeqMismatch {
         stream: String,
         expected: u64,

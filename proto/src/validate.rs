@@ -162,7 +162,10 @@ mod tests {
             value: Bytes::from_static(b"x"),
         });
         let err = validate_append(request(vec![with_header]), &CAPS, 0).unwrap_err();
-        assert!(matches!(err, RequestError::RecordTooLarge { bytes: 41, .. }), "headers count");
+        assert!(
+            matches!(err, RequestError::RecordTooLarge { bytes: 41, .. }),
+            "headers count"
+        );
     }
 
     #[test]

@@ -131,7 +131,10 @@ impl Novad {
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.args)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log"))
             .stderr(log);
@@ -147,7 +150,10 @@ impl Novad {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!("novad exited with {status} before listening:\n{}", self.log());
+                panic!(
+                    "novad exited with {status} before listening:\n{}",
+                    self.log()
+                );
             }
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return;
@@ -178,7 +184,10 @@ impl Novad {
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                panic!("novad did not exit within {timeout:?} of SIGTERM:\n{}", self.log());
+                panic!(
+                    "novad did not exit within {timeout:?} of SIGTERM:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -199,7 +208,9 @@ impl Novad {
 
     /// Whether the process has exited, and how.
     pub fn try_exit_status(&mut self) -> Option<ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// The metrics page, in Prometheus text format.
@@ -224,7 +235,11 @@ impl Novad {
     pub fn metric(&self, series: &str) -> Option<f64> {
         self.metrics().lines().find_map(|line| {
             let (name, value) = line.rsplit_once(' ')?;
-            if name == series { value.parse().ok() } else { None }
+            if name == series {
+                value.parse().ok()
+            } else {
+                None
+            }
         })
     }
 }

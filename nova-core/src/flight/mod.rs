@@ -13,8 +13,11 @@
 //! writes to close a predecessor's chain) uses the same header and trailer with another kind.
 //! Every integer is little-endian; the version and kind values are kept stable.
 
+mod fetch;
 mod layout;
 pub mod section;
+
+pub use fetch::{FetchError, fetch_footer, fetch_section};
 
 pub use layout::{
     FenceInfo, FlightFooter, FlightMeta, HEADER_LEN, ObjectFooter, SUGGESTED_TAIL_READ,

@@ -1,0 +1,121 @@
+//! The absorb: records landed flights in the index, in slot order, moving the chain's checkpoint
+//! in the same metastore transaction. Flights that queued up while a commit ran are committed
+//! together, so a slow metastore costs fewer, larger transactions rather than a longer queue.
+//! Each flight's backlog permit returns when its commit does.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use nova_core::catalog::{AbsorbBatch, CatalogError, ChainState, StreamTail, VersionedChain};
+
+use crate::resolver::Landed;
+use crate::shared::Shared;
+
+/// The most flights one absorb transaction carries.
+const MAX_GROUP: usize = 64;
+
+pub(crate) async fn run_absorber(
+    shared: Arc<Shared>,
+    mut landed: mpsc::Receiver<Landed>,
+    mut chain: VersionedChain,
+    mut tails: HashMap<u64, StreamTail>,
+) {
+    while let Some(first) = landed.recv().await {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match landed.try_recv() {
+                Ok(next) => group.push(next),
+                Err(_) => break,
+            }
+        }
+        if shared.fenced().is_some() {
+            // The chain is someone else's now; the successor settles these slots.
+            continue;
+        }
+        let last_slot = group.last().map(|l| l.slot).unwrap_or_default();
+        let mut batch = AbsorbBatch::default();
+        let mut touched = HashMap::new();
+        for flight in &group {
+            for entry in &flight.entries {
+                let tail = tails.entry(entry.stream_id).or_default();
+                tail.tail_seq = entry.end_seq;
+                tail.stored_bytes += entry.len;
+                touched.insert(entry.stream_id, *tail);
+                batch.entries.push(entry.clone());
+            }
+        }
+        batch.tails = touched.into_iter().collect();
+        let state = ChainState {
+            epoch: shared.epoch,
+            checkpoint: Some(last_slot),
+        };
+        let Some(committed) = commit(&shared, &chain, state, batch).await else {
+            // Fenced or abandoned: these flights stay in the chain for the next owner.
+            continue;
+        };
+        chain = committed;
+        shared.pending.absorbed_through(last_slot);
+        shared.metrics.flights_absorbed.inc_by(group.len() as u64);
+        // Dropping the group returns its backlog permits.
+    }
+}
+
+/// Commits one absorb, retrying metastore failures until it lands. `None` when the chain was
+/// lost or shutdown abandoned the work.
+async fn commit(
+    shared: &Shared,
+    chain: &VersionedChain,
+    state: ChainState,
+    batch: AbsorbBatch,
+) -> Option<VersionedChain> {
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let started = Instant::now();
+        *shared.health.commit_started.lock() = Some(started);
+        let result = tokio::select! {
+            result = shared.catalog.absorb(&shared.config.star, Some(chain.version), state, batch.clone()) => result,
+            _ = shared.abandon.cancelled() => {
+                *shared.health.commit_started.lock() = None;
+                return None;
+            }
+        };
+        *shared.health.commit_started.lock() = None;
+        shared
+            .metrics
+            .absorb_latency
+            .observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(committed) => {
+                let mut failing = shared.health.commit_failing.lock();
+                if *failing {
+                    tracing::info!(attempts = attempt, "absorb commits are landing again");
+                    *failing = false;
+                }
+                return Some(committed);
+            }
+            Err(CatalogError::Conflict(reason)) => {
+                shared.fence(reason);
+                return None;
+            }
+            Err(err) => {
+                *shared.health.commit_failing.lock() = true;
+                let delay = shared.config.retry.delay(attempt);
+                if attempt == 1 || attempt.is_multiple_of(10) {
+                    tracing::warn!(
+                        attempt,
+                        retry_in_ms = delay.as_millis() as u64,
+                        "absorb commit failed, retrying: {err}"
+                    );
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shared.abandon.cancelled() => return None,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The chain's settings, filled from novad's flags.
+
+use std::time::Duration;
+
+use nova_core::limits;
+
+#[derive(Debug, Clone)]
+pub struct ChainConfig {
+    /// This star's name: its chain's key prefix and its catalog entry.
+    pub star: String,
+    /// `--s3-memory-buffer-mib`, in bytes.
+    pub admission_bytes: u64,
+    /// `--s3-chain-backlog-flights`.
+    pub backlog_flights: u32,
+    /// `--tail-window-cache-mib`, in bytes.
+    pub tail_cache_bytes: u64,
+    /// `--flight-max-bytes`.
+    pub flight_max_bytes: u64,
+    /// `--flight-linger-ms`.
+    pub flight_linger: Duration,
+    /// `--flight-max-inflight`.
+    pub flight_max_inflight: u32,
+    /// Backoff between attempts at a failed flight write or absorb commit.
+    pub retry: RetryPolicy,
+    /// An absorb commit running longer than this is diagnosed as the metastore being slow.
+    pub metastore_slow_after: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+impl RetryPolicy {
+    /// The delay before attempt `attempt` (1-based): exponential, capped, with full jitter over
+    /// its upper half so a fleet of stars does not retry in lockstep.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let exp = self
+            .initial
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
+            .min(self.max);
+        let half = exp / 2;
+        half + half.mul_f64(rand::random::<f64>())
+    }
+}
+
+impl Default for ChainConfig {
+    fn default() -> Self {
+        Self {
+            star: "nova".into(),
+            admission_bytes: limits::ADMISSION_BUFFER_MIB * limits::MIB,
+            backlog_flights: limits::CHAIN_BACKLOG_FLIGHTS,
+            tail_cache_bytes: limits::TAIL_WINDOW_CACHE_MIB * limits::MIB,
+            flight_max_bytes: limits::FLIGHT_MAX_BYTES,
+            flight_linger: Duration::from_millis(limits::FLIGHT_LINGER_MS),
+            flight_max_inflight: limits::FLIGHT_MAX_INFLIGHT,
+            retry: RetryPolicy {
+                initial: Duration::from_millis(100),
+                max: Duration::from_secs(10),
+            },
+            metastore_slow_after: Duration::from_millis(500),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_caps_and_jitters() {
+        let policy = RetryPolicy {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+        };
+        let first = policy.delay(1);
+        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+        let late = policy.delay(30);
+        assert!(late >= Duration::from_secs(1) && late <= Duration::from_secs(2));
+    }
+}

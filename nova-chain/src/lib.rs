@@ -1,0 +1,33 @@
+//! The star's chain: how an append becomes durable and readable.
+//!
+//! ```text
+//! session ─charge─▶ admission buffer ─▶ packer ─flight─▶ writers ─▶ resolver ─ack─▶ session
+//!                                        (seq, slot)    (put if absent)  │ (slot order)
+//!                                                                        ├─▶ tail cache
+//!                                                                        └─▶ absorber ─▶ metastore
+//! ```
+//!
+//! Every arrow is a bounded queue or a budget: the admission buffer bounds bytes from decode to
+//! ack, `--flight-max-inflight` bounds flights being written, the backlog budget bounds flights
+//! acknowledged but not absorbed, and the tail cache bounds what stays in memory after the ack.
+
+pub mod admission;
+pub mod config;
+pub mod pending;
+pub mod recovery;
+pub mod stall;
+pub mod streams;
+pub mod tail_cache;
+
+mod absorber;
+mod packer;
+mod reader;
+mod resolver;
+mod shared;
+mod star;
+mod writer;
+
+pub use config::{ChainConfig, RetryPolicy};
+pub use packer::{AckRange, AppendReply};
+pub use reader::Page;
+pub use star::{ShutdownError, Star, StartError};

@@ -1,0 +1,342 @@
+//! The packer: the one task that sequences appends. It assigns sequence numbers in admission
+//! order, packs batches from every stream into the open flight, and closes the flight by size or
+//! linger, handing it to a writer at the next slot.
+//!
+//! Because one task does all of this, a stream's sequence numbers are dense and follow
+//! admission order, and a stream's records within a flight form one contiguous section.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use nova_core::budget::BudgetPermit;
+use nova_core::flight::section::Fragment;
+use nova_core::flight::{FlightFooter, FlightMeta, SectionInput, assemble_flight};
+use nova_core::keys::slot_key;
+use nova_core::record::now_ms;
+use nova_proto::RequestError;
+
+use crate::admission::Admitted;
+use crate::shared::Shared;
+use crate::stall::{Stall, StallCause};
+use crate::streams::StreamState;
+use crate::writer::{WriteError, write_flight};
+
+/// Sequence numbers `[start, end)` assigned to an acknowledged batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+pub type AppendReply = Result<AckRange, RequestError>;
+
+/// A charged, encoded batch on its way to the packer.
+#[derive(Debug)]
+pub(crate) struct Submission {
+    pub stream: Arc<StreamState>,
+    pub fragment: Fragment,
+    pub content_bytes: u64,
+    pub match_seq_num: Option<u64>,
+    pub admitted: Admitted,
+    pub reply: oneshot::Sender<AppendReply>,
+}
+
+/// A sequenced batch waiting for its flight to land.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    pub stream: Arc<StreamState>,
+    pub range: AckRange,
+    pub content_bytes: u64,
+    /// The batch's admission charge, released when the batch is dropped at resolution.
+    pub _charge: Admitted,
+    pub reply: oneshot::Sender<AppendReply>,
+}
+
+impl Batch {
+    pub fn fail(self, error: RequestError) {
+        // The producer may have gone; its batch still resolves (and releases its charge) here.
+        let _ = self.reply.send(Err(error));
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Section {
+    pub stream: Arc<StreamState>,
+    pub start_seq: u64,
+    pub fragments: Vec<(u64, Fragment)>,
+}
+
+struct OpenFlight {
+    opened: Instant,
+    bytes: u64,
+    sections: Vec<Section>,
+    section_of: HashMap<u64, usize>,
+    batches: Vec<Batch>,
+}
+
+impl OpenFlight {
+    fn new() -> Self {
+        Self {
+            opened: Instant::now(),
+            bytes: 0,
+            sections: Vec::new(),
+            section_of: HashMap::new(),
+            batches: Vec::new(),
+        }
+    }
+
+    fn fail(self, error: &RequestError) {
+        for batch in self.batches {
+            batch.fail(error.clone());
+        }
+    }
+}
+
+/// A flight handed to its writer, travelling to the resolver in slot order.
+pub(crate) struct InFlight {
+    pub slot: u64,
+    pub key: String,
+    pub footer: FlightFooter,
+    pub sections: Vec<Section>,
+    pub batches: Vec<Batch>,
+    pub bytes: u64,
+    pub write: tokio::task::JoinHandle<Result<(), WriteError>>,
+    pub backlog: BudgetPermit,
+    pub _writing: OwnedSemaphorePermit,
+}
+
+pub(crate) struct Packer {
+    shared: Arc<Shared>,
+    submissions: mpsc::Receiver<Submission>,
+    resolver: mpsc::Sender<InFlight>,
+    /// Flights being written at once (`--flight-max-inflight`).
+    writing: Arc<Semaphore>,
+    next_slot: u64,
+    open: Option<OpenFlight>,
+}
+
+impl Packer {
+    pub fn new(
+        shared: Arc<Shared>,
+        submissions: mpsc::Receiver<Submission>,
+        resolver: mpsc::Sender<InFlight>,
+    ) -> Self {
+        let writing = Arc::new(Semaphore::new(
+            shared.config.flight_max_inflight.max(1) as usize
+        ));
+        Self {
+            shared,
+            submissions,
+            resolver,
+            writing,
+            next_slot: 0,
+            open: None,
+        }
+    }
+
+    /// Runs until `stop` fires and every submission already queued is packed and handed on.
+    pub async fn run(mut self, stop: CancellationToken) {
+        let mut stopping = false;
+        loop {
+            let linger_until = self
+                .open
+                .as_ref()
+                .map(|open| open.opened + self.shared.config.flight_linger);
+            tokio::select! {
+                biased;
+                _ = stop.cancelled(), if !stopping => {
+                    // New submissions are refused from here; queued ones still get packed.
+                    stopping = true;
+                    self.submissions.close();
+                }
+                submission = self.submissions.recv() => match submission {
+                    Some(submission) => {
+                        self.admit(submission);
+                        let full = self
+                            .open
+                            .as_ref()
+                            .is_some_and(|open| open.bytes >= self.shared.config.flight_max_bytes);
+                        if full {
+                            self.close_flight().await;
+                        }
+                    }
+                    None => break,
+                },
+                _ = sleep_until(linger_until), if linger_until.is_some() => self.close_flight().await,
+            }
+        }
+        self.close_flight().await;
+    }
+
+    fn admit(&mut self, sub: Submission) {
+        if let Some(reason) = self.shared.fenced() {
+            let _ = sub.reply.send(Err(RequestError::Unavailable(reason)));
+            return;
+        }
+        if sub.stream.is_deleted() {
+            let _ = sub.reply.send(Err(RequestError::StreamNotFound(
+                sub.stream.name().to_owned(),
+            )));
+            return;
+        }
+        let next = sub.stream.next_seq();
+        if let Some(expected) = sub.match_seq_num
+            && expected != next
+        {
+            self.shared
+                .metrics
+                .rejections
+                .with_label_values(&["match_seq_num"])
+                .inc();
+            let _ = sub.reply.send(Err(RequestError::SeqMismatch {
+                stream: sub.stream.name().to_owned(),
+                expected,
+                next_seq: next,
+            }));
+            return;
+        }
+        let range = AckRange {
+            start: next,
+            end: next + sub.fragment.records,
+        };
+        sub.stream.set_next_seq(range.end);
+        let open = self.open.get_or_insert_with(OpenFlight::new);
+        let index = *open.section_of.entry(sub.stream.id()).or_insert_with(|| {
+            open.sections.push(Section {
+                stream: sub.stream.clone(),
+                start_seq: range.start,
+                fragments: Vec::new(),
+            });
+            open.sections.len() - 1
+        });
+        open.bytes += sub.fragment.bytes.len() as u64;
+        open.sections[index]
+            .fragments
+            .push((range.start, sub.fragment));
+        open.batches.push(Batch {
+            stream: sub.stream,
+            range,
+            content_bytes: sub.content_bytes,
+            _charge: sub.admitted,
+            reply: sub.reply,
+        });
+    }
+
+    /// Closes the open flight (if any) and starts its write. Waits, counted as a stall, while
+    /// the backlog budget is spent or the writers are all busy.
+    async fn close_flight(&mut self) {
+        let Some(flight) = self.open.take() else {
+            return;
+        };
+        if let Some(reason) = self.shared.fenced() {
+            flight.fail(&RequestError::Unavailable(reason));
+            return;
+        }
+        let Some(backlog) = self.backlog_permit().await else {
+            flight.fail(&abandoned());
+            return;
+        };
+        let Some(writing) = self.writer_permit().await else {
+            flight.fail(&abandoned());
+            return;
+        };
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        let shared = &self.shared;
+        let key = slot_key(&shared.config.star, shared.epoch, slot);
+        let inputs = flight
+            .sections
+            .iter()
+            .map(|s| SectionInput {
+                stream_id: s.stream.id(),
+                stream: s.stream.name().to_owned(),
+                start_seq: s.start_seq,
+                fragments: s.fragments.iter().map(|(_, f)| f.clone()).collect(),
+            })
+            .collect();
+        let meta = FlightMeta {
+            star: shared.config.star.clone(),
+            epoch: shared.epoch,
+            slot,
+            created_at_ms: now_ms(),
+        };
+        let (payload, footer) = assemble_flight(meta, inputs);
+        let bytes = payload.len();
+        let write = tokio::spawn(write_flight(shared.clone(), key.clone(), payload));
+        shared.metrics.flights_in_flight.inc();
+        let in_flight = InFlight {
+            slot,
+            key,
+            footer,
+            sections: flight.sections,
+            batches: flight.batches,
+            bytes,
+            write,
+            backlog,
+            _writing: writing,
+        };
+        // The resolver's queue holds as many flights as there are writer permits, so this
+        // only waits if the resolver has stopped, which happens only at shutdown.
+        if let Err(mpsc::error::SendError(lost)) = self.resolver.send(in_flight).await {
+            lost.write.abort();
+            for batch in lost.batches {
+                batch.fail(abandoned());
+            }
+        }
+    }
+
+    async fn backlog_permit(&self) -> Option<BudgetPermit> {
+        let shared = &self.shared;
+        if let Some(permit) = shared.backlog.try_acquire(1) {
+            return Some(permit);
+        }
+        let detail = format!(
+            "{} flights acknowledged but not absorbed (--s3-chain-backlog-flights)",
+            shared.backlog.capacity()
+        );
+        let _stall = Stall::begin(
+            &shared.metrics,
+            "chain_backlog",
+            shared.diagnose_backlog(),
+            &detail,
+        );
+        tokio::select! {
+            permit = shared.backlog.acquire(1) => Some(permit),
+            _ = shared.abandon.cancelled() => None,
+        }
+    }
+
+    async fn writer_permit(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.writing.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        // Every writer busy is ordinary pipelining unless the writes are failing.
+        let _stall = self.shared.writes_failing().then(|| {
+            Stall::begin(
+                &self.shared.metrics,
+                "flights_in_flight",
+                StallCause::ObjectStoreUnavailable,
+                "every flight writer is retrying a failed write (--flight-max-inflight)",
+            )
+        });
+        tokio::select! {
+            permit = self.writing.clone().acquire_owned() => permit.ok(),
+            _ = self.shared.abandon.cancelled() => None,
+        }
+    }
+}
+
+fn abandoned() -> RequestError {
+    RequestError::Unavailable("the star shut down before this append was durable; retry it".into())
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

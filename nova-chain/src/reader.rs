@@ -1,0 +1,243 @@
+//! Reading a page of a stream. Records come from the tail window cache when they are there,
+//! otherwise from the object store: the entry covering the wanted sequence number is found in
+//! the pending index (acknowledged, not yet absorbed) or the metastore's index, and its section
+//! is fetched with one ranged GET and checked against its crc32c.
+//!
+//! A page stops at the tail, at `max_records`, or before the record that would take it past
+//! `max_bytes`; the first record is always served, however large.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use nova_core::catalog::IndexEntry;
+use nova_core::flight::section::RecordIter;
+use nova_core::flight::{FetchError, FormatError, fetch_section};
+use nova_core::object_store::StoreError;
+use nova_core::record::SequencedRecord;
+use nova_proto::RequestError;
+
+use crate::shared::Shared;
+use crate::streams::StreamState;
+use crate::tail_cache::CachedRun;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    pub records: Vec<SequencedRecord>,
+    pub next_seq: u64,
+    pub tail_seq: u64,
+}
+
+struct PageBuilder {
+    records: Vec<SequencedRecord>,
+    bytes: u64,
+    max_records: usize,
+    max_bytes: u64,
+    next_seq: u64,
+    tail: u64,
+    /// Set when the next record would pass the byte cap.
+    capped: bool,
+}
+
+impl PageBuilder {
+    fn new(start_seq: u64, tail: u64, max_records: usize, max_bytes: u64) -> Self {
+        Self {
+            records: Vec::new(),
+            bytes: 0,
+            max_records,
+            max_bytes,
+            next_seq: start_seq,
+            tail,
+            capped: false,
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.capped || self.next_seq >= self.tail || self.records.len() >= self.max_records
+    }
+
+    /// Offers the records of a run starting at `first_seq`; takes those from `next_seq` on
+    /// until the page is full.
+    fn take_from(&mut self, first_seq: u64, section: Bytes) -> Result<(), FormatError> {
+        let mut iter = RecordIter::new(section);
+        if self.next_seq > first_seq {
+            iter.skip_records(self.next_seq - first_seq)?;
+        }
+        for record in iter {
+            if self.full() {
+                break;
+            }
+            let record = record?;
+            let size = record.content_bytes();
+            if !self.records.is_empty() && self.bytes + size > self.max_bytes {
+                // This record starts the next page.
+                self.capped = true;
+                break;
+            }
+            self.bytes += size;
+            self.records.push(SequencedRecord {
+                seq: self.next_seq,
+                record,
+            });
+            self.next_seq += 1;
+        }
+        Ok(())
+    }
+}
+
+fn read_error(stream: &str, err: FetchError) -> RequestError {
+    match err {
+        FetchError::Store(StoreError::Transient { .. }) => {
+            RequestError::Unavailable(format!("reading stream {stream:?}: {err}"))
+        }
+        FetchError::Store(other) => {
+            RequestError::Internal(format!("reading stream {stream:?}: {other}"))
+        }
+        FetchError::Format { .. } => {
+            RequestError::DataLoss(format!("reading stream {stream:?}: {err}"))
+        }
+    }
+}
+
+pub(crate) async fn read(
+    shared: &Arc<Shared>,
+    stream: &StreamState,
+    start_seq: u64,
+    max_records: u32,
+    max_bytes: u64,
+) -> Result<Page, RequestError> {
+    let tail = stream.tail();
+    let mut page = PageBuilder::new(start_seq, tail, max_records.max(1) as usize, max_bytes);
+    while !page.full() {
+        let seq = page.next_seq;
+        if let Some(run) = shared.tail_cache.lookup(stream.id(), seq) {
+            take_cached(&mut page, &run).map_err(|e| {
+                RequestError::Internal(format!("cached records of {:?}: {e}", stream.name()))
+            })?;
+            continue;
+        }
+        let entry = match shared.pending.lookup(stream.id(), seq) {
+            Some(entry) => entry,
+            None => index_entry(shared, stream, seq).await?,
+        };
+        let section = fetch_section(
+            shared.store.as_ref(),
+            &entry.object_key,
+            entry.offset,
+            entry.len,
+            entry.crc32c,
+        )
+        .await
+        .map_err(|e| read_error(stream.name(), e))?;
+        page.take_from(entry.start_seq, section)
+            .map_err(|e| RequestError::DataLoss(format!("{}: {e}", entry.object_key)))?;
+        if page.next_seq == seq {
+            return Err(RequestError::DataLoss(format!(
+                "{} holds no record {seq} of stream {:?} though the index says it does",
+                entry.object_key,
+                stream.name()
+            )));
+        }
+    }
+    Ok(Page {
+        records: page.records,
+        next_seq: page.next_seq,
+        tail_seq: tail,
+    })
+}
+
+fn take_cached(page: &mut PageBuilder, run: &CachedRun) -> Result<(), FormatError> {
+    // Start at the fragment holding the wanted record, then carry on through the run.
+    let first = run
+        .fragments
+        .iter()
+        .rposition(|(start, _)| *start <= page.next_seq)
+        .unwrap_or(0);
+    for (start, fragment) in &run.fragments[first..] {
+        if page.full() {
+            break;
+        }
+        page.take_from(*start, fragment.bytes.clone())?;
+    }
+    Ok(())
+}
+
+async fn index_entry(
+    shared: &Shared,
+    stream: &StreamState,
+    seq: u64,
+) -> Result<IndexEntry, RequestError> {
+    let entries = shared
+        .catalog
+        .index_entries(stream.id(), seq, 1)
+        .await
+        .map_err(|e| RequestError::Unavailable(format!("index lookup: {e}")))?;
+    entries
+        .into_iter()
+        .next()
+        .filter(|e| e.start_seq <= seq)
+        .ok_or_else(|| {
+            RequestError::DataLoss(format!(
+                "no index entry covers record {seq} of stream {:?} below its tail",
+                stream.name()
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nova_core::flight::section::encode_fragment;
+    use nova_core::record::Record;
+
+    fn records(n: usize, size: usize) -> Vec<Record> {
+        (0..n)
+            .map(|i| Record {
+                timestamp: i as u64,
+                headers: vec![],
+                body: Bytes::from(vec![i as u8; size]),
+            })
+            .collect()
+    }
+
+    fn builder(start: u64, tail: u64, max_records: usize, max_bytes: u64) -> PageBuilder {
+        PageBuilder::new(start, tail, max_records, max_bytes)
+    }
+
+    #[test]
+    fn the_byte_cap_returns_a_short_page() {
+        let fragment = encode_fragment(records(10, 100).iter());
+        let mut page = builder(0, 10, 100, 350);
+        page.take_from(0, fragment.bytes).unwrap();
+        assert_eq!(
+            page.records.len(),
+            3,
+            "a fourth record would pass 350 bytes"
+        );
+        assert_eq!(page.next_seq, 3);
+        assert!(page.full());
+    }
+
+    #[test]
+    fn one_record_is_always_served() {
+        let fragment = encode_fragment(records(2, 1000).iter());
+        let mut page = builder(0, 2, 100, 10);
+        page.take_from(0, fragment.bytes).unwrap();
+        assert_eq!(page.records.len(), 1);
+        assert_eq!(page.records[0].record.body.len(), 1000);
+    }
+
+    #[test]
+    fn the_record_cap_and_the_tail_stop_a_page() {
+        let fragment = encode_fragment(records(10, 1).iter());
+        let mut page = builder(2, 10, 4, 1 << 20);
+        page.take_from(0, fragment.bytes.clone()).unwrap();
+        let seqs: Vec<u64> = page.records.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [2, 3, 4, 5]);
+
+        let mut page = builder(7, 9, 100, 1 << 20);
+        page.take_from(0, fragment.bytes).unwrap();
+        let seqs: Vec<u64> = page.records.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [7, 8], "nothing past the tail");
+    }
+}

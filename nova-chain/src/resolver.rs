@@ -1,0 +1,136 @@
+//! The resolver: waits for flights strictly in slot order and resolves each one. A durable
+//! flight's records become readable (tail cache and pending index), the streams' tails move,
+//! its producers get their acks and its admission charges are released; then it joins the
+//! absorb queue. A flight that did not land fails its producers with UNAVAILABLE and is never
+//! acknowledged, and neither is any flight after it once the chain is lost.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use nova_core::budget::BudgetPermit;
+use nova_core::catalog::IndexEntry;
+use nova_proto::RequestError;
+
+use crate::packer::{InFlight, Section};
+use crate::shared::Shared;
+use crate::tail_cache::CachedRun;
+use crate::writer::WriteError;
+
+/// A durable flight waiting to be absorbed. Holds its backlog permit until the absorb commits.
+pub(crate) struct Landed {
+    pub slot: u64,
+    pub entries: Vec<IndexEntry>,
+    pub _backlog: BudgetPermit,
+}
+
+pub(crate) async fn run_resolver(
+    shared: Arc<Shared>,
+    mut flights: mpsc::Receiver<InFlight>,
+    absorber: mpsc::Sender<Landed>,
+) {
+    while let Some(mut flight) = flights.recv().await {
+        // Awaiting the handle by reference keeps the flight whole for resolution.
+        let written = match (&mut flight.write).await {
+            Ok(result) => result,
+            Err(join) => {
+                shared.fence(format!("flight writer for {} died: {join}", flight.key));
+                Err(WriteError::Abandoned {
+                    key: flight.key.clone(),
+                })
+            }
+        };
+        shared.metrics.flights_in_flight.dec();
+        match (written, shared.fenced()) {
+            (Ok(()), None) => resolve(&shared, flight, &absorber).await,
+            // Landed, but a flight before it was lost: acknowledging it would skip records.
+            (Ok(()), Some(reason)) => fail(flight, RequestError::Unavailable(reason)),
+            (Err(WriteError::Fenced { key }), _) => {
+                shared.fence(format!(
+                    "chain slot {key} was written by another writer: this star no longer owns its chain"
+                ));
+                let reason = shared.fenced().unwrap_or_default();
+                fail(flight, RequestError::Unavailable(reason));
+            }
+            (Err(err @ WriteError::Abandoned { .. }), _) => fail(
+                flight,
+                RequestError::Unavailable(format!("{err}; retry the append")),
+            ),
+        }
+    }
+}
+
+fn fail(flight: InFlight, error: RequestError) {
+    for batch in flight.batches {
+        batch.fail(error.clone());
+    }
+}
+
+async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Landed>) {
+    let InFlight {
+        slot,
+        key,
+        footer,
+        sections,
+        batches,
+        bytes,
+        backlog,
+        ..
+    } = flight;
+    let entries: Vec<IndexEntry> = footer
+        .sections
+        .iter()
+        .map(|s| IndexEntry {
+            stream_id: s.stream_id,
+            start_seq: s.start_seq,
+            end_seq: s.end_seq,
+            object_key: key.clone(),
+            offset: s.offset,
+            len: s.len,
+            crc32c: s.crc32c,
+        })
+        .collect();
+    // Readable first (pending index and tail cache), then the tails move, then the acks go out:
+    // a reader that sees the new tail always finds the records below it.
+    shared.pending.insert(slot, entries.clone());
+    let runs = sections.iter().map(cached_run).collect();
+    shared.tail_cache.insert(slot, runs);
+    for (section, entry) in sections.iter().zip(&footer.sections) {
+        section.stream.advance_tail(entry.end_seq, entry.len);
+    }
+    shared.metrics.flights_written.inc();
+    shared.metrics.flight_bytes.inc_by(bytes);
+    for batch in batches {
+        let name = batch.stream.name();
+        shared
+            .metrics
+            .appended_records
+            .with_label_values(&[name])
+            .inc_by(batch.range.end - batch.range.start);
+        shared
+            .metrics
+            .appended_bytes
+            .with_label_values(&[name])
+            .inc_by(batch.content_bytes);
+        // Dropping the batch after the reply releases its admission charge: the tail cache
+        // holds the same fragment bytes from here on, under its own budget.
+        let _ = batch.reply.send(Ok(batch.range));
+    }
+    let landed = Landed {
+        slot,
+        entries,
+        _backlog: backlog,
+    };
+    // The absorb queue holds one entry per backlog permit, so this never waits for room.
+    let _ = absorber.send(landed).await;
+}
+
+fn cached_run(section: &Section) -> CachedRun {
+    let records: u64 = section.fragments.iter().map(|(_, f)| f.records).sum();
+    CachedRun {
+        stream_id: section.stream.id(),
+        start_seq: section.start_seq,
+        end_seq: section.start_seq + records,
+        fragments: section.fragments.clone(),
+    }
+}

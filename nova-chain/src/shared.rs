@@ -1,0 +1,111 @@
+//! State the chain's tasks share.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use nova_core::budget::Budget;
+use nova_core::catalog::Catalog;
+use nova_core::metrics::Metrics;
+use nova_core::object_store::ObjectStore;
+
+use crate::admission::AdmissionBuffer;
+use crate::config::ChainConfig;
+use crate::pending::PendingIndex;
+use crate::stall::StallCause;
+use crate::streams::StreamRegistry;
+use crate::tail_cache::TailCache;
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub config: ChainConfig,
+    /// The epoch this star writes: its slot keys live under it.
+    pub epoch: u64,
+    pub store: Arc<dyn ObjectStore>,
+    pub catalog: Catalog,
+    pub streams: Arc<StreamRegistry>,
+    pub metrics: Arc<Metrics>,
+    pub admission: AdmissionBuffer,
+    pub backlog: Budget,
+    pub tail_cache: TailCache,
+    pub pending: PendingIndex,
+    /// Set once the star has lost its chain; nothing is acknowledged after that.
+    fenced: Mutex<Option<String>>,
+    pub health: Health,
+    /// Cancelled when shutdown's deadline passes: writes and commits still retrying give up,
+    /// and whatever they carried fails unacknowledged.
+    pub abandon: CancellationToken,
+}
+
+/// What the write and absorb paths last saw, for diagnosing stalls.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    /// When flight writes started failing, if they are failing now.
+    pub writes_failing_since: Mutex<Option<Instant>>,
+    /// When the absorb commit in progress started.
+    pub commit_started: Mutex<Option<Instant>>,
+    /// Whether the last absorb commit attempt failed.
+    pub commit_failing: Mutex<bool>,
+}
+
+impl Shared {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config: ChainConfig,
+        epoch: u64,
+        store: Arc<dyn ObjectStore>,
+        catalog: Catalog,
+        streams: Arc<StreamRegistry>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            admission: AdmissionBuffer::new(config.admission_bytes, metrics.admission.clone()),
+            backlog: Budget::new(config.backlog_flights as u64, metrics.backlog.clone()),
+            tail_cache: TailCache::new(config.tail_cache_bytes, metrics.tail_cache.clone()),
+            pending: PendingIndex::default(),
+            fenced: Mutex::new(None),
+            health: Health::default(),
+            abandon: CancellationToken::new(),
+            config,
+            epoch,
+            store,
+            catalog,
+            streams,
+            metrics,
+        }
+    }
+
+    pub fn fenced(&self) -> Option<String> {
+        self.fenced.lock().clone()
+    }
+
+    pub fn fence(&self, reason: String) {
+        let mut fenced = self.fenced.lock();
+        if fenced.is_none() {
+            tracing::error!(
+                "{reason}; this star refuses appends from now on and acknowledges nothing more"
+            );
+            *fenced = Some(reason);
+        }
+    }
+
+    /// Why the backlog budget is spent right now.
+    pub fn diagnose_backlog(&self) -> StallCause {
+        let slow_commit = self
+            .health
+            .commit_started
+            .lock()
+            .is_some_and(|at| at.elapsed() >= self.config.metastore_slow_after);
+        if slow_commit || *self.health.commit_failing.lock() {
+            StallCause::MetastoreSlow
+        } else {
+            StallCause::AbsorbLag
+        }
+    }
+
+    pub fn writes_failing(&self) -> bool {
+        self.health.writes_failing_since.lock().is_some()
+    }
+}

@@ -1,0 +1,81 @@
+//! Stalls: a budget ran out and admitted work is blocked behind it. Each stall is counted and
+//! logged once when it starts and once when it ends, with the cause diagnosed at the start,
+//! never once per blocked append.
+
+use std::time::Instant;
+
+use nova_core::metrics::Metrics;
+
+/// Why a stall happened; each cause calls for a different operator action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StallCause {
+    /// The absorb is healthy but behind: it retires flights slower than they land.
+    AbsorbLag,
+    /// Absorb commits are slow or failing in the metastore.
+    MetastoreSlow,
+    /// Flight writes are failing or hanging in the object store.
+    ObjectStoreUnavailable,
+    /// A predecessor's chain is still being settled (reserved for takeover).
+    PredecessorSettling,
+}
+
+impl StallCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StallCause::AbsorbLag => "absorb_lag",
+            StallCause::MetastoreSlow => "metastore_slow",
+            StallCause::ObjectStoreUnavailable => "object_store_unavailable",
+            StallCause::PredecessorSettling => "predecessor_settling",
+        }
+    }
+}
+
+/// An ongoing stall; dropping it ends the stall and logs its duration.
+pub struct Stall<'a> {
+    metrics: &'a Metrics,
+    budget: &'static str,
+    cause: StallCause,
+    started: Instant,
+}
+
+impl<'a> Stall<'a> {
+    pub fn begin(
+        metrics: &'a Metrics,
+        budget: &'static str,
+        cause: StallCause,
+        detail: &str,
+    ) -> Self {
+        metrics
+            .stalls
+            .with_label_values(&[budget, cause.as_str()])
+            .inc();
+        tracing::warn!(
+            budget,
+            cause = cause.as_str(),
+            "{budget} exhausted, appends are blocked: {detail}"
+        );
+        Self {
+            metrics,
+            budget,
+            cause,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Drop for Stall<'_> {
+    fn drop(&mut self) {
+        let seconds = self.started.elapsed().as_secs_f64();
+        self.metrics
+            .stall_seconds
+            .with_label_values(&[self.budget, self.cause.as_str()])
+            .inc_by(seconds);
+        tracing::info!(
+            budget = self.budget,
+            cause = self.cause.as_str(),
+            seconds,
+            "{} stall ended after {seconds:.3}s",
+            self.budget
+        );
+    }
+}

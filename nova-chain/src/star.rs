@@ -1,0 +1,256 @@
+//! The star's write path and read path behind one handle: recovery at open, then the packer,
+//! the resolver and the absorber as three long-lived tasks joined by bounded queues.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use nova_core::catalog::Catalog;
+use nova_core::flight::section::Fragment;
+use nova_core::metastore::Metastore;
+use nova_core::metrics::Metrics;
+use nova_core::object_store::{Instrumented, ObjectStore};
+use nova_proto::RequestError;
+
+use crate::absorber::run_absorber;
+use crate::admission::{AdmissionBuffer, Admitted};
+use crate::config::ChainConfig;
+use crate::packer::{AppendReply, Packer, Submission};
+use crate::reader::{self, Page};
+use crate::recovery::{Recovered, RecoveryError, recover};
+use crate::resolver::run_resolver;
+use crate::shared::Shared;
+use crate::streams::{StreamRegistry, StreamState};
+use crate::tail_cache::TailCache;
+
+/// Submissions queued for the packer. Each one is already charged to the admission buffer, so
+/// this count bounds nothing that the buffer does not; it only keeps the queue short.
+const SUBMISSION_QUEUE: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("loading the catalog: {0}")]
+    Catalog(#[from] nova_core::catalog::CatalogError),
+    #[error(transparent)]
+    Recovery(#[from] RecoveryError),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShutdownError {
+    #[error(
+        "shutdown deadline passed with {0} appends not yet durable; they failed unacknowledged"
+    )]
+    DeadlineExceeded(usize),
+    #[error("a chain task failed: {0}")]
+    TaskFailed(String),
+}
+
+pub struct Star {
+    shared: Arc<Shared>,
+    submit: mpsc::Sender<Submission>,
+    stop: CancellationToken,
+    tasks: tokio::sync::Mutex<Vec<(&'static str, JoinHandle<()>)>>,
+    recovered: Recovered,
+}
+
+impl Star {
+    /// Settles the previous chain and starts the write path. Returns only when the star is
+    /// ready to accept appends.
+    pub async fn open(
+        config: ChainConfig,
+        store: Arc<dyn ObjectStore>,
+        metastore: Arc<dyn Metastore>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, StartError> {
+        let store: Arc<dyn ObjectStore> = Arc::new(Instrumented::new(store, metrics.store.clone()));
+        let catalog = Catalog::new(metastore);
+        let streams = Arc::new(StreamRegistry::load(catalog.clone()).await?);
+        let recovered = recover(&config.star, &store, &catalog, &streams, config.retry).await?;
+        let tails: HashMap<_, _> = streams
+            .list("", "", usize::MAX)
+            .iter()
+            .map(|s| (s.id(), s.tail_snapshot()))
+            .collect();
+        let shared = Arc::new(Shared::new(
+            config,
+            recovered.chain.state.epoch,
+            store,
+            catalog,
+            streams,
+            metrics,
+        ));
+        let inflight = shared.config.flight_max_inflight.max(1) as usize;
+        let (submit, submissions) = mpsc::channel(SUBMISSION_QUEUE);
+        let (to_resolver, resolver_rx) = mpsc::channel(inflight);
+        let (to_absorber, absorber_rx) =
+            mpsc::channel(shared.config.backlog_flights.max(1) as usize);
+        let stop = CancellationToken::new();
+        let packer = Packer::new(shared.clone(), submissions, to_resolver);
+        let tasks = vec![
+            ("packer", tokio::spawn(packer.run(stop.clone()))),
+            (
+                "resolver",
+                tokio::spawn(run_resolver(shared.clone(), resolver_rx, to_absorber)),
+            ),
+            (
+                "absorber",
+                tokio::spawn(run_absorber(
+                    shared.clone(),
+                    absorber_rx,
+                    recovered.chain,
+                    tails,
+                )),
+            ),
+        ];
+        tracing::info!(
+            star = %shared.config.star,
+            epoch = shared.epoch,
+            streams = shared.streams.len(),
+            settled = recovered.settled_flights,
+            store = %shared.store.describe(),
+            metastore = %shared.catalog.store().describe(),
+            "star ready"
+        );
+        Ok(Self {
+            shared,
+            submit,
+            stop,
+            tasks: tokio::sync::Mutex::new(tasks),
+            recovered,
+        })
+    }
+
+    pub fn streams(&self) -> &StreamRegistry {
+        &self.shared.streams
+    }
+
+    pub fn admission(&self) -> &AdmissionBuffer {
+        &self.shared.admission
+    }
+
+    pub fn tail_cache(&self) -> &TailCache {
+        &self.shared.tail_cache
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    pub fn config(&self) -> &ChainConfig {
+        &self.shared.config
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.shared.epoch
+    }
+
+    pub fn recovered(&self) -> &Recovered {
+        &self.recovered
+    }
+
+    /// Why the star refuses appends, if it lost its chain.
+    pub fn fenced(&self) -> Option<String> {
+        self.shared.fenced()
+    }
+
+    /// Hands a charged, encoded batch to the packer. The receiver resolves with the assigned
+    /// range once the batch is durable, or with the reason it was refused or failed.
+    pub async fn submit(
+        &self,
+        stream: Arc<StreamState>,
+        fragment: Fragment,
+        content_bytes: u64,
+        match_seq_num: Option<u64>,
+        admitted: Admitted,
+    ) -> Result<oneshot::Receiver<AppendReply>, RequestError> {
+        let (reply, receiver) = oneshot::channel();
+        let submission = Submission {
+            stream,
+            fragment,
+            content_bytes,
+            match_seq_num,
+            admitted,
+            reply,
+        };
+        self.submit.send(submission).await.map_err(|_| {
+            RequestError::Unavailable(
+                "the star is shutting down; retry against its successor".into(),
+            )
+        })?;
+        Ok(receiver)
+    }
+
+    pub async fn read(
+        &self,
+        stream: &StreamState,
+        start_seq: u64,
+        max_records: u32,
+        max_bytes: u64,
+    ) -> Result<Page, RequestError> {
+        reader::read(&self.shared, stream, start_seq, max_records, max_bytes).await
+    }
+
+    /// Refreshes the gauges that are ages rather than counts, for a metrics scrape.
+    pub fn refresh_gauges(&self) {
+        let metrics = &self.shared.metrics;
+        let age = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64());
+        metrics
+            .oldest_admitted_age
+            .set(age(self.shared.admission.oldest_age()));
+        metrics
+            .oldest_unabsorbed_age
+            .set(age(self.shared.pending.oldest_age()));
+        metrics
+            .admission
+            .in_use
+            .set(self.shared.admission.budget().in_use() as i64);
+        metrics
+            .backlog
+            .in_use
+            .set(self.shared.backlog.in_use() as i64);
+    }
+
+    /// Resolves if a chain task ends on its own: without them nothing is acknowledged, so the
+    /// process should exit loudly rather than hang.
+    pub async fn failed(&self) -> String {
+        loop {
+            {
+                let tasks = self.tasks.lock().await;
+                if let Some((name, _)) = tasks.iter().find(|(_, t)| t.is_finished()) {
+                    return format!("chain task {name} stopped unexpectedly");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Stops admitting, lands every flight already admitted, absorbs it, and stops the tasks.
+    /// Past `deadline` whatever is still unwritten fails unacknowledged.
+    pub async fn shutdown(&self, deadline: Duration) -> Result<(), ShutdownError> {
+        self.stop.cancel();
+        let tasks = std::mem::take(&mut *self.tasks.lock().await);
+        let drain = async {
+            for (name, task) in tasks {
+                if let Err(err) = task.await {
+                    return Err(ShutdownError::TaskFailed(format!("{name}: {err}")));
+                }
+            }
+            Ok(())
+        };
+        tokio::pin!(drain);
+        match tokio::time::timeout(deadline, &mut drain).await {
+            Ok(result) => result,
+            Err(_) => {
+                let unresolved = self.shared.admission.unresolved();
+                self.shared.abandon.cancel();
+                // Abandoned work unwinds promptly: every retry loop watches the token.
+                let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
+                Err(ShutdownError::DeadlineExceeded(unresolved))
+            }
+        }
+    }
+}

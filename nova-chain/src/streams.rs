@@ -1,0 +1,203 @@
+//! The streams a star leads, with their live positions: the next sequence number to assign,
+//! the acknowledged tail, and the absorbed tail.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+
+use nova_core::catalog::{Catalog, CatalogError, StorageClass, StreamMeta, StreamTail};
+use nova_core::record::now_ms;
+use nova_proto::RequestError;
+use nova_proto::validate::validate_stream_name;
+
+#[derive(Debug)]
+pub struct StreamState {
+    pub meta: StreamMeta,
+    /// Next sequence number to assign. Written only by the packer, which owns sequencing.
+    next_seq: AtomicU64,
+    /// One past the last acknowledged record.
+    acked: AtomicU64,
+    /// Encoded bytes of the acknowledged records.
+    stored_bytes: AtomicU64,
+    deleted: AtomicBool,
+    /// Wakes readers waiting at the tail.
+    tail_moved: tokio::sync::Notify,
+}
+
+impl StreamState {
+    pub fn new(meta: StreamMeta, tail: StreamTail) -> Self {
+        Self {
+            meta,
+            next_seq: AtomicU64::new(tail.tail_seq),
+            acked: AtomicU64::new(tail.tail_seq),
+            stored_bytes: AtomicU64::new(tail.stored_bytes),
+            deleted: AtomicBool::new(false),
+            tail_moved: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.meta.id
+    }
+
+    pub fn name(&self) -> &str {
+        &self.meta.name
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_next_seq(&self, seq: u64) {
+        self.next_seq.store(seq, Ordering::Release);
+    }
+
+    /// The acknowledged tail: every record below it is durable and readable.
+    pub fn tail(&self) -> u64 {
+        self.acked.load(Ordering::Acquire)
+    }
+
+    pub fn stored_bytes(&self) -> u64 {
+        self.stored_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Publishes a new acknowledged tail. Callers make the records readable first.
+    pub(crate) fn advance_tail(&self, tail: u64, added_bytes: u64) {
+        self.stored_bytes.fetch_add(added_bytes, Ordering::Relaxed);
+        self.acked.fetch_max(tail, Ordering::AcqRel);
+        self.tail_moved.notify_waiters();
+    }
+
+    /// Resolves once the tail moves (or spuriously); callers re-check the tail.
+    pub async fn tail_moved(&self) {
+        self.tail_moved.notified().await;
+    }
+
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
+    pub fn tail_snapshot(&self) -> StreamTail {
+        StreamTail {
+            tail_seq: self.tail(),
+            stored_bytes: self.stored_bytes(),
+        }
+    }
+}
+
+/// All streams, by name and by id. Creates and deletes go through the catalog first, then the
+/// maps, one at a time.
+#[derive(Debug)]
+pub struct StreamRegistry {
+    catalog: Catalog,
+    by_name: RwLock<BTreeMap<String, Arc<StreamState>>>,
+    by_id: RwLock<HashMap<u64, Arc<StreamState>>>,
+    admin: tokio::sync::Mutex<()>,
+}
+
+fn catalog_error(err: CatalogError) -> RequestError {
+    match err {
+        CatalogError::AlreadyExists(name) => RequestError::StreamExists(name),
+        CatalogError::NotFound(name) => RequestError::StreamNotFound(name),
+        CatalogError::Metastore(e) => RequestError::Unavailable(format!("metastore: {e}")),
+        other => RequestError::Internal(other.to_string()),
+    }
+}
+
+impl StreamRegistry {
+    /// Loads every stream from the catalog, at its absorbed tail.
+    pub async fn load(catalog: Catalog) -> Result<Self, CatalogError> {
+        let registry = Self {
+            catalog: catalog.clone(),
+            by_name: RwLock::default(),
+            by_id: RwLock::default(),
+            admin: tokio::sync::Mutex::new(()),
+        };
+        for (meta, tail) in catalog.load_streams().await? {
+            registry.insert(Arc::new(StreamState::new(meta, tail)));
+        }
+        Ok(registry)
+    }
+
+    fn insert(&self, state: Arc<StreamState>) {
+        self.by_id.write().insert(state.id(), state.clone());
+        self.by_name.write().insert(state.name().to_owned(), state);
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<StreamState>> {
+        self.by_name.read().get(name).cloned()
+    }
+
+    pub fn get_by_id(&self, id: u64) -> Option<Arc<StreamState>> {
+        self.by_id.read().get(&id).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get_or_not_found(&self, name: &str) -> Result<Arc<StreamState>, RequestError> {
+        validate_stream_name(name)?;
+        self.get(name)
+            .ok_or_else(|| RequestError::StreamNotFound(name.to_owned()))
+    }
+
+    pub async fn create(
+        &self,
+        name: &str,
+        class: StorageClass,
+    ) -> Result<Arc<StreamState>, RequestError> {
+        validate_stream_name(name)?;
+        let _one_at_a_time = self.admin.lock().await;
+        if self.get(name).is_some() {
+            return Err(RequestError::StreamExists(name.to_owned()));
+        }
+        let meta = self
+            .catalog
+            .create_stream(name, class, now_ms())
+            .await
+            .map_err(catalog_error)?;
+        let state = Arc::new(StreamState::new(meta, StreamTail::default()));
+        self.insert(state.clone());
+        Ok(state)
+    }
+
+    pub async fn delete(&self, name: &str) -> Result<(), RequestError> {
+        validate_stream_name(name)?;
+        let _one_at_a_time = self.admin.lock().await;
+        self.catalog
+            .delete_stream(name)
+            .await
+            .map_err(catalog_error)?;
+        let removed = self.by_name.write().remove(name);
+        if let Some(state) = removed {
+            state.deleted.store(true, Ordering::Release);
+            self.by_id.write().remove(&state.id());
+            state.tail_moved.notify_waiters();
+        }
+        Ok(())
+    }
+
+    /// Streams whose names start with `prefix`, after `start_after`, at most `limit`.
+    pub fn list(&self, prefix: &str, start_after: &str, limit: usize) -> Vec<Arc<StreamState>> {
+        use std::ops::Bound;
+        let by_name = self.by_name.read();
+        let lower = if start_after.is_empty() || start_after < prefix {
+            Bound::Included(prefix.to_owned())
+        } else {
+            Bound::Excluded(start_after.to_owned())
+        };
+        by_name
+            .range::<String, _>((lower, Bound::Unbounded))
+            .take_while(|(name, _)| name.starts_with(prefix))
+            .take(limit)
+            .map(|(_, state)| state.clone())
+            .collect()
+    }
+}

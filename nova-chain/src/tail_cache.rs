@@ -1,0 +1,215 @@
+//! The tail window cache: acknowledged flights kept in memory for hot reads, within a byte
+//! budget of its own. It takes the very fragments the admission buffer charged (no copy), so the
+//! two budgets tile a record's life: admission until the ack, the cache after it.
+//!
+//! Eviction is strictly oldest-admitted first: flights enter in slot order, which is admission
+//! order, and leave from the front. A flight larger than the whole budget is not cached at all
+//! (logged and counted); its reads go to the object store.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use parking_lot::Mutex;
+
+use nova_core::flight::section::Fragment;
+use nova_core::metrics::TailCacheMetrics;
+
+/// Bytes charged per cached batch beyond its fragment: the map entries that index it.
+pub const PER_FRAGMENT_OVERHEAD: u64 = 128;
+
+/// One stream's records from one flight.
+#[derive(Debug, Clone)]
+pub struct CachedRun {
+    pub stream_id: u64,
+    pub start_seq: u64,
+    /// Exclusive.
+    pub end_seq: u64,
+    /// Fragments in sequence order, each with its first sequence number.
+    pub fragments: Vec<(u64, Fragment)>,
+}
+
+impl CachedRun {
+    fn charge(&self) -> u64 {
+        self.fragments
+            .iter()
+            .map(|(_, f)| f.bytes.len() as u64 + PER_FRAGMENT_OVERHEAD)
+            .sum()
+    }
+}
+
+#[derive(Debug)]
+struct CachedFlight {
+    slot: u64,
+    charge: u64,
+    /// (stream id, end seq) of each run, to unlink them on eviction.
+    runs: Vec<(u64, u64)>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    used: u64,
+    flights: VecDeque<CachedFlight>,
+    by_stream: HashMap<u64, BTreeMap<u64, CachedRun>>,
+}
+
+#[derive(Debug)]
+pub struct TailCache {
+    capacity: u64,
+    inner: Mutex<Inner>,
+    metrics: TailCacheMetrics,
+}
+
+impl TailCache {
+    pub fn new(capacity: u64, metrics: TailCacheMetrics) -> Self {
+        metrics.capacity.set(capacity as i64);
+        Self {
+            capacity,
+            inner: Mutex::new(Inner {
+                used: 0,
+                flights: VecDeque::new(),
+                by_stream: HashMap::new(),
+            }),
+            metrics,
+        }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn used(&self) -> u64 {
+        self.inner.lock().used
+    }
+
+    /// Caches an acknowledged flight's runs, evicting the oldest flights to make room.
+    pub fn insert(&self, slot: u64, runs: Vec<CachedRun>) {
+        let charge: u64 = runs.iter().map(CachedRun::charge).sum();
+        if charge > self.capacity {
+            self.metrics.skipped_flights.inc();
+            tracing::info!(
+                slot,
+                bytes = charge,
+                capacity = self.capacity,
+                "flight is larger than the whole tail window cache (--tail-window-cache-mib); \
+                 not cached, its reads go to the object store"
+            );
+            return;
+        }
+        let mut inner = self.inner.lock();
+        while inner.used + charge > self.capacity {
+            let Some(oldest) = inner.flights.pop_front() else {
+                break;
+            };
+            inner.used -= oldest.charge;
+            for (stream_id, end_seq) in oldest.runs {
+                if let Some(runs) = inner.by_stream.get_mut(&stream_id) {
+                    runs.remove(&end_seq);
+                    if runs.is_empty() {
+                        inner.by_stream.remove(&stream_id);
+                    }
+                }
+            }
+            self.metrics.evicted_flights.inc();
+        }
+        let keys = runs.iter().map(|r| (r.stream_id, r.end_seq)).collect();
+        for run in runs {
+            inner
+                .by_stream
+                .entry(run.stream_id)
+                .or_default()
+                .insert(run.end_seq, run);
+        }
+        inner.flights.push_back(CachedFlight {
+            slot,
+            charge,
+            runs: keys,
+        });
+        inner.used += charge;
+        self.metrics.in_use.set(inner.used as i64);
+        self.metrics.flights.set(inner.flights.len() as i64);
+    }
+
+    /// The cached run holding `seq` of the stream, if any.
+    pub fn lookup(&self, stream_id: u64, seq: u64) -> Option<CachedRun> {
+        let inner = self.inner.lock();
+        let found = inner
+            .by_stream
+            .get(&stream_id)
+            .and_then(|runs| runs.range(seq + 1..).next())
+            .filter(|(_, run)| run.start_seq <= seq)
+            .map(|(_, run)| run.clone());
+        match &found {
+            Some(_) => self.metrics.hits.inc(),
+            None => self.metrics.misses.inc(),
+        }
+        found
+    }
+
+    /// Slots currently cached, oldest first (for tests and diagnostics).
+    pub fn slots(&self) -> Vec<u64> {
+        self.inner.lock().flights.iter().map(|f| f.slot).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use nova_core::metrics::Metrics;
+
+    fn run(stream_id: u64, start: u64, records: u64, bytes: usize) -> CachedRun {
+        CachedRun {
+            stream_id,
+            start_seq: start,
+            end_seq: start + records,
+            fragments: vec![(
+                start,
+                Fragment {
+                    bytes: Bytes::from(vec![0u8; bytes]),
+                    records,
+                },
+            )],
+        }
+    }
+
+    fn cache(capacity: u64) -> (TailCache, TailCacheMetrics) {
+        let metrics = Metrics::new().tail_cache;
+        (TailCache::new(capacity, metrics.clone()), metrics)
+    }
+
+    #[test]
+    fn evicts_oldest_flights_first() {
+        let unit = 1000 + PER_FRAGMENT_OVERHEAD;
+        let (cache, metrics) = cache(3 * unit);
+        for slot in 0..3 {
+            cache.insert(slot, vec![run(1, slot * 10, 10, 1000)]);
+        }
+        assert_eq!(cache.slots(), [0, 1, 2]);
+        cache.insert(3, vec![run(1, 30, 10, 1000)]);
+        assert_eq!(cache.slots(), [1, 2, 3], "the oldest flight went first");
+        assert!(cache.lookup(1, 5).is_none(), "evicted records are gone");
+        assert_eq!(cache.lookup(1, 15).unwrap().start_seq, 10);
+        assert_eq!(cache.lookup(1, 39).unwrap().start_seq, 30);
+        assert!(cache.lookup(1, 40).is_none());
+        assert_eq!(metrics.evicted_flights.get(), 1);
+        assert!(cache.used() <= cache.capacity());
+    }
+
+    #[test]
+    fn a_flight_bigger_than_the_budget_is_skipped() {
+        let (cache, metrics) = cache(5000);
+        cache.insert(0, vec![run(1, 0, 1, 100)]);
+        cache.insert(1, vec![run(1, 1, 1, 10_000)]);
+        assert_eq!(metrics.skipped_flights.get(), 1);
+        assert_eq!(cache.slots(), [0], "nothing was evicted for it");
+        assert!(cache.lookup(1, 1).is_none());
+    }
+
+    #[test]
+    fn streams_are_kept_apart() {
+        let (cache, _) = cache(1 << 20);
+        cache.insert(0, vec![run(1, 0, 5, 10), run(2, 100, 5, 10)]);
+        assert_eq!(cache.lookup(2, 102).unwrap().stream_id, 2);
+        assert!(cache.lookup(2, 2).is_none());
+        assert!(cache.lookup(3, 0).is_none());
+    }
+}

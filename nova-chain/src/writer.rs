@@ -1,0 +1,115 @@
+//! Writing one flight at its slot. The write is a conditional create, retried with capped,
+//! jittered backoff until it lands; a flight is never dropped and never reported durable early.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use nova_core::object_store::{CreateOutcome, GetRange, PutPayload, StoreError};
+
+use crate::shared::Shared;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WriteError {
+    /// Somebody else's object sits at our slot: another writer owns the chain.
+    #[error("slot {key} holds another writer's object")]
+    Fenced { key: String },
+    /// Shutdown's deadline passed before the flight landed.
+    #[error("abandoned at shutdown before {key} was durable")]
+    Abandoned { key: String },
+}
+
+/// Whether the object that won our slot is byte for byte the flight we tried to write. That
+/// happens when an earlier attempt landed but its response was lost, and counts as success.
+fn is_our_flight(payload: &PutPayload, existing: &[u8]) -> bool {
+    if payload.len() != existing.len() as u64 {
+        return false;
+    }
+    let mut at = 0;
+    payload.parts().iter().all(|part| {
+        let same = existing[at..at + part.len()] == part[..];
+        at += part.len();
+        same
+    })
+}
+
+pub(crate) async fn write_flight(
+    shared: Arc<Shared>,
+    key: String,
+    payload: PutPayload,
+) -> Result<(), WriteError> {
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let started = Instant::now();
+        let outcome = tokio::select! {
+            outcome = shared.store.put_if_absent(&key, payload.clone()) => outcome,
+            _ = shared.abandon.cancelled() => return Err(WriteError::Abandoned { key }),
+        };
+        let error: StoreError = match outcome {
+            Ok(CreateOutcome::Created) => {
+                recovered(&shared, attempt);
+                return Ok(());
+            }
+            Ok(CreateOutcome::AlreadyExists) => match shared.store.get(&key, GetRange::All).await {
+                Ok(existing) if is_our_flight(&payload, &existing.bytes) => {
+                    recovered(&shared, attempt);
+                    return Ok(());
+                }
+                Ok(_) => return Err(WriteError::Fenced { key }),
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        shared.metrics.flight_write_retries.inc();
+        let delay = shared.config.retry.delay(attempt);
+        {
+            let mut failing = shared.health.writes_failing_since.lock();
+            if failing.is_none() {
+                *failing = Some(started);
+            }
+        }
+        // First failure and then every tenth: enough to follow an outage without a line per
+        // attempt.
+        if attempt == 1 || attempt.is_multiple_of(10) {
+            tracing::warn!(
+                key,
+                attempt,
+                retry_in_ms = delay.as_millis() as u64,
+                retryable = error.is_retryable(),
+                "flight write failed, retrying until it lands: {error}"
+            );
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shared.abandon.cancelled() => return Err(WriteError::Abandoned { key }),
+        }
+    }
+}
+
+fn recovered(shared: &Shared, attempt: u32) {
+    if attempt > 1 {
+        let since = shared.health.writes_failing_since.lock().take();
+        tracing::info!(
+            attempts = attempt,
+            failing_for_ms = since.map(|s| s.elapsed().as_millis() as u64),
+            "flight writes are landing again"
+        );
+    } else {
+        shared.health.writes_failing_since.lock().take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    #[test]
+    fn our_flight_is_recognised_across_parts() {
+        let payload =
+            PutPayload::from_parts(vec![Bytes::from_static(b"ab"), Bytes::from_static(b"cde")]);
+        assert!(is_our_flight(&payload, b"abcde"));
+        assert!(!is_our_flight(&payload, b"abcdx"));
+        assert!(!is_our_flight(&payload, b"abcd"));
+    }
+}

@@ -1,0 +1,208 @@
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+use nova_proto::domain::{Header, Record, SequencedRecord};
+use nova_proto::v1;
+use nova_proto::v1::nova_client::NovaClient;
+
+use crate::error::Error;
+use crate::session::AppendSession;
+
+/// A connection to one star. Cheap to clone: clones share the connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: NovaClient<Channel>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamInfo {
+    pub name: String,
+    pub tail_seq: u64,
+    pub stored_bytes: u64,
+    pub storage_class: String,
+    pub created_at_ms: u64,
+}
+
+impl From<v1::StreamInfo> for StreamInfo {
+    fn from(info: v1::StreamInfo) -> Self {
+        let class = v1::StorageClass::try_from(info.storage_class)
+            .map(|c| match c {
+                v1::StorageClass::Standard => "standard",
+                v1::StorageClass::Unspecified => "unspecified",
+            })
+            .unwrap_or("unknown");
+        Self {
+            name: info.name,
+            tail_seq: info.tail_seq,
+            stored_bytes: info.stored_bytes,
+            storage_class: class.to_owned(),
+            created_at_ms: info.created_at_ms,
+        }
+    }
+}
+
+/// One page of a stream.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub records: Vec<SequencedRecord>,
+    pub next_seq: u64,
+    pub tail_seq: u64,
+}
+
+fn missing_info() -> Error {
+    Error::Status {
+        code: tonic::Code::Internal,
+        message: "the server's answer carried no stream info".into(),
+        retry_after: None,
+        next_seq: None,
+    }
+}
+
+impl Client {
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let connect_error = |message: String| Error::Connect {
+            url: url.to_owned(),
+            message,
+        };
+        let channel = Endpoint::from_shared(url.to_owned())
+            .map_err(|e| connect_error(e.to_string()))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .map_err(|e| connect_error(format!("{e}")))?;
+        Ok(Self {
+            inner: NovaClient::new(channel)
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX),
+        })
+    }
+
+    /// The generated client, for calls the SDK does not wrap.
+    pub fn raw(&self) -> NovaClient<Channel> {
+        self.inner.clone()
+    }
+
+    pub async fn create_stream(&self, name: &str) -> Result<StreamInfo, Error> {
+        let response = self
+            .inner
+            .clone()
+            .create_stream(v1::CreateStreamRequest {
+                stream: name.to_owned(),
+                storage_class: v1::StorageClass::Standard as i32,
+            })
+            .await?;
+        response
+            .into_inner()
+            .info
+            .map(Into::into)
+            .ok_or_else(missing_info)
+    }
+
+    pub async fn describe_stream(&self, name: &str) -> Result<StreamInfo, Error> {
+        let response = self
+            .inner
+            .clone()
+            .describe_stream(v1::DescribeStreamRequest {
+                stream: name.to_owned(),
+            })
+            .await?;
+        response
+            .into_inner()
+            .info
+            .map(Into::into)
+            .ok_or_else(missing_info)
+    }
+
+    /// One page of stream names starting with `prefix`, after `start_after`. Returns the page
+    /// and where the next one starts (`None` at the end).
+    pub async fn list_streams(
+        &self,
+        prefix: &str,
+        start_after: &str,
+        limit: u32,
+    ) -> Result<(Vec<StreamInfo>, Option<String>), Error> {
+        let response = self
+            .inner
+            .clone()
+            .list_streams(v1::ListStreamsRequest {
+                prefix: prefix.to_owned(),
+                start_after: start_after.to_owned(),
+                limit,
+            })
+            .await?
+            .into_inner();
+        let next = (!response.next_start_after.is_empty()).then_some(response.next_start_after);
+        Ok((response.streams.into_iter().map(Into::into).collect(), next))
+    }
+
+    pub async fn delete_stream(&self, name: &str) -> Result<(), Error> {
+        self.inner
+            .clone()
+            .delete_stream(v1::DeleteStreamRequest {
+                stream: name.to_owned(),
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// One page from `start_seq`, at most `max_records` (0: the server's cap).
+    pub async fn read(
+        &self,
+        stream: &str,
+        start_seq: u64,
+        max_records: u32,
+    ) -> Result<Page, Error> {
+        self.read_with(stream, start_seq, max_records, 0).await
+    }
+
+    /// As `read`, also capping the page's content bytes (0: the server's cap).
+    pub async fn read_with(
+        &self,
+        stream: &str,
+        start_seq: u64,
+        max_records: u32,
+        max_bytes: u64,
+    ) -> Result<Page, Error> {
+        let response = self
+            .inner
+            .clone()
+            .read(v1::ReadRequest {
+                stream: stream.to_owned(),
+                start_seq,
+                max_records,
+                max_bytes,
+            })
+            .await?
+            .into_inner();
+        Ok(Page {
+            records: response
+                .records
+                .into_iter()
+                .map(|r| SequencedRecord {
+                    seq: r.seq,
+                    record: Record {
+                        timestamp: r.timestamp,
+                        headers: r
+                            .headers
+                            .into_iter()
+                            .map(|h| Header {
+                                name: h.name,
+                                value: h.value,
+                            })
+                            .collect(),
+                        body: r.body,
+                    },
+                })
+                .collect(),
+            next_seq: response.next_seq,
+            tail_seq: response.tail_seq,
+        })
+    }
+
+    /// Opens a producer session.
+    pub async fn append_session(&self) -> Result<AppendSession, Error> {
+        AppendSession::open(self.inner.clone()).await
+    }
+}

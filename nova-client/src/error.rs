@@ -1,0 +1,68 @@
+use std::time::Duration;
+
+use tonic::Code;
+
+/// What went wrong, with enough to decide whether to retry.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot connect to {url}: {message}")]
+    Connect { url: String, message: String },
+    /// The server refused or failed the call.
+    #[error("{code:?}: {message}")]
+    Status {
+        code: Code,
+        message: String,
+        /// The server's hint for when to try again (RESOURCE_EXHAUSTED, UNAVAILABLE).
+        retry_after: Option<Duration>,
+        /// For a match_seq_num mismatch: the stream's next sequence number.
+        next_seq: Option<u64>,
+    },
+    #[error("the append session ended: {0}")]
+    SessionClosed(String),
+}
+
+impl Error {
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            Error::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// Whether sending the same request again may succeed. An append that failed with a
+    /// retryable error was not acknowledged; retry it with `match_seq_num` to avoid duplicates.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Connect { .. } | Error::SessionClosed(_) => true,
+            Error::Status { code, .. } => matches!(
+                code,
+                Code::Unavailable
+                    | Code::ResourceExhausted
+                    | Code::DeadlineExceeded
+                    | Code::Aborted
+            ),
+        }
+    }
+}
+
+impl From<tonic::Status> for Error {
+    fn from(status: tonic::Status) -> Self {
+        Error::Status {
+            code: status.code(),
+            retry_after: nova_proto::error::retry_after(&status),
+            message: status.message().to_owned(),
+            next_seq: None,
+        }
+    }
+}
+
+impl From<nova_proto::v1::AppendError> for Error {
+    fn from(e: nova_proto::v1::AppendError) -> Self {
+        Error::Status {
+            code: Code::from_i32(e.code),
+            message: e.message,
+            retry_after: None,
+            next_seq: e.next_seq,
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! A producer session: one `Append` stream, pipelined. `send` queues a batch without waiting;
+//! `next_ack` returns acks in the order batches were sent.
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+use tonic::transport::Channel;
+
+use nova_proto::domain::Record;
+use nova_proto::v1;
+use nova_proto::v1::nova_client::NovaClient;
+
+use crate::error::Error;
+
+/// Where an acknowledged batch landed: sequence numbers `[start_seq, end_seq)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    pub start_seq: u64,
+    pub end_seq: u64,
+}
+
+/// Batches sent but not yet handed to the transport. The transport's flow control bounds the
+/// rest, so this only smooths bursts.
+const SEND_QUEUE: usize = 16;
+
+pub struct AppendSession {
+    requests: Option<mpsc::Sender<v1::AppendRequest>>,
+    acks: Streaming<v1::AppendAck>,
+}
+
+/// The wire form of a record. A zero timestamp asks the star to stamp the record itself.
+pub(crate) fn to_wire(record: Record) -> v1::Record {
+    v1::Record {
+        body: record.body,
+        headers: record
+            .headers
+            .into_iter()
+            .map(|h| v1::Header {
+                name: h.name,
+                value: h.value,
+            })
+            .collect(),
+        timestamp: (record.timestamp != 0).then_some(record.timestamp),
+    }
+}
+
+impl AppendSession {
+    pub(crate) async fn open(mut client: NovaClient<Channel>) -> Result<Self, Error> {
+        let (requests, outbound) = mpsc::channel(SEND_QUEUE);
+        let acks = client
+            .append(ReceiverStream::new(outbound))
+            .await?
+            .into_inner();
+        Ok(Self {
+            requests: Some(requests),
+            acks,
+        })
+    }
+
+    /// Queues one batch for `stream`. Waits only while the transport pushes back.
+    pub async fn send(
+        &mut self,
+        stream: &str,
+        records: Vec<Record>,
+        match_seq_num: Option<u64>,
+    ) -> Result<(), Error> {
+        let request = v1::AppendRequest {
+            stream: stream.to_owned(),
+            records: records.into_iter().map(to_wire).collect(),
+            match_seq_num,
+        };
+        let sender = self
+            .requests
+            .as_ref()
+            .ok_or_else(|| Error::SessionClosed("the session was finished".into()))?;
+        sender
+            .send(request)
+            .await
+            .map_err(|_| Error::SessionClosed("the server ended the session".into()))
+    }
+
+    /// The answer to the oldest batch not yet answered.
+    pub async fn next_ack(&mut self) -> Result<Ack, Error> {
+        match self.acks.message().await? {
+            Some(v1::AppendAck {
+                error: Some(error), ..
+            }) => Err(error.into()),
+            Some(ack) => Ok(Ack {
+                start_seq: ack.start_seq,
+                end_seq: ack.end_seq,
+            }),
+            None => Err(Error::SessionClosed(
+                "the server ended the session with answers still owed".into(),
+            )),
+        }
+    }
+
+    /// Sends one batch and waits for its answer. Only use this when nothing else is pending.
+    pub async fn append(
+        &mut self,
+        stream: &str,
+        records: Vec<Record>,
+        match_seq_num: Option<u64>,
+    ) -> Result<Ack, Error> {
+        self.send(stream, records, match_seq_num).await?;
+        self.next_ack().await
+    }
+
+    /// Stops sending. Acks still owed can be read with `next_ack` until it reports the end.
+    pub fn finish(&mut self) {
+        self.requests = None;
+    }
+}

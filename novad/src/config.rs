@@ -1,0 +1,316 @@
+//! novad's flags. Every flag can also be set from the environment (`NOVA_` and the flag's name
+//! in upper snake case); the doc comment on each is its `--help` text and says what it bounds
+//! and what happens at the limit.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use nova_chain::{ChainConfig, RetryPolicy};
+use nova_core::limits;
+use nova_core::object_store::{S3Config, StoreLimits};
+use nova_proto::validate::AppendCaps;
+
+use crate::bytesize::parse_bytes;
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "novad",
+    version,
+    about = "The Nova star: a durable stream store on object storage.",
+    long_about = "The Nova star: accepts appends over gRPC, acknowledges them once they are durable \
+in object storage, and serves reads. With no flags it runs on the embedded default: a local \
+directory object store and an embedded metastore under --data-dir.\n\n\
+Every bound below is a budget: at its limit admitted work blocks (and the wait shows as an age \
+in the metrics) or new work is refused with RESOURCE_EXHAUSTED; memory never grows past it."
+)]
+pub struct Config {
+    /// Address the gRPC API listens on.
+    #[arg(long, env = "NOVA_LISTEN", default_value = "127.0.0.1:7400")]
+    pub listen: SocketAddr,
+
+    /// Address the Prometheus metrics endpoint (/metrics) listens on.
+    #[arg(long, env = "NOVA_METRICS_ADDR", default_value = "127.0.0.1:7401")]
+    pub metrics_addr: SocketAddr,
+
+    /// Directory for the embedded metastore and, without --s3-bucket, the local object store.
+    #[arg(long, env = "NOVA_DATA_DIR", default_value = "nova-data")]
+    pub data_dir: PathBuf,
+
+    /// This star's name. Its chain of flights lives under chain/<star-id>/ in the object store.
+    #[arg(long, env = "NOVA_STAR_ID", default_value = "nova")]
+    pub star_id: String,
+
+    // ---- object store -------------------------------------------------------------------
+    /// S3 bucket to write flights to. Without it flights go to <data-dir>/objects.
+    #[arg(long, env = "NOVA_S3_BUCKET", help_heading = "Object store")]
+    pub s3_bucket: Option<String>,
+
+    /// Custom S3 endpoint URL (an S3-compatible server); AWS when unset.
+    #[arg(long, env = "NOVA_S3_ENDPOINT", help_heading = "Object store")]
+    pub s3_endpoint: Option<String>,
+
+    /// S3 region.
+    #[arg(
+        long,
+        env = "NOVA_S3_REGION",
+        default_value = "us-east-1",
+        help_heading = "Object store"
+    )]
+    pub s3_region: String,
+
+    /// Key prefix for everything Nova writes in the bucket.
+    #[arg(
+        long,
+        env = "NOVA_S3_PREFIX",
+        default_value = "",
+        help_heading = "Object store"
+    )]
+    pub s3_prefix: String,
+
+    /// Address buckets by path (http://endpoint/bucket/key), as most S3-compatible servers need.
+    #[arg(long, env = "NOVA_S3_PATH_STYLE", help_heading = "Object store")]
+    pub s3_path_style: bool,
+
+    /// Object-store reads in flight at once; more wait their turn.
+    #[arg(
+        long,
+        env = "NOVA_S3_READ_CONCURRENCY",
+        default_value_t = 64,
+        help_heading = "Object store"
+    )]
+    pub s3_read_concurrency: usize,
+
+    /// Object-store writes in flight at once; more wait their turn.
+    #[arg(
+        long,
+        env = "NOVA_S3_WRITE_CONCURRENCY",
+        default_value_t = 16,
+        help_heading = "Object store"
+    )]
+    pub s3_write_concurrency: usize,
+
+    /// Deadline for one object-store request attempt, in milliseconds.
+    #[arg(
+        long,
+        env = "NOVA_S3_REQUEST_TIMEOUT_MS",
+        default_value_t = 30_000,
+        help_heading = "Object store"
+    )]
+    pub s3_request_timeout_ms: u64,
+
+    /// Attempts per object-store request (retryable errors only). Flight writes are retried
+    /// beyond this, with backoff, until they land.
+    #[arg(
+        long,
+        env = "NOVA_S3_MAX_ATTEMPTS",
+        default_value_t = 3,
+        help_heading = "Object store"
+    )]
+    pub s3_max_attempts: u32,
+
+    // ---- budgets --------------------------------------------------------------------------
+    /// Admission buffer, MiB: bytes of appends held from decode until they are acknowledged or
+    /// fail. When full, appends block and their sessions stop reading frames, so producers slow
+    /// down through gRPC flow control. No error is returned.
+    #[arg(long, env = "NOVA_S3_MEMORY_BUFFER_MIB", default_value_t = limits::ADMISSION_BUFFER_MIB, help_heading = "Budgets")]
+    pub s3_memory_buffer_mib: u64,
+
+    /// Backlog budget: flights acknowledged but not yet absorbed into the index. When spent,
+    /// appends block until the absorb catches up; each stall is logged and counted with its cause.
+    #[arg(long, env = "NOVA_S3_CHAIN_BACKLOG_FLIGHTS", default_value_t = limits::CHAIN_BACKLOG_FLIGHTS, help_heading = "Budgets")]
+    pub s3_chain_backlog_flights: u32,
+
+    /// Tail window cache, MiB: acknowledged records kept in memory for hot reads. The oldest
+    /// flights are evicted first; a flight larger than the whole cache is not cached (logged).
+    #[arg(long, env = "NOVA_TAIL_WINDOW_CACHE_MIB", default_value_t = limits::TAIL_WINDOW_CACHE_MIB, help_heading = "Budgets")]
+    pub tail_window_cache_mib: u64,
+
+    /// Producer sessions open at once. A new session past the cap is refused with
+    /// RESOURCE_EXHAUSTED and a retry-after-ms hint; open sessions are never cut.
+    #[arg(long, env = "NOVA_MAX_PRODUCER_SESSIONS", default_value_t = limits::MAX_PRODUCER_SESSIONS, help_heading = "Budgets")]
+    pub max_producer_sessions: u32,
+
+    /// HTTP/2 receive window per stream, KiB (adaptive windows are off). Bounds the bytes the
+    /// transport buffers ahead of each session: sessions × window is the transport's memory.
+    #[arg(long, env = "NOVA_GRPC_STREAM_WINDOW_KIB", default_value_t = limits::GRPC_STREAM_WINDOW_KIB, help_heading = "Budgets")]
+    pub grpc_stream_window_kib: u32,
+
+    /// Content bytes in one append batch. A larger batch is rejected with INVALID_ARGUMENT and
+    /// nothing of it is applied; the session goes on.
+    #[arg(long, env = "NOVA_MAX_BATCH_BYTES", default_value = "100MiB", value_parser = parse_bytes, help_heading = "Budgets")]
+    pub max_batch_bytes: u64,
+
+    /// Records in one append batch. More are rejected with INVALID_ARGUMENT; the session goes on.
+    #[arg(long, env = "NOVA_MAX_BATCH_RECORDS", default_value_t = limits::MAX_BATCH_RECORDS, help_heading = "Budgets")]
+    pub max_batch_records: u32,
+
+    /// Content bytes of one record (body plus header names and values). A batch holding a larger
+    /// record is rejected with INVALID_ARGUMENT; the session goes on.
+    #[arg(long, env = "NOVA_MAX_RECORD_BYTES", default_value = "1MiB", value_parser = parse_bytes, help_heading = "Budgets")]
+    pub max_record_bytes: u64,
+
+    /// Content bytes in one read response. The page returns short at the cap; the first record
+    /// is always served, however large.
+    #[arg(long, env = "NOVA_MAX_READ_BYTES", default_value = "8MiB", value_parser = parse_bytes, help_heading = "Budgets")]
+    pub max_read_bytes: u64,
+
+    /// Records in one read response. The page returns short at the cap.
+    #[arg(long, env = "NOVA_MAX_READ_RECORDS", default_value_t = limits::MAX_READ_RECORDS, help_heading = "Budgets")]
+    pub max_read_records: u32,
+
+    // ---- flights ----------------------------------------------------------------------------
+    /// A flight (one object-store PUT carrying batches from every stream) closes once it holds
+    /// this many bytes.
+    #[arg(long, env = "NOVA_FLIGHT_MAX_BYTES", default_value = "8MiB", value_parser = parse_bytes, help_heading = "Flights")]
+    pub flight_max_bytes: u64,
+
+    /// A flight closes this many milliseconds after its first batch, full or not. Adds at most
+    /// this much to ack latency and caps an idle-ish star at 1000/linger PUTs per second.
+    #[arg(long, env = "NOVA_FLIGHT_LINGER_MS", default_value_t = limits::FLIGHT_LINGER_MS, help_heading = "Flights")]
+    pub flight_linger_ms: u64,
+
+    /// Flights being written to the object store at once. When all are busy the next flight
+    /// waits, and admission fills behind it.
+    #[arg(long, env = "NOVA_FLIGHT_MAX_INFLIGHT", default_value_t = limits::FLIGHT_MAX_INFLIGHT, help_heading = "Flights")]
+    pub flight_max_inflight: u32,
+
+    /// On SIGTERM or ctrl-c, how long to wait for flights in flight to land and be absorbed
+    /// before giving up on them (they fail unacknowledged) and exiting non-zero.
+    #[arg(long, env = "NOVA_SHUTDOWN_TIMEOUT_SECS", default_value_t = 30)]
+    pub shutdown_timeout_secs: u64,
+}
+
+impl Config {
+    pub fn chain(&self) -> ChainConfig {
+        ChainConfig {
+            star: self.star_id.clone(),
+            admission_bytes: self.s3_memory_buffer_mib * limits::MIB,
+            backlog_flights: self.s3_chain_backlog_flights,
+            tail_cache_bytes: self.tail_window_cache_mib * limits::MIB,
+            flight_max_bytes: self.flight_max_bytes,
+            flight_linger: Duration::from_millis(self.flight_linger_ms),
+            flight_max_inflight: self.flight_max_inflight,
+            retry: RetryPolicy {
+                initial: Duration::from_millis(100),
+                max: Duration::from_secs(10),
+            },
+            metastore_slow_after: Duration::from_millis(500),
+        }
+    }
+
+    pub fn caps(&self) -> AppendCaps {
+        AppendCaps {
+            max_batch_bytes: self.max_batch_bytes,
+            max_batch_records: self.max_batch_records,
+            max_record_bytes: self.max_record_bytes,
+        }
+    }
+
+    pub fn store_limits(&self) -> StoreLimits {
+        StoreLimits {
+            read_concurrency: self.s3_read_concurrency,
+            write_concurrency: self.s3_write_concurrency,
+            request_timeout: Duration::from_millis(self.s3_request_timeout_ms),
+        }
+    }
+
+    pub fn s3(&self) -> Option<S3Config> {
+        let bucket = self.s3_bucket.clone()?;
+        let mut config = S3Config::new(bucket);
+        config.prefix = self.s3_prefix.clone();
+        config.endpoint = self.s3_endpoint.clone();
+        config.region = self.s3_region.clone();
+        config.force_path_style = self.s3_path_style;
+        config.limits = self.store_limits();
+        config.max_attempts = self.s3_max_attempts;
+        Some(config)
+    }
+
+    /// The largest gRPC message novad decodes. Twice the batch cap, so a batch somewhat over
+    /// the cap still decodes and gets its clean INVALID_ARGUMENT while the session goes on; a
+    /// grossly oversized message ends the session at the transport.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_batch_bytes
+            .saturating_mul(2)
+            .saturating_add(limits::MIB)
+            .min(u32::MAX as u64) as usize
+    }
+
+    /// Refuses settings that cannot work, naming the flag.
+    pub fn check(&self) -> Result<(), String> {
+        if self.grpc_stream_window_kib < 64 {
+            return Err("--grpc-stream-window-kib must be at least 64 (the HTTP/2 floor)".into());
+        }
+        if self.max_producer_sessions == 0 {
+            return Err("--max-producer-sessions must be at least 1".into());
+        }
+        if self.s3_memory_buffer_mib == 0 || self.s3_chain_backlog_flights == 0 {
+            return Err(
+                "--s3-memory-buffer-mib and --s3-chain-backlog-flights must be at least 1".into(),
+            );
+        }
+        if self.flight_max_inflight == 0 || self.flight_max_bytes == 0 {
+            return Err("--flight-max-inflight and --flight-max-bytes must be at least 1".into());
+        }
+        if self.max_read_records == 0 || self.max_batch_records == 0 {
+            return Err("--max-read-records and --max-batch-records must be at least 1".into());
+        }
+        nova_proto::validate::validate_stream_name(&self.star_id)
+            .map_err(|e| format!("--star-id: {e}"))?;
+        if self.star_id.contains('/') {
+            return Err("--star-id must not contain '/'".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let config = Config::parse_from(["novad"]);
+        assert_eq!(config.s3_memory_buffer_mib, 256);
+        assert_eq!(config.s3_chain_backlog_flights, 1024);
+        assert_eq!(config.tail_window_cache_mib, 128);
+        assert_eq!(config.max_producer_sessions, 4096);
+        assert_eq!(config.grpc_stream_window_kib, 64);
+        assert_eq!(config.max_batch_bytes, 100 << 20);
+        assert_eq!(config.max_batch_records, 65536);
+        assert_eq!(config.max_record_bytes, 1 << 20);
+        assert_eq!(config.max_read_bytes, 8 << 20);
+        assert_eq!(config.max_read_records, 8192);
+        assert!(config.check().is_ok());
+        Config::command().debug_assert();
+    }
+
+    #[test]
+    fn help_names_every_budget() {
+        let help = Config::command().render_long_help().to_string();
+        for flag in [
+            "--s3-memory-buffer-mib",
+            "--s3-chain-backlog-flights",
+            "--tail-window-cache-mib",
+            "--max-producer-sessions",
+            "--grpc-stream-window-kib",
+            "--max-batch-bytes",
+            "--max-batch-records",
+            "--max-record-bytes",
+            "--max-read-bytes",
+            "--max-read-records",
+            "--flight-max-bytes",
+            "--flight-linger-ms",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from --help");
+        }
+        assert!(
+            help.contains("NOVA_S3_MEMORY_BUFFER_MIB"),
+            "env names are shown"
+        );
+    }
+}

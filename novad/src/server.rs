@@ -1,0 +1,180 @@
+//! Wiring: storage backends, recovery, the gRPC server, the metrics endpoint, and an orderly
+//! shutdown on SIGTERM or ctrl-c.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use nova_chain::Star;
+use nova_core::metastore::{EmbeddedMetastore, Metastore};
+use nova_core::metrics::Metrics;
+use nova_core::object_store::{LocalStore, ObjectStore, S3Store};
+use nova_core::shed::ShedLog;
+use nova_proto::v1::nova_server::NovaServer;
+
+use crate::config::Config;
+use crate::metrics_http;
+use crate::service::sessions::SessionCap;
+use crate::service::{Context, NovaService};
+
+async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn ObjectStore>> {
+    Ok(match config.s3() {
+        Some(s3) => Arc::new(S3Store::new(s3).await),
+        None => {
+            let root = config.data_dir.join("store");
+            Arc::new(
+                LocalStore::open(&root, config.store_limits()).with_context(|| {
+                    format!("opening the local object store at {}", root.display())
+                })?,
+            )
+        }
+    })
+}
+
+/// Resolves on SIGTERM or ctrl-c.
+async fn termination() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating --data-dir {}", config.data_dir.display()))?;
+    let metastore_path = config.data_dir.join("metastore.redb");
+    let metastore: Arc<dyn Metastore> =
+        Arc::new(EmbeddedMetastore::open(&metastore_path).with_context(|| {
+            format!(
+                "opening the metastore {} (is another novad using this --data-dir?)",
+                metastore_path.display()
+            )
+        })?);
+    let store = open_store(&config).await?;
+    let metrics = Arc::new(Metrics::new());
+    let stopping = CancellationToken::new();
+
+    // Metrics are up before recovery, so a star stuck retrying an unreachable store is visible.
+    let ready: Arc<OnceLock<Arc<Star>>> = Arc::new(OnceLock::new());
+    let metrics_task = tokio::spawn(metrics_http::serve(
+        config.metrics_addr,
+        metrics.clone(),
+        ready.clone(),
+        stopping.clone(),
+    ));
+
+    tracing::info!(
+        store = %store.describe(),
+        metastore = %metastore.describe(),
+        "recovering before accepting appends"
+    );
+    let star = tokio::select! {
+        star = Star::open(config.chain(), store, metastore, metrics.clone()) => Arc::new(star?),
+        _ = termination() => {
+            tracing::info!("stopped during recovery; nothing was accepted");
+            return Ok(());
+        }
+    };
+    let _ = ready.set(star.clone());
+
+    let sheds = Arc::new(ShedLog::new());
+    let ctx = Arc::new(Context {
+        star: star.clone(),
+        caps: config.caps(),
+        max_read_bytes: config.max_read_bytes,
+        max_read_records: config.max_read_records,
+        sessions: SessionCap::new(config.max_producer_sessions, metrics.clone(), sheds.clone()),
+        metrics: metrics.clone(),
+        sheds,
+        shutdown: stopping.clone(),
+    });
+    let max_message = config.max_message_bytes();
+    let nova = NovaServer::new(NovaService::new(ctx))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message.max(config.max_read_bytes as usize * 2));
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<NovaServer<NovaService>>().await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(nova_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(nova_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (--listen)", config.listen))?;
+    let window = config.grpc_stream_window_kib * 1024;
+    let server = tonic::transport::Server::builder()
+        // Pinned windows: each stream buffers at most `window` bytes ahead of its handler, and
+        // the adaptive window that would grow it under load is off.
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window.max(1 << 20))
+        .http2_adaptive_window(Some(false))
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(nova)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            stopping.clone().cancelled_owned(),
+        );
+    let mut server = tokio::spawn(server);
+    tracing::info!(listen = %config.listen, "novad accepting appends");
+
+    let failure = tokio::select! {
+        _ = termination() => None,
+        reason = star.failed() => Some(reason),
+        result = &mut server => Some(match result {
+            Ok(Ok(())) => "the gRPC server stopped".to_owned(),
+            Ok(Err(e)) => format!("the gRPC server failed: {e}"),
+            Err(e) => format!("the gRPC server task failed: {e}"),
+        }),
+    };
+    if let Some(reason) = &failure {
+        tracing::error!("{reason}; shutting down");
+    }
+
+    tracing::info!(
+        "shutting down: refusing new sessions, landing and absorbing the flights in flight"
+    );
+    health.set_not_serving::<NovaServer<NovaService>>().await;
+    stopping.cancel();
+    let deadline = Duration::from_secs(config.shutdown_timeout_secs);
+    let drained = star.shutdown(deadline).await;
+    // Sessions end once their last answers are out; the server then stops.
+    if !server.is_finished() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut server).await;
+    }
+    server.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(2), metrics_task).await;
+    match (drained, failure) {
+        (Ok(()), None) => {
+            tracing::info!("novad stopped cleanly");
+            Ok(())
+        }
+        (Ok(()), Some(reason)) => Err(anyhow::anyhow!(reason)),
+        (Err(e), _) => Err(e.into()),
+    }
+}

@@ -1,0 +1,216 @@
+//! Producer sessions: the `Append` bidirectional stream.
+//!
+//! Each session is two halves joined by a bounded queue of pending answers. The reader half
+//! takes one request at a time: validates it, charges it to the admission buffer (waiting, and
+//! so not reading further frames, while the buffer is full), encodes it and hands it to the
+//! packer. The answer half yields one `AppendAck` per request, strictly in request order, each
+//! once its batch is durable or refused. A producer that stops reading acks fills the queue,
+//! which stops the reader; nothing in a session grows without bound.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Code, Status, Streaming};
+
+use nova_chain::admission::charge_for;
+use nova_chain::{AckRange, AppendReply};
+use nova_core::flight::section::encode_fragment;
+use nova_core::limits::SESSION_PIPELINE_DEPTH;
+use nova_core::record::now_ms;
+use nova_proto::RequestError;
+use nova_proto::v1;
+use nova_proto::validate::validate_append;
+
+use super::Context;
+use super::sessions::SessionPermit;
+
+pub type AckStream = Pin<Box<dyn Stream<Item = Result<v1::AppendAck, Status>> + Send>>;
+
+enum Pending {
+    /// Refused before it was admitted.
+    Answer(v1::AppendAck),
+    /// Admitted; resolves when durable or failed.
+    Durable(oneshot::Receiver<AppendReply>),
+    /// The session ends here, after the answers before it.
+    Close(Status),
+}
+
+fn ack(range: AckRange) -> v1::AppendAck {
+    v1::AppendAck {
+        start_seq: range.start,
+        end_seq: range.end,
+        error: None,
+    }
+}
+
+fn refusal(error: &RequestError) -> v1::AppendAck {
+    v1::AppendAck {
+        start_seq: 0,
+        end_seq: 0,
+        error: Some(error.to_append_error()),
+    }
+}
+
+/// Opens a session (or sheds it at the cap) and returns its stream of answers.
+pub fn open_session(
+    ctx: Arc<Context>,
+    inbound: Streaming<v1::AppendRequest>,
+) -> Result<AckStream, Status> {
+    if let Some(reason) = ctx.star.fenced() {
+        return Err(RequestError::Unavailable(reason).into());
+    }
+    let permit = ctx.sessions.open()?;
+    let (pending_tx, pending_rx) = mpsc::channel(SESSION_PIPELINE_DEPTH);
+    // One task per session, bounded by --max-producer-sessions.
+    tokio::spawn(read_requests(ctx, inbound, pending_tx));
+    Ok(Box::pin(answers(pending_rx, permit)))
+}
+
+fn answers(
+    pending: mpsc::Receiver<Pending>,
+    permit: SessionPermit,
+) -> impl Stream<Item = Result<v1::AppendAck, Status>> + Send {
+    // The permit lives in the stream's state: the session's slot frees when the stream ends or
+    // the producer goes away.
+    futures::stream::unfold(
+        (pending, permit, false),
+        |(mut pending, permit, closed)| async move {
+            if closed {
+                return None;
+            }
+            let item = match pending.recv().await? {
+                Pending::Answer(answer) => Ok(answer),
+                Pending::Durable(reply) => Ok(match reply.await {
+                    Ok(Ok(range)) => ack(range),
+                    Ok(Err(error)) => refusal(&error),
+                    Err(_) => refusal(&RequestError::Unavailable(
+                        "the star stopped before this append was durable; retry it".into(),
+                    )),
+                }),
+                Pending::Close(status) => return Some((Err(status), (pending, permit, true))),
+            };
+            Some((item, (pending, permit, false)))
+        },
+    )
+}
+
+async fn read_requests(
+    ctx: Arc<Context>,
+    mut inbound: Streaming<v1::AppendRequest>,
+    pending: mpsc::Sender<Pending>,
+) {
+    let shutting_down = || {
+        Pending::Close(Status::unavailable(
+            "novad is shutting down: every append answered above is final; reconnect to send more",
+        ))
+    };
+    loop {
+        let next = tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => {
+                let _ = pending.send(shutting_down()).await;
+                return;
+            }
+            _ = pending.closed() => return,
+            next = inbound.message() => next,
+        };
+        let request = match next {
+            Ok(Some(request)) => request,
+            // The producer closed its side; the answers still owed go out, then the stream ends.
+            Ok(None) => return,
+            Err(status) => {
+                let _ = pending.send(Pending::Close(frame_error(status))).await;
+                return;
+            }
+        };
+        let answer = tokio::select! {
+            answer = admit(&ctx, request) => answer,
+            _ = pending.closed() => return,
+            _ = ctx.shutdown.cancelled() => {
+                let _ = pending.send(shutting_down()).await;
+                return;
+            }
+        };
+        if pending.send(answer).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// What the transport reports about an unreadable frame, as the producer should see it.
+fn frame_error(status: Status) -> Status {
+    match status.code() {
+        // tonic reports undecodable protobuf as INTERNAL; it is the producer's frame that is bad.
+        Code::Internal => {
+            Status::invalid_argument(format!("malformed append frame: {}", status.message()))
+        }
+        Code::OutOfRange | Code::ResourceExhausted => Status::new(
+            status.code(),
+            format!(
+                "append frame over the message limit (twice --max-batch-bytes): {}",
+                status.message()
+            ),
+        ),
+        _ => status,
+    }
+}
+
+fn rejection_reason(error: &RequestError) -> &'static str {
+    match error {
+        RequestError::EmptyBatch => "empty_batch",
+        RequestError::TooManyRecords { .. } => "max_batch_records",
+        RequestError::BatchTooLarge { .. } => "max_batch_bytes",
+        RequestError::RecordTooLarge { .. } => "max_record_bytes",
+        RequestError::InvalidStreamName { .. } => "invalid_stream_name",
+        RequestError::StreamNotFound(_) => "stream_not_found",
+        _ => "other",
+    }
+}
+
+async fn admit(ctx: &Context, request: v1::AppendRequest) -> Pending {
+    let refuse = |error: RequestError| {
+        let reason = rejection_reason(&error);
+        ctx.metrics.rejections.with_label_values(&[reason]).inc();
+        if let Some(unlogged) = ctx.sheds.admit(reason) {
+            tracing::info!(
+                reason,
+                unlogged_since_last = unlogged,
+                "append rejected: {error}"
+            );
+        }
+        Pending::Answer(refusal(&error))
+    };
+    let valid = match validate_append(request, &ctx.caps, now_ms()) {
+        Ok(valid) => valid,
+        Err(error) => return refuse(error),
+    };
+    let stream = match ctx.star.streams().get_or_not_found(&valid.stream) {
+        Ok(stream) => stream,
+        Err(error) => return refuse(error),
+    };
+    let records = valid.records.len() as u64;
+    // The decoded batch exists now, so it is charged now; the wait for room is the backpressure.
+    let admitted = ctx
+        .star
+        .admission()
+        .admit(charge_for(records, valid.header_count, valid.content_bytes))
+        .await;
+    let fragment = encode_fragment(valid.records.iter());
+    drop(valid.records);
+    match ctx
+        .star
+        .submit(
+            stream,
+            fragment,
+            valid.content_bytes,
+            valid.match_seq_num,
+            admitted,
+        )
+        .await
+    {
+        Ok(reply) => Pending::Durable(reply),
+        Err(error) => Pending::Answer(refusal(&error)),
+    }
+}

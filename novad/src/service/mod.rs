@@ -1,0 +1,196 @@
+//! The `nova.v1.Nova` gRPC service: a thin layer that turns wire messages into calls on the star
+//! and errors into statuses.
+
+mod append;
+pub mod sessions;
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use nova_chain::Star;
+use nova_chain::streams::StreamState;
+use nova_core::catalog::StorageClass;
+use nova_core::limits::{LIST_STREAMS_DEFAULT, LIST_STREAMS_MAX};
+use nova_core::metrics::Metrics;
+use nova_core::shed::ShedLog;
+use nova_proto::v1;
+use nova_proto::v1::nova_server::Nova;
+use nova_proto::validate::AppendCaps;
+
+use sessions::SessionCap;
+
+/// What every handler shares.
+pub struct Context {
+    pub star: Arc<Star>,
+    pub caps: AppendCaps,
+    pub max_read_bytes: u64,
+    pub max_read_records: u32,
+    pub sessions: SessionCap,
+    pub metrics: Arc<Metrics>,
+    pub sheds: Arc<ShedLog>,
+    /// Fires when novad starts shutting down: sessions stop reading and finish.
+    pub shutdown: CancellationToken,
+}
+
+#[derive(Clone)]
+pub struct NovaService {
+    ctx: Arc<Context>,
+}
+
+impl NovaService {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self { ctx }
+    }
+}
+
+fn info(stream: &StreamState) -> v1::StreamInfo {
+    v1::StreamInfo {
+        name: stream.name().to_owned(),
+        tail_seq: stream.tail(),
+        stored_bytes: stream.stored_bytes(),
+        storage_class: match stream.meta.class {
+            StorageClass::Standard => v1::StorageClass::Standard as i32,
+        },
+        created_at_ms: stream.meta.created_at_ms,
+    }
+}
+
+fn to_wire(record: nova_core::record::SequencedRecord) -> v1::SequencedRecord {
+    v1::SequencedRecord {
+        seq: record.seq,
+        timestamp: record.record.timestamp,
+        headers: record
+            .record
+            .headers
+            .into_iter()
+            .map(|h| v1::Header {
+                name: h.name,
+                value: h.value,
+            })
+            .collect(),
+        body: record.record.body,
+    }
+}
+
+#[tonic::async_trait]
+impl Nova for NovaService {
+    type AppendStream = append::AckStream;
+
+    async fn append(
+        &self,
+        request: Request<Streaming<v1::AppendRequest>>,
+    ) -> Result<Response<Self::AppendStream>, Status> {
+        append::open_session(self.ctx.clone(), request.into_inner()).map(Response::new)
+    }
+
+    async fn read(
+        &self,
+        request: Request<v1::ReadRequest>,
+    ) -> Result<Response<v1::ReadResponse>, Status> {
+        let request = request.into_inner();
+        let ctx = &self.ctx;
+        let stream = ctx.star.streams().get_or_not_found(&request.stream)?;
+        let max_records = match request.max_records {
+            0 => ctx.max_read_records,
+            n => n.min(ctx.max_read_records),
+        };
+        let max_bytes = match request.max_bytes {
+            0 => ctx.max_read_bytes,
+            n => n.min(ctx.max_read_bytes),
+        };
+        let page = ctx
+            .star
+            .read(&stream, request.start_seq, max_records, max_bytes)
+            .await?;
+        ctx.metrics.read_records.inc_by(page.records.len() as u64);
+        ctx.metrics
+            .read_bytes
+            .inc_by(page.records.iter().map(|r| r.record.content_bytes()).sum());
+        Ok(Response::new(v1::ReadResponse {
+            records: page.records.into_iter().map(to_wire).collect(),
+            next_seq: page.next_seq,
+            tail_seq: page.tail_seq,
+        }))
+    }
+
+    async fn create_stream(
+        &self,
+        request: Request<v1::CreateStreamRequest>,
+    ) -> Result<Response<v1::CreateStreamResponse>, Status> {
+        let request = request.into_inner();
+        let class = match v1::StorageClass::try_from(request.storage_class) {
+            Ok(v1::StorageClass::Unspecified | v1::StorageClass::Standard) => {
+                StorageClass::Standard
+            }
+            Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown storage class {}",
+                    request.storage_class
+                )));
+            }
+        };
+        let stream = self
+            .ctx
+            .star
+            .streams()
+            .create(&request.stream, class)
+            .await?;
+        tracing::info!(stream = stream.name(), id = stream.id(), "stream created");
+        Ok(Response::new(v1::CreateStreamResponse {
+            info: Some(info(&stream)),
+        }))
+    }
+
+    async fn describe_stream(
+        &self,
+        request: Request<v1::DescribeStreamRequest>,
+    ) -> Result<Response<v1::DescribeStreamResponse>, Status> {
+        let stream = self
+            .ctx
+            .star
+            .streams()
+            .get_or_not_found(&request.into_inner().stream)?;
+        Ok(Response::new(v1::DescribeStreamResponse {
+            info: Some(info(&stream)),
+        }))
+    }
+
+    async fn list_streams(
+        &self,
+        request: Request<v1::ListStreamsRequest>,
+    ) -> Result<Response<v1::ListStreamsResponse>, Status> {
+        let request = request.into_inner();
+        let limit = match request.limit {
+            0 => LIST_STREAMS_DEFAULT,
+            n => n.min(LIST_STREAMS_MAX),
+        } as usize;
+        // One extra tells whether another page follows.
+        let mut streams =
+            self.ctx
+                .star
+                .streams()
+                .list(&request.prefix, &request.start_after, limit + 1);
+        let more = streams.len() > limit;
+        streams.truncate(limit);
+        let next_start_after = match (more, streams.last()) {
+            (true, Some(last)) => last.name().to_owned(),
+            _ => String::new(),
+        };
+        Ok(Response::new(v1::ListStreamsResponse {
+            streams: streams.iter().map(|s| info(s)).collect(),
+            next_start_after,
+        }))
+    }
+
+    async fn delete_stream(
+        &self,
+        request: Request<v1::DeleteStreamRequest>,
+    ) -> Result<Response<v1::DeleteStreamResponse>, Status> {
+        let name = request.into_inner().stream;
+        self.ctx.star.streams().delete(&name).await?;
+        tracing::info!(stream = %name, "stream deleted");
+        Ok(Response::new(v1::DeleteStreamResponse {}))
+    }
+}
