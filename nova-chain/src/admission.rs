@@ -2,10 +2,12 @@
 //! exists until it resolves (acknowledged or failed), and the charge is what bounds the star's
 //! write-side memory.
 //!
-//! A batch is charged its content bytes plus a fixed overhead per batch, per record and per
-//! header: the structures that exist while it is in flight (the decoded request's per-record
-//! structs, the encoded fragment's framing, the pending-ack bookkeeping). The constants were
-//! measured with a counting allocator (`tests/overhead.rs`, which also keeps them honest).
+//! A batch is charged in two steps. From decode until it is encoded it holds the decoded
+//! request and, while encoding, the fragment being written beside it, so its content counts
+//! twice along with the decoded per-record structures. Once encoded, the charge shrinks to what
+//! the batch holds until resolution: the fragment (content plus framing) and its bookkeeping.
+//! The per-batch, per-record and per-header constants were measured with a counting allocator
+//! (`tests/overhead.rs`, which fails if a batch ever holds more than it is charged).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,22 +19,30 @@ use parking_lot::Mutex;
 use nova_core::budget::{Budget, BudgetPermit};
 use nova_core::metrics::BudgetMetrics;
 
-/// Bytes charged per batch beyond its records: the pending-ack entry, its reply channel, the
-/// admission ticket, and the fragment's handle in the flight.
-pub const PER_BATCH_OVERHEAD: u64 = 512;
-/// Bytes charged per record beyond its content: the decoded request's record struct and the
-/// encoded frame's fixed fields.
-pub const PER_RECORD_OVERHEAD: u64 = 96;
-/// Bytes charged per header beyond its name and value: the decoded header struct and the two
-/// length prefixes in the frame.
-pub const PER_HEADER_OVERHEAD: u64 = 80;
+/// Bytes per batch beyond its records: the decoded request, the reply channel, the admission
+/// ticket and the batch's entry in its flight.
+pub const PER_BATCH_OVERHEAD: u64 = 1024;
+/// Bytes per record while decoded: the wire framing in the receive buffer, the decoded record
+/// struct (in a vector that may have grown to twice its length) and the validated record.
+pub const DECODED_PER_RECORD: u64 = 256;
+/// Bytes per header while decoded.
+pub const DECODED_PER_HEADER: u64 = 192;
+/// Bytes per record once encoded: the fragment's frame fields.
+pub const ENCODED_PER_RECORD: u64 = 16;
+/// Bytes per header once encoded: its two length prefixes.
+pub const ENCODED_PER_HEADER: u64 = 8;
 
-/// What one batch is charged.
-pub fn charge_for(records: u64, headers: u64, content_bytes: u64) -> u64 {
+/// The charge from decode until the batch is encoded.
+pub fn decoded_charge(records: u64, headers: u64, content_bytes: u64) -> u64 {
     PER_BATCH_OVERHEAD
-        + records * PER_RECORD_OVERHEAD
-        + headers * PER_HEADER_OVERHEAD
-        + content_bytes
+        + records * DECODED_PER_RECORD
+        + headers * DECODED_PER_HEADER
+        + 2 * content_bytes
+}
+
+/// The charge from encoding until resolution.
+pub fn encoded_charge(records: u64, headers: u64, content_bytes: u64) -> u64 {
+    PER_BATCH_OVERHEAD + records * ENCODED_PER_RECORD + headers * ENCODED_PER_HEADER + content_bytes
 }
 
 #[derive(Debug, Clone)]
@@ -53,9 +63,20 @@ struct Tracker {
 /// batch stops counting toward the oldest-admitted age.
 #[derive(Debug)]
 pub struct Admitted {
-    _permit: BudgetPermit,
+    permit: BudgetPermit,
     id: u64,
     tracker: Arc<Tracker>,
+}
+
+impl Admitted {
+    /// Gives back the part of the charge the batch no longer holds.
+    pub fn shrink_to(&mut self, bytes: u64) {
+        self.permit.shrink_to(bytes);
+    }
+
+    pub fn charged(&self) -> u64 {
+        self.permit.units()
+    }
 }
 
 impl Drop for Admitted {
@@ -93,7 +114,7 @@ impl AdmissionBuffer {
         let id = self.tracker.next_id.fetch_add(1, Ordering::Relaxed);
         self.tracker.admitted.lock().insert(id, Instant::now());
         Admitted {
-            _permit: permit,
+            permit,
             id,
             tracker: self.tracker.clone(),
         }
@@ -119,10 +140,10 @@ mod tests {
     async fn resolution_releases_the_charge_and_the_age() {
         let buffer = AdmissionBuffer::new(10_000, Metrics::new().admission);
         assert_eq!(buffer.oldest_age(), None);
-        let first = buffer.admit(charge_for(2, 0, 100)).await;
+        let first = buffer.admit(encoded_charge(2, 0, 100)).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         let second = buffer.admit(100).await;
-        assert_eq!(buffer.budget().in_use(), charge_for(2, 0, 100) + 100);
+        assert_eq!(buffer.budget().in_use(), encoded_charge(2, 0, 100) + 100);
         assert!(buffer.oldest_age().unwrap() >= Duration::from_millis(20));
         drop(first);
         assert!(buffer.oldest_age().unwrap() < Duration::from_millis(20));

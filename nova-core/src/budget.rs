@@ -32,6 +32,18 @@ impl BudgetPermit {
     pub fn units(&self) -> u64 {
         self.permit.num_permits() as u64
     }
+
+    /// Gives back everything above `units` now, keeping the rest until the permit drops.
+    pub fn shrink_to(&mut self, units: u64) {
+        let held = self.permit.num_permits();
+        let keep = (units as usize).max(1);
+        if keep < held
+            && let Some(excess) = self.permit.split(held - keep)
+        {
+            drop(excess);
+            self.budget.metrics.in_use.set(self.budget.in_use() as i64);
+        }
+    }
 }
 
 impl Drop for BudgetPermit {
@@ -198,6 +210,18 @@ mod tests {
         drop(held);
         let order = [rx.recv().await, rx.recv().await, rx.recv().await];
         assert_eq!(order, [Some(0), Some(1), Some(2)]);
+    }
+
+    #[tokio::test]
+    async fn shrinking_returns_the_excess_at_once() {
+        let b = budget(100);
+        let mut p = b.acquire(80).await;
+        p.shrink_to(30);
+        assert_eq!((p.units(), b.in_use()), (30, 30));
+        p.shrink_to(50);
+        assert_eq!(p.units(), 30, "shrinking never grows a charge");
+        drop(p);
+        assert_eq!(b.in_use(), 0);
     }
 
     #[tokio::test]

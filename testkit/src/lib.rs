@@ -7,4 +7,4 @@ mod process;
 
 pub use moto::Moto;
 pub use novad::{Novad, NovadBuilder};
-pub use process::{free_port, wait_for_port, workspace_root};
+pub use process::{free_port, wait_for_port, workspace_binary, workspace_root};

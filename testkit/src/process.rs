@@ -36,3 +36,20 @@ pub(crate) fn signal(pid: u32, signal: i32) {
         libc::kill(pid as libc::pid_t, signal);
     }
 }
+
+/// A binary built from this workspace, found beside the running test executable
+/// (target/<profile>/deps/<test> → target/<profile>/<name>).
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test executables live in target/<profile>/deps");
+    let path = profile_dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run the tests with `cargo nextest run --workspace` (or scripts/test)",
+        path.display()
+    );
+    path
+}

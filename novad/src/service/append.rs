@@ -14,7 +14,7 @@ use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status, Streaming};
 
-use nova_chain::admission::charge_for;
+use nova_chain::admission::{decoded_charge, encoded_charge};
 use nova_chain::{AckRange, AppendReply};
 use nova_core::flight::section::encode_fragment;
 use nova_core::limits::SESSION_PIPELINE_DEPTH;
@@ -192,13 +192,14 @@ async fn admit(ctx: &Context, request: v1::AppendRequest) -> Pending {
     };
     let records = valid.records.len() as u64;
     // The decoded batch exists now, so it is charged now; the wait for room is the backpressure.
-    let admitted = ctx
+    let mut admitted = ctx
         .star
         .admission()
-        .admit(charge_for(records, valid.header_count, valid.content_bytes))
+        .admit(decoded_charge(records, valid.header_count, valid.content_bytes))
         .await;
     let fragment = encode_fragment(valid.records.iter());
     drop(valid.records);
+    admitted.shrink_to(encoded_charge(records, valid.header_count, valid.content_bytes));
     match ctx
         .star
         .submit(

@@ -1,0 +1,64 @@
+//! Shared by novad's end-to-end tests: real novad processes, on the local store or on a real
+//! moto server, and SDK clients for them.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use nova_client::{Client, Record};
+use nova_testkit::{Moto, Novad, NovadBuilder};
+
+pub fn novad() -> NovadBuilder {
+    NovadBuilder::new(env!("CARGO_BIN_EXE_novad"))
+}
+
+/// novad writing to a bucket on `moto`.
+pub fn novad_on_s3(moto: &Moto, bucket: &str) -> NovadBuilder {
+    moto.create_bucket(bucket);
+    novad()
+        .args([
+            "--s3-bucket",
+            bucket,
+            "--s3-endpoint",
+            &moto.endpoint(),
+            "--s3-path-style",
+            "--s3-request-timeout-ms",
+            "2000",
+        ])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "testtest")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+}
+
+pub async fn client(novad: &Novad) -> Client {
+    Client::connect(&novad.url()).await.expect("connect to novad")
+}
+
+pub fn records(prefix: &str, n: usize) -> Vec<Record> {
+    (0..n).map(|i| Record::new(format!("{prefix}-{i}"))).collect()
+}
+
+/// Every record body of a stream from 0 to its tail, page by page.
+pub async fn read_all(client: &Client, stream: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut next = 0;
+    loop {
+        let page = client.read(stream, next, 0).await.expect("read");
+        for r in &page.records {
+            assert_eq!(r.seq, out.len() as u64, "dense sequence numbers from 0");
+            out.push(String::from_utf8(r.record.body.to_vec()).expect("utf8 body"));
+        }
+        next = page.next_seq;
+        if page.records.is_empty() || next >= page.tail_seq {
+            return out;
+        }
+    }
+}
+
+/// Polls until `check` holds, or panics with `what` after `timeout`.
+pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, what: &str, mut check: F) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
