@@ -14,10 +14,19 @@ pub struct PendingIndex {
     inner: Mutex<Inner>,
 }
 
+/// An unabsorbed flight: its slot, when it was acknowledged, and the (stream, end seq) keys of
+/// its entries.
+#[derive(Debug)]
+struct PendingFlight {
+    slot: u64,
+    acked_at: Instant,
+    keys: Vec<(u64, u64)>,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    /// Unabsorbed flights in slot order, with when each was acknowledged.
-    flights: VecDeque<(u64, Instant, Vec<(u64, u64)>)>,
+    /// Unabsorbed flights in slot order.
+    flights: VecDeque<PendingFlight>,
     by_stream: HashMap<u64, BTreeMap<u64, IndexEntry>>,
 }
 
@@ -32,17 +41,21 @@ impl PendingIndex {
                 .or_default()
                 .insert(entry.end_seq, entry);
         }
-        inner.flights.push_back((slot, Instant::now(), keys));
+        inner.flights.push_back(PendingFlight {
+            slot,
+            acked_at: Instant::now(),
+            keys,
+        });
     }
 
     /// Forgets every flight up to and including `slot`: their entries are in the metastore now.
     pub fn absorbed_through(&self, slot: u64) {
         let mut inner = self.inner.lock();
-        while inner.flights.front().is_some_and(|(s, _, _)| *s <= slot) {
-            let Some((_, _, keys)) = inner.flights.pop_front() else {
+        while inner.flights.front().is_some_and(|f| f.slot <= slot) {
+            let Some(flight) = inner.flights.pop_front() else {
                 break;
             };
-            for (stream_id, end_seq) in keys {
+            for (stream_id, end_seq) in flight.keys {
                 if let Some(entries) = inner.by_stream.get_mut(&stream_id) {
                     entries.remove(&end_seq);
                     if entries.is_empty() {
@@ -71,7 +84,7 @@ impl PendingIndex {
             .lock()
             .flights
             .front()
-            .map(|(_, at, _)| at.elapsed())
+            .map(|f| f.acked_at.elapsed())
     }
 
     pub fn len(&self) -> usize {

@@ -67,7 +67,8 @@ async fn harness(slow_after: Duration) -> Harness {
         inner: EmbeddedMetastore::open(dir.path().join("meta.redb")).unwrap(),
         open,
     });
-    let store = Arc::new(LocalStore::open(dir.path().join("store"), StoreLimits::default()).unwrap());
+    let store =
+        Arc::new(LocalStore::open(dir.path().join("store"), StoreLimits::default()).unwrap());
     let metrics = Arc::new(Metrics::new());
     let config = ChainConfig {
         backlog_flights: 2,
@@ -75,8 +76,15 @@ async fn harness(slow_after: Duration) -> Harness {
         metastore_slow_after: slow_after,
         ..ChainConfig::default()
     };
-    let star = Arc::new(Star::open(config, store, metastore, metrics.clone()).await.unwrap());
-    star.streams().create("s", StorageClass::Standard).await.unwrap();
+    let star = Arc::new(
+        Star::open(config, store, metastore, metrics.clone())
+            .await
+            .unwrap(),
+    );
+    star.streams()
+        .create("s", StorageClass::Standard)
+        .await
+        .unwrap();
     Harness {
         star,
         metrics,
@@ -86,14 +94,20 @@ async fn harness(slow_after: Duration) -> Harness {
 }
 
 /// Appends one record and returns the receiver of its ack.
-async fn append(star: &Star, body: &'static str) -> tokio::sync::oneshot::Receiver<nova_chain::AppendReply> {
+async fn append(
+    star: &Star,
+    body: &'static str,
+) -> tokio::sync::oneshot::Receiver<nova_chain::AppendReply> {
     let stream = star.streams().get("s").unwrap();
-    let records = vec![Record {
+    let records = [Record {
         timestamp: 1,
         headers: vec![],
         body: Bytes::from_static(body.as_bytes()),
     }];
-    let admitted = star.admission().admit(encoded_charge(1, 0, body.len() as u64)).await;
+    let admitted = star
+        .admission()
+        .admit(encoded_charge(1, 0, body.len() as u64))
+        .await;
     let fragment = encode_fragment(records.iter());
     star.submit(stream, fragment, body.len() as u64, None, admitted)
         .await
@@ -129,8 +143,15 @@ async fn run_backlog_stall(slow_after: Duration, expected_cause: &str) {
     let blocked = append(&h.star, "c").await;
     tokio::pin!(blocked);
     let waited = tokio::time::timeout(Duration::from_millis(500), &mut blocked).await;
-    assert!(waited.is_err(), "with the backlog spent the append blocks instead of failing");
-    assert_eq!(stall_counts(&h, expected_cause).await, 1, "the stall is counted once with its cause");
+    assert!(
+        waited.is_err(),
+        "with the backlog spent the append blocks instead of failing"
+    );
+    assert_eq!(
+        stall_counts(&h, expected_cause).await,
+        1,
+        "the stall is counted once with its cause"
+    );
     assert_eq!(h.metrics.backlog.in_use.get(), 2);
 
     h.gate.send(true).unwrap();
@@ -140,7 +161,11 @@ async fn run_backlog_stall(slow_after: Duration, expected_cause: &str) {
         .unwrap()
         .unwrap();
     assert_eq!((ack.start, ack.end), (2, 3));
-    assert_eq!(stall_counts(&h, expected_cause).await, 1, "one stall, however long it lasted");
+    assert_eq!(
+        stall_counts(&h, expected_cause).await,
+        1,
+        "one stall, however long it lasted"
+    );
     let seconds = h
         .metrics
         .stall_seconds

@@ -79,7 +79,9 @@ struct Measured {
 /// One batch from its wire bytes to a charged, encoded fragment with its reply channel.
 fn measure(buffer: &AdmissionBuffer, records: usize, body: usize, headers: usize) -> Measured {
     let wire = request(records, body, headers);
-    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let base = CURRENT.load(Ordering::SeqCst);
     PEAK.store(base, Ordering::SeqCst);
     // The transport's receive buffer holds the frame; decoding slices bodies out of it.

@@ -16,7 +16,14 @@ use nova_core::metrics::Metrics;
 use nova_core::object_store::{CreateOutcome, LocalStore, ObjectStore, PutPayload, StoreLimits};
 use nova_core::record::Record;
 
-fn flight(star: &str, epoch: u64, slot: u64, stream_id: u64, start: u64, bodies: &[&str]) -> PutPayload {
+fn flight(
+    star: &str,
+    epoch: u64,
+    slot: u64,
+    stream_id: u64,
+    start: u64,
+    bodies: &[&str],
+) -> PutPayload {
     let records: Vec<Record> = bodies
         .iter()
         .map(|b| Record {
@@ -55,15 +62,26 @@ async fn slots_past_the_checkpoint_are_settled_up_to_the_first_gap_which_is_fenc
     let stream_id = {
         let metastore = Arc::new(EmbeddedMetastore::open(&meta_path).unwrap());
         let catalog = Catalog::new(metastore);
-        let stream = catalog.create_stream("s", StorageClass::Standard, 1).await.unwrap();
+        let stream = catalog
+            .create_stream("s", StorageClass::Standard, 1)
+            .await
+            .unwrap();
         let chain = catalog
-            .set_chain(star, None, ChainState { epoch: 4, checkpoint: None })
+            .set_chain(
+                star,
+                None,
+                ChainState {
+                    epoch: 4,
+                    checkpoint: None,
+                },
+            )
             .await
             .unwrap();
         let absorbed = flight(star, 4, 0, stream.id, 0, &["a", "b"]);
         store.put(&slot_key(star, 4, 0), absorbed).await.unwrap();
-        let ObjectFooter::Flight(footer) =
-            fetch_footer(store.as_ref(), &slot_key(star, 4, 0)).await.unwrap()
+        let ObjectFooter::Flight(footer) = fetch_footer(store.as_ref(), &slot_key(star, 4, 0))
+            .await
+            .unwrap()
         else {
             panic!("a flight");
         };
@@ -85,7 +103,10 @@ async fn slots_past_the_checkpoint_are_settled_up_to_the_first_gap_which_is_fenc
             .absorb(
                 star,
                 Some(chain.version),
-                ChainState { epoch: 4, checkpoint: Some(0) },
+                ChainState {
+                    epoch: 4,
+                    checkpoint: Some(0),
+                },
                 AbsorbBatch {
                     entries: vec![entry],
                     tails: vec![(stream.id, tail)],
@@ -93,9 +114,27 @@ async fn slots_past_the_checkpoint_are_settled_up_to_the_first_gap_which_is_fenc
             )
             .await
             .unwrap();
-        store.put(&slot_key(star, 4, 1), flight(star, 4, 1, stream.id, 2, &["c"])).await.unwrap();
-        store.put(&slot_key(star, 4, 2), flight(star, 4, 2, stream.id, 3, &["d", "e"])).await.unwrap();
-        store.put(&slot_key(star, 4, 4), flight(star, 4, 4, stream.id, 9, &["orphan"])).await.unwrap();
+        store
+            .put(
+                &slot_key(star, 4, 1),
+                flight(star, 4, 1, stream.id, 2, &["c"]),
+            )
+            .await
+            .unwrap();
+        store
+            .put(
+                &slot_key(star, 4, 2),
+                flight(star, 4, 2, stream.id, 3, &["d", "e"]),
+            )
+            .await
+            .unwrap();
+        store
+            .put(
+                &slot_key(star, 4, 4),
+                flight(star, 4, 4, stream.id, 9, &["orphan"]),
+            )
+            .await
+            .unwrap();
         stream.id
     };
 
@@ -119,12 +158,17 @@ async fn slots_past_the_checkpoint_are_settled_up_to_the_first_gap_which_is_fenc
 
     // The gap is fenced: the old incarnation's write to slot 3 can never land.
     let late = store
-        .put_if_absent(&slot_key(star, 4, 3), flight(star, 4, 3, stream_id, 5, &["late"]))
+        .put_if_absent(
+            &slot_key(star, 4, 3),
+            flight(star, 4, 3, stream_id, 5, &["late"]),
+        )
         .await
         .unwrap();
     assert_eq!(late, CreateOutcome::AlreadyExists);
     assert!(matches!(
-        fetch_footer(store.as_ref(), &slot_key(star, 4, 3)).await.unwrap(),
+        fetch_footer(store.as_ref(), &slot_key(star, 4, 3))
+            .await
+            .unwrap(),
         ObjectFooter::Fence(_)
     ));
 }

@@ -33,14 +33,27 @@ fn ok(output: Output) -> String {
 fn create_append_read_round_trip_and_survive_kill_9() {
     let mut novad = NovadBuilder::new(workspace_binary("novad")).start();
     let url = novad.url();
-    assert_eq!(ok(nova(&url, &["stream", "create", "events"], b"")), "created events\n");
+    assert_eq!(
+        ok(nova(&url, &["stream", "create", "events"], b"")),
+        "created events\n"
+    );
     let appended = ok(nova(&url, &["append", "events"], b"alpha\nbeta\ngamma\n"));
     assert_eq!(appended, "0..3\n", "the assigned range");
     // Acknowledged means durable: a kill -9 right now loses nothing.
     novad.kill9();
     novad.restart();
-    assert_eq!(ok(nova(&url, &["read", "events", "--from", "0"], b"")), "alpha\nbeta\ngamma\n");
-    assert_eq!(ok(nova(&url, &["read", "events", "--from", "1", "--limit", "1"], b"")), "beta\n");
+    assert_eq!(
+        ok(nova(&url, &["read", "events", "--from", "0"], b"")),
+        "alpha\nbeta\ngamma\n"
+    );
+    assert_eq!(
+        ok(nova(
+            &url,
+            &["read", "events", "--from", "1", "--limit", "1"],
+            b""
+        )),
+        "beta\n"
+    );
     let described = ok(nova(&url, &["stream", "describe", "events"], b""));
     assert!(described.contains("tail_seq: 3"), "{described}");
     assert_eq!(ok(nova(&url, &["stream", "list"], b"")), "events\ttail=3\n");
@@ -51,7 +64,10 @@ fn create_append_read_round_trip_and_survive_kill_9() {
     assert!(missing.stdout.is_empty(), "nothing else on stdout");
     assert!(String::from_utf8_lossy(&missing.stderr).contains("does not exist"));
 
-    assert_eq!(ok(nova(&url, &["stream", "delete", "events"], b"")), "deleted events\n");
+    assert_eq!(
+        ok(nova(&url, &["stream", "delete", "events"], b"")),
+        "deleted events\n"
+    );
 }
 
 #[test]
@@ -60,7 +76,11 @@ fn large_inputs_are_batched() {
     let url = novad.url();
     ok(nova(&url, &["stream", "create", "bulk"], b""));
     let input: String = (0..2500).map(|i| format!("line-{i}\n")).collect();
-    let appended = ok(nova(&url, &["append", "bulk", "--batch-records", "1000"], input.as_bytes()));
+    let appended = ok(nova(
+        &url,
+        &["append", "bulk", "--batch-records", "1000"],
+        input.as_bytes(),
+    ));
     assert_eq!(appended, "0..1000\n1000..2000\n2000..2500\n");
     let read = ok(nova(&url, &["read", "bulk"], b""));
     assert_eq!(read, input);

@@ -28,7 +28,11 @@ async fn appends_are_sequenced_densely_and_read_back() {
     .iter()
     .map(|a| (a.start_seq, a.end_seq))
     .collect();
-    assert_eq!(acks, [(0, 3), (0, 2), (3, 5)], "acks in request order, seqs dense per stream");
+    assert_eq!(
+        acks,
+        [(0, 3), (0, 2), (3, 5)],
+        "acks in request order, seqs dense per stream"
+    );
     assert_eq!(
         read_all(&client, "a").await,
         ["a0-0", "a0-1", "a0-2", "a1-0", "a1-1"]
@@ -44,10 +48,16 @@ async fn appends_are_sequenced_densely_and_read_back() {
         timestamp: 42,
         ..Record::new("with-header").with_header("k", "v")
     };
-    session.append("b", vec![stamped, Record::new("now")], None).await.unwrap();
+    session
+        .append("b", vec![stamped, Record::new("now")], None)
+        .await
+        .unwrap();
     let page = client.read("b", 2, 10).await.unwrap();
     assert_eq!(page.records[0].record.timestamp, 42);
-    assert_eq!(page.records[0].record.headers[0].name, Bytes::from_static(b"k"));
+    assert_eq!(
+        page.records[0].record.headers[0].name,
+        Bytes::from_static(b"k")
+    );
     assert!(page.records[1].record.timestamp > 1_700_000_000_000);
 }
 
@@ -78,7 +88,14 @@ fn code_of(result: Result<impl std::fmt::Debug, Error>) -> (Code, String) {
 #[tokio::test]
 async fn refused_appends_apply_nothing_and_the_session_goes_on() {
     let novad = novad()
-        .args(["--max-batch-records", "10", "--max-record-bytes", "100", "--max-batch-bytes", "500"])
+        .args([
+            "--max-batch-records",
+            "10",
+            "--max-record-bytes",
+            "100",
+            "--max-batch-bytes",
+            "500",
+        ])
         .start();
     let client = client(&novad).await;
     client.create_stream("s").await.unwrap();
@@ -111,7 +128,10 @@ async fn refused_appends_apply_nothing_and_the_session_goes_on() {
     assert_eq!((ack.start_seq, ack.end_seq), (0, 2));
     assert_eq!(read_all(&client, "s").await, ["ok-0", "ok-1"]);
     let metrics = novad.metrics();
-    assert!(metrics.contains("nova_append_rejections_total{reason=\"max_batch_records\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("nova_append_rejections_total{reason=\"max_batch_records\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
@@ -123,7 +143,12 @@ async fn match_seq_num_makes_appends_conditional() {
     session.append("s", records("a", 3), Some(0)).await.unwrap();
     // A retry of the same batch (the producer never saw its ack) is refused, not duplicated.
     match session.append("s", records("a", 3), Some(0)).await {
-        Err(Error::Status { code, next_seq, message, .. }) => {
+        Err(Error::Status {
+            code,
+            next_seq,
+            message,
+            ..
+        }) => {
             assert_eq!(code, Code::FailedPrecondition);
             assert_eq!(next_seq, Some(3));
             assert!(message.contains("match_seq_num"), "{message}");
@@ -157,12 +182,24 @@ async fn read_pages_stop_at_either_cap_and_always_serve_one_record() {
     let page = client.read("s", 0, 3).await.unwrap();
     assert_eq!(page.records.len(), 3, "a request may ask for fewer");
     let page = client.read("s", 8, 0).await.unwrap();
-    assert_eq!(page.records.len(), 2, "the byte cap: a third 400-byte record would pass 1000");
+    assert_eq!(
+        page.records.len(),
+        2,
+        "the byte cap: a third 400-byte record would pass 1000"
+    );
     let page = client.read("s", 11, 0).await.unwrap();
-    assert_eq!(page.records.len(), 1, "one record always serves, even over the byte cap");
+    assert_eq!(
+        page.records.len(),
+        1,
+        "one record always serves, even over the byte cap"
+    );
     assert_eq!(page.records[0].record.body.len(), 5000);
     let page = client.read_with("s", 8, 0, 100).await.unwrap();
-    assert_eq!(page.records.len(), 1, "a request may lower the byte cap too");
+    assert_eq!(
+        page.records.len(),
+        1,
+        "a request may lower the byte cap too"
+    );
 }
 
 #[tokio::test]
@@ -179,9 +216,15 @@ async fn streams_are_listed_paged_and_deleted() {
     assert_eq!(code, Code::InvalidArgument);
 
     let (page, next) = client.list_streams("x/", "", 2).await.unwrap();
-    assert_eq!(page.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["x/1", "x/2"]);
+    assert_eq!(
+        page.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        ["x/1", "x/2"]
+    );
     let (page, next) = client.list_streams("x/", &next.unwrap(), 2).await.unwrap();
-    assert_eq!(page.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["x/3"]);
+    assert_eq!(
+        page.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        ["x/3"]
+    );
     assert_eq!(next, None);
 
     let mut session = client.append_session().await.unwrap();

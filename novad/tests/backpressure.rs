@@ -30,7 +30,10 @@ async fn sessions_past_the_cap_are_shed_with_a_hint_and_open_ones_carry_on() {
         }) => {
             assert_eq!(code, Code::ResourceExhausted);
             assert!(message.contains("--max-producer-sessions"), "{message}");
-            assert!(retry_after.is_some_and(|d| d > Duration::ZERO), "a retry-after-ms hint");
+            assert!(
+                retry_after.is_some_and(|d| d > Duration::ZERO),
+                "a retry-after-ms hint"
+            );
         }
         Err(other) => panic!("expected RESOURCE_EXHAUSTED, got {other}"),
         Ok(_) => panic!("a third session opened past a cap of two"),
@@ -42,7 +45,10 @@ async fn sessions_past_the_cap_are_shed_with_a_hint_and_open_ones_carry_on() {
         novad.metric("nova_sheds_total{cap=\"max_producer_sessions\"}"),
         Some(1.0)
     );
-    assert!(novad.log().contains("shed a new producer session"), "the shed is logged");
+    assert!(
+        novad.log().contains("shed a new producer session"),
+        "the shed is logged"
+    );
 
     // A slot frees when a session ends.
     drop(first);
@@ -79,20 +85,35 @@ async fn a_full_admission_buffer_blocks_producers_until_flights_land() {
     let producer = tokio::spawn(async move {
         let mut sent = 0;
         for _ in 0..BATCHES {
-            session.send("s", vec![Record::new(body.clone())], None).await.unwrap();
+            session
+                .send("s", vec![Record::new(body.clone())], None)
+                .await
+                .unwrap();
             sent += 1;
         }
         (session, sent)
     });
     // 120 × 16 KiB is nearly twice the 1 MiB budget: the producer cannot get it all in.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(!producer.is_finished(), "the producer is blocked by flow control, not failed");
+    assert!(
+        !producer.is_finished(),
+        "the producer is blocked by flow control, not failed"
+    );
     let used = novad.metric("nova_admission_buffer_used_bytes").unwrap();
-    let capacity = novad.metric("nova_admission_buffer_capacity_bytes").unwrap();
+    let capacity = novad
+        .metric("nova_admission_buffer_capacity_bytes")
+        .unwrap();
     assert_eq!(capacity, (1 << 20) as f64);
-    assert!(used <= capacity, "admission never passes its budget: {used} > {capacity}");
+    assert!(
+        used <= capacity,
+        "admission never passes its budget: {used} > {capacity}"
+    );
     assert!(used > capacity / 2.0, "the buffer filled up: {used}");
-    assert_eq!(novad.metric("nova_admission_buffer_waiters"), Some(1.0), "one charge waits");
+    assert_eq!(
+        novad.metric("nova_admission_buffer_waiters"),
+        Some(1.0),
+        "one charge waits"
+    );
     assert!(
         novad.metric("nova_oldest_admitted_age_seconds").unwrap() >= 2.0,
         "the oldest admitted batch ages while the store is down"
@@ -113,7 +134,10 @@ async fn a_full_admission_buffer_blocks_producers_until_flights_land() {
         assert_eq!(ack.start_seq, last_end, "in order, no gaps");
         last_end = ack.end_seq;
     }
-    assert_eq!(client.describe_stream("s").await.unwrap().tail_seq, 1 + BATCHES as u64);
+    assert_eq!(
+        client.describe_stream("s").await.unwrap().tail_seq,
+        1 + BATCHES as u64
+    );
     assert_eq!(novad.metric("nova_admission_buffer_used_bytes"), Some(0.0));
 }
 

@@ -32,7 +32,11 @@ async fn a_taken_slot_fails_appends_instead_of_acknowledging_them() {
     // Another writer takes the next slots of this star's chain (epoch 1, slot 0 is ours).
     let chain = novad.data_dir().join("store/objects/chain/nova/0000000001");
     for slot in 1..50 {
-        std::fs::write(chain.join(format!("{slot:020}")), b"another writer's flight").unwrap();
+        std::fs::write(
+            chain.join(format!("{slot:020}")),
+            b"another writer's flight",
+        )
+        .unwrap();
     }
 
     let message = expect_unavailable(session.append("s", records("lost", 3), None).await);
@@ -56,15 +60,25 @@ async fn two_stars_on_one_chain_never_both_acknowledge() {
     a.create_stream("s").await.unwrap();
     b.create_stream("s").await.unwrap();
     let mut first_session = a.append_session().await.unwrap();
-    first_session.append("s", records("first", 3), None).await.unwrap();
+    first_session
+        .append("s", records("first", 3), None)
+        .await
+        .unwrap();
 
     let mut second_session = b.append_session().await.unwrap();
     let message = expect_unavailable(second_session.append("s", records("second", 3), None).await);
     assert!(message.contains("another writer"), "{message}");
-    assert_eq!(b.describe_stream("s").await.unwrap().tail_seq, 0, "nothing acknowledged");
+    assert_eq!(
+        b.describe_stream("s").await.unwrap().tail_seq,
+        0,
+        "nothing acknowledged"
+    );
 
     // The first star still owns its chain and carries on.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    first_session.append("s", records("first-again", 1), None).await.unwrap();
+    first_session
+        .append("s", records("first-again", 1), None)
+        .await
+        .unwrap();
     assert_eq!(read_all(&a, "s").await.len(), 4);
 }

@@ -93,15 +93,26 @@ async fn a_malformed_frame_ends_the_session_with_invalid_argument() {
     client.create_stream("s").await.unwrap();
     let garbage = vec![0xff, 0xff, 0xff, 0xff, 0x0f, 0x12];
     let (acks, status) = send_raw(&novad.url(), vec![valid_frame("s", "before"), garbage]).await;
-    assert_eq!(acks.len(), 1, "the valid frame before the bad one is answered");
+    assert_eq!(
+        acks.len(),
+        1,
+        "the valid frame before the bad one is answered"
+    );
     assert_eq!(acks[0].end_seq, 1);
     let status = status.expect("the session ends with a status");
     assert_eq!(status.code(), Code::InvalidArgument);
-    assert!(status.message().contains("malformed append frame"), "{}", status.message());
+    assert!(
+        status.message().contains("malformed append frame"),
+        "{}",
+        status.message()
+    );
     // Nothing of the bad frame was applied, and the server still serves.
     assert_eq!(read_all(&client, "s").await, ["before"]);
     let mut session = client.append_session().await.unwrap();
-    session.append("s", records("after", 1), None).await.unwrap();
+    session
+        .append("s", records("after", 1), None)
+        .await
+        .unwrap();
     assert_eq!(read_all(&client, "s").await, ["before", "after-0"]);
 }
 

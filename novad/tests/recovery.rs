@@ -23,7 +23,11 @@ async fn produce_until_cut(client: Client, round: usize, acked: &mut BTreeMap<u6
                 assert_eq!(ack.end_seq - ack.start_seq, 10);
                 for (i, body) in bodies.into_iter().enumerate() {
                     let previous = acked.insert(ack.start_seq + i as u64, body);
-                    assert!(previous.is_none(), "seq {} acknowledged twice", ack.start_seq + i as u64);
+                    assert!(
+                        previous.is_none(),
+                        "seq {} acknowledged twice",
+                        ack.start_seq + i as u64
+                    );
                 }
             }
             Err(_) => return,
@@ -53,7 +57,10 @@ async fn crash_rounds(mut builder: impl FnMut() -> NovadBuilder) {
             .await
             .expect("the producer notices the crash")
             .unwrap();
-        assert!(!round_acked.is_empty(), "round {round} acknowledged something");
+        assert!(
+            !round_acked.is_empty(),
+            "round {round} acknowledged something"
+        );
         acked.extend(round_acked);
         novad.restart();
         let client = client_for(&novad).await;
@@ -113,7 +120,10 @@ async fn sigterm_lands_what_was_admitted_and_exits_zero() {
     let mut session = client.append_session().await.unwrap();
     // Admitted but lingering in an open flight when the signal arrives.
     for i in 0..5 {
-        session.send("s", vec![Record::new(format!("late-{i}"))], None).await.unwrap();
+        session
+            .send("s", vec![Record::new(format!("late-{i}"))], None)
+            .await
+            .unwrap();
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     let status = tokio::task::spawn_blocking(move || {
@@ -125,12 +135,23 @@ async fn sigterm_lands_what_was_admitted_and_exits_zero() {
         acks.push(ack);
     }
     let (mut novad, status) = status.await.unwrap();
-    assert!(status.success(), "novad exits 0 on SIGTERM: {status}\n{}", novad.log());
-    assert_eq!(acks.len(), 5, "every admitted append was answered before exit");
+    assert!(
+        status.success(),
+        "novad exits 0 on SIGTERM: {status}\n{}",
+        novad.log()
+    );
+    assert_eq!(
+        acks.len(),
+        5,
+        "every admitted append was answered before exit"
+    );
     assert!(novad.log().contains("novad stopped cleanly"));
     novad.restart();
     let client = client_for(&novad).await;
-    assert_eq!(read_all(&client, "s").await, ["late-0", "late-1", "late-2", "late-3", "late-4"]);
+    assert_eq!(
+        read_all(&client, "s").await,
+        ["late-0", "late-1", "late-2", "late-3", "late-4"]
+    );
     // The restart found everything absorbed: nothing left to settle.
     assert!(!novad.log().contains("recovery settled"), "{}", novad.log());
 }
@@ -144,7 +165,10 @@ async fn appends_continue_densely_after_a_crash() {
     let mut session = client.append_session().await.unwrap();
     let mut acked = 0;
     for i in 0..20 {
-        let ack = session.append("s", records(&format!("b{i}"), 5), None).await.unwrap();
+        let ack = session
+            .append("s", records(&format!("b{i}"), 5), None)
+            .await
+            .unwrap();
         acked = ack.end_seq;
     }
     novad.kill9();
@@ -154,6 +178,9 @@ async fn appends_continue_densely_after_a_crash() {
     assert_eq!(read_all(&client, "s").await.len() as u64, acked);
     // Appends continue densely after the restart.
     let mut session = client.append_session().await.unwrap();
-    let ack = session.append("s", records("after", 1), None).await.unwrap();
+    let ack = session
+        .append("s", records("after", 1), None)
+        .await
+        .unwrap();
     assert_eq!(ack.start_seq, acked);
 }

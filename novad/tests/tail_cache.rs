@@ -21,26 +21,50 @@ async fn evicted_and_skipped_flights_are_read_from_the_object_store() {
         let batch: Vec<_> = (0..4)
             .map(|i| Record::new(format!("{flight}-{i}-{}", "x".repeat(50_000))))
             .collect();
-        expected.extend(batch.iter().map(|r| String::from_utf8(r.body.to_vec()).unwrap()));
+        expected.extend(
+            batch
+                .iter()
+                .map(|r| String::from_utf8(r.body.to_vec()).unwrap()),
+        );
         session.append("s", batch, None).await.unwrap();
     }
-    let evicted = novad.metric("nova_tail_cache_evicted_flights_total").unwrap();
+    let evicted = novad
+        .metric("nova_tail_cache_evicted_flights_total")
+        .unwrap();
     assert!(evicted >= 6.0, "old flights were evicted: {evicted}");
     let used = novad.metric("nova_tail_cache_used_bytes").unwrap();
-    assert!(used <= (1 << 20) as f64, "the cache stays in its budget: {used}");
+    assert!(
+        used <= (1 << 20) as f64,
+        "the cache stays in its budget: {used}"
+    );
 
     // A single flight of 1.5 MiB cannot fit a 1 MiB cache at all.
-    let huge: Vec<_> = (0..3).map(|i| Record::new(format!("huge-{i}-{}", "y".repeat(500_000)))).collect();
-    expected.extend(huge.iter().map(|r| String::from_utf8(r.body.to_vec()).unwrap()));
+    let huge: Vec<_> = (0..3)
+        .map(|i| Record::new(format!("huge-{i}-{}", "y".repeat(500_000))))
+        .collect();
+    expected.extend(
+        huge.iter()
+            .map(|r| String::from_utf8(r.body.to_vec()).unwrap()),
+    );
     session.append("s", huge, None).await.unwrap();
-    assert_eq!(novad.metric("nova_tail_cache_skipped_flights_total"), Some(1.0));
-    assert!(novad.log().contains("larger than the whole tail window cache"));
+    assert_eq!(
+        novad.metric("nova_tail_cache_skipped_flights_total"),
+        Some(1.0)
+    );
+    assert!(
+        novad
+            .log()
+            .contains("larger than the whole tail window cache")
+    );
 
     let misses_before = novad.metric("nova_tail_cache_misses_total").unwrap();
     let stored = read_all(&client, "s").await;
     assert_eq!(stored, expected, "every record, cached or not");
     let misses = novad.metric("nova_tail_cache_misses_total").unwrap();
-    assert!(misses > misses_before, "the early records came from the object store");
+    assert!(
+        misses > misses_before,
+        "the early records came from the object store"
+    );
     let gets = novad
         .metrics()
         .lines()

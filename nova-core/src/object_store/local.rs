@@ -368,7 +368,7 @@ fn sorted_entries(dir: &Path, key_prefix: &str) -> io::Result<Vec<(String, bool)
         let is_dir = entry.file_type()?.is_dir();
         entries.push((format!("{key_prefix}{name}"), is_dir));
     }
-    entries.sort_by(|a, b| sort_key(b).cmp(&sort_key(a)));
+    entries.sort_by_key(|entry| std::cmp::Reverse(sort_key(entry)));
     Ok(entries)
 }
 

@@ -195,11 +195,19 @@ async fn admit(ctx: &Context, request: v1::AppendRequest) -> Pending {
     let mut admitted = ctx
         .star
         .admission()
-        .admit(decoded_charge(records, valid.header_count, valid.content_bytes))
+        .admit(decoded_charge(
+            records,
+            valid.header_count,
+            valid.content_bytes,
+        ))
         .await;
     let fragment = encode_fragment(valid.records.iter());
     drop(valid.records);
-    admitted.shrink_to(encoded_charge(records, valid.header_count, valid.content_bytes));
+    admitted.shrink_to(encoded_charge(
+        records,
+        valid.header_count,
+        valid.content_bytes,
+    ));
     match ctx
         .star
         .submit(

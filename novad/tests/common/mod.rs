@@ -30,11 +30,15 @@ pub fn novad_on_s3(moto: &Moto, bucket: &str) -> NovadBuilder {
 }
 
 pub async fn client(novad: &Novad) -> Client {
-    Client::connect(&novad.url()).await.expect("connect to novad")
+    Client::connect(&novad.url())
+        .await
+        .expect("connect to novad")
 }
 
 pub fn records(prefix: &str, n: usize) -> Vec<Record> {
-    (0..n).map(|i| Record::new(format!("{prefix}-{i}"))).collect()
+    (0..n)
+        .map(|i| Record::new(format!("{prefix}-{i}")))
+        .collect()
 }
 
 /// Every record body of a stream from 0 to its tail, page by page.
@@ -58,7 +62,10 @@ pub async fn read_all(client: &Client, stream: &str) -> Vec<String> {
 pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, what: &str, mut check: F) {
     let deadline = tokio::time::Instant::now() + timeout;
     while !check() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
