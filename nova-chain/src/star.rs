@@ -31,6 +31,11 @@ use crate::tail_cache::TailCache;
 /// this count bounds nothing that the buffer does not; it only keeps the queue short.
 const SUBMISSION_QUEUE: usize = 1024;
 
+type BoxedTask = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A chain task's handle: `Err` carries why it failed.
+type TaskHandle = JoinHandle<Result<(), String>>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("loading the catalog: {0}")]
@@ -53,8 +58,35 @@ pub struct Star {
     shared: Arc<Shared>,
     submit: mpsc::Sender<Submission>,
     stop: CancellationToken,
-    tasks: tokio::sync::Mutex<Vec<(&'static str, JoinHandle<()>)>>,
+    tasks: tokio::sync::Mutex<Vec<(&'static str, TaskHandle)>>,
+    /// Cancelled when a chain task ends before shutdown asked it to; `died_reason` says which.
+    died: CancellationToken,
+    died_reason: Arc<parking_lot::Mutex<Option<String>>>,
     recovered: Recovered,
+}
+
+/// Runs a chain task, reporting it if it ends (or panics) while the star is still running.
+fn watched(
+    name: &'static str,
+    task: impl Future<Output = ()> + Send + 'static,
+    stop: CancellationToken,
+    died: CancellationToken,
+    reason: Arc<parking_lot::Mutex<Option<String>>>,
+) -> TaskHandle {
+    tokio::spawn(async move {
+        let outcome = tokio::spawn(task)
+            .await
+            .map_err(|e| format!("chain task {name} failed: {e}"));
+        if !stop.is_cancelled() {
+            let why = match &outcome {
+                Ok(()) => format!("chain task {name} stopped unexpectedly"),
+                Err(e) => e.clone(),
+            };
+            reason.lock().get_or_insert(why);
+            died.cancel();
+        }
+        outcome
+    })
 }
 
 impl Star {
@@ -89,21 +121,34 @@ impl Star {
         let (to_absorber, absorber_rx) =
             mpsc::channel(shared.config.backlog_flights.max(1) as usize);
         let stop = CancellationToken::new();
+        let died = CancellationToken::new();
+        let died_reason = Arc::new(parking_lot::Mutex::new(None));
+        let watch =
+            |name, task| watched(name, task, stop.clone(), died.clone(), died_reason.clone());
         let packer = Packer::new(shared.clone(), submissions, to_resolver);
         let tasks = vec![
-            ("packer", tokio::spawn(packer.run(stop.clone()))),
+            (
+                "packer",
+                watch("packer", Box::pin(packer.run(stop.clone())) as BoxedTask),
+            ),
             (
                 "resolver",
-                tokio::spawn(run_resolver(shared.clone(), resolver_rx, to_absorber)),
+                watch(
+                    "resolver",
+                    Box::pin(run_resolver(shared.clone(), resolver_rx, to_absorber)),
+                ),
             ),
             (
                 "absorber",
-                tokio::spawn(run_absorber(
-                    shared.clone(),
-                    absorber_rx,
-                    recovered.chain,
-                    tails,
-                )),
+                watch(
+                    "absorber",
+                    Box::pin(run_absorber(
+                        shared.clone(),
+                        absorber_rx,
+                        recovered.chain,
+                        tails,
+                    )),
+                ),
             ),
         ];
         tracing::info!(
@@ -120,6 +165,8 @@ impl Star {
             submit,
             stop,
             tasks: tokio::sync::Mutex::new(tasks),
+            died,
+            died_reason,
             recovered,
         })
     }
@@ -217,15 +264,11 @@ impl Star {
     /// Resolves if a chain task ends on its own: without them nothing is acknowledged, so the
     /// process should exit loudly rather than hang.
     pub async fn failed(&self) -> String {
-        loop {
-            {
-                let tasks = self.tasks.lock().await;
-                if let Some((name, _)) = tasks.iter().find(|(_, t)| t.is_finished()) {
-                    return format!("chain task {name} stopped unexpectedly");
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        self.died.cancelled().await;
+        self.died_reason
+            .lock()
+            .clone()
+            .unwrap_or_else(|| "a chain task stopped".into())
     }
 
     /// Stops admitting, lands every flight already admitted, absorbs it, and stops the tasks.
@@ -235,8 +278,10 @@ impl Star {
         let tasks = std::mem::take(&mut *self.tasks.lock().await);
         let drain = async {
             for (name, task) in tasks {
-                if let Err(err) = task.await {
-                    return Err(ShutdownError::TaskFailed(format!("{name}: {err}")));
+                match task.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => return Err(ShutdownError::TaskFailed(err)),
+                    Err(err) => return Err(ShutdownError::TaskFailed(format!("{name}: {err}"))),
                 }
             }
             Ok(())

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
 
-use nova_proto::domain::{Header, Record, SequencedRecord};
+use nova_proto::domain::SequencedRecord;
 use nova_proto::v1;
 use nova_proto::v1::nova_client::NovaClient;
 
@@ -177,25 +177,7 @@ impl Client {
             .await?
             .into_inner();
         Ok(Page {
-            records: response
-                .records
-                .into_iter()
-                .map(|r| SequencedRecord {
-                    seq: r.seq,
-                    record: Record {
-                        timestamp: r.timestamp,
-                        headers: r
-                            .headers
-                            .into_iter()
-                            .map(|h| Header {
-                                name: h.name,
-                                value: h.value,
-                            })
-                            .collect(),
-                        body: r.body,
-                    },
-                })
-                .collect(),
+            records: response.records.into_iter().map(Into::into).collect(),
             next_seq: response.next_seq,
             tail_seq: response.tail_seq,
         })

@@ -28,22 +28,6 @@ pub struct AppendSession {
     acks: Streaming<v1::AppendAck>,
 }
 
-/// The wire form of a record. A zero timestamp asks the star to stamp the record itself.
-pub(crate) fn to_wire(record: Record) -> v1::Record {
-    v1::Record {
-        body: record.body,
-        headers: record
-            .headers
-            .into_iter()
-            .map(|h| v1::Header {
-                name: h.name,
-                value: h.value,
-            })
-            .collect(),
-        timestamp: (record.timestamp != 0).then_some(record.timestamp),
-    }
-}
-
 impl AppendSession {
     pub(crate) async fn open(mut client: NovaClient<Channel>) -> Result<Self, Error> {
         let (requests, outbound) = mpsc::channel(SEND_QUEUE);
@@ -66,7 +50,7 @@ impl AppendSession {
     ) -> Result<(), Error> {
         let request = v1::AppendRequest {
             stream: stream.to_owned(),
-            records: records.into_iter().map(to_wire).collect(),
+            records: records.into_iter().map(Into::into).collect(),
             match_seq_num,
         };
         let sender = self

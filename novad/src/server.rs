@@ -124,6 +124,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen)", config.listen))?;
+    let listening = listener.local_addr().unwrap_or(config.listen);
     let window = config.grpc_stream_window_kib * 1024;
     let server = tonic::transport::Server::builder()
         // Pinned windows: each stream buffers at most `window` bytes ahead of its handler, and
@@ -141,7 +142,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             stopping.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(server);
-    tracing::info!(listen = %config.listen, "novad accepting appends");
+    tracing::info!(listen = %listening, "novad accepting appends");
 
     let failure = tokio::select! {
         _ = termination() => None,

@@ -93,23 +93,7 @@ async fn acknowledged_records_survive_kill_9_on_s3() {
     moto.create_bucket("crash");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    crash_rounds(|| {
-        novad()
-            .data_dir(path.clone())
-            .args([
-                "--s3-bucket",
-                "crash",
-                "--s3-endpoint",
-                &moto.endpoint(),
-                "--s3-path-style",
-                "--s3-request-timeout-ms",
-                "2000",
-            ])
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "testtest")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-    })
-    .await;
+    crash_rounds(|| with_s3(novad().data_dir(path.clone()), &moto, "crash")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

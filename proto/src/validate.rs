@@ -1,7 +1,7 @@
 //! Turning wire requests into validated domain values. Every check here runs before anything is
 //! charged, sequenced or written, so a refused request has applied nothing.
 
-use crate::domain::{Header, Record};
+use crate::domain::Record;
 use crate::error::RequestError;
 use crate::v1;
 
@@ -92,18 +92,7 @@ pub fn validate_append(
     let records = request
         .records
         .into_iter()
-        .map(|r| Record {
-            timestamp: r.timestamp.unwrap_or(now_ms),
-            headers: r
-                .headers
-                .into_iter()
-                .map(|h| Header {
-                    name: h.name,
-                    value: h.value,
-                })
-                .collect(),
-            body: r.body,
-        })
+        .map(|r| r.into_domain(now_ms))
         .collect();
     Ok(ValidAppend {
         stream: request.stream,

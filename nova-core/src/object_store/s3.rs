@@ -128,6 +128,21 @@ impl S3Store {
         format!("{}{}", self.inner.prefix, key)
     }
 
+    /// A PutObject request for the payload, ready for conditions and `send`.
+    fn put_request(
+        &self,
+        key: &str,
+        payload: &PutPayload,
+    ) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
+        self.inner
+            .client
+            .put_object()
+            .bucket(&self.inner.bucket)
+            .key(self.full_key(key))
+            .content_length(payload.len() as i64)
+            .body(Self::body(payload))
+    }
+
     fn body(payload: &PutPayload) -> ByteStream {
         if let [single] = payload.parts() {
             return ByteStream::from(single.clone());
@@ -223,14 +238,8 @@ impl ObjectStore for S3Store {
             .await
             .map_err(|_| closed(op, key))?;
         let result = self
-            .inner
-            .client
-            .put_object()
-            .bucket(&self.inner.bucket)
-            .key(self.full_key(key))
+            .put_request(key, &payload)
             .if_none_match("*")
-            .content_length(payload.len() as i64)
-            .body(Self::body(&payload))
             .send()
             .await;
         match result {
@@ -248,13 +257,7 @@ impl ObjectStore for S3Store {
             .acquire()
             .await
             .map_err(|_| closed(op, key))?;
-        self.inner
-            .client
-            .put_object()
-            .bucket(&self.inner.bucket)
-            .key(self.full_key(key))
-            .content_length(payload.len() as i64)
-            .body(Self::body(&payload))
+        self.put_request(key, &payload)
             .send()
             .await
             .map(|_| ())

@@ -56,12 +56,13 @@ fn refusal(error: &RequestError) -> v1::AppendAck {
 /// Opens a session (or sheds it at the cap) and returns its stream of answers.
 pub fn open_session(
     ctx: Arc<Context>,
+    peer: Option<std::net::SocketAddr>,
     inbound: Streaming<v1::AppendRequest>,
 ) -> Result<AckStream, Status> {
     if let Some(reason) = ctx.star.fenced() {
         return Err(RequestError::Unavailable(reason).into());
     }
-    let permit = ctx.sessions.open()?;
+    let permit = ctx.sessions.open(peer)?;
     let (pending_tx, pending_rx) = mpsc::channel(SESSION_PIPELINE_DEPTH);
     // One task per session, bounded by --max-producer-sessions.
     tokio::spawn(read_requests(ctx, inbound, pending_tx));

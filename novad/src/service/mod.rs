@@ -57,23 +57,6 @@ fn info(stream: &StreamState) -> v1::StreamInfo {
     }
 }
 
-fn to_wire(record: nova_core::record::SequencedRecord) -> v1::SequencedRecord {
-    v1::SequencedRecord {
-        seq: record.seq,
-        timestamp: record.record.timestamp,
-        headers: record
-            .record
-            .headers
-            .into_iter()
-            .map(|h| v1::Header {
-                name: h.name,
-                value: h.value,
-            })
-            .collect(),
-        body: record.record.body,
-    }
-}
-
 #[tonic::async_trait]
 impl Nova for NovaService {
     type AppendStream = append::AckStream;
@@ -82,7 +65,8 @@ impl Nova for NovaService {
         &self,
         request: Request<Streaming<v1::AppendRequest>>,
     ) -> Result<Response<Self::AppendStream>, Status> {
-        append::open_session(self.ctx.clone(), request.into_inner()).map(Response::new)
+        let peer = request.remote_addr();
+        append::open_session(self.ctx.clone(), peer, request.into_inner()).map(Response::new)
     }
 
     async fn read(
@@ -109,7 +93,7 @@ impl Nova for NovaService {
             .read_bytes
             .inc_by(page.records.iter().map(|r| r.record.content_bytes()).sum());
         Ok(Response::new(v1::ReadResponse {
-            records: page.records.into_iter().map(to_wire).collect(),
+            records: page.records.into_iter().map(Into::into).collect(),
             next_seq: page.next_seq,
             tail_seq: page.tail_seq,
         }))

@@ -44,7 +44,8 @@ impl SessionCap {
         }
     }
 
-    pub fn open(&self) -> Result<SessionPermit, RequestError> {
+    /// Takes a slot for a new session from `peer`, or sheds it.
+    pub fn open(&self, peer: Option<std::net::SocketAddr>) -> Result<SessionPermit, RequestError> {
         match self.permits.clone().try_acquire_owned() {
             Ok(permit) => {
                 self.metrics.producer_sessions.inc();
@@ -62,6 +63,7 @@ impl SessionCap {
                     tracing::warn!(
                         cap = "max_producer_sessions",
                         limit = self.limit,
+                        peer = ?peer,
                         unlogged_since_last = unlogged,
                         "shed a new producer session: --max-producer-sessions={} are open",
                         self.limit

@@ -11,10 +11,15 @@ pub fn novad() -> NovadBuilder {
     NovadBuilder::new(env!("CARGO_BIN_EXE_novad"))
 }
 
-/// novad writing to a bucket on `moto`.
+/// novad writing to a new bucket on `moto`.
 pub fn novad_on_s3(moto: &Moto, bucket: &str) -> NovadBuilder {
     moto.create_bucket(bucket);
-    novad()
+    with_s3(novad(), moto, bucket)
+}
+
+/// Points novad at an existing bucket on `moto`.
+pub fn with_s3(builder: NovadBuilder, moto: &Moto, bucket: &str) -> NovadBuilder {
+    builder
         .args([
             "--s3-bucket",
             bucket,
