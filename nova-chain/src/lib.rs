@@ -20,6 +20,7 @@ pub mod streams;
 pub mod tail_cache;
 
 mod absorber;
+mod monitor;
 mod packer;
 mod reader;
 mod resolver;

@@ -299,7 +299,7 @@ impl Packer {
             shared.backlog.capacity()
         );
         let _stall = Stall::begin(
-            &shared.metrics,
+            shared.metrics.clone(),
             "chain_backlog",
             shared.diagnose_backlog(),
             &detail,
@@ -317,7 +317,7 @@ impl Packer {
         // Every writer busy is ordinary pipelining unless the writes are failing.
         let _stall = self.shared.writes_failing().then(|| {
             Stall::begin(
-                &self.shared.metrics,
+                self.shared.metrics.clone(),
                 "flights_in_flight",
                 StallCause::ObjectStoreUnavailable,
                 "every flight writer is retrying a failed write (--flight-max-inflight)",

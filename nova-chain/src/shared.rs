@@ -105,6 +105,17 @@ impl Shared {
         }
     }
 
+    /// Why appends are waiting for the admission buffer right now.
+    pub fn diagnose_admission(&self) -> StallCause {
+        if self.writes_failing() {
+            StallCause::ObjectStoreUnavailable
+        } else if self.backlog.in_use() >= self.backlog.capacity() {
+            self.diagnose_backlog()
+        } else {
+            StallCause::WriteThroughput
+        }
+    }
+
     pub fn writes_failing(&self) -> bool {
         self.health.writes_failing_since.lock().is_some()
     }

@@ -2,6 +2,7 @@
 //! logged once when it starts and once when it ends, with the cause diagnosed at the start,
 //! never once per blocked append.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use nova_core::metrics::Metrics;
@@ -17,6 +18,9 @@ pub enum StallCause {
     ObjectStoreUnavailable,
     /// A predecessor's chain is still being settled (reserved for takeover).
     PredecessorSettling,
+    /// No fault: producers send faster than flights can be written. Admission blocking is the
+    /// intended backpressure here; it is counted so saturation is visible, and logged at info.
+    WriteThroughput,
 }
 
 impl StallCause {
@@ -26,21 +30,22 @@ impl StallCause {
             StallCause::MetastoreSlow => "metastore_slow",
             StallCause::ObjectStoreUnavailable => "object_store_unavailable",
             StallCause::PredecessorSettling => "predecessor_settling",
+            StallCause::WriteThroughput => "write_throughput",
         }
     }
 }
 
 /// An ongoing stall; dropping it ends the stall and logs its duration.
-pub struct Stall<'a> {
-    metrics: &'a Metrics,
+pub struct Stall {
+    metrics: Arc<Metrics>,
     budget: &'static str,
     cause: StallCause,
     started: Instant,
 }
 
-impl<'a> Stall<'a> {
+impl Stall {
     pub fn begin(
-        metrics: &'a Metrics,
+        metrics: Arc<Metrics>,
         budget: &'static str,
         cause: StallCause,
         detail: &str,
@@ -49,11 +54,19 @@ impl<'a> Stall<'a> {
             .stalls
             .with_label_values(&[budget, cause.as_str()])
             .inc();
-        tracing::warn!(
-            budget,
-            cause = cause.as_str(),
-            "{budget} exhausted, appends are blocked: {detail}"
-        );
+        if cause == StallCause::WriteThroughput {
+            tracing::info!(
+                budget,
+                cause = cause.as_str(),
+                "{budget} full, appends wait: {detail}"
+            );
+        } else {
+            tracing::warn!(
+                budget,
+                cause = cause.as_str(),
+                "{budget} exhausted, appends are blocked: {detail}"
+            );
+        }
         Self {
             metrics,
             budget,
@@ -63,7 +76,13 @@ impl<'a> Stall<'a> {
     }
 }
 
-impl Drop for Stall<'_> {
+impl Stall {
+    pub fn cause(&self) -> StallCause {
+        self.cause
+    }
+}
+
+impl Drop for Stall {
     fn drop(&mut self) {
         let seconds = self.started.elapsed().as_secs_f64();
         self.metrics

@@ -19,6 +19,7 @@ use nova_proto::RequestError;
 use crate::absorber::run_absorber;
 use crate::admission::{AdmissionBuffer, Admitted};
 use crate::config::ChainConfig;
+use crate::monitor::run_monitor;
 use crate::packer::{AppendReply, Packer, Submission};
 use crate::reader::{self, Page};
 use crate::recovery::{Recovered, RecoveryError, recover};
@@ -136,6 +137,13 @@ impl Star {
                 watch(
                     "resolver",
                     Box::pin(run_resolver(shared.clone(), resolver_rx, to_absorber)),
+                ),
+            ),
+            (
+                "monitor",
+                watch(
+                    "monitor",
+                    Box::pin(run_monitor(shared.clone(), stop.clone())),
                 ),
             ),
             (

@@ -86,16 +86,16 @@ pub(crate) async fn write_flight(
     }
 }
 
+/// Clears the failing state after a successful write; the first writer to succeed after an
+/// outage logs it (the others find the state already clear).
 fn recovered(shared: &Shared, attempt: u32) {
-    if attempt > 1 {
-        let since = shared.health.writes_failing_since.lock().take();
+    let since = shared.health.writes_failing_since.lock().take();
+    if let Some(since) = since {
         tracing::info!(
             attempts = attempt,
-            failing_for_ms = since.map(|s| s.elapsed().as_millis() as u64),
+            failing_for_ms = since.elapsed().as_millis() as u64,
             "flight writes are landing again"
         );
-    } else {
-        shared.health.writes_failing_since.lock().take();
     }
 }
 

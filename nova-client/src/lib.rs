@@ -20,4 +20,4 @@ mod session;
 pub use client::{Client, Page, StreamInfo};
 pub use error::Error;
 pub use nova_proto::domain::{Header, Record, SequencedRecord};
-pub use session::{Ack, AppendSession};
+pub use session::{Ack, AckReceiver, AppendSender, AppendSession};

@@ -24,8 +24,8 @@ pub struct Ack {
 const SEND_QUEUE: usize = 16;
 
 pub struct AppendSession {
-    requests: Option<mpsc::Sender<v1::AppendRequest>>,
-    acks: Streaming<v1::AppendAck>,
+    sender: AppendSender,
+    receiver: AckReceiver,
 }
 
 impl AppendSession {
@@ -36,8 +36,10 @@ impl AppendSession {
             .await?
             .into_inner();
         Ok(Self {
-            requests: Some(requests),
-            acks,
+            sender: AppendSender {
+                requests: Some(requests),
+            },
+            receiver: AckReceiver { acks },
         })
     }
 
@@ -48,35 +50,12 @@ impl AppendSession {
         records: Vec<Record>,
         match_seq_num: Option<u64>,
     ) -> Result<(), Error> {
-        let request = v1::AppendRequest {
-            stream: stream.to_owned(),
-            records: records.into_iter().map(Into::into).collect(),
-            match_seq_num,
-        };
-        let sender = self
-            .requests
-            .as_ref()
-            .ok_or_else(|| Error::SessionClosed("the session was finished".into()))?;
-        sender
-            .send(request)
-            .await
-            .map_err(|_| Error::SessionClosed("the server ended the session".into()))
+        self.sender.send(stream, records, match_seq_num).await
     }
 
     /// The answer to the oldest batch not yet answered.
     pub async fn next_ack(&mut self) -> Result<Ack, Error> {
-        match self.acks.message().await? {
-            Some(v1::AppendAck {
-                error: Some(error), ..
-            }) => Err(error.into()),
-            Some(ack) => Ok(Ack {
-                start_seq: ack.start_seq,
-                end_seq: ack.end_seq,
-            }),
-            None => Err(Error::SessionClosed(
-                "the server ended the session with answers still owed".into(),
-            )),
-        }
+        self.receiver.next_ack().await
     }
 
     /// Sends one batch and waits for its answer. Only use this when nothing else is pending.
@@ -92,6 +71,61 @@ impl AppendSession {
 
     /// Stops sending. Acks still owed can be read with `next_ack` until it reports the end.
     pub fn finish(&mut self) {
-        self.requests = None;
+        self.sender.requests = None;
+    }
+
+    /// Splits the session so one task can send while another reads acks.
+    pub fn split(self) -> (AppendSender, AckReceiver) {
+        (self.sender, self.receiver)
+    }
+}
+
+/// The sending half of a split session.
+pub struct AppendSender {
+    requests: Option<mpsc::Sender<v1::AppendRequest>>,
+}
+
+impl AppendSender {
+    /// Queues one batch; waits only while the transport pushes back.
+    pub async fn send(
+        &self,
+        stream: &str,
+        records: Vec<Record>,
+        match_seq_num: Option<u64>,
+    ) -> Result<(), Error> {
+        let sender = self
+            .requests
+            .as_ref()
+            .ok_or_else(|| Error::SessionClosed("the session was finished".into()))?;
+        sender
+            .send(v1::AppendRequest {
+                stream: stream.to_owned(),
+                records: records.into_iter().map(Into::into).collect(),
+                match_seq_num,
+            })
+            .await
+            .map_err(|_| Error::SessionClosed("the server ended the session".into()))
+    }
+}
+
+/// The receiving half of a split session: acks in the order batches were sent.
+pub struct AckReceiver {
+    acks: Streaming<v1::AppendAck>,
+}
+
+impl AckReceiver {
+    pub async fn next_ack(&mut self) -> Result<Ack, Error> {
+        match self.acks.message().await? {
+            Some(v1::AppendAck {
+                error: Some(error), ..
+            }) => Err(error.into()),
+            Some(ack) => Ok(Ack {
+                start_seq: ack.start_seq,
+                end_seq: ack.end_seq,
+            }),
+            None => Err(Error::SessionClosed(
+                "the server ended the session with answers still owed".into(),
+            )),
+        }
     }
 }

@@ -6,6 +6,16 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
+/// Every stall cause, as exported (`StallCause::as_str` in nova-chain): the first three are
+/// the backlog's, the fourth the flight writers', and the admission buffer can stall for any.
+pub const STALL_CAUSES: [&str; 5] = [
+    "absorb_lag",
+    "metastore_slow",
+    "predecessor_settling",
+    "object_store_unavailable",
+    "write_throughput",
+];
+
 /// The four series every budget exports.
 #[derive(Debug, Clone)]
 pub struct BudgetMetrics {
@@ -61,6 +71,17 @@ pub struct Metrics {
     pub appended_bytes: IntCounterVec,
     pub read_records: IntCounter,
     pub read_bytes: IntCounter,
+    pub memory: MemoryMetrics,
+}
+
+/// The closed memory formula, its ceiling, and the saturation they give.
+#[derive(Debug, Clone)]
+pub struct MemoryMetrics {
+    pub ceiling: IntGauge,
+    /// One series per term of the formula: admission, express, tail_cache, transport.
+    pub formula: prometheus::IntGaugeVec,
+    pub saturation: Gauge,
+    pub saturated: IntGauge,
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -126,6 +147,12 @@ fn budget(r: &Registry, prefix: &str, unit: &str, what: &str) -> BudgetMetrics {
 
 impl Metrics {
     pub fn new() -> Self {
+        let metrics = Self::register_all();
+        metrics.initialise_series();
+        metrics
+    }
+
+    fn register_all() -> Self {
         let r = Registry::new();
         let admission = budget(&r, "nova_admission_buffer", "bytes", "admission buffer");
         let backlog = budget(&r, "nova_chain_backlog", "flights", "chain backlog budget");
@@ -292,7 +319,81 @@ impl Metrics {
             ),
             read_records: counter(&r, "nova_read_records_total", "Records served by Read."),
             read_bytes: counter(&r, "nova_read_bytes_total", "Content bytes served by Read."),
+            memory: MemoryMetrics {
+                ceiling: gauge(
+                    &r,
+                    "nova_memory_ceiling_bytes",
+                    "The memory ceiling the formula is measured against (--memory-ceiling, the cgroup limit, or 60% of RAM).",
+                ),
+                formula: register(
+                    &r,
+                    prometheus::IntGaugeVec::new(
+                        Opts::new(
+                            "nova_memory_formula_bytes",
+                            "Terms of the closed memory formula: admission, express, tail_cache, transport (open sessions × stream window).",
+                        ),
+                        &["term"],
+                    )
+                    .expect("valid metric"),
+                ),
+                saturation: register(
+                    &r,
+                    Gauge::new(
+                        "nova_memory_saturation_ratio",
+                        "The memory formula divided by the ceiling.",
+                    )
+                    .expect("valid metric"),
+                ),
+                saturated: gauge(
+                    &r,
+                    "nova_memory_saturated",
+                    "1 while the star reads saturated (refuses new leadership), else 0.",
+                ),
+            },
             registry: r,
+        }
+    }
+
+    /// Creates the known label combinations at zero, so every series exists from the first
+    /// scrape (a counter that appears only after its first event cannot be alerted on or graphed).
+    fn initialise_series(&self) {
+        self.sheds.with_label_values(&["max_producer_sessions"]);
+        for reason in [
+            "empty_batch",
+            "max_batch_records",
+            "max_batch_bytes",
+            "max_record_bytes",
+            "invalid_stream_name",
+            "stream_not_found",
+            "match_seq_num",
+        ] {
+            self.rejections.with_label_values(&[reason]);
+        }
+        for (budget, causes) in [
+            ("admission_buffer", &STALL_CAUSES[..]),
+            ("chain_backlog", &STALL_CAUSES[..3]),
+            ("flights_in_flight", &STALL_CAUSES[3..4]),
+        ] {
+            for cause in causes {
+                self.stalls.with_label_values(&[budget, cause]);
+                self.stall_seconds.with_label_values(&[budget, cause]);
+            }
+        }
+        for op in ["put", "put_if_absent", "get", "head", "list", "delete"] {
+            self.store.latency.with_label_values(&[op]);
+            self.store.bytes.with_label_values(&[op]);
+            for outcome in [
+                "ok",
+                "not_found",
+                "invalid_range",
+                "transient_error",
+                "error",
+            ] {
+                self.store.requests.with_label_values(&[op, outcome]);
+            }
+        }
+        for term in ["admission", "express", "tail_cache", "transport"] {
+            self.memory.formula.with_label_values(&[term]);
         }
     }
 

@@ -177,6 +177,37 @@ pub struct Config {
     #[arg(long, env = "NOVA_FLIGHT_MAX_INFLIGHT", default_value_t = limits::FLIGHT_MAX_INFLIGHT, help_heading = "Flights")]
     pub flight_max_inflight: u32,
 
+    // ---- memory --------------------------------------------------------------------------
+    /// The memory the star may use. Default: the cgroup's memory limit (v2 memory.max or v1
+    /// memory.limit_in_bytes) when one is set, else 60% of physical memory. The budgets'
+    /// formula must fit under it at the session cap, or novad refuses to start.
+    #[arg(long, env = "NOVA_MEMORY_CEILING", value_parser = parse_bytes, help_heading = "Memory")]
+    pub memory_ceiling: Option<u64>,
+
+    /// Saturation (memory formula ÷ ceiling) at which the star reads saturated and refuses new
+    /// leadership.
+    #[arg(
+        long,
+        env = "NOVA_SATURATION_THRESHOLD",
+        default_value_t = 0.9,
+        help_heading = "Memory"
+    )]
+    pub saturation_threshold: f64,
+
+    /// How far below the threshold saturation must fall before the saturated state clears, so it
+    /// never flaps.
+    #[arg(
+        long,
+        env = "NOVA_SATURATION_CLEAR_MARGIN",
+        default_value_t = 0.1,
+        help_heading = "Memory"
+    )]
+    pub saturation_clear_margin: f64,
+
+    /// Start even when the budgets cannot fit under the memory ceiling at the session cap.
+    #[arg(long, env = "NOVA_ALLOW_MEMORY_OVERCOMMIT", help_heading = "Memory")]
+    pub allow_memory_overcommit: bool,
+
     /// On SIGTERM or ctrl-c, how long to wait for flights in flight to land and be absorbed
     /// before giving up on them (they fail unacknowledged) and exiting non-zero.
     #[arg(long, env = "NOVA_SHUTDOWN_TIMEOUT_SECS", default_value_t = 30)]
@@ -258,6 +289,17 @@ impl Config {
         if self.max_read_records == 0 || self.max_batch_records == 0 {
             return Err("--max-read-records and --max-batch-records must be at least 1".into());
         }
+        if !(self.saturation_threshold > 0.0 && self.saturation_threshold <= 1.0) {
+            return Err("--saturation-threshold must be in (0, 1]".into());
+        }
+        if !(0.0..self.saturation_threshold).contains(&self.saturation_clear_margin) {
+            return Err(
+                "--saturation-clear-margin must be at least 0 and below the threshold".into(),
+            );
+        }
+        if self.memory_ceiling == Some(0) {
+            return Err("--memory-ceiling must be more than 0".into());
+        }
         nova_proto::validate::validate_stream_name(&self.star_id)
             .map_err(|e| format!("--star-id: {e}"))?;
         if self.star_id.contains('/') {
@@ -305,6 +347,8 @@ mod tests {
             "--max-read-records",
             "--flight-max-bytes",
             "--flight-linger-ms",
+            "--memory-ceiling",
+            "--saturation-threshold",
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");
         }

@@ -2,6 +2,7 @@
 
 mod bytesize;
 mod config;
+mod memory;
 mod metrics_http;
 mod server;
 mod service;

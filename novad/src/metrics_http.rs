@@ -1,21 +1,22 @@
 //! The Prometheus endpoint: GET /metrics on --metrics-addr.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use nova_chain::Star;
 use nova_core::metrics::Metrics;
 
-/// Serves until `shutdown`. `star` is empty while recovery runs; the page then shows what the
-/// star has recorded so far (store requests, for one).
+/// Brings computed gauges (ages, saturation) up to date before a scrape.
+pub type Refresh = Arc<dyn Fn() + Send + Sync>;
+
+/// Serves until `shutdown`.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
-    star: Arc<OnceLock<Arc<Star>>>,
+    refresh: Refresh,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
@@ -25,11 +26,9 @@ pub async fn serve(
         "/metrics",
         get(move || {
             let metrics = metrics.clone();
-            let star = star.clone();
+            let refresh = refresh.clone();
             async move {
-                if let Some(star) = star.get() {
-                    star.refresh_gauges();
-                }
+                refresh();
                 (
                     [("content-type", "text/plain; version=0.0.4")],
                     metrics.render(),

@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use nova_chain::Star;
+use nova_core::memory::detect_ceiling;
 use nova_core::metastore::{EmbeddedMetastore, Metastore};
 use nova_core::metrics::Metrics;
 use nova_core::object_store::{LocalStore, ObjectStore, S3Store};
@@ -15,6 +16,7 @@ use nova_core::shed::ShedLog;
 use nova_proto::v1::nova_server::NovaServer;
 
 use crate::config::Config;
+use crate::memory::MemoryModel;
 use crate::metrics_http;
 use crate::service::sessions::SessionCap;
 use crate::service::{Context, NovaService};
@@ -68,16 +70,49 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 metastore_path.display()
             )
         })?);
-    let store = open_store(&config).await?;
     let metrics = Arc::new(Metrics::new());
+    let ceiling = detect_ceiling(config.memory_ceiling);
+    let memory = Arc::new(MemoryModel::new(&config, ceiling, metrics.memory.clone()));
+    let worst = memory.at_session_cap();
+    tracing::info!(
+        ceiling_bytes = ceiling.bytes,
+        ceiling_source = %ceiling.source,
+        formula_at_session_cap_bytes = worst.total(),
+        admission_bytes = worst.admission,
+        tail_cache_bytes = worst.tail_cache,
+        transport_at_cap_bytes = worst.transport,
+        "memory ceiling"
+    );
+    if let Err(problem) = memory.check_fits() {
+        if !config.allow_memory_overcommit {
+            return Err(anyhow::anyhow!(problem));
+        }
+        tracing::warn!("--allow-memory-overcommit: starting anyway: {problem}");
+    }
+    let store = open_store(&config).await?;
     let stopping = CancellationToken::new();
 
     // Metrics are up before recovery, so a star stuck retrying an unreachable store is visible.
     let ready: Arc<OnceLock<Arc<Star>>> = Arc::new(OnceLock::new());
+    let sessions_open: Arc<OnceLock<Arc<Context>>> = Arc::new(OnceLock::new());
+    let refresh: metrics_http::Refresh = {
+        let ready = ready.clone();
+        let memory = memory.clone();
+        let sessions_open = sessions_open.clone();
+        Arc::new(move || {
+            if let Some(star) = ready.get() {
+                star.refresh_gauges();
+            }
+            let open = sessions_open
+                .get()
+                .map_or(0, |ctx| ctx.sessions.open_sessions());
+            memory.update(open);
+        })
+    };
     let metrics_task = tokio::spawn(metrics_http::serve(
         config.metrics_addr,
         metrics.clone(),
-        ready.clone(),
+        refresh.clone(),
         stopping.clone(),
     ));
 
@@ -105,6 +140,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         sheds,
         shutdown: stopping.clone(),
+    });
+    let _ = sessions_open.set(ctx.clone());
+    // Saturation moves with the sessions open; keep it current between scrapes.
+    tokio::spawn({
+        let refresh = refresh.clone();
+        let stopping = stopping.clone();
+        async move {
+            let mut ticker = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => refresh(),
+                    _ = stopping.cancelled() => return,
+                }
+            }
+        }
     });
     let max_message = config.max_message_bytes();
     let nova = NovaServer::new(NovaService::new(ctx))

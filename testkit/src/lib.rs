@@ -3,8 +3,11 @@
 
 mod moto;
 mod novad;
+pub mod outage;
 mod process;
+mod proxy;
 
 pub use moto::Moto;
-pub use novad::{Novad, NovadBuilder};
+pub use novad::{Novad, NovadBuilder, scrape, series};
 pub use process::{free_port, wait_for_port, workspace_binary, workspace_root};
+pub use proxy::{Fault, FaultProxy};

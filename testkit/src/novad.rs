@@ -14,6 +14,7 @@ pub struct NovadBuilder {
     args: Vec<String>,
     env: Vec<(String, String)>,
     data_dir: Option<PathBuf>,
+    cgroup: Option<PathBuf>,
 }
 
 impl NovadBuilder {
@@ -24,7 +25,15 @@ impl NovadBuilder {
             args: Vec::new(),
             env: Vec::new(),
             data_dir: None,
+            cgroup: None,
         }
+    }
+
+    /// Runs novad inside this cgroup (v1: a directory under /sys/fs/cgroup/memory); it joins the
+    /// group before exec, so every byte it allocates is charged there.
+    pub fn cgroup(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cgroup = Some(dir.into());
+        self
     }
 
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
@@ -55,6 +64,13 @@ impl NovadBuilder {
     /// Starts novad and waits until it accepts connections (it listens only once recovery is
     /// done).
     pub fn start(self) -> Novad {
+        let mut novad = self.start_detached();
+        novad.wait_ready(Duration::from_secs(60));
+        novad
+    }
+
+    /// Starts novad without waiting for it to listen.
+    pub fn start_detached(self) -> Novad {
         let (temp, data_dir) = match self.data_dir {
             Some(dir) => (None, dir),
             None => {
@@ -71,11 +87,11 @@ impl NovadBuilder {
             port: free_port(),
             metrics_port: free_port(),
             data_dir,
+            cgroup: self.cgroup,
             _temp: temp,
             starts: 0,
         };
         novad.spawn();
-        novad.wait_ready(Duration::from_secs(60));
         novad
     }
 }
@@ -88,6 +104,7 @@ pub struct Novad {
     port: u16,
     metrics_port: u16,
     data_dir: PathBuf,
+    cgroup: Option<PathBuf>,
     _temp: Option<tempfile::TempDir>,
     starts: u32,
 }
@@ -122,7 +139,19 @@ impl Novad {
     fn spawn(&mut self) {
         self.starts += 1;
         let log = File::create(self.log_path()).expect("create novad log");
-        let mut command = Command::new(&self.binary);
+        let mut command = match &self.cgroup {
+            // The shell joins the cgroup, then becomes novad: same PID, already charged there.
+            Some(cgroup) => {
+                let mut shell = Command::new("sh");
+                shell
+                    .arg("-c")
+                    .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
+                    .arg(cgroup)
+                    .arg(&self.binary);
+                shell
+            }
+            None => Command::new(&self.binary),
+        };
         command
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
@@ -144,7 +173,8 @@ impl Novad {
         self.child = Some(command.spawn().expect("spawn novad"));
     }
 
-    fn wait_ready(&mut self, timeout: Duration) {
+    /// Waits until novad accepts connections; panics with its log if it exits or times out.
+    pub fn wait_ready(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(child) = self.child.as_mut()
@@ -206,6 +236,11 @@ impl Novad {
         self.spawn();
     }
 
+    /// Whether something accepts connections on novad's port right now.
+    pub fn is_listening(&self) -> bool {
+        TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+    }
+
     /// Whether the process has exited, and how.
     pub fn try_exit_status(&mut self) -> Option<ExitStatus> {
         self.child
@@ -213,35 +248,52 @@ impl Novad {
             .and_then(|c| c.try_wait().ok().flatten())
     }
 
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics_port
+    }
+
     /// The metrics page, in Prometheus text format.
     pub fn metrics(&self) -> String {
         wait_for_port(self.metrics_port, Duration::from_secs(10), "novad metrics");
-        let mut stream = TcpStream::connect(("127.0.0.1", self.metrics_port)).expect("connect");
-        let request = format!(
-            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
-            self.metrics_port
-        );
-        stream.write_all(request.as_bytes()).expect("send");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).expect("read");
-        match response.split_once("\r\n\r\n") {
-            Some((_, body)) => body.to_owned(),
-            None => response,
-        }
+        scrape(self.metrics_port)
     }
 
     /// The value of one series on the metrics page (`name` may include labels, exactly as
     /// printed), or `None` when absent.
-    pub fn metric(&self, series: &str) -> Option<f64> {
-        self.metrics().lines().find_map(|line| {
-            let (name, value) = line.rsplit_once(' ')?;
-            if name == series {
-                value.parse().ok()
-            } else {
-                None
-            }
-        })
+    pub fn metric(&self, series_name: &str) -> Option<f64> {
+        series(&self.metrics(), series_name)
     }
+}
+
+/// GET /metrics on a loopback port; empty when nothing answers.
+pub fn scrape(port: u16) -> String {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let request =
+        format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return String::new();
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    match response.split_once("\r\n\r\n") {
+        Some((_, body)) => body.to_owned(),
+        None => response,
+    }
+}
+
+/// One series' value on a metrics page.
+pub fn series(page: &str, name: &str) -> Option<f64> {
+    page.lines().find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        if series == name {
+            value.parse().ok()
+        } else {
+            None
+        }
+    })
 }
 
 impl Drop for Novad {

@@ -44,6 +44,10 @@ impl SessionCap {
         }
     }
 
+    pub fn open_sessions(&self) -> u64 {
+        (self.limit as usize - self.permits.available_permits()) as u64
+    }
+
     /// Takes a slot for a new session from `peer`, or sheds it.
     pub fn open(&self, peer: Option<std::net::SocketAddr>) -> Result<SessionPermit, RequestError> {
         match self.permits.clone().try_acquire_owned() {

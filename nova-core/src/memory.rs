@@ -1,0 +1,183 @@
+//! Where a process's memory ceiling comes from: the cgroup it runs in (v2 `memory.max`, or v1
+//! `memory.limit_in_bytes`) when that sets a limit, else a share of physical memory.
+
+use std::fmt;
+use std::path::Path;
+
+/// The share of physical memory used as the ceiling when no cgroup limit applies.
+pub const PHYSICAL_SHARE: f64 = 0.6;
+
+/// cgroup v1 reports "no limit" as a huge page-aligned number; anything at or above this is
+/// treated as unlimited.
+const V1_UNLIMITED: u64 = 1 << 62;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CeilingSource {
+    /// Set with `--memory-ceiling`.
+    Explicit,
+    CgroupV2,
+    CgroupV1,
+    /// 60% of physical memory.
+    Physical,
+}
+
+impl fmt::Display for CeilingSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CeilingSource::Explicit => "--memory-ceiling",
+            CeilingSource::CgroupV2 => "cgroup v2 memory.max",
+            CeilingSource::CgroupV1 => "cgroup v1 memory.limit_in_bytes",
+            CeilingSource::Physical => "60% of physical memory",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ceiling {
+    pub bytes: u64,
+    pub source: CeilingSource,
+}
+
+/// The ceiling for this process: `explicit` when given, else the cgroup limit, else 60% of
+/// physical memory.
+pub fn detect_ceiling(explicit: Option<u64>) -> Ceiling {
+    if let Some(bytes) = explicit {
+        return Ceiling {
+            bytes,
+            source: CeilingSource::Explicit,
+        };
+    }
+    let root = Path::new("/");
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    if let Some(bytes) = cgroup_v2_limit(&cgroups, root) {
+        return Ceiling {
+            bytes,
+            source: CeilingSource::CgroupV2,
+        };
+    }
+    if let Some(bytes) = cgroup_v1_limit(&cgroups, root) {
+        return Ceiling {
+            bytes,
+            source: CeilingSource::CgroupV1,
+        };
+    }
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|meminfo| mem_total(&meminfo))
+        .unwrap_or(4 << 30);
+    Ceiling {
+        bytes: (total as f64 * PHYSICAL_SHARE) as u64,
+        source: CeilingSource::Physical,
+    }
+}
+
+/// The v2 limit: the unified hierarchy's line is `0::/path`.
+fn cgroup_v2_limit(cgroups: &str, root: &Path) -> Option<u64> {
+    let path = cgroups
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))?
+        .trim_start_matches('/');
+    let file = root.join("sys/fs/cgroup").join(path).join("memory.max");
+    parse_limit(&std::fs::read_to_string(file).ok()?)
+}
+
+/// The v1 limit: the memory controller's line is `N:memory:/path` (possibly with other
+/// controllers listed beside it).
+fn cgroup_v1_limit(cgroups: &str, root: &Path) -> Option<u64> {
+    let path = cgroups.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let _id = parts.next()?;
+        let controllers = parts.next()?;
+        let path = parts.next()?;
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then_some(path.trim_start_matches('/'))
+    })?;
+    let file = root
+        .join("sys/fs/cgroup/memory")
+        .join(path)
+        .join("memory.limit_in_bytes");
+    parse_limit(&std::fs::read_to_string(file).ok()?)
+}
+
+/// A limit file's value, or `None` when it says there is no limit.
+fn parse_limit(text: &str) -> Option<u64> {
+    let text = text.trim();
+    if text == "max" {
+        return None;
+    }
+    let bytes: u64 = text.parse().ok()?;
+    (bytes < V1_UNLIMITED).then_some(bytes)
+}
+
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A process's resident and peak resident memory from `/proc/<pid>/status`, in bytes.
+pub fn resident_bytes(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_root(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, content) in files {
+            let full = dir.path().join(path);
+            std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+            std::fs::write(full, content).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn reads_a_v2_limit_and_ignores_max() {
+        let root = fake_root(&[
+            ("sys/fs/cgroup/app/memory.max", "536870912\n"),
+            ("sys/fs/cgroup/free/memory.max", "max\n"),
+        ]);
+        assert_eq!(cgroup_v2_limit("0::/app\n", root.path()), Some(512 << 20));
+        assert_eq!(cgroup_v2_limit("0::/free\n", root.path()), None);
+        assert_eq!(cgroup_v2_limit("4:memory:/app\n", root.path()), None);
+    }
+
+    #[test]
+    fn reads_a_v1_limit_and_ignores_the_unlimited_value() {
+        let root = fake_root(&[
+            (
+                "sys/fs/cgroup/memory/nova/memory.limit_in_bytes",
+                "268435456\n",
+            ),
+            (
+                "sys/fs/cgroup/memory/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
+        ]);
+        let cgroups = "9:name=systemd:/\n4:cpu,memory:/nova\n";
+        assert_eq!(cgroup_v1_limit(cgroups, root.path()), Some(256 << 20));
+        assert_eq!(cgroup_v1_limit("4:memory:/\n", root.path()), None);
+    }
+
+    #[test]
+    fn an_explicit_ceiling_wins_and_physical_memory_is_the_fallback() {
+        let explicit = detect_ceiling(Some(123));
+        assert_eq!(explicit.bytes, 123);
+        assert_eq!(explicit.source, CeilingSource::Explicit);
+        assert_eq!(
+            mem_total("MemTotal:       1000 kB\nMemFree: 1 kB\n"),
+            Some(1_024_000)
+        );
+    }
+}

@@ -1,0 +1,195 @@
+//! What an operator sees: every metric on the metrics endpoint from the first scrape, the
+//! memory ceiling and its formula, a clear refusal of budgets that cannot fit, and a star that
+//! keeps retrying (and accepts nothing) while its object store is down at start-up.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use nova_testkit::{Fault, FaultProxy, Moto};
+
+#[tokio::test]
+async fn every_metric_is_exported_from_the_first_scrape() {
+    let novad = novad().args(["--memory-ceiling", "2GiB"]).start();
+    let page = novad.metrics();
+    for name in [
+        // Each budget: capacity, use, waiters, wait time.
+        "nova_admission_buffer_capacity_bytes",
+        "nova_admission_buffer_used_bytes",
+        "nova_admission_buffer_waiters",
+        "nova_admission_buffer_wait_seconds_bucket",
+        "nova_chain_backlog_capacity_flights",
+        "nova_chain_backlog_used_flights",
+        "nova_chain_backlog_waiters",
+        "nova_chain_backlog_wait_seconds_bucket",
+        "nova_tail_cache_capacity_bytes",
+        "nova_tail_cache_used_bytes",
+        "nova_producer_sessions_capacity",
+        "nova_producer_sessions",
+        // Sheds, rejections, stalls.
+        "nova_sheds_total{cap=\"max_producer_sessions\"}",
+        "nova_append_rejections_total{reason=\"max_batch_bytes\"}",
+        "nova_stalls_total{budget=\"admission_buffer\",cause=\"object_store_unavailable\"}",
+        "nova_stalls_total{budget=\"chain_backlog\",cause=\"metastore_slow\"}",
+        "nova_stall_seconds_total{budget=\"chain_backlog\",cause=\"absorb_lag\"}",
+        // Ages and flights.
+        "nova_oldest_admitted_age_seconds",
+        "nova_oldest_unabsorbed_flight_age_seconds",
+        "nova_flights_in_flight",
+        // The object store.
+        "nova_object_store_requests_total{op=\"put_if_absent\",outcome=\"ok\"}",
+        "nova_object_store_request_duration_seconds_bucket",
+        "nova_object_store_bytes_total{op=\"get\"}",
+        // Memory.
+        "nova_memory_ceiling_bytes",
+        "nova_memory_formula_bytes{term=\"admission\"}",
+        "nova_memory_formula_bytes{term=\"express\"}",
+        "nova_memory_formula_bytes{term=\"tail_cache\"}",
+        "nova_memory_formula_bytes{term=\"transport\"}",
+        "nova_memory_saturation_ratio",
+        "nova_memory_saturated",
+    ] {
+        assert!(page.contains(name), "{name} missing from the metrics page");
+    }
+    assert_eq!(
+        novad.metric("nova_memory_ceiling_bytes"),
+        Some((2u64 << 30) as f64)
+    );
+    assert_eq!(
+        novad.metric("nova_memory_formula_bytes{term=\"admission\"}"),
+        Some((256u64 << 20) as f64)
+    );
+
+    // Per-stream series appear with the stream's first append.
+    let client = client(&novad).await;
+    client.create_stream("orders").await.unwrap();
+    let mut session = client.append_session().await.unwrap();
+    session
+        .append("orders", records("r", 3), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        novad.metric("nova_stream_appended_records_total{stream=\"orders\"}"),
+        Some(3.0)
+    );
+    assert!(
+        novad
+            .metric("nova_stream_appended_bytes_total{stream=\"orders\"}")
+            .unwrap()
+            > 0.0
+    );
+    // One open session is one stream window in the formula.
+    assert_eq!(
+        novad.metric("nova_memory_formula_bytes{term=\"transport\"}"),
+        Some(65536.0)
+    );
+}
+
+#[test]
+fn budgets_that_cannot_fit_the_ceiling_are_refused_unless_told_to_proceed() {
+    let mut refused = novad()
+        .args(["--memory-ceiling", "512MiB"])
+        .start_detached();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = refused.try_exit_status() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "novad started with budgets over its ceiling"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let log = refused.log();
+    for term in [
+        "--s3-memory-buffer-mib",
+        "--tail-window-cache-mib",
+        "4096 sessions",
+        "--allow-memory-overcommit",
+    ] {
+        assert!(
+            log.contains(term),
+            "{term} missing from the refusal:\n{log}"
+        );
+    }
+
+    let told = novad()
+        .args(["--memory-ceiling", "512MiB", "--allow-memory-overcommit"])
+        .start();
+    assert!(told.log().contains("starting anyway"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_star_whose_store_is_down_at_start_keeps_retrying_and_accepts_nothing() {
+    let moto = Moto::start();
+    moto.create_bucket("late");
+    let proxy = FaultProxy::start(([127, 0, 0, 1], moto.port()).into());
+    // Refuse, but only after a first start that leaves a chain to settle.
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = |dir: &std::path::Path| {
+        novad()
+            .data_dir(dir)
+            .args([
+                "--s3-bucket",
+                "late",
+                "--s3-endpoint",
+                &proxy.endpoint(),
+                "--s3-path-style",
+                "--s3-request-timeout-ms",
+                "500",
+                "--s3-max-attempts",
+                "1",
+            ])
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "testtest")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+    };
+    let mut first = s3(dir.path()).start();
+    let before = client(&first).await;
+    before.create_stream("s").await.unwrap();
+    let mut session = before.append_session().await.unwrap();
+    session
+        .append("s", records("before", 2), None)
+        .await
+        .unwrap();
+    drop(session);
+    first.kill9();
+
+    proxy.set(Fault::Refuse);
+    let mut novad = s3(dir.path()).start_detached();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        novad.try_exit_status().is_none(),
+        "novad does not crash:\n{}",
+        novad.log()
+    );
+    assert!(
+        !novad.is_listening(),
+        "novad accepts nothing while it cannot recover"
+    );
+    let log = novad.log();
+    assert!(
+        log.contains("keeps retrying and accepts no appends until it succeeds"),
+        "a clear message:\n{log}"
+    );
+
+    proxy.set(Fault::Pass);
+    novad.wait_ready(Duration::from_secs(60));
+    let after = client(&novad).await;
+    let mut session = after.append_session().await.unwrap();
+    let ack = session
+        .append("s", records("after", 1), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        ack.start_seq, 2,
+        "it recovered the chain before accepting appends"
+    );
+    assert_eq!(
+        read_all(&after, "s").await,
+        ["before-0", "before-1", "after-0"]
+    );
+}
