@@ -193,3 +193,41 @@ async fn a_star_whose_store_is_down_at_start_keeps_retrying_and_accepts_nothing(
         ["before-0", "before-1", "after-0"]
     );
 }
+
+/// Every `nova_*` name the shipped alerts and dashboard query is one novad exports.
+#[tokio::test]
+async fn the_alerts_and_dashboard_query_only_exported_metrics() {
+    let novad = novad().start();
+    // Per-stream series exist once a stream has taken an append.
+    let client = client(&novad).await;
+    client.create_stream("s").await.unwrap();
+    let mut session = client.append_session().await.unwrap();
+    session.append("s", records("r", 1), None).await.unwrap();
+    let page = novad.metrics();
+    let root = nova_testkit::workspace_root();
+    for file in ["ops/alerts.yml", "ops/grafana-dashboard.json"] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let mut names: Vec<&str> = text
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|word| word.starts_with("nova_"))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        assert!(!names.is_empty(), "{file} queries no metric");
+        for name in names {
+            let exported = page
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .filter_map(|l| l.strip_prefix(name))
+                .any(|rest| {
+                    // A histogram's series carry suffixes.
+                    let rest = ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .find_map(|suffix| rest.strip_prefix(suffix))
+                        .unwrap_or(rest);
+                    rest.starts_with(['{', ' '])
+                });
+            assert!(exported, "{file} queries {name}, which novad does not export");
+        }
+    }
+}
