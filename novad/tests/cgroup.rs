@@ -75,7 +75,11 @@ async fn a_star_in_a_memory_limited_cgroup_blocks_and_sheds_but_is_never_killed(
         Some(LIMIT as f64),
         "the ceiling comes from the cgroup limit"
     );
-    assert!(novad.log().contains("cgroup v1 memory.limit_in_bytes"), "{}", novad.log());
+    assert!(
+        novad.log().contains("cgroup v1 memory.limit_in_bytes"),
+        "{}",
+        novad.log()
+    );
 
     let client = client(&novad).await;
     for stream in 0..20 {
@@ -127,21 +131,40 @@ async fn a_star_in_a_memory_limited_cgroup_blocks_and_sheds_but_is_never_killed(
             "novad died under load:\n{}",
             novad.log()
         );
-        peak_usage = peak_usage.max(group.read("memory.usage_in_bytes").trim().parse().unwrap_or(0));
+        peak_usage = peak_usage.max(
+            group
+                .read("memory.usage_in_bytes")
+                .trim()
+                .parse()
+                .unwrap_or(0),
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for producer in producers {
         let _ = producer.await;
     }
-    assert!(novad.try_exit_status().is_none(), "novad is still running:\n{}", novad.log());
+    assert!(
+        novad.try_exit_status().is_none(),
+        "novad is still running:\n{}",
+        novad.log()
+    );
     let oom = group.read("memory.oom_control");
     assert!(
-        !oom.lines().any(|l| l.starts_with("oom_kill ") && l.trim() != "oom_kill 0"),
+        !oom.lines()
+            .any(|l| l.starts_with("oom_kill ") && l.trim() != "oom_kill 0"),
         "the kernel killed something in the group: {oom}"
     );
     assert!(acked.load(Ordering::Relaxed) > 0, "appends went through");
-    assert!(shed.load(Ordering::Relaxed) >= 100, "sessions past the cap were shed");
-    assert!(novad.metric("nova_sheds_total{cap=\"max_producer_sessions\"}").unwrap() >= 100.0);
+    assert!(
+        shed.load(Ordering::Relaxed) >= 100,
+        "sessions past the cap were shed"
+    );
+    assert!(
+        novad
+            .metric("nova_sheds_total{cap=\"max_producer_sessions\"}")
+            .unwrap()
+            >= 100.0
+    );
     // RSS stays well inside the limit; page cache from flight files may fill the rest and is
     // reclaimed, never a reason to kill.
     let rss = nova_core_rss(novad.pid().unwrap());

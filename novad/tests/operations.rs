@@ -227,7 +227,10 @@ async fn the_alerts_and_dashboard_query_only_exported_metrics() {
                         .unwrap_or(rest);
                     rest.starts_with(['{', ' '])
                 });
-            assert!(exported, "{file} queries {name}, which novad does not export");
+            assert!(
+                exported,
+                "{file} queries {name}, which novad does not export"
+            );
         }
     }
 }

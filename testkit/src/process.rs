@@ -37,19 +37,20 @@ pub(crate) fn signal(pid: u32, signal: i32) {
     }
 }
 
-/// A binary built from this workspace, found beside the running test executable
-/// (target/<profile>/deps/<test> → target/<profile>/<name>).
+/// A binary built from this workspace, found beside the running executable: a test runs from
+/// target/<profile>/deps, a binary from target/<profile>.
 pub fn workspace_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test executables live in target/<profile>/deps");
-    let path = profile_dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is not built; run the tests with `cargo nextest run --workspace` (or scripts/test)",
-        path.display()
-    );
-    path
+    let dir = exe.parent().expect("the executable's directory");
+    let candidates = [dir.join(name), dir.parent().unwrap_or(dir).join(name)];
+    candidates
+        .iter()
+        .find(|path| path.exists())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} is not built next to {}; run the tests with `cargo nextest run --workspace` (or scripts/test)",
+                exe.display()
+            )
+        })
 }
