@@ -62,6 +62,7 @@ pub struct Metrics {
     pub oldest_admitted_age: Gauge,
     pub oldest_unabsorbed_age: Gauge,
     pub flights_in_flight: IntGauge,
+    pub flights_in_flight_capacity: IntGauge,
     pub flights_written: IntCounter,
     pub flight_bytes: IntCounter,
     pub flight_write_retries: IntCounter,
@@ -279,6 +280,11 @@ impl Metrics {
                 &r,
                 "nova_flights_in_flight",
                 "Flights being written to the object store.",
+            ),
+            flights_in_flight_capacity: gauge(
+                &r,
+                "nova_flights_in_flight_capacity",
+                "Flights that may be written at once (--flight-max-inflight).",
             ),
             flights_written: counter(
                 &r,

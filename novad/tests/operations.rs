@@ -37,6 +37,7 @@ async fn every_metric_is_exported_from_the_first_scrape() {
         "nova_oldest_admitted_age_seconds",
         "nova_oldest_unabsorbed_flight_age_seconds",
         "nova_flights_in_flight",
+        "nova_flights_in_flight_capacity",
         // The object store.
         "nova_object_store_requests_total{op=\"put_if_absent\",outcome=\"ok\"}",
         "nova_object_store_request_duration_seconds_bucket",

@@ -9,12 +9,6 @@ use std::time::Duration;
 use nova_testkit::outage::{OutageScenario, run};
 use nova_testkit::{Fault, workspace_root};
 
-/// What novad holds beyond the formula whatever the load: code, the async runtime and its
-/// threads, the embedded metastore's fixed 32 MiB page cache, the S3 client's connection pool,
-/// per-session task state, one decoded batch per session waiting for admission, and allocator
-/// slack. docs/backpressure.md explains each part.
-const FIXED_OVERHEAD: u64 = 96 << 20;
-
 /// The threshold of the shipped alert on the oldest admitted age, read from ops/alerts.yml.
 fn alert_threshold() -> f64 {
     let rules =
@@ -80,13 +74,14 @@ async fn an_object_store_outage_cannot_oom_the_star() {
         "and after it"
     );
 
-    let limit = report.formula_bytes + FIXED_OVERHEAD;
+    let overhead = scenario.overhead_bytes();
+    let limit = report.formula_bytes + overhead;
     assert!(
         report.peak_rss_during_outage <= limit,
         "peak RSS {:.1} MiB during the outage is over the formula {:.1} MiB + overhead {:.1} MiB",
         mib(report.peak_rss_during_outage),
         mib(report.formula_bytes),
-        mib(FIXED_OVERHEAD)
+        mib(overhead)
     );
     let admission = (scenario.admission_mib << 20) as f64;
     assert!(

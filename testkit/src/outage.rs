@@ -61,6 +61,15 @@ impl OutageScenario {
     pub fn formula_bytes(&self) -> u64 {
         (self.admission_mib + self.tail_mib) * (1 << 20) + self.sessions as u64 * 64 * 1024
     }
+
+    /// The overhead docs/backpressure.md states for a star beyond its formula, at this
+    /// scenario's session cap: a 48 MiB base (binary, runtime and threads, the metastore's fixed
+    /// 32 MiB page cache, allocator slack) and, per session slot, 24 KiB of session state plus
+    /// the one decoded batch a session may hold while it waits for admission.
+    pub fn overhead_bytes(&self) -> u64 {
+        let batch = (self.records_per_batch * self.record_bytes) as u64;
+        (48 << 20) + self.sessions as u64 * (24 * 1024 + batch)
+    }
 }
 
 #[derive(Debug, Default)]

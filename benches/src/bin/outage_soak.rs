@@ -8,9 +8,6 @@ use std::time::Duration;
 use nova_testkit::outage::{OutageScenario, run};
 use nova_testkit::{Fault, workspace_binary};
 
-/// The fixed overhead docs/backpressure.md states, and the outage test asserts.
-const FIXED_OVERHEAD: u64 = 96 << 20;
-
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -44,20 +41,21 @@ fn main() -> ExitCode {
         scenario.outage,
         scenario.fault
     );
+    let overhead = scenario.overhead_bytes();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let report = runtime.block_on(run(scenario));
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    let limit = report.formula_bytes + FIXED_OVERHEAD;
+    let limit = report.formula_bytes + overhead;
     println!(
         "formula (admission + tail + sessions × 64 KiB): {:>8.1} MiB",
         mib(report.formula_bytes)
     );
     println!(
-        "stated fixed overhead:                          {:>8.1} MiB",
-        mib(FIXED_OVERHEAD)
+        "stated overhead (48 MiB + per session slot):    {:>8.1} MiB",
+        mib(overhead)
     );
     println!(
         "bound:                                          {:>8.1} MiB",
