@@ -70,9 +70,23 @@ impl StreamState {
         self.tail_moved.notify_waiters();
     }
 
-    /// Resolves once the tail moves (or spuriously); callers re-check the tail.
-    pub async fn tail_moved(&self) {
-        self.tail_moved.notified().await;
+    /// Waits until the tail passes `seq`, the stream is deleted, or `timeout` elapses, and
+    /// returns the tail then. Holds nothing but a registration with the stream's notifier.
+    pub async fn wait_past(&self, seq: u64, timeout: std::time::Duration) -> u64 {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            // Register before checking, so an advance between the check and the wait is seen.
+            let notified = self.tail_moved.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let tail = self.tail();
+            if tail > seq || self.is_deleted() {
+                return tail;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.tail();
+            }
+        }
     }
 
     pub fn is_deleted(&self) -> bool {

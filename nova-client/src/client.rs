@@ -42,6 +42,17 @@ impl From<v1::StreamInfo> for StreamInfo {
     }
 }
 
+/// Limits for one read. Zero caps mean the server's own (`--max-read-records`,
+/// `--max-read-bytes`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadOptions {
+    pub max_records: u32,
+    pub max_bytes: u64,
+    /// When reading at the tail, how long the server may wait for new records before answering
+    /// with an empty page (capped by the server at 60 s).
+    pub wait: Duration,
+}
+
 /// One page of a stream.
 #[derive(Debug, Clone)]
 pub struct Page {
@@ -154,16 +165,19 @@ impl Client {
         start_seq: u64,
         max_records: u32,
     ) -> Result<Page, Error> {
-        self.read_with(stream, start_seq, max_records, 0).await
+        let options = ReadOptions {
+            max_records,
+            ..ReadOptions::default()
+        };
+        self.read_with(stream, start_seq, options).await
     }
 
-    /// As `read`, also capping the page's content bytes (0: the server's cap).
+    /// One page from `start_seq`, with caps and an optional wait at the tail.
     pub async fn read_with(
         &self,
         stream: &str,
         start_seq: u64,
-        max_records: u32,
-        max_bytes: u64,
+        options: ReadOptions,
     ) -> Result<Page, Error> {
         let response = self
             .inner
@@ -171,8 +185,9 @@ impl Client {
             .read(v1::ReadRequest {
                 stream: stream.to_owned(),
                 start_seq,
-                max_records,
-                max_bytes,
+                max_records: options.max_records,
+                max_bytes: options.max_bytes,
+                wait_ms: options.wait.as_millis().min(u32::MAX as u128) as u32,
             })
             .await?
             .into_inner();

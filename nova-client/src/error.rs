@@ -3,7 +3,7 @@ use std::time::Duration;
 use tonic::Code;
 
 /// What went wrong, with enough to decide whether to retry.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     #[error("cannot connect to {url}: {message}")]
     Connect { url: String, message: String },
@@ -19,12 +19,16 @@ pub enum Error {
     },
     #[error("the append session ended: {0}")]
     SessionClosed(String),
+    /// A producer gave up after its retry budget; `last` is why the last attempt failed.
+    #[error("gave up after {attempts} attempts: {last}")]
+    RetriesExhausted { attempts: u32, last: Box<Error> },
 }
 
 impl Error {
     pub fn code(&self) -> Option<Code> {
         match self {
             Error::Status { code, .. } => Some(*code),
+            Error::RetriesExhausted { last, .. } => last.code(),
             _ => None,
         }
     }
@@ -34,12 +38,18 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Connect { .. } | Error::SessionClosed(_) => true,
+            Error::RetriesExhausted { .. } => false,
+            // The star answers every failure with a specific code, so UNKNOWN and CANCELLED can
+            // only come from the transport (a connection reset mid-call): the call's outcome is
+            // unknown, and the producer's match_seq_num makes trying again safe.
             Error::Status { code, .. } => matches!(
                 code,
                 Code::Unavailable
                     | Code::ResourceExhausted
                     | Code::DeadlineExceeded
                     | Code::Aborted
+                    | Code::Unknown
+                    | Code::Cancelled
             ),
         }
     }

@@ -14,10 +14,14 @@
 //! ```
 
 mod client;
+mod consumer;
 mod error;
+mod producer;
 mod session;
 
-pub use client::{Client, Page, StreamInfo};
+pub use client::{Client, Page, ReadOptions, StreamInfo};
+pub use consumer::Consumer;
 pub use error::Error;
 pub use nova_proto::domain::{Header, Record, SequencedRecord};
+pub use producer::{AppendTicket, Producer, ProducerConfig};
 pub use session::{Ack, AckReceiver, AppendSender, AppendSession};

@@ -12,6 +12,10 @@ pub const CHAIN_BACKLOG_FLIGHTS: u32 = 1024;
 pub const TAIL_WINDOW_CACHE_MIB: u64 = 128;
 /// `--max-producer-sessions`: concurrent producer sessions per star.
 pub const MAX_PRODUCER_SESSIONS: u32 = 4096;
+/// `--max-subscriptions`: reads waiting at a stream's tail at once.
+pub const MAX_SUBSCRIPTIONS: u32 = 16_384;
+/// The longest a read may wait at the tail (`wait_ms` is capped to it).
+pub const MAX_READ_WAIT_MS: u64 = 60_000;
 /// `--grpc-stream-window-kib`: the HTTP/2 per-stream receive window (the protocol floor).
 pub const GRPC_STREAM_WINDOW_KIB: u32 = 64;
 /// `--max-batch-bytes`: content bytes of one append batch.

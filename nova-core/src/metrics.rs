@@ -52,6 +52,8 @@ pub struct Metrics {
     pub store: StoreMetrics,
     pub producer_sessions: IntGauge,
     pub producer_sessions_capacity: IntGauge,
+    pub subscriptions: IntGauge,
+    pub subscriptions_capacity: IntGauge,
     /// New work refused at a cap: `cap` names the flag.
     pub sheds: IntCounterVec,
     /// Appends refused for their content: `reason` names the cap or the check.
@@ -231,6 +233,16 @@ impl Metrics {
                 "nova_producer_sessions_capacity",
                 "Producer sessions allowed at once (--max-producer-sessions).",
             ),
+            subscriptions: gauge(
+                &r,
+                "nova_subscriptions",
+                "Reads waiting at a stream's tail for new records.",
+            ),
+            subscriptions_capacity: gauge(
+                &r,
+                "nova_subscriptions_capacity",
+                "Reads allowed to wait at once (--max-subscriptions).",
+            ),
             sheds: counter_vec(
                 &r,
                 "nova_sheds_total",
@@ -364,6 +376,7 @@ impl Metrics {
     /// scrape (a counter that appears only after its first event cannot be alerted on or graphed).
     fn initialise_series(&self) {
         self.sheds.with_label_values(&["max_producer_sessions"]);
+        self.sheds.with_label_values(&["max_subscriptions"]);
         for reason in [
             "empty_batch",
             "max_batch_records",

@@ -133,6 +133,12 @@ pub struct Config {
     #[arg(long, env = "NOVA_MAX_PRODUCER_SESSIONS", default_value_t = limits::MAX_PRODUCER_SESSIONS, help_heading = "Budgets")]
     pub max_producer_sessions: u32,
 
+    /// Subscriptions: reads waiting at a stream's tail for new records (a Read with wait_ms)
+    /// at once. A wait past the cap is refused with RESOURCE_EXHAUSTED and a retry hint; waiting
+    /// reads are never cut.
+    #[arg(long, env = "NOVA_MAX_SUBSCRIPTIONS", default_value_t = limits::MAX_SUBSCRIPTIONS, help_heading = "Budgets")]
+    pub max_subscriptions: u32,
+
     /// HTTP/2 receive window per stream, KiB (adaptive windows are off). Bounds the bytes the
     /// transport buffers ahead of each session: sessions × window is the transport's memory.
     #[arg(long, env = "NOVA_GRPC_STREAM_WINDOW_KIB", default_value_t = limits::GRPC_STREAM_WINDOW_KIB, help_heading = "Budgets")]
@@ -275,8 +281,10 @@ impl Config {
         if self.grpc_stream_window_kib < 64 {
             return Err("--grpc-stream-window-kib must be at least 64 (the HTTP/2 floor)".into());
         }
-        if self.max_producer_sessions == 0 {
-            return Err("--max-producer-sessions must be at least 1".into());
+        if self.max_producer_sessions == 0 || self.max_subscriptions == 0 {
+            return Err(
+                "--max-producer-sessions and --max-subscriptions must be at least 1".into(),
+            );
         }
         if self.s3_memory_buffer_mib == 0 || self.s3_chain_backlog_flights == 0 {
             return Err(
@@ -321,6 +329,7 @@ mod tests {
         assert_eq!(config.s3_chain_backlog_flights, 1024);
         assert_eq!(config.tail_window_cache_mib, 128);
         assert_eq!(config.max_producer_sessions, 4096);
+        assert_eq!(config.max_subscriptions, 16384);
         assert_eq!(config.grpc_stream_window_kib, 64);
         assert_eq!(config.max_batch_bytes, 100 << 20);
         assert_eq!(config.max_batch_records, 65536);
@@ -339,6 +348,7 @@ mod tests {
             "--s3-chain-backlog-flights",
             "--tail-window-cache-mib",
             "--max-producer-sessions",
+            "--max-subscriptions",
             "--grpc-stream-window-kib",
             "--max-batch-bytes",
             "--max-batch-records",

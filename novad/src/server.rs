@@ -18,7 +18,7 @@ use nova_proto::v1::nova_server::NovaServer;
 use crate::config::Config;
 use crate::memory::MemoryModel;
 use crate::metrics_http;
-use crate::service::sessions::SessionCap;
+use crate::service::caps::{self, Cap};
 use crate::service::{Context, NovaService};
 
 async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn ObjectStore>> {
@@ -103,9 +103,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             if let Some(star) = ready.get() {
                 star.refresh_gauges();
             }
-            let open = sessions_open
-                .get()
-                .map_or(0, |ctx| ctx.sessions.open_sessions());
+            let open = sessions_open.get().map_or(0, |ctx| ctx.sessions.in_use());
             memory.update(open);
         })
     };
@@ -136,7 +134,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         caps: config.caps(),
         max_read_bytes: config.max_read_bytes,
         max_read_records: config.max_read_records,
-        sessions: SessionCap::new(config.max_producer_sessions, metrics.clone(), sheds.clone()),
+        sessions: Cap::new(
+            caps::PRODUCER_SESSIONS,
+            config.max_producer_sessions,
+            metrics.producer_sessions.clone(),
+            &metrics.producer_sessions_capacity,
+            metrics.clone(),
+            sheds.clone(),
+        ),
+        subscriptions: Cap::new(
+            caps::SUBSCRIPTIONS,
+            config.max_subscriptions,
+            metrics.subscriptions.clone(),
+            &metrics.subscriptions_capacity,
+            metrics.clone(),
+            sheds.clone(),
+        ),
         metrics: metrics.clone(),
         sheds,
         shutdown: stopping.clone(),

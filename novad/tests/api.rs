@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tonic::Code;
 
 use common::*;
-use nova_client::{Error, Record};
+use nova_client::{Error, ReadOptions, Record};
 
 #[tokio::test]
 async fn appends_are_sequenced_densely_and_read_back() {
@@ -194,7 +194,11 @@ async fn read_pages_stop_at_either_cap_and_always_serve_one_record() {
         "one record always serves, even over the byte cap"
     );
     assert_eq!(page.records[0].record.body.len(), 5000);
-    let page = client.read_with("s", 8, 0, 100).await.unwrap();
+    let lower = ReadOptions {
+        max_bytes: 100,
+        ..ReadOptions::default()
+    };
+    let page = client.read_with("s", 8, lower).await.unwrap();
     assert_eq!(
         page.records.len(),
         1,

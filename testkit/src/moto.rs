@@ -56,6 +56,15 @@ impl Moto {
             });
         self.child = Some(child);
         wait_for_port(self.port, Duration::from_secs(30), "moto server");
+        // Something else may have taken the port first; then moto has exited.
+        if let Some(child) = self.child.as_mut()
+            && let Ok(Some(status)) = child.try_wait()
+        {
+            panic!(
+                "moto server exited ({status}): port {} was taken",
+                self.port
+            );
+        }
     }
 
     pub fn endpoint(&self) -> String {

@@ -65,6 +65,15 @@ impl NovadBuilder {
     /// done).
     pub fn start(self) -> Novad {
         let mut novad = self.start_detached();
+        // Another process may take a port between our probe and novad's bind; pick new ones.
+        for _ in 0..5 {
+            if !novad.lost_port_race(Duration::from_secs(60)) {
+                return novad;
+            }
+            novad.port = free_port();
+            novad.metrics_port = free_port();
+            novad.spawn();
+        }
         novad.wait_ready(Duration::from_secs(60));
         novad
     }
@@ -171,6 +180,29 @@ impl Novad {
             command.env(k, v);
         }
         self.child = Some(command.spawn().expect("spawn novad"));
+    }
+
+    /// Waits until novad listens; `true` if it exited because a port was already taken.
+    fn lost_port_race(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                self.child = None;
+                if self.log().contains("Address already in use") {
+                    return true;
+                }
+                panic!("novad exited before listening:\n{}", self.log());
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return false;
+            }
+            if Instant::now() > deadline {
+                panic!("novad did not listen within {timeout:?}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Waits until novad accepts connections; panics with its log if it exits or times out.

@@ -24,7 +24,7 @@ use nova_proto::v1;
 use nova_proto::validate::validate_append;
 
 use super::Context;
-use super::sessions::SessionPermit;
+use super::caps::CapPermit;
 
 pub type AckStream = Pin<Box<dyn Stream<Item = Result<v1::AppendAck, Status>> + Send>>;
 
@@ -62,7 +62,7 @@ pub fn open_session(
     if let Some(reason) = ctx.star.fenced() {
         return Err(RequestError::Unavailable(reason).into());
     }
-    let permit = ctx.sessions.open(peer)?;
+    let permit = ctx.sessions.admit(peer)?;
     let (pending_tx, pending_rx) = mpsc::channel(SESSION_PIPELINE_DEPTH);
     // One task per session, bounded by --max-producer-sessions.
     tokio::spawn(read_requests(ctx, inbound, pending_tx));
@@ -71,7 +71,7 @@ pub fn open_session(
 
 fn answers(
     pending: mpsc::Receiver<Pending>,
-    permit: SessionPermit,
+    permit: CapPermit,
 ) -> impl Stream<Item = Result<v1::AppendAck, Status>> + Send {
     // The permit lives in the stream's state: the session's slot frees when the stream ends or
     // the producer goes away.

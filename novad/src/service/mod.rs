@@ -2,9 +2,10 @@
 //! and errors into statuses.
 
 mod append;
-pub mod sessions;
+pub mod caps;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
@@ -12,14 +13,15 @@ use tonic::{Request, Response, Status, Streaming};
 use nova_chain::Star;
 use nova_chain::streams::StreamState;
 use nova_core::catalog::StorageClass;
-use nova_core::limits::{LIST_STREAMS_DEFAULT, LIST_STREAMS_MAX};
+use nova_core::limits::{LIST_STREAMS_DEFAULT, LIST_STREAMS_MAX, MAX_READ_WAIT_MS};
 use nova_core::metrics::Metrics;
 use nova_core::shed::ShedLog;
+use nova_proto::RequestError;
 use nova_proto::v1;
 use nova_proto::v1::nova_server::Nova;
 use nova_proto::validate::AppendCaps;
 
-use sessions::SessionCap;
+use caps::Cap;
 
 /// What every handler shares.
 pub struct Context {
@@ -27,7 +29,9 @@ pub struct Context {
     pub caps: AppendCaps,
     pub max_read_bytes: u64,
     pub max_read_records: u32,
-    pub sessions: SessionCap,
+    pub sessions: Cap,
+    /// Reads waiting at a stream's tail (`wait_ms`).
+    pub subscriptions: Cap,
     pub metrics: Arc<Metrics>,
     pub sheds: Arc<ShedLog>,
     /// Fires when novad starts shutting down: sessions stop reading and finish.
@@ -73,9 +77,20 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::ReadRequest>,
     ) -> Result<Response<v1::ReadResponse>, Status> {
+        let peer = request.remote_addr();
         let request = request.into_inner();
         let ctx = &self.ctx;
         let stream = ctx.star.streams().get_or_not_found(&request.stream)?;
+        if request.wait_ms > 0 && request.start_seq >= stream.tail() {
+            // A follow read at the tail: it holds a subscription slot while it waits, and
+            // nothing else; the next page is produced only when the consumer asks for it.
+            let _subscription = ctx.subscriptions.admit(peer)?;
+            let wait = Duration::from_millis((request.wait_ms as u64).min(MAX_READ_WAIT_MS));
+            stream.wait_past(request.start_seq, wait).await;
+            if stream.is_deleted() {
+                return Err(RequestError::StreamNotFound(request.stream).into());
+            }
+        }
         let max_records = match request.max_records {
             0 => ctx.max_read_records,
             n => n.min(ctx.max_read_records),

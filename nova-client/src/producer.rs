@@ -1,0 +1,500 @@
+//! A producer: appends records to one stream, exactly once, over one pipelined session.
+//!
+//! Records are batched by size and linger. Every batch is sent with `match_seq_num` set to the
+//! sequence number it must start at, so the star applies it only in its place. When the session
+//! breaks (a dropped connection, a restarted star), the producer reconnects, asks the stream's
+//! tail, counts every pending batch below the tail as acknowledged and sends the rest again in
+//! order: no record is written twice and none is skipped. This relies on the producer being the
+//! stream's only writer; a second writer shows up as a `FAILED_PRECONDITION` error.
+//!
+//! Memory is bounded: `append` waits while `max_unacked_bytes` of records are unacknowledged.
+//! Retries are bounded too: after `max_retries` consecutive failed attempts (each waiting for the
+//! server's `retry-after-ms` hint when it sent one, else an exponential backoff) the producer
+//! stops and every pending append fails with `Error::RetriesExhausted`, naming the last cause.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tonic::Code;
+
+use nova_proto::domain::Record;
+
+use crate::client::Client;
+use crate::error::Error;
+use crate::session::{AckReceiver, AppendSender};
+
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    /// A batch is sent once its records hold this many content bytes.
+    pub batch_bytes: usize,
+    /// A batch is sent once it holds this many records.
+    pub batch_records: usize,
+    /// A batch is sent this long after its first record, full or not.
+    pub linger: Duration,
+    /// `append` waits while this many content bytes are sent but unacknowledged.
+    pub max_unacked_bytes: usize,
+    /// Records larger than this are refused by `append` (keep it at the star's
+    /// `--max-record-bytes`).
+    pub max_record_bytes: usize,
+    /// Consecutive failed attempts before the producer gives up.
+    pub max_retries: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        Self {
+            batch_bytes: 256 * 1024,
+            batch_records: 1000,
+            linger: Duration::from_millis(5),
+            max_unacked_bytes: 32 << 20,
+            max_record_bytes: 1 << 20,
+            max_retries: 10,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Resolves to a record's sequence number once it is durable.
+pub struct AppendTicket(oneshot::Receiver<Result<u64, Error>>);
+
+impl AppendTicket {
+    pub async fn wait(self) -> Result<u64, Error> {
+        self.0
+            .await
+            .unwrap_or_else(|_| Err(Error::SessionClosed("the producer stopped".into())))
+    }
+}
+
+enum Command {
+    Append {
+        record: Record,
+        ticket: oneshot::Sender<Result<u64, Error>>,
+        permit: OwnedSemaphorePermit,
+    },
+    Flush(oneshot::Sender<Result<(), Error>>),
+}
+
+pub struct Producer {
+    commands: mpsc::Sender<Command>,
+    /// Why the producer stopped, once it has.
+    stopped: Arc<Mutex<Option<Error>>>,
+    unacked: Arc<Semaphore>,
+    max_unacked: usize,
+    max_record_bytes: usize,
+    task: JoinHandle<()>,
+}
+
+impl Producer {
+    /// Starts producing to `stream`, which must exist.
+    pub async fn new(
+        client: Client,
+        stream: impl Into<String>,
+        config: ProducerConfig,
+    ) -> Result<Self, Error> {
+        let stream = stream.into();
+        let mut worker = Worker {
+            client,
+            stream,
+            next_seq: 0,
+            open: Batch::default(),
+            inflight: VecDeque::new(),
+            session: None,
+            flushes: Vec::new(),
+            config: config.clone(),
+            stopped: Arc::new(Mutex::new(None)),
+        };
+        worker.next_seq = worker.first_connect().await?;
+        // Appends queue here only until the worker picks them up; the unacked-bytes budget in
+        // front of it is what bounds memory.
+        let (commands, receiver) = mpsc::channel(1024);
+        let stopped = worker.stopped.clone();
+        let task = tokio::spawn(worker.run(receiver));
+        let max_unacked = config.max_unacked_bytes.clamp(1, Semaphore::MAX_PERMITS);
+        Ok(Self {
+            commands,
+            stopped,
+            unacked: Arc::new(Semaphore::new(max_unacked)),
+            max_unacked,
+            max_record_bytes: config.max_record_bytes,
+            task,
+        })
+    }
+
+    /// Queues one record. Waits while `max_unacked_bytes` are unacknowledged. The ticket
+    /// resolves to the record's sequence number once it is durable.
+    pub async fn append(&self, record: Record) -> Result<AppendTicket, Error> {
+        let size = record.content_bytes() as usize;
+        if size > self.max_record_bytes {
+            return Err(Error::Status {
+                code: Code::InvalidArgument,
+                message: format!(
+                    "record holds {size} bytes, over the producer's max_record_bytes={}",
+                    self.max_record_bytes
+                ),
+                retry_after: None,
+                next_seq: None,
+            });
+        }
+        let charge = size.clamp(1, self.max_unacked) as u32;
+        let permit = self
+            .unacked
+            .clone()
+            .acquire_many_owned(charge)
+            .await
+            .map_err(|_| self.stop_cause())?;
+        let (ticket, receiver) = oneshot::channel();
+        self.commands
+            .send(Command::Append {
+                record,
+                ticket,
+                permit,
+            })
+            .await
+            .map_err(|_| self.stop_cause())?;
+        Ok(AppendTicket(receiver))
+    }
+
+    /// Sends whatever is batched and waits until everything appended so far is durable.
+    pub async fn flush(&self) -> Result<(), Error> {
+        let (reply, done) = oneshot::channel();
+        self.commands
+            .send(Command::Flush(reply))
+            .await
+            .map_err(|_| self.stop_cause())?;
+        done.await.map_err(|_| self.stop_cause())?
+    }
+
+    /// Why the producer stopped.
+    fn stop_cause(&self) -> Error {
+        let cause = self
+            .stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        cause.unwrap_or_else(|| Error::SessionClosed("the producer stopped".into()))
+    }
+
+    /// Flushes and stops.
+    pub async fn close(self) -> Result<(), Error> {
+        let flushed = self.flush().await;
+        drop(self.commands);
+        let _ = self.task.await;
+        flushed
+    }
+}
+
+#[derive(Default)]
+struct Batch {
+    records: Vec<Record>,
+    tickets: Vec<oneshot::Sender<Result<u64, Error>>>,
+    permits: Vec<OwnedSemaphorePermit>,
+    bytes: usize,
+    opened: Option<Instant>,
+}
+
+/// A batch sent and not yet acknowledged, starting at `start`.
+struct Inflight {
+    start: u64,
+    batch: Batch,
+}
+
+impl Inflight {
+    fn end(&self) -> u64 {
+        self.start + self.batch.records.len() as u64
+    }
+
+    fn resolve(self) {
+        for (i, ticket) in self.batch.tickets.into_iter().enumerate() {
+            let _ = ticket.send(Ok(self.start + i as u64));
+        }
+    }
+
+    fn fail(self, error: &Error) {
+        for ticket in self.batch.tickets {
+            let _ = ticket.send(Err(error.clone()));
+        }
+    }
+}
+
+struct Worker {
+    client: Client,
+    stream: String,
+    /// Where the next batch starts.
+    next_seq: u64,
+    open: Batch,
+    inflight: VecDeque<Inflight>,
+    session: Option<(AppendSender, AckReceiver)>,
+    flushes: Vec<oneshot::Sender<Result<(), Error>>>,
+    config: ProducerConfig,
+    stopped: Arc<Mutex<Option<Error>>>,
+}
+
+/// Why the current session is no longer usable.
+enum Broken {
+    Retry(Error),
+    Fatal(Error),
+}
+
+impl Worker {
+    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        let mut commands_open = true;
+        loop {
+            let linger_until = self.open.opened.map(|at| at + self.config.linger);
+            let waiting_for_ack = !self.inflight.is_empty();
+            let outcome = tokio::select! {
+                command = commands.recv(), if commands_open => match command {
+                    Some(Command::Append { record, ticket, permit }) => {
+                        self.open.bytes += record.content_bytes() as usize;
+                        self.open.records.push(record);
+                        self.open.tickets.push(ticket);
+                        self.open.permits.push(permit);
+                        self.open.opened.get_or_insert_with(Instant::now);
+                        if self.open.bytes >= self.config.batch_bytes
+                            || self.open.records.len() >= self.config.batch_records
+                        {
+                            self.send_open().await
+                        } else {
+                            Ok(())
+                        }
+                    }
+                    Some(Command::Flush(reply)) => {
+                        self.flushes.push(reply);
+                        self.send_open().await
+                    }
+                    None => {
+                        commands_open = false;
+                        self.send_open().await
+                    }
+                },
+                _ = sleep_until(linger_until), if linger_until.is_some() => self.send_open().await,
+                ack = next_ack(&mut self.session), if waiting_for_ack => self.on_ack(ack),
+            };
+            let outcome = match outcome {
+                Ok(()) => Ok(()),
+                Err(Broken::Retry(error)) => self.reconnect(error).await,
+                Err(Broken::Fatal(error)) => Err(error),
+            };
+            if let Err(error) = outcome {
+                self.fail_everything(&error, &mut commands).await;
+                return;
+            }
+            if self.inflight.is_empty() && self.open.records.is_empty() {
+                for flush in self.flushes.drain(..) {
+                    let _ = flush.send(Ok(()));
+                }
+                if !commands_open {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sends the open batch, if any.
+    async fn send_open(&mut self) -> Result<(), Broken> {
+        if self.open.records.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.open);
+        let inflight = Inflight {
+            start: self.next_seq,
+            batch,
+        };
+        self.next_seq = inflight.end();
+        let sent = send(&mut self.session, &self.stream, &inflight).await;
+        self.inflight.push_back(inflight);
+        sent
+    }
+
+    fn on_ack(&mut self, ack: Result<crate::session::Ack, Error>) -> Result<(), Broken> {
+        match ack {
+            Ok(ack) => {
+                let Some(batch) = self.inflight.pop_front() else {
+                    return Err(Broken::Fatal(protocol("an ack arrived for nothing sent")));
+                };
+                if ack.start_seq != batch.start {
+                    return Err(Broken::Fatal(protocol("an ack arrived out of place")));
+                }
+                batch.resolve();
+                Ok(())
+            }
+            // A mismatch right after a reconnect means an earlier attempt of this batch was
+            // admitted and is still landing: resynchronise (within the budget) rather than fail.
+            Err(error)
+                if error.is_retryable() || error.code() == Some(Code::FailedPrecondition) =>
+            {
+                Err(Broken::Retry(error))
+            }
+            Err(error) => Err(Broken::Fatal(error)),
+        }
+    }
+
+    /// The first session, retried within the budget like any other (a star at its session cap
+    /// answers with a retry hint, which is honoured).
+    async fn first_connect(&mut self) -> Result<u64, Error> {
+        let mut attempt = 0;
+        loop {
+            match self.connect().await {
+                Ok(tail) => return Ok(tail),
+                Err(error) if error.is_retryable() => {
+                    attempt += 1;
+                    if attempt > self.config.max_retries {
+                        return Err(Error::RetriesExhausted {
+                            attempts: self.config.max_retries,
+                            last: Box::new(error),
+                        });
+                    }
+                    tokio::time::sleep(self.backoff(attempt, &error)).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Opens a session and learns where the stream ends.
+    async fn connect(&mut self) -> Result<u64, Error> {
+        self.session = None;
+        let session = self.client.append_session().await?;
+        let tail = self.client.describe_stream(&self.stream).await?.tail_seq;
+        self.session = Some(session.split());
+        Ok(tail)
+    }
+
+    /// Re-establishes the session after `cause`, resolving what the star already has and
+    /// sending the rest again, within the retry budget.
+    async fn reconnect(&mut self, mut cause: Error) -> Result<(), Error> {
+        for attempt in 1..=self.config.max_retries {
+            tokio::time::sleep(self.backoff(attempt, &cause)).await;
+            let tail = match self.connect().await {
+                Ok(tail) => tail,
+                Err(error) if error.is_retryable() => {
+                    cause = error;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            // Everything below the tail landed (the producer is the stream's only writer).
+            while self.inflight.front().is_some_and(|b| b.end() <= tail) {
+                if let Some(batch) = self.inflight.pop_front() {
+                    batch.resolve();
+                }
+            }
+            if let Some(first) = self.inflight.front()
+                && first.start != tail
+            {
+                // An earlier attempt was admitted but is not durable yet, or another writer
+                // appended: ask again after a pause, and let the budget decide.
+                cause = Error::Status {
+                    code: Code::FailedPrecondition,
+                    message: format!(
+                        "stream {:?} ends at {tail}, but the producer's next batch starts at {}",
+                        self.stream, first.start
+                    ),
+                    retry_after: None,
+                    next_seq: Some(tail),
+                };
+                continue;
+            }
+            let mut resent = Ok(());
+            for batch in &self.inflight {
+                resent = send(&mut self.session, &self.stream, batch).await;
+                if resent.is_err() {
+                    break;
+                }
+            }
+            match resent {
+                Ok(()) => return Ok(()),
+                Err(Broken::Retry(error)) => cause = error,
+                Err(Broken::Fatal(error)) => return Err(error),
+            }
+        }
+        Err(Error::RetriesExhausted {
+            attempts: self.config.max_retries,
+            last: Box::new(cause),
+        })
+    }
+
+    fn backoff(&self, attempt: u32, cause: &Error) -> Duration {
+        if let Error::Status {
+            retry_after: Some(hint),
+            ..
+        } = cause
+        {
+            return *hint;
+        }
+        self.config
+            .initial_backoff
+            .saturating_mul(1 << attempt.saturating_sub(1).min(16))
+            .min(self.config.max_backoff)
+    }
+
+    async fn fail_everything(&mut self, error: &Error, commands: &mut mpsc::Receiver<Command>) {
+        *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some(error.clone());
+        commands.close();
+        for batch in self.inflight.drain(..) {
+            batch.fail(error);
+        }
+        let open = std::mem::take(&mut self.open);
+        for ticket in open.tickets {
+            let _ = ticket.send(Err(error.clone()));
+        }
+        while let Some(command) = commands.recv().await {
+            match command {
+                Command::Append { ticket, .. } => {
+                    let _ = ticket.send(Err(error.clone()));
+                }
+                Command::Flush(reply) => {
+                    let _ = reply.send(Err(error.clone()));
+                }
+            }
+        }
+        for flush in self.flushes.drain(..) {
+            let _ = flush.send(Err(error.clone()));
+        }
+    }
+}
+
+fn protocol(what: &str) -> Error {
+    Error::Status {
+        code: Code::Internal,
+        message: format!("protocol error: {what}"),
+        retry_after: None,
+        next_seq: None,
+    }
+}
+
+async fn send(
+    session: &mut Option<(AppendSender, AckReceiver)>,
+    stream: &str,
+    batch: &Inflight,
+) -> Result<(), Broken> {
+    let Some((sender, _)) = session.as_ref() else {
+        return Err(Broken::Retry(Error::SessionClosed("no session".into())));
+    };
+    sender
+        .send(stream, batch.batch.records.clone(), Some(batch.start))
+        .await
+        .map_err(Broken::Retry)
+}
+
+async fn next_ack(
+    session: &mut Option<(AppendSender, AckReceiver)>,
+) -> Result<crate::session::Ack, Error> {
+    match session.as_mut() {
+        Some((_, receiver)) => receiver.next_ack().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

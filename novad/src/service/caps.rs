@@ -1,0 +1,119 @@
+//! Caps on concurrent work that shed rather than block: producer sessions and subscriptions
+//! (reads waiting at a stream's tail). Each holder keeps one permit for its whole life; work
+//! past the cap is refused at once with RESOURCE_EXHAUSTED, the flag's name and a retry hint,
+//! and nothing already admitted is ever cut to make room. Every shed is counted and logged (a
+//! burst as one line a second).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::IntGauge;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use nova_core::metrics::Metrics;
+use nova_core::shed::ShedLog;
+use nova_proto::RequestError;
+
+/// Which cap: the flag that sets it, its metric label, and what it counts.
+#[derive(Debug, Clone, Copy)]
+pub struct CapKind {
+    pub flag: &'static str,
+    pub label: &'static str,
+    pub what: &'static str,
+    pub retry_after: Duration,
+}
+
+pub const PRODUCER_SESSIONS: CapKind = CapKind {
+    flag: "--max-producer-sessions",
+    label: "max_producer_sessions",
+    what: "every producer session slot is taken; open sessions are never cut",
+    retry_after: Duration::from_millis(nova_core::limits::SESSION_SHED_RETRY_AFTER_MS),
+};
+
+pub const SUBSCRIPTIONS: CapKind = CapKind {
+    flag: "--max-subscriptions",
+    label: "max_subscriptions",
+    what: "every subscription slot is taken; waiting reads are never cut",
+    retry_after: Duration::from_millis(nova_core::limits::SESSION_SHED_RETRY_AFTER_MS),
+};
+
+#[derive(Debug)]
+pub struct Cap {
+    kind: CapKind,
+    permits: Arc<Semaphore>,
+    limit: u32,
+    open: IntGauge,
+    metrics: Arc<Metrics>,
+    sheds: Arc<ShedLog>,
+}
+
+/// A holder's place under a cap; dropping it frees the place.
+#[derive(Debug)]
+pub struct CapPermit {
+    _permit: OwnedSemaphorePermit,
+    open: IntGauge,
+}
+
+impl Drop for CapPermit {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+impl Cap {
+    /// `open` and `capacity` are the gauges this cap reports through.
+    pub fn new(
+        kind: CapKind,
+        limit: u32,
+        open: IntGauge,
+        capacity: &IntGauge,
+        metrics: Arc<Metrics>,
+        sheds: Arc<ShedLog>,
+    ) -> Self {
+        capacity.set(limit as i64);
+        Self {
+            kind,
+            permits: Arc::new(Semaphore::new(limit as usize)),
+            limit,
+            open,
+            metrics,
+            sheds,
+        }
+    }
+
+    pub fn in_use(&self) -> u64 {
+        (self.limit as usize - self.permits.available_permits()) as u64
+    }
+
+    /// Takes a place for new work from `peer`, or sheds it.
+    pub fn admit(&self, peer: Option<SocketAddr>) -> Result<CapPermit, RequestError> {
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            self.open.inc();
+            return Ok(CapPermit {
+                _permit: permit,
+                open: self.open.clone(),
+            });
+        }
+        let kind = self.kind;
+        self.metrics.sheds.with_label_values(&[kind.label]).inc();
+        if let Some(unlogged) = self.sheds.admit(kind.label) {
+            tracing::warn!(
+                cap = kind.label,
+                limit = self.limit,
+                peer = ?peer,
+                unlogged_since_last = unlogged,
+                "shed new work at {}={}: {}",
+                kind.flag,
+                self.limit,
+                kind.what
+            );
+        }
+        Err(RequestError::CapReached {
+            cap: kind.flag,
+            limit: self.limit as u64,
+            what: kind.what,
+            retry_after: kind.retry_after,
+        })
+    }
+}
