@@ -78,10 +78,96 @@ fn large_inputs_are_batched() {
     let input: String = (0..2500).map(|i| format!("line-{i}\n")).collect();
     let appended = ok(nova(
         &url,
-        &["append", "bulk", "--batch-records", "1000"],
+        &["append", "bulk", "--batch-bytes", "4KiB"],
         input.as_bytes(),
     ));
-    assert_eq!(appended, "0..1000\n1000..2000\n2000..2500\n");
+    assert_eq!(appended, "0..2500\n");
     let read = ok(nova(&url, &["read", "bulk"], b""));
     assert_eq!(read, input);
+}
+
+#[test]
+fn files_length_prefixed_input_and_json_output() {
+    let novad = NovadBuilder::new(workspace_binary("novad")).start();
+    let url = novad.url();
+    let created = ok(nova(
+        &url,
+        &["--output", "json", "stream", "create", "bin"],
+        b"",
+    ));
+    assert!(
+        created.starts_with("{\"name\":\"bin\",\"tail_seq\":0"),
+        "{created}"
+    );
+
+    // Length-prefixed records may hold anything, newlines and invalid UTF-8 included.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("records.bin");
+    let mut framed = Vec::new();
+    for body in [&b"one\nline"[..], &[0xff, 0x00, 0x01][..], b"last"] {
+        framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        framed.extend_from_slice(body);
+    }
+    std::fs::write(&file, &framed).unwrap();
+    let appended = ok(nova(
+        &url,
+        &[
+            "--output",
+            "json",
+            "append",
+            "bin",
+            "--format",
+            "length-prefixed",
+            file.to_str().unwrap(),
+        ],
+        b"",
+    ));
+    assert_eq!(
+        appended,
+        "{\"stream\":\"bin\",\"records\":3,\"start_seq\":0,\"end_seq\":3}\n"
+    );
+
+    let read = ok(nova(&url, &["--output", "json", "read", "bin"], b""));
+    let lines: Vec<&str> = read.lines().collect();
+    assert_eq!(lines.len(), 3);
+    assert!(lines[0].starts_with("{\"seq\":0,"), "{}", lines[0]);
+    assert!(lines[0].contains("\"body\":\"one\\nline\""), "{}", lines[0]);
+    assert!(lines[1].contains("\"body_hex\":\"ff0001\""), "{}", lines[1]);
+
+    let described = ok(nova(
+        &url,
+        &["--output", "json", "stream", "describe", "bin"],
+        b"",
+    ));
+    assert!(described.contains("\"tail_seq\":3"), "{described}");
+    let listed = ok(nova(&url, &["--output", "json", "stream", "list"], b""));
+    assert_eq!(listed.lines().count(), 1);
+}
+
+#[test]
+fn tail_prints_the_last_records_and_follows_new_ones() {
+    let novad = NovadBuilder::new(workspace_binary("novad")).start();
+    let url = novad.url();
+    ok(nova(&url, &["stream", "create", "t"], b""));
+    let input: String = (0..20).map(|i| format!("r{i}\n")).collect();
+    ok(nova(&url, &["append", "t"], input.as_bytes()));
+    assert_eq!(ok(nova(&url, &["tail", "t", "-n", "2"], b"")), "r18\nr19\n");
+
+    let mut follower = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .args(["--server", &url, "tail", "-f", "-n", "0", "t"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    ok(nova(&url, &["append", "t"], b"fresh\n"));
+    let mut stdout = follower.stdout.take().unwrap();
+    let mut line = [0u8; 6];
+    std::io::Read::read_exact(&mut stdout, &mut line).unwrap();
+    assert_eq!(
+        &line, b"fresh\n",
+        "the follower prints the new record as it lands"
+    );
+    follower.kill().unwrap();
+    let _ = follower.wait();
 }

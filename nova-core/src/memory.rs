@@ -128,6 +128,20 @@ pub fn resident_bytes(pid: u32) -> Option<(u64, u64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// CPU time this process has used (user + system), in seconds, from `/proc/self/stat`.
+pub fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks > 0).then(|| (utime + stime) as f64 / ticks as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +182,13 @@ mod tests {
         let cgroups = "9:name=systemd:/\n4:cpu,memory:/nova\n";
         assert_eq!(cgroup_v1_limit(cgroups, root.path()), Some(256 << 20));
         assert_eq!(cgroup_v1_limit("4:memory:/\n", root.path()), None);
+    }
+
+    #[test]
+    fn this_process_reports_its_memory_and_cpu() {
+        let (rss, peak) = resident_bytes(std::process::id()).unwrap();
+        assert!(rss > 0 && peak >= rss);
+        assert!(cpu_seconds().unwrap() >= 0.0);
     }
 
     #[test]

@@ -75,6 +75,27 @@ pub struct Metrics {
     pub read_records: IntCounter,
     pub read_bytes: IntCounter,
     pub memory: MemoryMetrics,
+    pub process: ProcessMetrics,
+}
+
+/// The process's own resource use, refreshed at each scrape.
+#[derive(Debug, Clone)]
+pub struct ProcessMetrics {
+    pub resident: IntGauge,
+    pub peak_resident: IntGauge,
+    pub cpu_seconds: Gauge,
+}
+
+impl ProcessMetrics {
+    pub fn refresh(&self) {
+        if let Some((rss, peak)) = crate::memory::resident_bytes(std::process::id()) {
+            self.resident.set(rss as i64);
+            self.peak_resident.set(peak as i64);
+        }
+        if let Some(cpu) = crate::memory::cpu_seconds() {
+            self.cpu_seconds.set(cpu);
+        }
+    }
 }
 
 /// The closed memory formula, its ceiling, and the saturation they give.
@@ -366,6 +387,22 @@ impl Metrics {
                     &r,
                     "nova_memory_saturated",
                     "1 while the star reads saturated (refuses new leadership), else 0.",
+                ),
+            },
+            process: ProcessMetrics {
+                resident: gauge(&r, "nova_process_resident_bytes", "Resident memory (VmRSS)."),
+                peak_resident: gauge(
+                    &r,
+                    "nova_process_peak_resident_bytes",
+                    "Peak resident memory since start (VmHWM).",
+                ),
+                cpu_seconds: register(
+                    &r,
+                    Gauge::new(
+                        "nova_process_cpu_seconds_total",
+                        "CPU time used, user and system, in seconds.",
+                    )
+                    .expect("valid metric"),
                 ),
             },
             registry: r,

@@ -13,7 +13,7 @@ use nova_core::limits;
 use nova_core::object_store::{S3Config, StoreLimits};
 use nova_proto::validate::AppendCaps;
 
-use crate::bytesize::parse_bytes;
+use nova_proto::units::parse_bytes;
 
 #[derive(Debug, Clone, Parser)]
 #[command(

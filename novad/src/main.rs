@@ -1,6 +1,5 @@
 //! novad: the Nova star.
 
-mod bytesize;
 mod config;
 mod memory;
 mod metrics_http;

@@ -99,12 +99,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let ready = ready.clone();
         let memory = memory.clone();
         let sessions_open = sessions_open.clone();
+        let process = metrics.process.clone();
         Arc::new(move || {
             if let Some(star) = ready.get() {
                 star.refresh_gauges();
             }
             let open = sessions_open.get().map_or(0, |ctx| ctx.sessions.in_use());
             memory.update(open);
+            process.refresh();
         })
     };
     let metrics_task = tokio::spawn(metrics_http::serve(

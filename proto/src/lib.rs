@@ -5,6 +5,7 @@
 mod convert;
 pub mod domain;
 pub mod error;
+pub mod units;
 pub mod validate;
 
 pub mod v1 {
