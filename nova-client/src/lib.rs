@@ -1,17 +1,30 @@
 //! The Nova SDK: a client for a star's `nova.v1` API.
 //!
+//! - [`Producer`] appends to one stream exactly once: batching by size and linger, a bound on
+//!   unacknowledged bytes (`append` waits past it), and retries under a budget that honour the
+//!   star's `retry-after-ms` hints and never write a record twice (see `producer`).
+//! - [`Consumer`] reads pages from a sequence number, and in follow mode waits at the tail with
+//!   a long-poll read instead of polling.
+//! - [`Client`] holds the connection and the admin calls; [`AppendSession`] is the raw
+//!   pipelined `Append` stream underneath the producer.
+//! - [`Error`] says which failures are worth retrying ([`Error::is_retryable`]) and carries the
+//!   server's retry hint and, for a `match_seq_num` mismatch, the stream's next sequence number.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), nova_client::Error> {
-//! use nova_client::{Client, Record};
+//! use nova_client::{Client, Consumer, Producer, ProducerConfig, Record};
 //!
 //! let client = Client::connect("http://127.0.0.1:7400").await?;
 //! client.create_stream("orders").await?;
-//! let mut session = client.append_session().await?;
-//! let ack = session.append("orders", vec![Record::new("hello")], None).await?;
-//! println!("stored at {}..{}", ack.start_seq, ack.end_seq);
-//! let page = client.read("orders", 0, 100).await?;
+//! let producer = Producer::new(client.clone(), "orders", ProducerConfig::default()).await?;
+//! let ticket = producer.append(Record::new("hello")).await?;
+//! producer.flush().await?;
+//! println!("stored at {}", ticket.wait().await?);
+//! let page = Consumer::new(client, "orders", 0).next_page().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! Runnable examples are in `examples/`: `produce`, `follow`, `errors`.
 
 mod client;
 mod consumer;
