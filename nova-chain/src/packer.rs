@@ -139,13 +139,30 @@ impl Packer {
     }
 
     /// Runs until `stop` fires and every submission already queued is packed and handed on.
+    ///
+    /// A flight is *due* once it is full or its linger has passed, and it closes when a writer
+    /// is free. While every writer is busy a due flight keeps taking batches until it is full,
+    /// so under load flights grow to `--flight-max-bytes` (fewer, fuller PUTs) instead of
+    /// closing small on the linger timer and queueing behind the writers.
     pub async fn run(mut self, stop: CancellationToken) {
         let mut stopping = false;
+        let mut drained = false;
+        let mut writer_stall: Option<Stall> = None;
         loop {
-            let linger_until = self
-                .open
-                .as_ref()
-                .map(|open| open.opened + self.shared.config.flight_linger);
+            let (full, linger_until) = match &self.open {
+                Some(open) => (
+                    open.bytes >= self.shared.config.flight_max_bytes,
+                    Some(open.opened + self.shared.config.flight_linger),
+                ),
+                None => (false, None),
+            };
+            let lingered = linger_until.is_some_and(|at| Instant::now() >= at);
+            // At shutdown nothing is worth waiting for: close what is open at once.
+            let due = self.open.is_some() && (full || lingered || stopping);
+            if drained && self.open.is_none() {
+                break;
+            }
+            self.track_writer_stall(due, &mut writer_stall);
             tokio::select! {
                 biased;
                 _ = stop.cancelled(), if !stopping => {
@@ -153,23 +170,45 @@ impl Packer {
                     stopping = true;
                     self.submissions.close();
                 }
-                submission = self.submissions.recv() => match submission {
-                    Some(submission) => {
-                        self.admit(submission);
-                        let full = self
-                            .open
-                            .as_ref()
-                            .is_some_and(|open| open.bytes >= self.shared.config.flight_max_bytes);
-                        if full {
-                            self.close_flight().await;
-                        }
+                writer = self.writing.clone().acquire_owned(), if due => {
+                    writer_stall = None;
+                    match writer {
+                        Ok(writer) => self.close_flight(writer).await,
+                        Err(_) => self.fail_open(),
                     }
-                    None => break,
+                }
+                _ = self.shared.abandon.cancelled(), if due => self.fail_open(),
+                submission = self.submissions.recv(), if !full && !drained => match submission {
+                    Some(submission) => self.admit(submission),
+                    None => drained = true,
                 },
-                _ = sleep_until(linger_until), if linger_until.is_some() => self.close_flight().await,
+                _ = sleep_until(linger_until), if linger_until.is_some() && !lingered => {}
             }
         }
-        self.close_flight().await;
+    }
+
+    /// Counts a stall while a due flight waits for a writer and the writers are all retrying
+    /// failed writes. Every writer busy with healthy writes is ordinary pipelining.
+    fn track_writer_stall(&self, due: bool, stall: &mut Option<Stall>) {
+        let blocked = due
+            && self.writing.available_permits() == 0
+            && self.shared.writes_failing();
+        if !blocked {
+            *stall = None;
+        } else if stall.is_none() {
+            *stall = Some(Stall::begin(
+                self.shared.metrics.clone(),
+                "flights_in_flight",
+                StallCause::ObjectStoreUnavailable,
+                "every flight writer is retrying a failed write (--flight-max-inflight)",
+            ));
+        }
+    }
+
+    fn fail_open(&mut self) {
+        if let Some(flight) = self.open.take() {
+            flight.fail(&abandoned());
+        }
     }
 
     fn admit(&mut self, sub: Submission) {
@@ -226,9 +265,9 @@ impl Packer {
         });
     }
 
-    /// Closes the open flight (if any) and starts its write. Waits, counted as a stall, while
-    /// the backlog budget is spent or the writers are all busy.
-    async fn close_flight(&mut self) {
+    /// Closes the open flight (if any) and starts its write with `writing`. Waits, counted as a
+    /// stall, while the backlog budget is spent.
+    async fn close_flight(&mut self, writing: OwnedSemaphorePermit) {
         let Some(flight) = self.open.take() else {
             return;
         };
@@ -237,10 +276,6 @@ impl Packer {
             return;
         }
         let Some(backlog) = self.backlog_permit().await else {
-            flight.fail(&abandoned());
-            return;
-        };
-        let Some(writing) = self.writer_permit().await else {
             flight.fail(&abandoned());
             return;
         };
@@ -307,25 +342,6 @@ impl Packer {
         tokio::select! {
             permit = shared.backlog.acquire(1) => Some(permit),
             _ = shared.abandon.cancelled() => None,
-        }
-    }
-
-    async fn writer_permit(&self) -> Option<OwnedSemaphorePermit> {
-        if let Ok(permit) = self.writing.clone().try_acquire_owned() {
-            return Some(permit);
-        }
-        // Every writer busy is ordinary pipelining unless the writes are failing.
-        let _stall = self.shared.writes_failing().then(|| {
-            Stall::begin(
-                self.shared.metrics.clone(),
-                "flights_in_flight",
-                StallCause::ObjectStoreUnavailable,
-                "every flight writer is retrying a failed write (--flight-max-inflight)",
-            )
-        });
-        tokio::select! {
-            permit = self.writing.clone().acquire_owned() => permit.ok(),
-            _ = self.shared.abandon.cancelled() => None,
         }
     }
 }

@@ -46,7 +46,9 @@ async fn sessions_past_the_cap_are_shed_with_a_hint_and_open_ones_carry_on() {
         Some(1.0)
     );
     assert!(
-        novad.log().contains("shed a new producer session"),
+        novad
+            .log()
+            .contains("shed new work at --max-producer-sessions=2"),
         "the shed is logged"
     );
 
