@@ -32,22 +32,25 @@ fn tail_cache(c: &mut Criterion) {
     let cache = TailCache::new(16 << 20, Metrics::new().tail_cache);
     let parts = fragments(16, 64, 1024);
     let mut slot = 0u64;
-    c.bench_function("tail cache insert with eviction, 16 streams per flight", |b| {
-        b.iter(|| {
-            let runs = parts
-                .iter()
-                .enumerate()
-                .map(|(stream, fragment)| CachedRun {
-                    stream_id: stream as u64,
-                    start_seq: slot * 64,
-                    end_seq: slot * 64 + 64,
-                    fragments: vec![(slot * 64, fragment.clone())],
-                })
-                .collect();
-            cache.insert(slot, runs);
-            slot += 1;
-        })
-    });
+    c.bench_function(
+        "tail cache insert with eviction, 16 streams per flight",
+        |b| {
+            b.iter(|| {
+                let runs = parts
+                    .iter()
+                    .enumerate()
+                    .map(|(stream, fragment)| CachedRun {
+                        stream_id: stream as u64,
+                        start_seq: slot * 64,
+                        end_seq: slot * 64 + 64,
+                        fragments: vec![(slot * 64, fragment.clone())],
+                    })
+                    .collect();
+                cache.insert(slot, runs);
+                slot += 1;
+            })
+        },
+    );
     c.bench_function("tail cache lookup", |b| {
         let at = slot.saturating_sub(4) * 64 + 10;
         b.iter(|| cache.lookup(black_box(3), black_box(at)))

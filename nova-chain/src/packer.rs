@@ -125,9 +125,12 @@ impl Packer {
         submissions: mpsc::Receiver<Submission>,
         resolver: mpsc::Sender<InFlight>,
     ) -> Self {
-        let writing = Arc::new(Semaphore::new(
-            shared.config.flight_max_inflight.max(1) as usize
-        ));
+        let writers = shared.config.flight_max_inflight.max(1);
+        shared
+            .metrics
+            .flights_in_flight_capacity
+            .set(writers as i64);
+        let writing = Arc::new(Semaphore::new(writers as usize));
         Self {
             shared,
             submissions,
@@ -140,25 +143,36 @@ impl Packer {
 
     /// Runs until `stop` fires and every submission already queued is packed and handed on.
     ///
-    /// A flight is *due* once it is full or its linger has passed, and it closes when a writer
-    /// is free. While every writer is busy a due flight keeps taking batches until it is full,
-    /// so under load flights grow to `--flight-max-bytes` (fewer, fuller PUTs) instead of
-    /// closing small on the linger timer and queueing behind the writers.
+    /// A flight is *due* once it is full, or its linger has passed and it is less than half
+    /// full, or twice its linger has passed; it closes when a writer is free. While every
+    /// writer is busy a due flight keeps taking batches until it is full. Under load both rules
+    /// grow flights toward `--flight-max-bytes` (fewer, fuller PUTs) instead of closing them
+    /// small on the timer; a lightly loaded star still closes each flight one linger after its
+    /// first batch.
     pub async fn run(mut self, stop: CancellationToken) {
         let mut stopping = false;
         let mut drained = false;
         let mut writer_stall: Option<Stall> = None;
         loop {
-            let (full, linger_until) = match &self.open {
+            let (bytes, linger_until) = match &self.open {
                 Some(open) => (
-                    open.bytes >= self.shared.config.flight_max_bytes,
+                    open.bytes,
                     Some(open.opened + self.shared.config.flight_linger),
                 ),
-                None => (false, None),
+                None => (0, None),
             };
-            let lingered = linger_until.is_some_and(|at| Instant::now() >= at);
-            // At shutdown nothing is worth waiting for: close what is open at once.
-            let due = self.open.is_some() && (full || lingered || stopping);
+            let max = self.shared.config.flight_max_bytes;
+            let full = bytes >= max;
+            let now = Instant::now();
+            let lingered = linger_until.is_some_and(|at| now >= at);
+            let overdue =
+                linger_until.is_some_and(|at| now >= at + self.shared.config.flight_linger);
+            // A flight that filled half its size within one linger is on a busy star: give it
+            // up to one more linger to fill, so busy stars write full flights. A light one
+            // closes after one linger. At shutdown, everything closes at once.
+            let half_full = bytes.saturating_mul(2) >= max;
+            let due =
+                self.open.is_some() && (full || overdue || (lingered && !half_full) || stopping);
             if drained && self.open.is_none() {
                 break;
             }
@@ -183,6 +197,8 @@ impl Packer {
                     None => drained = true,
                 },
                 _ = sleep_until(linger_until), if linger_until.is_some() && !lingered => {}
+                _ = sleep_until(linger_until.map(|at| at + self.shared.config.flight_linger)),
+                    if lingered && !due => {}
             }
         }
     }
@@ -190,9 +206,7 @@ impl Packer {
     /// Counts a stall while a due flight waits for a writer and the writers are all retrying
     /// failed writes. Every writer busy with healthy writes is ordinary pipelining.
     fn track_writer_stall(&self, due: bool, stall: &mut Option<Stall>) {
-        let blocked = due
-            && self.writing.available_permits() == 0
-            && self.shared.writes_failing();
+        let blocked = due && self.writing.available_permits() == 0 && self.shared.writes_failing();
         if !blocked {
             *stall = None;
         } else if stall.is_none() {

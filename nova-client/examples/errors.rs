@@ -13,9 +13,19 @@ async fn main() -> Result<(), Error> {
     let mut session = client.append_session().await?;
 
     let attempts = [
-        ("a missing stream", "no-such-stream", vec![Record::new("x")], None),
+        (
+            "a missing stream",
+            "no-such-stream",
+            vec![Record::new("x")],
+            None,
+        ),
         ("an empty batch", "examples-errors", vec![], None),
-        ("a stale match_seq_num", "examples-errors", vec![Record::new("x")], Some(u64::MAX)),
+        (
+            "a stale match_seq_num",
+            "examples-errors",
+            vec![Record::new("x")],
+            Some(u64::MAX),
+        ),
     ];
     for (what, stream, records, match_seq_num) in attempts {
         match session.append(stream, records, match_seq_num).await {

@@ -17,7 +17,11 @@ async fn main() -> Result<(), Error> {
     loop {
         let page = consumer.next_page().await?;
         for record in page.records {
-            println!("{}: {}", record.seq, String::from_utf8_lossy(&record.record.body));
+            println!(
+                "{}: {}",
+                record.seq,
+                String::from_utf8_lossy(&record.record.body)
+            );
         }
     }
 }

@@ -32,8 +32,9 @@ pub const MAX_READ_RECORDS: u32 = 8192;
 /// `--flight-max-bytes`: a flight closes once its sections reach this size. 8 MiB keeps S3
 /// request cost at 128 PUTs per GiB while a single PUT still completes in tens of milliseconds.
 pub const FLIGHT_MAX_BYTES: u64 = 8 * MIB;
-/// `--flight-linger-ms`: an open flight closes this long after its first batch arrived, so a
-/// lightly loaded star adds at most this much to ack latency and issues at most 20 PUTs per second.
+/// `--flight-linger-ms`: an open flight closes this long after its first batch arrived (twice
+/// as long if it is half full by then), so a lightly loaded star adds at most this much to ack
+/// latency and issues at most 20 PUTs per second.
 pub const FLIGHT_LINGER_MS: u64 = 50;
 /// `--flight-max-inflight`: flights being written to the object store at once.
 pub const FLIGHT_MAX_INFLIGHT: u32 = 8;

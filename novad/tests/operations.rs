@@ -57,6 +57,7 @@ async fn every_metric_is_exported_from_the_first_scrape() {
         novad.metric("nova_memory_ceiling_bytes"),
         Some((2u64 << 30) as f64)
     );
+    assert_eq!(novad.metric("nova_flights_in_flight_capacity"), Some(8.0));
     assert_eq!(
         novad.metric("nova_memory_formula_bytes{term=\"admission\"}"),
         Some((256u64 << 20) as f64)

@@ -335,15 +335,17 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
         }
     }
     shared.stop.store(true, Ordering::Relaxed);
-    let seconds = started.elapsed().as_secs_f64();
-    let records = shared.records.load(Ordering::Relaxed);
-    let bytes = shared.bytes.load(Ordering::Relaxed);
+    // Sessions stop sending and collect the acks still owed; those count too (the star wrote
+    // them, and its PUTs are in the figures), and so does the time they take.
     let mut latencies = histogram();
     for session in sessions {
         if let Ok(histogram) = session.await {
             let _ = latencies.add(&histogram);
         }
     }
+    let seconds = started.elapsed().as_secs_f64();
+    let records = shared.records.load(Ordering::Relaxed);
+    let bytes = shared.bytes.load(Ordering::Relaxed);
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
