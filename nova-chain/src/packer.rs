@@ -16,6 +16,7 @@ use nova_core::budget::BudgetPermit;
 use nova_core::flight::section::Fragment;
 use nova_core::flight::{FlightFooter, FlightMeta, SectionInput, assemble_flight};
 use nova_core::keys::slot_key;
+use nova_core::limits::MAX_SECTION_BYTES;
 use nova_core::record::now_ms;
 use nova_proto::RequestError;
 
@@ -38,7 +39,8 @@ pub type AppendReply = Result<AckRange, RequestError>;
 #[derive(Debug)]
 pub(crate) struct Submission {
     pub stream: Arc<StreamState>,
-    pub fragment: Fragment,
+    /// The batch's records, encoded in chunks of at most `MAX_SECTION_BYTES`.
+    pub chunks: Vec<Fragment>,
     pub content_bytes: u64,
     pub match_seq_num: Option<u64>,
     pub admitted: Admitted,
@@ -68,6 +70,8 @@ pub(crate) struct Section {
     pub stream: Arc<StreamState>,
     pub start_seq: u64,
     pub fragments: Vec<(u64, Fragment)>,
+    /// Encoded bytes of the fragments.
+    pub bytes: u64,
 }
 
 struct OpenFlight {
@@ -87,6 +91,35 @@ impl OpenFlight {
             section_of: HashMap::new(),
             batches: Vec::new(),
         }
+    }
+
+    /// Adds a chunk starting at `seq` to the stream's current section, or to a new section of
+    /// the stream's when the current one would grow past `MAX_SECTION_BYTES`.
+    fn add_chunk(&mut self, stream: &Arc<StreamState>, seq: u64, chunk: Fragment) {
+        let len = chunk.bytes.len() as u64;
+        let current = self
+            .section_of
+            .get(&stream.id())
+            .copied()
+            .filter(|&i| self.sections[i].bytes + len <= MAX_SECTION_BYTES);
+        let index = match current {
+            Some(index) => index,
+            None => {
+                self.sections.push(Section {
+                    stream: stream.clone(),
+                    start_seq: seq,
+                    fragments: Vec::new(),
+                    bytes: 0,
+                });
+                let index = self.sections.len() - 1;
+                self.section_of.insert(stream.id(), index);
+                index
+            }
+        };
+        let section = &mut self.sections[index];
+        section.bytes += len;
+        section.fragments.push((seq, chunk));
+        self.bytes += len;
     }
 
     fn fail(self, error: &RequestError) {
@@ -252,24 +285,19 @@ impl Packer {
             }));
             return;
         }
+        let records: u64 = sub.chunks.iter().map(|c| c.records).sum();
         let range = AckRange {
             start: next,
-            end: next + sub.fragment.records,
+            end: next + records,
         };
         sub.stream.set_next_seq(range.end);
         let open = self.open.get_or_insert_with(OpenFlight::new);
-        let index = *open.section_of.entry(sub.stream.id()).or_insert_with(|| {
-            open.sections.push(Section {
-                stream: sub.stream.clone(),
-                start_seq: range.start,
-                fragments: Vec::new(),
-            });
-            open.sections.len() - 1
-        });
-        open.bytes += sub.fragment.bytes.len() as u64;
-        open.sections[index]
-            .fragments
-            .push((range.start, sub.fragment));
+        let mut seq = range.start;
+        for chunk in sub.chunks {
+            let records = chunk.records;
+            open.add_chunk(&sub.stream, seq, chunk);
+            seq += records;
+        }
         open.batches.push(Batch {
             stream: sub.stream,
             range,

@@ -9,10 +9,13 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
 
 use nova_core::catalog::IndexEntry;
 use nova_core::flight::section::RecordIter;
 use nova_core::flight::{FetchError, FormatError, fetch_section};
+use nova_core::limits::COLD_READ_REFS;
 use nova_core::object_store::StoreError;
 use nova_core::record::SequencedRecord;
 use nova_proto::RequestError;
@@ -116,27 +119,42 @@ pub(crate) async fn read(
             })?;
             continue;
         }
-        let entry = match shared.pending.lookup(stream.id(), seq) {
-            Some(entry) => entry,
-            None => index_entry(shared, stream, seq).await?,
-        };
-        let section = fetch_section(
-            shared.store.as_ref(),
-            &entry.object_key,
-            entry.offset,
-            entry.len,
-            entry.crc32c,
-        )
-        .await
-        .map_err(|e| read_error(stream.name(), e))?;
-        page.take_from(entry.start_seq, section)
-            .map_err(|e| RequestError::DataLoss(format!("{}: {e}", entry.object_key)))?;
-        if page.next_seq == seq {
-            return Err(RequestError::DataLoss(format!(
-                "{} holds no record {seq} of stream {:?} though the index says it does",
-                entry.object_key,
-                stream.name()
-            )));
+        // A cold stretch: up to COLD_READ_REFS sections in flight, only as many as the page can
+        // still take, consumed in order.
+        let budget = page.max_bytes.saturating_sub(page.bytes);
+        let refs = resolve(shared, stream, seq, tail, COLD_READ_REFS, Some(budget)).await?;
+        if refs.is_empty() {
+            return Err(no_entry(stream, seq));
+        }
+        let mut fetches = refs
+            .into_iter()
+            .map(|entry| async move {
+                let section = fetch_section(
+                    shared.store.as_ref(),
+                    &entry.object_key,
+                    entry.offset,
+                    entry.len,
+                    entry.crc32c,
+                )
+                .await;
+                (entry, section)
+            })
+            .collect::<FuturesOrdered<_>>();
+        while let Some((entry, section)) = fetches.next().await {
+            if page.full() {
+                break;
+            }
+            let section = section.map_err(|e| read_error(stream.name(), e))?;
+            let before = page.next_seq;
+            page.take_from(entry.start_seq, section)
+                .map_err(|e| RequestError::DataLoss(format!("{}: {e}", entry.object_key)))?;
+            if page.next_seq == before && !page.full() {
+                return Err(RequestError::DataLoss(format!(
+                    "{} holds no record {before} of stream {:?} though the index says it does",
+                    entry.object_key,
+                    stream.name()
+                )));
+            }
         }
     }
     Ok(Page {
@@ -144,6 +162,57 @@ pub(crate) async fn read(
         next_seq: page.next_seq,
         tail_seq: tail,
     })
+}
+
+/// Index entries covering the stream from `seq`, in order and without gaps, up to `tail`, at
+/// most `max` of them, stopping at the first record the tail cache holds and, when `bytes` is
+/// given, once the entries hold that many bytes.
+pub(crate) async fn resolve(
+    shared: &Shared,
+    stream: &StreamState,
+    mut seq: u64,
+    tail: u64,
+    max: usize,
+    bytes: Option<u64>,
+) -> Result<Vec<IndexEntry>, RequestError> {
+    let mut refs: Vec<IndexEntry> = Vec::new();
+    let mut planned = 0u64;
+    while seq < tail && refs.len() < max && bytes.is_none_or(|b| planned < b || refs.is_empty()) {
+        if shared.tail_cache.contains(stream.id(), seq) {
+            break;
+        }
+        let found = match shared.pending.lookup(stream.id(), seq) {
+            Some(entry) => vec![entry],
+            None => shared
+                .catalog
+                .index_entries(stream.id(), seq, max - refs.len())
+                .await
+                .map_err(|e| RequestError::Unavailable(format!("index lookup: {e}")))?,
+        };
+        let before = refs.len();
+        for entry in found {
+            if entry.start_seq > seq || refs.len() == max {
+                break;
+            }
+            seq = entry.end_seq;
+            planned += entry.len;
+            refs.push(entry);
+            if bytes.is_some_and(|b| planned >= b) || seq >= tail {
+                break;
+            }
+        }
+        if refs.len() == before {
+            break;
+        }
+    }
+    Ok(refs)
+}
+
+fn no_entry(stream: &StreamState, seq: u64) -> RequestError {
+    RequestError::DataLoss(format!(
+        "no index entry covers record {seq} of stream {:?} below its tail",
+        stream.name()
+    ))
 }
 
 fn take_cached(page: &mut PageBuilder, run: &CachedRun) -> Result<(), FormatError> {
@@ -160,28 +229,6 @@ fn take_cached(page: &mut PageBuilder, run: &CachedRun) -> Result<(), FormatErro
         page.take_from(*start, fragment.bytes.clone())?;
     }
     Ok(())
-}
-
-async fn index_entry(
-    shared: &Shared,
-    stream: &StreamState,
-    seq: u64,
-) -> Result<IndexEntry, RequestError> {
-    let entries = shared
-        .catalog
-        .index_entries(stream.id(), seq, 1)
-        .await
-        .map_err(|e| RequestError::Unavailable(format!("index lookup: {e}")))?;
-    entries
-        .into_iter()
-        .next()
-        .filter(|e| e.start_seq <= seq)
-        .ok_or_else(|| {
-            RequestError::DataLoss(format!(
-                "no index entry covers record {seq} of stream {:?} below its tail",
-                stream.name()
-            ))
-        })
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use nova_core::catalog::Catalog;
+use nova_core::catalog::{Catalog, IndexEntry};
 use nova_core::flight::section::Fragment;
 use nova_core::metastore::Metastore;
 use nova_core::metrics::Metrics;
@@ -53,6 +53,17 @@ pub enum ShutdownError {
     DeadlineExceeded(usize),
     #[error("a chain task failed: {0}")]
     TaskFailed(String),
+}
+
+/// What `resolve_refs` found.
+#[derive(Debug, Clone)]
+pub struct Refs {
+    pub refs: Vec<IndexEntry>,
+    /// Where the refs end.
+    pub next_seq: u64,
+    pub tail_seq: u64,
+    /// Records from here on are in the star's memory.
+    pub hot_from: u64,
 }
 
 pub struct Star {
@@ -212,12 +223,13 @@ impl Star {
         self.shared.fenced()
     }
 
-    /// Hands a charged, encoded batch to the packer. The receiver resolves with the assigned
+    /// Hands a charged batch, encoded in chunks (`encode_chunks` with `MAX_SECTION_BYTES`), to
+    /// the packer. The receiver resolves with the assigned
     /// range once the batch is durable, or with the reason it was refused or failed.
     pub async fn submit(
         &self,
         stream: Arc<StreamState>,
-        fragment: Fragment,
+        chunks: Vec<Fragment>,
         content_bytes: u64,
         match_seq_num: Option<u64>,
         admitted: Admitted,
@@ -225,7 +237,7 @@ impl Star {
         let (reply, receiver) = oneshot::channel();
         let submission = Submission {
             stream,
-            fragment,
+            chunks,
             content_bytes,
             match_seq_num,
             admitted,
@@ -247,6 +259,33 @@ impl Star {
         max_bytes: u64,
     ) -> Result<Page, RequestError> {
         reader::read(&self.shared, stream, start_seq, max_records, max_bytes).await
+    }
+
+    /// Where the stream's records from `start_seq` live in the object store: index entries in
+    /// order, at most `max_refs`, up to the first record held in memory, and where that
+    /// in-memory stretch begins (`hot_from`): a read tier serves refs itself and sends the rest
+    /// to the star.
+    pub async fn resolve_refs(
+        &self,
+        stream: &StreamState,
+        start_seq: u64,
+        max_refs: usize,
+    ) -> Result<Refs, RequestError> {
+        let tail = stream.tail();
+        let hot_from = self
+            .shared
+            .tail_cache
+            .earliest(stream.id())
+            .map_or(tail, |earliest| earliest.clamp(start_seq.min(tail), tail));
+        let refs =
+            reader::resolve(&self.shared, stream, start_seq, hot_from, max_refs, None).await?;
+        let next_seq = refs.last().map_or(start_seq, |r| r.end_seq);
+        Ok(Refs {
+            refs,
+            next_seq,
+            tail_seq: tail,
+            hot_from,
+        })
     }
 
     /// Refreshes the gauges that are ages rather than counts, for a metrics scrape.

@@ -144,6 +144,26 @@ impl TailCache {
         found
     }
 
+    /// Whether the cache holds record `seq` of the stream (without counting a hit or miss).
+    pub fn contains(&self, stream_id: u64, seq: u64) -> bool {
+        let inner = self.inner.lock();
+        inner
+            .by_stream
+            .get(&stream_id)
+            .and_then(|runs| runs.range(seq + 1..).next())
+            .is_some_and(|(_, run)| run.start_seq <= seq)
+    }
+
+    /// The first sequence number of the stream the cache holds, if any.
+    pub fn earliest(&self, stream_id: u64) -> Option<u64> {
+        let inner = self.inner.lock();
+        inner
+            .by_stream
+            .get(&stream_id)
+            .and_then(|runs| runs.values().next())
+            .map(|run| run.start_seq)
+    }
+
     /// Slots currently cached, oldest first (for tests and diagnostics).
     pub fn slots(&self) -> Vec<u64> {
         self.inner.lock().flights.iter().map(|f| f.slot).collect()

@@ -109,7 +109,7 @@ async fn append(
         .admit(encoded_charge(1, 0, body.len() as u64))
         .await;
     let fragment = encode_fragment(records.iter());
-    star.submit(stream, fragment, body.len() as u64, None, admitted)
+    star.submit(stream, vec![fragment], body.len() as u64, None, admitted)
         .await
         .unwrap()
 }

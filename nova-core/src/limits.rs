@@ -36,6 +36,14 @@ pub const FLIGHT_MAX_BYTES: u64 = 8 * MIB;
 /// as long if it is half full by then), so a lightly loaded star adds at most this much to ack
 /// latency and issues at most 20 PUTs per second.
 pub const FLIGHT_LINGER_MS: u64 = 50;
+/// The largest section a flight holds for one stream (unless a single record is larger): a
+/// stream's records beyond it start another section. Each section is one ref for readers, so a
+/// read with 8 refs in flight holds at most 8 MiB of fetched sections.
+pub const MAX_SECTION_BYTES: u64 = MIB;
+/// Refs a cold read keeps in flight.
+pub const COLD_READ_REFS: usize = 8;
+/// The most refs one `ResolveRefs` answers with.
+pub const MAX_RESOLVED_REFS: usize = 64;
 /// `--flight-max-inflight`: flights being written to the object store at once.
 pub const FLIGHT_MAX_INFLIGHT: u32 = 8;
 

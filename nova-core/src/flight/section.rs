@@ -68,6 +68,29 @@ pub fn encode_fragment<'a>(records: impl IntoIterator<Item = &'a Record> + Clone
     }
 }
 
+/// Encodes records into fragments of at most `max_chunk` bytes each, split at record
+/// boundaries (a single record larger than `max_chunk` gets a fragment of its own). Keeping
+/// fragments small keeps sections small, and a reader never fetches more than one section at a
+/// time for a ref.
+pub fn encode_chunks(records: &[Record], max_chunk: usize) -> Vec<Fragment> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    let mut size = 0;
+    for (i, record) in records.iter().enumerate() {
+        let len = encoded_len(record);
+        if i > start && size + len > max_chunk {
+            chunks.push(encode_fragment(records[start..i].iter()));
+            start = i;
+            size = 0;
+        }
+        size += len;
+    }
+    if start < records.len() {
+        chunks.push(encode_fragment(records[start..].iter()));
+    }
+    chunks
+}
+
 /// Iterates the records of a section (or any run of whole fragments) without copying: bodies and
 /// headers are slices of the input.
 #[derive(Debug, Clone)]
@@ -211,6 +234,20 @@ mod tests {
             iter.skip_records(skip as u64).unwrap();
             let decoded: Result<Vec<_>, _> = iter.collect();
             prop_assert_eq!(&decoded.unwrap()[..], &records[skip..]);
+        }
+
+        #[test]
+        fn chunks_split_at_record_boundaries(records in proptest::collection::vec(arb_record(), 0..40), max in 1usize..2000) {
+            let chunks = encode_chunks(&records, max);
+            let mut decoded = Vec::new();
+            for chunk in &chunks {
+                let in_chunk: Vec<_> = RecordIter::new(chunk.bytes.clone()).collect::<Result<_, _>>().unwrap();
+                prop_assert_eq!(in_chunk.len() as u64, chunk.records);
+                // Over the limit only when one record alone is.
+                prop_assert!(chunk.bytes.len() <= max || in_chunk.len() == 1);
+                decoded.extend(in_chunk);
+            }
+            prop_assert_eq!(decoded, records);
         }
 
         #[test]

@@ -16,8 +16,8 @@ use tonic::{Code, Status, Streaming};
 
 use nova_chain::admission::{decoded_charge, encoded_charge};
 use nova_chain::{AckRange, AppendReply};
-use nova_core::flight::section::encode_fragment;
-use nova_core::limits::SESSION_PIPELINE_DEPTH;
+use nova_core::flight::section::encode_chunks;
+use nova_core::limits::{MAX_SECTION_BYTES, SESSION_PIPELINE_DEPTH};
 use nova_core::record::now_ms;
 use nova_proto::RequestError;
 use nova_proto::v1;
@@ -202,7 +202,7 @@ async fn admit(ctx: &Context, request: v1::AppendRequest) -> Pending {
             valid.content_bytes,
         ))
         .await;
-    let fragment = encode_fragment(valid.records.iter());
+    let chunks = encode_chunks(&valid.records, MAX_SECTION_BYTES as usize);
     drop(valid.records);
     admitted.shrink_to(encoded_charge(
         records,
@@ -213,7 +213,7 @@ async fn admit(ctx: &Context, request: v1::AppendRequest) -> Pending {
         .star
         .submit(
             stream,
-            fragment,
+            chunks,
             valid.content_bytes,
             valid.match_seq_num,
             admitted,

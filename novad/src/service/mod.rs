@@ -13,7 +13,9 @@ use tonic::{Request, Response, Status, Streaming};
 use nova_chain::Star;
 use nova_chain::streams::StreamState;
 use nova_core::catalog::StorageClass;
-use nova_core::limits::{LIST_STREAMS_DEFAULT, LIST_STREAMS_MAX, MAX_READ_WAIT_MS};
+use nova_core::limits::{
+    COLD_READ_REFS, LIST_STREAMS_DEFAULT, LIST_STREAMS_MAX, MAX_READ_WAIT_MS, MAX_RESOLVED_REFS,
+};
 use nova_core::metrics::Metrics;
 use nova_core::shed::ShedLog;
 use nova_proto::RequestError;
@@ -81,10 +83,12 @@ impl Nova for NovaService {
         let request = request.into_inner();
         let ctx = &self.ctx;
         let stream = ctx.star.streams().get_or_not_found(&request.stream)?;
+        // Every read in progress is a subscription: the cap bounds how many pages (each within
+        // the read caps, with at most 8 sections in flight) the star builds at once. A follow
+        // read holds its slot while it waits at the tail, and nothing else: the next page is
+        // produced only when the consumer asks for it.
+        let _subscription = ctx.subscriptions.admit(peer)?;
         if request.wait_ms > 0 && request.start_seq >= stream.tail() {
-            // A follow read at the tail: it holds a subscription slot while it waits, and
-            // nothing else; the next page is produced only when the consumer asks for it.
-            let _subscription = ctx.subscriptions.admit(peer)?;
             let wait = Duration::from_millis((request.wait_ms as u64).min(MAX_READ_WAIT_MS));
             stream.wait_past(request.start_seq, wait).await;
             if stream.is_deleted() {
@@ -111,6 +115,38 @@ impl Nova for NovaService {
             records: page.records.into_iter().map(Into::into).collect(),
             next_seq: page.next_seq,
             tail_seq: page.tail_seq,
+        }))
+    }
+
+    async fn resolve_refs(
+        &self,
+        request: Request<v1::ResolveRefsRequest>,
+    ) -> Result<Response<v1::ResolveRefsResponse>, Status> {
+        let request = request.into_inner();
+        let stream = self.ctx.star.streams().get_or_not_found(&request.stream)?;
+        let max_refs = match request.max_refs {
+            0 => COLD_READ_REFS,
+            n => (n as usize).min(MAX_RESOLVED_REFS),
+        };
+        let found = self
+            .ctx
+            .star
+            .resolve_refs(&stream, request.start_seq, max_refs)
+            .await?;
+        Ok(Response::new(v1::ResolveRefsResponse {
+            refs: found
+                .refs
+                .into_iter()
+                .map(|r| v1::ObjectRef {
+                    object_key: r.object_key,
+                    stream_id: r.stream_id,
+                    start_seq: r.start_seq,
+                    end_seq: r.end_seq,
+                })
+                .collect(),
+            next_seq: found.next_seq,
+            tail_seq: found.tail_seq,
+            hot_from_seq: found.hot_from,
         }))
     }
 
