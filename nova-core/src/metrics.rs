@@ -43,6 +43,38 @@ pub struct StoreMetrics {
     pub bytes: IntCounterVec,
 }
 
+impl StoreMetrics {
+    /// Registers the object-store series in `r`.
+    pub fn register(r: &Registry) -> Self {
+        StoreMetrics {
+            requests: counter_vec(
+                r,
+                "nova_object_store_requests_total",
+                "Object store requests by operation and outcome.",
+                &["op", "outcome"],
+            ),
+            latency: register(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "nova_object_store_request_duration_seconds",
+                        "Object store request latency by operation.",
+                    )
+                    .buckets(wait_buckets()),
+                    &["op"],
+                )
+                .expect("valid metric"),
+            ),
+            bytes: counter_vec(
+                r,
+                "nova_object_store_bytes_total",
+                "Bytes written to or read from the object store by operation.",
+                &["op"],
+            ),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Metrics {
     pub registry: Registry,
@@ -108,7 +140,7 @@ pub struct MemoryMetrics {
     pub saturated: IntGauge,
 }
 
-fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+pub fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
     // Names are fixed at compile time and unique in a fresh registry, so this cannot fail.
     registry
         .register(Box::new(c.clone()))
@@ -116,15 +148,15 @@ fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registr
     c
 }
 
-fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+pub fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
     register(r, IntGauge::new(name, help).expect("valid metric"))
 }
 
-fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
+pub fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
     register(r, IntCounter::new(name, help).expect("valid metric"))
 }
 
-fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+pub fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     register(
         r,
         IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
@@ -136,7 +168,7 @@ fn wait_buckets() -> Vec<f64> {
     prometheus::exponential_buckets(0.0001, 4.0, 11).expect("valid buckets")
 }
 
-fn histogram(r: &Registry, name: &str, help: &str) -> Histogram {
+pub fn histogram(r: &Registry, name: &str, help: &str) -> Histogram {
     register(
         r,
         Histogram::with_opts(HistogramOpts::new(name, help).buckets(wait_buckets()))
@@ -144,7 +176,7 @@ fn histogram(r: &Registry, name: &str, help: &str) -> Histogram {
     )
 }
 
-fn budget(r: &Registry, prefix: &str, unit: &str, what: &str) -> BudgetMetrics {
+pub fn budget(r: &Registry, prefix: &str, unit: &str, what: &str) -> BudgetMetrics {
     BudgetMetrics {
         capacity: gauge(
             r,
@@ -217,32 +249,7 @@ impl Metrics {
                 "Read lookups that fell back to the object store.",
             ),
         };
-        let store = StoreMetrics {
-            requests: counter_vec(
-                &r,
-                "nova_object_store_requests_total",
-                "Object store requests by operation and outcome.",
-                &["op", "outcome"],
-            ),
-            latency: register(
-                &r,
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "nova_object_store_request_duration_seconds",
-                        "Object store request latency by operation.",
-                    )
-                    .buckets(wait_buckets()),
-                    &["op"],
-                )
-                .expect("valid metric"),
-            ),
-            bytes: counter_vec(
-                &r,
-                "nova_object_store_bytes_total",
-                "Bytes written to or read from the object store by operation.",
-                &["op"],
-            ),
-        };
+        let store = StoreMetrics::register(&r);
         Self {
             admission,
             backlog,
@@ -257,7 +264,7 @@ impl Metrics {
             subscriptions: gauge(
                 &r,
                 "nova_subscriptions",
-                "Reads waiting at a stream's tail for new records.",
+                "Reads in progress, including reads waiting at a stream's tail for new records.",
             ),
             subscriptions_capacity: gauge(
                 &r,

@@ -10,7 +10,7 @@ use clap::Parser;
 
 use nova_chain::{ChainConfig, RetryPolicy};
 use nova_core::limits;
-use nova_core::object_store::{S3Config, StoreLimits};
+use nova_core::object_store::StoreArgs;
 use nova_proto::validate::AppendCaps;
 
 use nova_proto::units::parse_bytes;
@@ -43,73 +43,8 @@ pub struct Config {
     #[arg(long, env = "NOVA_STAR_ID", default_value = "nova")]
     pub star_id: String,
 
-    // ---- object store -------------------------------------------------------------------
-    /// S3 bucket to write flights to. Without it flights go to <data-dir>/objects.
-    #[arg(long, env = "NOVA_S3_BUCKET", help_heading = "Object store")]
-    pub s3_bucket: Option<String>,
-
-    /// Custom S3 endpoint URL (an S3-compatible server); AWS when unset.
-    #[arg(long, env = "NOVA_S3_ENDPOINT", help_heading = "Object store")]
-    pub s3_endpoint: Option<String>,
-
-    /// S3 region.
-    #[arg(
-        long,
-        env = "NOVA_S3_REGION",
-        default_value = "us-east-1",
-        help_heading = "Object store"
-    )]
-    pub s3_region: String,
-
-    /// Key prefix for everything Nova writes in the bucket.
-    #[arg(
-        long,
-        env = "NOVA_S3_PREFIX",
-        default_value = "",
-        help_heading = "Object store"
-    )]
-    pub s3_prefix: String,
-
-    /// Address buckets by path (http://endpoint/bucket/key), as most S3-compatible servers need.
-    #[arg(long, env = "NOVA_S3_PATH_STYLE", help_heading = "Object store")]
-    pub s3_path_style: bool,
-
-    /// Object-store reads in flight at once; more wait their turn.
-    #[arg(
-        long,
-        env = "NOVA_S3_READ_CONCURRENCY",
-        default_value_t = 64,
-        help_heading = "Object store"
-    )]
-    pub s3_read_concurrency: usize,
-
-    /// Object-store writes in flight at once; more wait their turn.
-    #[arg(
-        long,
-        env = "NOVA_S3_WRITE_CONCURRENCY",
-        default_value_t = 16,
-        help_heading = "Object store"
-    )]
-    pub s3_write_concurrency: usize,
-
-    /// Deadline for one object-store request attempt, in milliseconds.
-    #[arg(
-        long,
-        env = "NOVA_S3_REQUEST_TIMEOUT_MS",
-        default_value_t = 30_000,
-        help_heading = "Object store"
-    )]
-    pub s3_request_timeout_ms: u64,
-
-    /// Attempts per object-store request (retryable errors only). Flight writes are retried
-    /// beyond this, with backoff, until they land.
-    #[arg(
-        long,
-        env = "NOVA_S3_MAX_ATTEMPTS",
-        default_value_t = 3,
-        help_heading = "Object store"
-    )]
-    pub s3_max_attempts: u32,
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     // ---- budgets --------------------------------------------------------------------------
     /// Admission buffer, MiB: bytes of appends held from decode until they are acknowledged or
@@ -244,26 +179,6 @@ impl Config {
             max_batch_records: self.max_batch_records,
             max_record_bytes: self.max_record_bytes,
         }
-    }
-
-    pub fn store_limits(&self) -> StoreLimits {
-        StoreLimits {
-            read_concurrency: self.s3_read_concurrency,
-            write_concurrency: self.s3_write_concurrency,
-            request_timeout: Duration::from_millis(self.s3_request_timeout_ms),
-        }
-    }
-
-    pub fn s3(&self) -> Option<S3Config> {
-        let bucket = self.s3_bucket.clone()?;
-        let mut config = S3Config::new(bucket);
-        config.prefix = self.s3_prefix.clone();
-        config.endpoint = self.s3_endpoint.clone();
-        config.region = self.s3_region.clone();
-        config.force_path_style = self.s3_path_style;
-        config.limits = self.store_limits();
-        config.max_attempts = self.s3_max_attempts;
-        Some(config)
     }
 
     /// The largest gRPC message novad decodes. Twice the batch cap, so a batch somewhat over

@@ -11,7 +11,6 @@ use nova_chain::Star;
 use nova_core::memory::detect_ceiling;
 use nova_core::metastore::{EmbeddedMetastore, Metastore};
 use nova_core::metrics::Metrics;
-use nova_core::object_store::{LocalStore, ObjectStore, S3Store};
 use nova_core::shed::ShedLog;
 use nova_proto::v1::nova_server::NovaServer;
 
@@ -20,20 +19,6 @@ use crate::memory::MemoryModel;
 use crate::metrics_http;
 use crate::service::caps::{self, Cap};
 use crate::service::{Context, NovaService};
-
-async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn ObjectStore>> {
-    Ok(match config.s3() {
-        Some(s3) => Arc::new(S3Store::new(s3).await),
-        None => {
-            let root = config.data_dir.join("store");
-            Arc::new(
-                LocalStore::open(&root, config.store_limits()).with_context(|| {
-                    format!("opening the local object store at {}", root.display())
-                })?,
-            )
-        }
-    })
-}
 
 /// Resolves on SIGTERM or ctrl-c.
 async fn termination() {
@@ -89,7 +74,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         tracing::warn!("--allow-memory-overcommit: starting anyway: {problem}");
     }
-    let store = open_store(&config).await?;
+    let local_root = config.data_dir.join("store");
+    let store =
+        config.store.open(&local_root).await.with_context(|| {
+            format!("opening the local object store at {}", local_root.display())
+        })?;
     let stopping = CancellationToken::new();
 
     // Metrics are up before recovery, so a star stuck retrying an unreachable store is visible.

@@ -15,6 +15,9 @@ pub struct NovadBuilder {
     env: Vec<(String, String)>,
     data_dir: Option<PathBuf>,
     cgroup: Option<PathBuf>,
+    port: Option<u16>,
+    /// novagateway takes no --data-dir.
+    gateway: bool,
 }
 
 impl NovadBuilder {
@@ -26,7 +29,24 @@ impl NovadBuilder {
             env: Vec::new(),
             data_dir: None,
             cgroup: None,
+            port: None,
+            gateway: false,
         }
+    }
+
+    /// A novagateway process (`binary` is the novagateway executable): the same handle, without
+    /// the star's --data-dir.
+    pub fn gateway(binary: impl Into<PathBuf>) -> Self {
+        Self {
+            gateway: true,
+            ..Self::new(binary)
+        }
+    }
+
+    /// Listens on this port instead of a free one picked at start (to name it to peers first).
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = Some(port);
+        self
     }
 
     /// Runs novad inside this cgroup (v1: a directory under /sys/fs/cgroup/memory); it joins the
@@ -93,8 +113,9 @@ impl NovadBuilder {
             binary: self.binary,
             args: self.args,
             env: self.env,
-            port: free_port(),
+            port: self.port.unwrap_or_else(free_port),
             metrics_port: free_port(),
+            gateway: self.gateway,
             data_dir,
             cgroup: self.cgroup,
             _temp: temp,
@@ -114,6 +135,7 @@ pub struct Novad {
     metrics_port: u16,
     data_dir: PathBuf,
     cgroup: Option<PathBuf>,
+    gateway: bool,
     _temp: Option<tempfile::TempDir>,
     starts: u32,
 }
@@ -165,9 +187,11 @@ impl Novad {
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--metrics-addr")
-            .arg(format!("127.0.0.1:{}", self.metrics_port))
-            .arg("--data-dir")
-            .arg(&self.data_dir)
+            .arg(format!("127.0.0.1:{}", self.metrics_port));
+        if !self.gateway {
+            command.arg("--data-dir").arg(&self.data_dir);
+        }
+        command
             .args(&self.args)
             .env(
                 "RUST_LOG",

@@ -15,6 +15,7 @@
 
 mod fetch;
 mod layout;
+pub mod page;
 pub mod section;
 
 pub use fetch::{FetchError, fetch_footer, fetch_section};

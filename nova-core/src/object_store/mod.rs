@@ -1,6 +1,7 @@
 //! The object store a star writes flights to, and its two backends: a local directory (the
 //! zero-setup default) and S3 through aws-sdk-s3. Both pass the suite in `conformance`.
 
+mod args;
 pub mod conformance;
 mod instrumented;
 mod local;
@@ -13,6 +14,7 @@ use std::ops::Range;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+pub use args::StoreArgs;
 pub use instrumented::Instrumented;
 pub use local::LocalStore;
 pub use payload::PutPayload;

@@ -1,0 +1,111 @@
+//! The object-store flags novad and novagateway share, and opening the store they describe.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::{LocalStore, ObjectStore, S3Config, S3Store, StoreLimits};
+
+#[derive(Debug, Clone, Args)]
+pub struct StoreArgs {
+    /// S3 bucket holding the flights. Without it they are in a local directory (novad: under
+    /// --data-dir).
+    #[arg(long, env = "NOVA_S3_BUCKET", help_heading = "Object store")]
+    pub s3_bucket: Option<String>,
+
+    /// Custom S3 endpoint URL (an S3-compatible server); AWS when unset.
+    #[arg(long, env = "NOVA_S3_ENDPOINT", help_heading = "Object store")]
+    pub s3_endpoint: Option<String>,
+
+    /// S3 region.
+    #[arg(
+        long,
+        env = "NOVA_S3_REGION",
+        default_value = "us-east-1",
+        help_heading = "Object store"
+    )]
+    pub s3_region: String,
+
+    /// Key prefix for everything Nova writes in the bucket.
+    #[arg(
+        long,
+        env = "NOVA_S3_PREFIX",
+        default_value = "",
+        help_heading = "Object store"
+    )]
+    pub s3_prefix: String,
+
+    /// Address buckets by path (http://endpoint/bucket/key), as most S3-compatible servers need.
+    #[arg(long, env = "NOVA_S3_PATH_STYLE", help_heading = "Object store")]
+    pub s3_path_style: bool,
+
+    /// Object-store reads in flight at once; more wait their turn.
+    #[arg(
+        long,
+        env = "NOVA_S3_READ_CONCURRENCY",
+        default_value_t = 64,
+        help_heading = "Object store"
+    )]
+    pub s3_read_concurrency: usize,
+
+    /// Object-store writes in flight at once; more wait their turn.
+    #[arg(
+        long,
+        env = "NOVA_S3_WRITE_CONCURRENCY",
+        default_value_t = 16,
+        help_heading = "Object store"
+    )]
+    pub s3_write_concurrency: usize,
+
+    /// Deadline for one object-store request attempt, in milliseconds.
+    #[arg(
+        long,
+        env = "NOVA_S3_REQUEST_TIMEOUT_MS",
+        default_value_t = 30_000,
+        help_heading = "Object store"
+    )]
+    pub s3_request_timeout_ms: u64,
+
+    /// Attempts per object-store request (retryable errors only). Flight writes are retried
+    /// beyond this, with backoff, until they land.
+    #[arg(
+        long,
+        env = "NOVA_S3_MAX_ATTEMPTS",
+        default_value_t = 3,
+        help_heading = "Object store"
+    )]
+    pub s3_max_attempts: u32,
+}
+
+impl StoreArgs {
+    pub fn limits(&self) -> StoreLimits {
+        StoreLimits {
+            read_concurrency: self.s3_read_concurrency,
+            write_concurrency: self.s3_write_concurrency,
+            request_timeout: Duration::from_millis(self.s3_request_timeout_ms),
+        }
+    }
+
+    /// The S3 configuration, when a bucket is given.
+    pub fn s3(&self) -> Option<S3Config> {
+        let bucket = self.s3_bucket.clone()?;
+        let mut config = S3Config::new(bucket);
+        config.prefix = self.s3_prefix.clone();
+        config.endpoint = self.s3_endpoint.clone();
+        config.region = self.s3_region.clone();
+        config.force_path_style = self.s3_path_style;
+        config.limits = self.limits();
+        config.max_attempts = self.s3_max_attempts;
+        Some(config)
+    }
+
+    /// Opens S3 when a bucket is given, else the local directory store at `local_root`.
+    pub async fn open(&self, local_root: &Path) -> std::io::Result<Arc<dyn ObjectStore>> {
+        Ok(match self.s3() {
+            Some(s3) => Arc::new(S3Store::new(s3).await),
+            None => Arc::new(LocalStore::open(local_root, self.limits())?),
+        })
+    }
+}

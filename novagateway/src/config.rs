@@ -1,0 +1,204 @@
+//! novagateway's flags; each can also be set from the environment (`NOVA_` and the flag's name).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use nova_core::limits;
+use nova_core::object_store::StoreArgs;
+use nova_proto::units::parse_bytes;
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "novagateway",
+    version,
+    about = "Nova's read tier: serves stream reads from the object store.",
+    long_about = "Nova's read tier. It serves the same Read API as a star: history it reads from \
+the object store itself (refs from the star, footers and sections with ranged GETs), and reads at \
+the tail it forwards to the star. Several gateways share an object cache: each object has an owner \
+among them by consistent hashing with bounded loads. Stateless: start and stop instances freely.\n\n\
+Every bound below is a budget: at its limit a response waits (and the wait is a metric) or a cache \
+evicts; memory never grows past it."
+)]
+pub struct Config {
+    /// Address the gRPC API (reads, and the peer cache service) listens on.
+    #[arg(long, env = "NOVA_GATEWAY_LISTEN", default_value = "127.0.0.1:7500")]
+    pub listen: SocketAddr,
+
+    /// Address the Prometheus metrics endpoint (/metrics) listens on.
+    #[arg(
+        long,
+        env = "NOVA_GATEWAY_METRICS_ADDR",
+        default_value = "127.0.0.1:7501"
+    )]
+    pub metrics_addr: SocketAddr,
+
+    /// The leading star's gRPC URL: refs come from it, and reads at the tail go to it.
+    #[arg(long, env = "NOVA_STAR", default_value = "http://127.0.0.1:7400")]
+    pub star: String,
+
+    /// Every gateway instance's URL, this one's included, comma-separated: the object cache
+    /// tier's members. Empty: this gateway caches alone.
+    #[arg(
+        long,
+        env = "NOVA_GATEWAY_PEERS",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub peers: Vec<String>,
+
+    /// This instance's URL as it appears in --peers (default: http:// and --listen).
+    #[arg(long, env = "NOVA_GATEWAY_ADVERTISE")]
+    pub advertise: Option<String>,
+
+    /// The local object-store directory (a star's <data-dir>/store) when no --s3-bucket is set.
+    #[arg(
+        long,
+        env = "NOVA_GATEWAY_STORE_DIR",
+        default_value = "nova-data/store"
+    )]
+    pub store_dir: PathBuf,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
+
+    // ---- budgets --------------------------------------------------------------------------
+    /// Fetch pool: bytes of object sections being fetched for responses, across every response.
+    /// A response waits for room before it fetches; the wait is a metric. A response needing
+    /// more than the whole pool is clamped to it.
+    #[arg(long, env = "NOVA_FETCH_INFLIGHT", default_value = "64MiB", value_parser = parse_bytes, help_heading = "Budgets")]
+    pub fetch_inflight: u64,
+
+    /// Footer cache: decoded flight footers, weighted by their decoded size, evicted at the
+    /// budget.
+    #[arg(long, env = "NOVA_FOOTER_CACHE_BYTES", default_value = "32MiB", value_parser = parse_bytes, help_heading = "Budgets")]
+    pub footer_cache_bytes: u64,
+
+    /// Object cache: byte ranges of the objects this instance owns, evicted at the budget.
+    #[arg(long, env = "NOVA_OBJECT_CACHE_BYTES", default_value = "256MiB", value_parser = parse_bytes, help_heading = "Budgets")]
+    pub object_cache_bytes: u64,
+
+    /// Bounded loads: a fetch goes to its object's owner unless the owner's in-flight claims
+    /// would pass this factor times the mean; then it spills to the next instance on the ring.
+    #[arg(
+        long,
+        env = "NOVA_OBJECT_CACHE_LOAD_FACTOR",
+        default_value_t = 1.25,
+        help_heading = "Budgets"
+    )]
+    pub object_cache_load_factor: f64,
+
+    /// Content bytes in one read response; the page returns short at the cap.
+    #[arg(long, env = "NOVA_MAX_READ_BYTES", default_value = "8MiB", value_parser = parse_bytes, help_heading = "Budgets")]
+    pub max_read_bytes: u64,
+
+    /// Records in one read response; the page returns short at the cap.
+    #[arg(long, env = "NOVA_MAX_READ_RECORDS", default_value_t = limits::MAX_READ_RECORDS, help_heading = "Budgets")]
+    pub max_read_records: u32,
+
+    // ---- peers ----------------------------------------------------------------------------
+    /// How long a fetch from a peer may take before the peer is taken for dead.
+    #[arg(long, env = "NOVA_GATEWAY_PEER_TIMEOUT_MS", default_value_t = 2000)]
+    pub peer_timeout_ms: u64,
+
+    /// How long a peer that failed is skipped (its share goes straight to the object store).
+    #[arg(long, env = "NOVA_GATEWAY_DEAD_PEER_MS", default_value_t = 5000)]
+    pub dead_peer_ms: u64,
+}
+
+impl Config {
+    pub fn advertise(&self) -> String {
+        self.advertise
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", self.listen))
+    }
+
+    /// The tier's members: --peers, or just this instance.
+    pub fn members(&self) -> Vec<String> {
+        let peers: Vec<String> = self
+            .peers
+            .iter()
+            .map(|p| p.trim().to_owned())
+            .filter(|p| !p.is_empty())
+            .collect();
+        if peers.is_empty() {
+            vec![self.advertise()]
+        } else {
+            peers
+        }
+    }
+
+    pub fn peer_timeout(&self) -> Duration {
+        Duration::from_millis(self.peer_timeout_ms)
+    }
+
+    pub fn dead_peer(&self) -> Duration {
+        Duration::from_millis(self.dead_peer_ms)
+    }
+
+    pub fn check(&self) -> Result<(), String> {
+        if self.object_cache_load_factor < 1.0 {
+            return Err("--object-cache-load-factor must be at least 1".into());
+        }
+        if self.fetch_inflight == 0 {
+            return Err("--fetch-inflight must be more than 0".into());
+        }
+        let members = self.members();
+        if !members.contains(&self.advertise()) {
+            return Err(format!(
+                "--peers ({}) must include this instance's URL {} (set --advertise)",
+                members.join(","),
+                self.advertise()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let config = Config::parse_from(["novagateway"]);
+        assert_eq!(config.fetch_inflight, 64 << 20);
+        assert_eq!(config.footer_cache_bytes, 32 << 20);
+        assert_eq!(config.object_cache_load_factor, 1.25);
+        assert_eq!(config.members(), ["http://127.0.0.1:7500"]);
+        assert!(config.check().is_ok());
+        Config::command().debug_assert();
+        let help = Config::command().render_long_help().to_string();
+        for flag in [
+            "--fetch-inflight",
+            "--footer-cache-bytes",
+            "--object-cache-load-factor",
+            "NOVA_FETCH_INFLIGHT",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from --help");
+        }
+    }
+
+    #[test]
+    fn peers_must_include_this_instance() {
+        let config = Config::parse_from([
+            "novagateway",
+            "--peers",
+            "http://a:1,http://b:2",
+            "--advertise",
+            "http://c:3",
+        ]);
+        assert!(config.check().is_err());
+        let config = Config::parse_from([
+            "novagateway",
+            "--peers",
+            "http://a:1,http://b:2",
+            "--advertise",
+            "http://b:2",
+        ]);
+        assert!(config.check().is_ok());
+    }
+}

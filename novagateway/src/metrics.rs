@@ -1,0 +1,84 @@
+//! The gateway's metrics, in its own registry, with the same conventions as novad's.
+
+use prometheus::{
+    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use nova_core::metrics::{
+    BudgetMetrics, StoreMetrics, budget, counter, counter_vec, gauge, register,
+};
+
+#[derive(Debug, Clone)]
+pub struct GatewayMetrics {
+    pub registry: Registry,
+    pub fetch_pool: BudgetMetrics,
+    /// The most bytes the fetch pool has held at once.
+    pub fetch_pool_peak: IntGauge,
+    pub footer_cache_capacity: IntGauge,
+    pub footer_cache_bytes: IntGauge,
+    pub footer_cache_hits: IntCounter,
+    pub footer_cache_misses: IntCounter,
+    pub object_cache_capacity: IntGauge,
+    pub object_cache_bytes: IntGauge,
+    pub object_cache_hits: IntCounter,
+    pub object_cache_misses: IntCounter,
+    /// Section fetches by how they were routed: owner (this instance owns the object), peer
+    /// (another instance owns it), spilled (the owner was over its load bound), direct (the
+    /// owner is down, or a peer fetch failed).
+    pub fetches: IntCounterVec,
+    /// This instance's fetches in flight to each tier member.
+    pub claims: IntGaugeVec,
+    pub claims_peak: IntGaugeVec,
+    pub peer_failures: IntCounterVec,
+    /// Reads by where their records came from: history (the object store), star (forwarded).
+    pub reads: IntCounterVec,
+    pub store: StoreMetrics,
+}
+
+impl GatewayMetrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let metrics = Self {
+            fetch_pool: budget(&r, "nova_gateway_fetch_pool", "bytes", "fetch pool"),
+            fetch_pool_peak: gauge(
+                &r,
+                "nova_gateway_fetch_pool_peak_bytes",
+                "The most bytes the fetch pool has held at once.",
+            ),
+            footer_cache_capacity: gauge(&r, "nova_gateway_footer_cache_capacity_bytes", "Capacity of the footer cache (--footer-cache-bytes)."),
+            footer_cache_bytes: gauge(&r, "nova_gateway_footer_cache_used_bytes", "Weighted size of the footers cached."),
+            footer_cache_hits: counter(&r, "nova_gateway_footer_cache_hits_total", "Footer lookups served from the cache."),
+            footer_cache_misses: counter(&r, "nova_gateway_footer_cache_misses_total", "Footer lookups that read the object store."),
+            object_cache_capacity: gauge(&r, "nova_gateway_object_cache_capacity_bytes", "Capacity of the object cache (--object-cache-bytes)."),
+            object_cache_bytes: gauge(&r, "nova_gateway_object_cache_used_bytes", "Bytes of object ranges cached."),
+            object_cache_hits: counter(&r, "nova_gateway_object_cache_hits_total", "Owned ranges served from the cache."),
+            object_cache_misses: counter(&r, "nova_gateway_object_cache_misses_total", "Owned ranges fetched from the object store."),
+            fetches: counter_vec(&r, "nova_gateway_fetches_total", "Section fetches by route: owner, peer, spilled, direct.", &["route"]),
+            claims: register(&r, IntGaugeVec::new(Opts::new("nova_gateway_claims", "This instance's fetches in flight to each tier member."), &["member"]).expect("valid metric")),
+            claims_peak: register(&r, IntGaugeVec::new(Opts::new("nova_gateway_claims_peak", "The most fetches this instance has had in flight to each tier member at once."), &["member"]).expect("valid metric")),
+            peer_failures: counter_vec(&r, "nova_gateway_peer_failures_total", "Fetches from a peer that failed (the peer is skipped for a while).", &["member"]),
+            reads: counter_vec(&r, "nova_gateway_reads_total", "Reads served, by where the records came from.", &["source"]),
+            store: StoreMetrics::register(&r),
+            registry: r,
+        };
+        for route in ["owner", "peer", "spilled", "direct"] {
+            metrics.fetches.with_label_values(&[route]);
+        }
+        for source in ["history", "star"] {
+            metrics.reads.with_label_values(&[source]);
+        }
+        metrics
+    }
+
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for GatewayMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,153 @@
+//! Serving a read. The star vends refs (which objects hold the stream's records from the wanted
+//! sequence number, and where its in-memory stretch begins); history the gateway reads itself,
+//! anything from the star's in-memory stretch on it forwards to the star.
+//!
+//! A history read finds each ref's section in the object's footer (footer cache), charges the
+//! fetch pool for every section it will fetch in one go (so a response never holds part of the
+//! pool while waiting for more, and responses cannot deadlock each other), fetches up to eight
+//! sections at once through the object cache tier, checks each against its footer's crc32c,
+//! and decodes the page.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use tonic::Status;
+use tonic::transport::Channel;
+
+use nova_core::budget::Budget;
+use nova_core::flight::page::PageBuilder;
+use nova_core::flight::{FetchError, SectionEntry, verify_section};
+use nova_core::limits::COLD_READ_REFS;
+use nova_proto::v1;
+use nova_proto::v1::nova_client::NovaClient;
+
+use crate::footers::Footers;
+use crate::metrics::GatewayMetrics;
+use crate::tier::Tier;
+
+pub struct Reader {
+    pub star: NovaClient<Channel>,
+    pub footers: Footers,
+    pub tier: Arc<Tier>,
+    pub pool: Budget,
+    pub metrics: GatewayMetrics,
+    pub max_read_bytes: u64,
+    pub max_read_records: u32,
+}
+
+fn fetch_status(err: &FetchError) -> Status {
+    match err {
+        FetchError::Format { .. } => Status::data_loss(err.to_string()),
+        FetchError::Store(e) if e.is_retryable() => Status::unavailable(err.to_string()),
+        FetchError::Store(_) => Status::internal(err.to_string()),
+    }
+}
+
+impl Reader {
+    pub async fn read(&self, request: v1::ReadRequest) -> Result<v1::ReadResponse, Status> {
+        let refs = self
+            .star
+            .clone()
+            .resolve_refs(v1::ResolveRefsRequest {
+                stream: request.stream.clone(),
+                start_seq: request.start_seq,
+                max_refs: COLD_READ_REFS as u32,
+            })
+            .await?
+            .into_inner();
+        if request.start_seq >= refs.hot_from_seq || refs.refs.is_empty() {
+            self.metrics.reads.with_label_values(&["star"]).inc();
+            return Ok(self.star.clone().read(request).await?.into_inner());
+        }
+        self.metrics.reads.with_label_values(&["history"]).inc();
+        let max_records = match request.max_records {
+            0 => self.max_read_records,
+            n => n.min(self.max_read_records),
+        };
+        let max_bytes = match request.max_bytes {
+            0 => self.max_read_bytes,
+            n => n.min(self.max_read_bytes),
+        };
+
+        // Where each ref's section is, from the footers.
+        let footers =
+            futures::future::join_all(refs.refs.iter().map(|r| self.footers.get(&r.object_key)))
+                .await;
+        let mut plan: Vec<(String, SectionEntry)> = Vec::new();
+        let mut planned = 0u64;
+        for (object_ref, footer) in refs.refs.iter().zip(footers) {
+            let footer = footer.map_err(|e| fetch_status(&e))?;
+            let section = footer
+                .sections
+                .iter()
+                .find(|s| {
+                    s.stream_id == object_ref.stream_id
+                        && s.start_seq == object_ref.start_seq
+                        && s.end_seq == object_ref.end_seq
+                })
+                .cloned()
+                .ok_or_else(|| {
+                    Status::data_loss(format!(
+                        "{} has no section for records {}..{} of stream {:?}",
+                        object_ref.object_key,
+                        object_ref.start_seq,
+                        object_ref.end_seq,
+                        request.stream
+                    ))
+                })?;
+            planned += section.len;
+            plan.push((object_ref.object_key.clone(), section));
+            // Enough sections to fill the page's byte budget; more would only be thrown away.
+            if planned >= max_bytes {
+                break;
+            }
+        }
+
+        // The whole response's share of the fetch pool, taken at once.
+        let waited = Instant::now();
+        let _permit = self.pool.acquire(planned).await;
+        let in_use = self.pool.in_use() as i64;
+        if in_use > self.metrics.fetch_pool_peak.get() {
+            self.metrics.fetch_pool_peak.set(in_use);
+        }
+        tracing::trace!(
+            waited_ms = waited.elapsed().as_millis() as u64,
+            planned,
+            "fetch pool"
+        );
+
+        let mut page = PageBuilder::new(
+            request.start_seq,
+            refs.next_seq.min(refs.tail_seq),
+            max_records.max(1) as usize,
+            max_bytes,
+        );
+        let mut sections = futures::stream::iter(plan.into_iter().map(|(key, section)| {
+            let tier = self.tier.clone();
+            async move {
+                let bytes = tier
+                    .fetch(&key, section.offset, section.len)
+                    .await
+                    .map_err(|e| fetch_status(&FetchError::Store(e)))?;
+                verify_section(&bytes, &section)
+                    .map_err(|e| Status::data_loss(format!("{key}: {e}")))?;
+                Ok::<_, Status>((section.start_seq, bytes))
+            }
+        }))
+        .buffered(COLD_READ_REFS);
+        while let Some(fetched) = sections.next().await {
+            if page.full() {
+                break;
+            }
+            let (start, bytes) = fetched?;
+            page.take_from(start, bytes)
+                .map_err(|e| Status::data_loss(e.to_string()))?;
+        }
+        Ok(v1::ReadResponse {
+            records: page.records.into_iter().map(Into::into).collect(),
+            next_seq: page.next_seq,
+            tail_seq: refs.tail_seq,
+        })
+    }
+}

@@ -1,0 +1,148 @@
+//! Wiring: the object store, the star client, the tier, the services, shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Endpoint;
+
+use nova_core::budget::Budget;
+use nova_core::object_store::{Instrumented, ObjectStore};
+use nova_proto::v1::gateway_peer_server::GatewayPeerServer;
+use nova_proto::v1::nova_client::NovaClient;
+use nova_proto::v1::nova_server::NovaServer;
+
+use crate::config::Config;
+use crate::footers::Footers;
+use crate::metrics::GatewayMetrics;
+use crate::metrics_http;
+use crate::read::Reader;
+use crate::service::{GatewayService, PeerService};
+use crate::tier::Tier;
+
+async fn termination() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let metrics = GatewayMetrics::new();
+    let store = config
+        .store
+        .open(&config.store_dir)
+        .await
+        .with_context(|| format!("opening the object store at {}", config.store_dir.display()))?;
+    let store: Arc<dyn ObjectStore> = Arc::new(Instrumented::new(store, metrics.store.clone()));
+    let star = NovaClient::new(
+        Endpoint::from_shared(config.star.clone())
+            .context("--star is not a URL")?
+            .connect_timeout(Duration::from_secs(5))
+            .connect_lazy(),
+    )
+    .max_decoding_message_size(usize::MAX);
+
+    let members = config.members();
+    let me = members
+        .iter()
+        .position(|m| *m == config.advertise())
+        .unwrap_or(0);
+    let tier = Arc::new(
+        Tier::new(
+            members.clone(),
+            me,
+            config.object_cache_load_factor,
+            config.object_cache_bytes,
+            store.clone(),
+            metrics.clone(),
+            config.peer_timeout(),
+            config.dead_peer(),
+        )
+        .context("a --peers entry is not a URL")?,
+    );
+    let reader = Arc::new(Reader {
+        star,
+        footers: Footers::new(config.footer_cache_bytes, store.clone(), metrics.clone()),
+        tier: tier.clone(),
+        pool: Budget::new(config.fetch_inflight, metrics.fetch_pool.clone()),
+        metrics: metrics.clone(),
+        max_read_bytes: config.max_read_bytes,
+        max_read_records: config.max_read_records,
+    });
+
+    let stopping = CancellationToken::new();
+    let metrics_task = tokio::spawn(metrics_http::serve(
+        config.metrics_addr,
+        metrics.clone(),
+        stopping.clone(),
+    ));
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<NovaServer<GatewayService>>().await;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(nova_proto::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (--listen)", config.listen))?;
+    let listening = listener.local_addr().unwrap_or(config.listen);
+    let nova = NovaServer::new(GatewayService {
+        reader,
+        star_url: config.star.clone(),
+    })
+    .max_encoding_message_size(usize::MAX);
+    let peer = GatewayPeerServer::new(PeerService { tier }).max_encoding_message_size(usize::MAX);
+    let server = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(nova)
+        .add_service(peer)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            stopping.clone().cancelled_owned(),
+        );
+    let mut server = tokio::spawn(server);
+    tracing::info!(
+        listen = %listening,
+        star = %config.star,
+        members = %members.join(","),
+        store = %store.describe(),
+        "novagateway serving reads"
+    );
+    let failure = tokio::select! {
+        _ = termination() => None,
+        result = &mut server => Some(match result {
+            Ok(Ok(())) => "the gRPC server stopped".to_owned(),
+            Ok(Err(e)) => format!("the gRPC server failed: {e}"),
+            Err(e) => format!("the gRPC server task failed: {e}"),
+        }),
+    };
+    tracing::info!("shutting down: finishing the reads in progress");
+    health.set_not_serving::<NovaServer<GatewayService>>().await;
+    stopping.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), &mut server).await;
+    server.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(2), metrics_task).await;
+    match failure {
+        None => {
+            tracing::info!("novagateway stopped cleanly");
+            Ok(())
+        }
+        Some(reason) => Err(anyhow::anyhow!(reason)),
+    }
+}
