@@ -75,10 +75,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tracing::warn!("--allow-memory-overcommit: starting anyway: {problem}");
     }
     let local_root = config.data_dir.join("store");
-    let store =
-        config.store.open(&local_root).await.with_context(|| {
-            format!("opening the local object store at {}", local_root.display())
-        })?;
+    let store = config
+        .store
+        .open(&local_root, true)
+        .await
+        .with_context(|| format!("opening the local object store at {}", local_root.display()))?;
     let stopping = CancellationToken::new();
 
     // Metrics are up before recovery, so a star stuck retrying an unreachable store is visible.

@@ -40,7 +40,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let metrics = GatewayMetrics::new();
     let store = config
         .store
-        .open(&config.store_dir)
+        .open(&config.store_dir, false)
         .await
         .with_context(|| format!("opening the object store at {}", config.store_dir.display()))?;
     let store: Arc<dyn ObjectStore> = Arc::new(Instrumented::new(store, metrics.store.clone()));

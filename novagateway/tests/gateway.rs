@@ -396,3 +396,38 @@ fn nova_core_rss(server: &Novad) -> u64 {
         .and_then(|kib| kib.parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
 }
+
+/// On the embedded default a gateway reads the star's local object-store directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gateway_beside_a_star_on_the_embedded_default() {
+    let star = NovadBuilder::new(workspace_binary("novad"))
+        .args(["--tail-window-cache-mib", "1"])
+        .start();
+    let store_dir = star.data_dir().join("store");
+    let gateway = NovadBuilder::gateway(workspace_binary("novagateway"))
+        .args([
+            "--star",
+            &star.url(),
+            "--store-dir",
+            store_dir.to_str().unwrap(),
+        ])
+        .start();
+    let tail = fill(&star, "local", 30, 100, 1024).await;
+    let expected = read_range(
+        &Client::connect(&star.url()).await.unwrap(),
+        "local",
+        0,
+        tail,
+    )
+    .await;
+    let via = Client::connect(&gateway.url()).await.unwrap();
+    assert!(read_range(&via, "local", 0, tail).await == expected);
+    assert!(
+        gateway
+            .metric("nova_gateway_reads_total{source=\"history\"}")
+            .unwrap()
+            > 0.0
+    );
+    // The star keeps writing while the gateway has its directory open.
+    fill(&star, "more", 2, 10, 100).await;
+}

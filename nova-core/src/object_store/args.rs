@@ -101,11 +101,17 @@ impl StoreArgs {
         Some(config)
     }
 
-    /// Opens S3 when a bucket is given, else the local directory store at `local_root`.
-    pub async fn open(&self, local_root: &Path) -> std::io::Result<Arc<dyn ObjectStore>> {
+    /// Opens S3 when a bucket is given, else the local directory store at `local_root` (as
+    /// its writer, or as a reader beside another process's writer).
+    pub async fn open(
+        &self,
+        local_root: &Path,
+        writer: bool,
+    ) -> std::io::Result<Arc<dyn ObjectStore>> {
         Ok(match self.s3() {
             Some(s3) => Arc::new(S3Store::new(s3).await),
-            None => Arc::new(LocalStore::open(local_root, self.limits())?),
+            None if writer => Arc::new(LocalStore::open(local_root, self.limits())?),
+            None => Arc::new(LocalStore::open_shared(local_root, self.limits())?),
         })
     }
 }

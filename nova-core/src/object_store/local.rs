@@ -35,17 +35,25 @@ struct Inner {
 }
 
 impl LocalStore {
-    /// Opens (creating if needed) a store rooted at `root`. Leftover temporary files from a crash
-    /// are removed: they were never linked under a key, so nothing refers to them.
+    /// Opens (creating if needed) a store rooted at `root` for its one writer. Leftover
+    /// temporary files from a crash are removed: they were never linked under a key, so nothing
+    /// refers to them.
     pub fn open(root: impl AsRef<Path>, limits: StoreLimits) -> io::Result<Self> {
+        let store = Self::open_shared(root, limits)?;
+        for entry in fs::read_dir(&store.inner.tmp)? {
+            let _ = fs::remove_file(entry?.path());
+        }
+        Ok(store)
+    }
+
+    /// Opens a store another process writes (a gateway beside a star): nothing is cleaned up,
+    /// since the writer's temporary files may be in use.
+    pub fn open_shared(root: impl AsRef<Path>, limits: StoreLimits) -> io::Result<Self> {
         let root = root.as_ref();
         let objects = root.join("objects");
         let tmp = root.join("tmp");
         fs::create_dir_all(&objects)?;
         fs::create_dir_all(&tmp)?;
-        for entry in fs::read_dir(&tmp)? {
-            let _ = fs::remove_file(entry?.path());
-        }
         Ok(Self {
             inner: Arc::new(Inner {
                 objects,

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Cold-read throughput through novagateway against raw ranged GETs of the same sections on
+# the same server, in one run, and the gateway's footer cache hit rate.
+#
+#   1. load: nova bench writes --bytes (default 256MiB) over 16 streams into a star whose tail
+#      cache is 1 MiB, so nearly everything is history in the object store;
+#   2. raw: every section of every flight fetched with ranged GETs, 8 at a time;
+#   3. gateway: every stream read from its start through one gateway, 8 readers at a time,
+#      twice (cold caches, then warm).
+#
+# Uses s3s-fs 0.14.1 like benches/e2e.sh (installed on first use); release builds.
+#   benches/gateway.sh [--bytes 256MiB]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BYTES=256MiB
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --bytes) BYTES=$2; shift ;;
+        *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+say() { printf '==> %s\n' "$*" >&2; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+    for _ in $(seq 1 200); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    echo "nothing listens on $1" >&2
+    return 1
+}
+metric() {
+    python3 -c "import urllib.request,sys; page=urllib.request.urlopen(sys.argv[1]).read().decode(); print(sum(float(l.rsplit(' ',1)[1]) for l in page.splitlines() if l.startswith(sys.argv[2])))" "$1" "$2"
+}
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+say "building novad, novagateway, nova and cold-read (release)"
+cargo build -q --release -p novad -p novagateway -p nova-client -p nova-benches --bins
+BIN=$ROOT/target/release
+S3S=$ROOT/.nova-test/s3s/bin/s3s-fs
+if [ ! -x "$S3S" ]; then
+    say "installing s3s-fs 0.14.1 into .nova-test/s3s (a few minutes, once)"
+    cargo install -q s3s-fs@0.14.1 --features binary --locked --root "$ROOT/.nova-test/s3s"
+fi
+export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=testtest AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
+S3_PORT=$(free_port)
+mkdir -p "$WORK/s3"
+"$S3S" --host 127.0.0.1 --port "$S3_PORT" --access-key test --secret-key testtest "$WORK/s3" >"$WORK/s3.log" 2>&1 &
+PIDS+=($!)
+wait_port "$S3_PORT"
+ENDPOINT=http://127.0.0.1:$S3_PORT
+"$BIN/raw-put" --endpoint "$ENDPOINT" --bucket nova --create-bucket --duration 0s
+S3=(--s3-bucket nova --s3-endpoint "$ENDPOINT" --s3-path-style)
+
+NOVA_PORT=$(free_port)
+"$BIN/novad" --data-dir "$WORK/novad" --listen "127.0.0.1:$NOVA_PORT" --metrics-addr "127.0.0.1:$(free_port)" \
+    "${S3[@]}" --tail-window-cache-mib 1 >"$WORK/novad.log" 2>&1 &
+PIDS+=($!)
+wait_port "$NOVA_PORT"
+GW_PORT=$(free_port)
+GW_METRICS=$(free_port)
+"$BIN/novagateway" --listen "127.0.0.1:$GW_PORT" --metrics-addr "127.0.0.1:$GW_METRICS" \
+    --star "http://127.0.0.1:$NOVA_PORT" "${S3[@]}" >"$WORK/gateway.log" 2>&1 &
+PIDS+=($!)
+wait_port "$GW_PORT"
+
+say "loading $BYTES over 16 streams"
+"$BIN/nova" --server "http://127.0.0.1:$NOVA_PORT" --output json bench --sessions 16 --record-bytes 4KiB \
+    --batch-records 64 --bytes "$BYTES" --quiet >"$WORK/load.json"
+
+say "raw ranged GETs of every section, 8 at a time"
+"$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 8 >"$WORK/raw.json"
+say "every stream through the gateway, 8 readers (cold caches)"
+"$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8 >"$WORK/cold.json"
+GW=http://127.0.0.1:$GW_METRICS/metrics
+HITS_COLD=$(metric "$GW" nova_gateway_footer_cache_hits_total)
+MISSES_COLD=$(metric "$GW" nova_gateway_footer_cache_misses_total)
+say "again (warm caches)"
+"$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8 >"$WORK/warm.json"
+HITS=$(metric "$GW" nova_gateway_footer_cache_hits_total)
+MISSES=$(metric "$GW" nova_gateway_footer_cache_misses_total)
+PEAK=$(metric "$GW" nova_gateway_fetch_pool_peak_bytes)
+
+python3 - "$WORK" "$HITS_COLD" "$MISSES_COLD" "$HITS" "$MISSES" "$PEAK" <<'PY'
+import json, sys
+work, hits_cold, misses_cold, hits, misses, peak = sys.argv[1:]
+raw = json.load(open(f"{work}/raw.json"))
+cold = json.load(open(f"{work}/cold.json"))
+warm = json.load(open(f"{work}/warm.json"))
+hc, mc, h, m = map(float, (hits_cold, misses_cold, hits, misses))
+print("| measure | figures | ratio to raw ranged GETs |")
+print("|---|---|---|")
+print(f"| raw ranged GETs, 8 at a time | {raw['mib_per_sec']:.1f} MiB/s ({raw['sections']} sections of {raw['objects']} objects) | 1.00 |")
+print(f"| through the gateway, cold caches | {cold['mib_per_sec']:.1f} MiB/s | {cold['mib_per_sec'] / raw['mib_per_sec']:.2f} |")
+print(f"| through the gateway, warm caches | {warm['mib_per_sec']:.1f} MiB/s | {warm['mib_per_sec'] / raw['mib_per_sec']:.2f} |")
+print()
+print(f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on the cold pass, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass.")
+print(f"Fetch pool peak: {float(peak) / (1 << 20):.1f} MiB of 64 MiB.")
+PY
