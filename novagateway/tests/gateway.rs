@@ -431,3 +431,45 @@ async fn a_gateway_beside_a_star_on_the_embedded_default() {
     // The star keeps writing while the gateway has its directory open.
     fill(&star, "more", 2, 10, 100).await;
 }
+
+#[test]
+fn the_gateway_exports_its_metrics_and_stops_cleanly_on_sigterm() {
+    let star = NovadBuilder::new(workspace_binary("novad")).start();
+    let store_dir = star.data_dir().join("store");
+    let mut gateway = NovadBuilder::gateway(workspace_binary("novagateway"))
+        .args([
+            "--star",
+            &star.url(),
+            "--store-dir",
+            store_dir.to_str().unwrap(),
+        ])
+        .start();
+    let page = gateway.metrics();
+    for name in [
+        "nova_gateway_fetch_pool_capacity_bytes 67108864",
+        "nova_gateway_fetch_pool_used_bytes",
+        "nova_gateway_fetch_pool_waiters",
+        "nova_gateway_fetch_pool_wait_seconds_bucket",
+        "nova_gateway_fetch_pool_peak_bytes",
+        "nova_gateway_footer_cache_capacity_bytes 33554432",
+        "nova_gateway_footer_cache_hits_total",
+        "nova_gateway_footer_cache_misses_total",
+        "nova_gateway_object_cache_capacity_bytes",
+        "nova_gateway_object_cache_hits_total",
+        "nova_gateway_fetches_total{route=\"spilled\"}",
+        "nova_gateway_claims{member=",
+        "nova_gateway_reads_total{source=\"history\"}",
+    ] {
+        assert!(
+            page.contains(name),
+            "{name} missing from the gateway's metrics"
+        );
+    }
+    let status = gateway.terminate(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "exit 0 on SIGTERM: {status}\n{}",
+        gateway.log()
+    );
+    assert!(gateway.log().contains("novagateway stopped cleanly"));
+}
