@@ -10,5 +10,6 @@ pub mod memory;
 pub mod metastore;
 pub mod metrics;
 pub mod object_store;
+pub mod process;
 pub mod record;
 pub mod shed;

@@ -16,33 +16,8 @@ use nova_proto::v1::nova_server::NovaServer;
 
 use crate::config::Config;
 use crate::memory::MemoryModel;
-use crate::metrics_http;
 use crate::service::caps::{self, Cap};
 use crate::service::{Context, NovaService};
-
-/// Resolves on SIGTERM or ctrl-c.
-async fn termination() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
-}
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir)
@@ -85,7 +60,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Metrics are up before recovery, so a star stuck retrying an unreachable store is visible.
     let ready: Arc<OnceLock<Arc<Star>>> = Arc::new(OnceLock::new());
     let sessions_open: Arc<OnceLock<Arc<Context>>> = Arc::new(OnceLock::new());
-    let refresh: metrics_http::Refresh = {
+    let refresh: Arc<dyn Fn() + Send + Sync> = {
         let ready = ready.clone();
         let memory = memory.clone();
         let sessions_open = sessions_open.clone();
@@ -99,10 +74,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             process.refresh();
         })
     };
-    let metrics_task = tokio::spawn(metrics_http::serve(
+    let render: nova_core::process::RenderMetrics = {
+        let refresh = refresh.clone();
+        let metrics = metrics.clone();
+        Arc::new(move || {
+            refresh();
+            metrics.render()
+        })
+    };
+    let metrics_task = tokio::spawn(nova_core::process::serve_metrics(
         config.metrics_addr,
-        metrics.clone(),
-        refresh.clone(),
+        render,
         stopping.clone(),
     ));
 
@@ -113,7 +95,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     let star = tokio::select! {
         star = Star::open(config.chain(), store, metastore, metrics.clone()) => Arc::new(star?),
-        _ = termination() => {
+        _ = nova_core::process::termination() => {
             tracing::info!("stopped during recovery; nothing was accepted");
             return Ok(());
         }
@@ -200,7 +182,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!(listen = %listening, "novad accepting appends");
 
     let failure = tokio::select! {
-        _ = termination() => None,
+        _ = nova_core::process::termination() => None,
         reason = star.failed() => Some(reason),
         result = &mut server => Some(match result {
             Ok(Ok(())) => "the gRPC server stopped".to_owned(),

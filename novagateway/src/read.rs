@@ -21,6 +21,7 @@ use nova_core::flight::{FetchError, SectionEntry, verify_section};
 use nova_core::limits::COLD_READ_REFS;
 use nova_proto::v1;
 use nova_proto::v1::nova_client::NovaClient;
+use nova_proto::validate::read_caps;
 
 use crate::footers::Footers;
 use crate::metrics::GatewayMetrics;
@@ -61,14 +62,8 @@ impl Reader {
             return Ok(self.star.clone().read(request).await?.into_inner());
         }
         self.metrics.reads.with_label_values(&["history"]).inc();
-        let max_records = match request.max_records {
-            0 => self.max_read_records,
-            n => n.min(self.max_read_records),
-        };
-        let max_bytes = match request.max_bytes {
-            0 => self.max_read_bytes,
-            n => n.min(self.max_read_bytes),
-        };
+        let (max_records, max_bytes) =
+            read_caps(&request, self.max_read_records, self.max_read_bytes);
 
         // Where each ref's section is, from the footers.
         let footers =

@@ -16,25 +16,9 @@ use nova_proto::v1::nova_server::NovaServer;
 use crate::config::Config;
 use crate::footers::Footers;
 use crate::metrics::GatewayMetrics;
-use crate::metrics_http;
 use crate::read::Reader;
 use crate::service::{GatewayService, PeerService};
 use crate::tier::Tier;
-
-async fn termination() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let metrics = GatewayMetrics::new();
@@ -81,9 +65,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     });
 
     let stopping = CancellationToken::new();
-    let metrics_task = tokio::spawn(metrics_http::serve(
+    let render: nova_core::process::RenderMetrics = {
+        let metrics = metrics.clone();
+        Arc::new(move || metrics.render())
+    };
+    let metrics_task = tokio::spawn(nova_core::process::serve_metrics(
         config.metrics_addr,
-        metrics.clone(),
+        render,
         stopping.clone(),
     ));
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -125,7 +113,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "novagateway serving reads"
     );
     let failure = tokio::select! {
-        _ = termination() => None,
+        _ = nova_core::process::termination() => None,
         result = &mut server => Some(match result {
             Ok(Ok(())) => "the gRPC server stopped".to_owned(),
             Ok(Err(e)) => format!("the gRPC server failed: {e}"),

@@ -103,6 +103,20 @@ pub fn validate_append(
     })
 }
 
+/// A read's effective caps: what the request asked for, within the server's caps; zero asks for
+/// the server's.
+pub fn read_caps(request: &v1::ReadRequest, max_records: u32, max_bytes: u64) -> (u32, u64) {
+    let records = match request.max_records {
+        0 => max_records,
+        n => n.min(max_records),
+    };
+    let bytes = match request.max_bytes {
+        0 => max_bytes,
+        n => n.min(max_bytes),
+    };
+    (records, bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

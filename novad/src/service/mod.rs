@@ -21,7 +21,7 @@ use nova_core::shed::ShedLog;
 use nova_proto::RequestError;
 use nova_proto::v1;
 use nova_proto::v1::nova_server::Nova;
-use nova_proto::validate::AppendCaps;
+use nova_proto::validate::{AppendCaps, read_caps};
 
 use caps::Cap;
 
@@ -95,14 +95,8 @@ impl Nova for NovaService {
                 return Err(RequestError::StreamNotFound(request.stream).into());
             }
         }
-        let max_records = match request.max_records {
-            0 => ctx.max_read_records,
-            n => n.min(ctx.max_read_records),
-        };
-        let max_bytes = match request.max_bytes {
-            0 => ctx.max_read_bytes,
-            n => n.min(ctx.max_read_bytes),
-        };
+        let (max_records, max_bytes) =
+            read_caps(&request, ctx.max_read_records, ctx.max_read_bytes);
         let page = ctx
             .star
             .read(&stream, request.start_seq, max_records, max_bytes)

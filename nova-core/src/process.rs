@@ -1,0 +1,93 @@
+//! What every Nova server process does the same way: logging, the async runtime, the signals
+//! that stop it, and the Prometheus endpoint.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use tokio_util::sync::CancellationToken;
+
+/// Logs to stderr, filtered by RUST_LOG (default `info`), in colour only on a terminal.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+/// Runs `main` on a multi-threaded runtime and turns its outcome into the exit code: 0, or 1
+/// with the error logged.
+pub fn run<E, F>(name: &str, main: F) -> ExitCode
+where
+    E: std::fmt::Display,
+    F: Future<Output = Result<(), E>>,
+{
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("{name}: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(main) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{name} stopped: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGTERM or ctrl-c.
+pub async fn termination() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Renders the metrics page; called for every scrape.
+pub type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Serves GET /metrics on `addr` until `shutdown`.
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    render: RenderMetrics,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen for metrics on {addr} (--metrics-addr): {e}"),
+        )
+    })?;
+    let app = Router::new().route(
+        "/metrics",
+        get(move || {
+            let render = render.clone();
+            async move { ([("content-type", "text/plain; version=0.0.4")], render()) }
+        }),
+    );
+    tracing::info!(%addr, "metrics listening");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
