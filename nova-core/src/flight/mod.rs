@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! header   16 B   magic "NOVAFLT\0", u16 version, u16 kind, u32 crc32c of the first 12 bytes
-//! sections        one per stream, records framed as in `section`
+//! sections        runs of one stream's records (at most 1 MiB each unless one record is
+//!                 larger), framed as in `section`
 //! footer          what the object holds and where (see `FlightFooter`)
 //! trailer  24 B   u32 footer_len, u32 footer crc32c, u16 version, u16 kind, u32 reserved,
 //!                 magic "NOVAEND\0"
