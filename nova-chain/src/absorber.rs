@@ -40,6 +40,10 @@ pub(crate) async fn run_absorber(
         let mut touched = HashMap::new();
         for flight in &group {
             for entry in &flight.entries {
+                // A deleted stream's records need no index: nothing can name them any more.
+                if shared.streams.get_by_id(entry.stream_id).is_none() {
+                    continue;
+                }
                 let tail = tails.entry(entry.stream_id).or_default();
                 tail.tail_seq = entry.end_seq;
                 tail.stored_bytes += entry.len;
@@ -48,6 +52,17 @@ pub(crate) async fn run_absorber(
             }
         }
         batch.tails = touched.into_iter().collect();
+        // Forget deleted streams, and remove the tail key an absorb racing the delete may have
+        // written back after it.
+        let gone: Vec<u64> = tails
+            .keys()
+            .copied()
+            .filter(|id| shared.streams.get_by_id(*id).is_none())
+            .collect();
+        for id in gone {
+            tails.remove(&id);
+            batch.forget.push(id);
+        }
         let state = ChainState {
             epoch: shared.epoch,
             checkpoint: Some(last_slot),
@@ -98,6 +113,29 @@ async fn commit(
                 return Some(committed);
             }
             Err(CatalogError::Conflict(reason)) => {
+                // After a failed attempt, the conflict may be that attempt's own success.
+                if attempt > 1 {
+                    match shared.catalog.chain_if_at(&shared.config.star, state).await {
+                        Ok(Some(committed)) => {
+                            tracing::info!(
+                                attempts = attempt,
+                                "an absorb commit reported as failed had landed; carrying on"
+                            );
+                            *shared.health.commit_failing.lock() = false;
+                            return Some(committed);
+                        }
+                        Ok(None) => {}
+                        // Cannot tell yet: ask again after the backoff rather than give up the
+                        // chain on a guess.
+                        Err(err) => {
+                            tracing::warn!("re-reading the chain after a conflict failed: {err}");
+                            tokio::select! {
+                                _ = tokio::time::sleep(shared.config.retry.delay(attempt)) => continue,
+                                _ = shared.abandon.cancelled() => return None,
+                            }
+                        }
+                    }
+                }
                 shared.fence(reason);
                 return None;
             }

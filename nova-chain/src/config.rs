@@ -20,6 +20,8 @@ pub struct ChainConfig {
     pub flight_linger: Duration,
     /// `--flight-max-inflight`.
     pub flight_max_inflight: u32,
+    /// `--max-streams`.
+    pub max_streams: usize,
     /// Backoff between attempts at a failed flight write or absorb commit.
     pub retry: RetryPolicy,
     /// An absorb commit running longer than this is diagnosed as the metastore being slow.
@@ -55,6 +57,7 @@ impl Default for ChainConfig {
             flight_max_bytes: limits::FLIGHT_MAX_BYTES,
             flight_linger: Duration::from_millis(limits::FLIGHT_LINGER_MS),
             flight_max_inflight: limits::FLIGHT_MAX_INFLIGHT,
+            max_streams: limits::MAX_STREAMS as usize,
             retry: RetryPolicy {
                 initial: Duration::from_millis(100),
                 max: Duration::from_secs(10),

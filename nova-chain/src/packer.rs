@@ -8,7 +8,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -150,7 +152,13 @@ pub(crate) struct Packer {
     writing: Arc<Semaphore>,
     next_slot: u64,
     open: Option<OpenFlight>,
+    /// The backlog stall in progress, if any, and when a flight last had to wait for the
+    /// backlog. One stall spans every flight that waits in one episode.
+    backlog_stall: Option<(Stall, Instant)>,
 }
+
+/// A backlog stall ends once flights have closed without waiting for this long.
+const BACKLOG_STALL_ENDS_AFTER: Duration = Duration::from_secs(1);
 
 impl Packer {
     pub fn new(
@@ -171,6 +179,7 @@ impl Packer {
             writing,
             next_slot: 0,
             open: None,
+            backlog_stall: None,
         }
     }
 
@@ -242,13 +251,20 @@ impl Packer {
         let blocked = due && self.writing.available_permits() == 0 && self.shared.writes_failing();
         if !blocked {
             *stall = None;
-        } else if stall.is_none() {
-            *stall = Some(Stall::begin(
-                self.shared.metrics.clone(),
-                "flights_in_flight",
-                StallCause::ObjectStoreUnavailable,
-                "every flight writer is retrying a failed write (--flight-max-inflight)",
-            ));
+        } else {
+            let cause = match self.shared.diagnose_admission() {
+                StallCause::ObjectStoreRejecting => StallCause::ObjectStoreRejecting,
+                _ => StallCause::ObjectStoreUnavailable,
+            };
+            if stall.as_ref().is_none_or(|s| s.cause() != cause) {
+                *stall = None;
+                *stall = Some(Stall::begin(
+                    self.shared.metrics.clone(),
+                    "flights_in_flight",
+                    cause,
+                    "every flight writer is retrying a failed write (--flight-max-inflight)",
+                ));
+            }
         }
     }
 
@@ -366,25 +382,41 @@ impl Packer {
         }
     }
 
-    async fn backlog_permit(&self) -> Option<BudgetPermit> {
-        let shared = &self.shared;
+    async fn backlog_permit(&mut self) -> Option<BudgetPermit> {
+        let shared = self.shared.clone();
         if let Some(permit) = shared.backlog.try_acquire(1) {
+            if self
+                .backlog_stall
+                .as_ref()
+                .is_some_and(|(_, last)| last.elapsed() >= BACKLOG_STALL_ENDS_AFTER)
+            {
+                self.backlog_stall = None;
+            }
             return Some(permit);
         }
-        let detail = format!(
-            "{} flights acknowledged but not absorbed (--s3-chain-backlog-flights)",
-            shared.backlog.capacity()
-        );
-        let _stall = Stall::begin(
-            shared.metrics.clone(),
-            "chain_backlog",
-            shared.diagnose_backlog(),
-            &detail,
-        );
-        tokio::select! {
+        if self.backlog_stall.is_none() {
+            let detail = format!(
+                "{} flights acknowledged but not absorbed (--s3-chain-backlog-flights)",
+                shared.backlog.capacity()
+            );
+            let stall = Stall::begin_episode(
+                shared.metrics.clone(),
+                "chain_backlog",
+                shared.diagnose_backlog(),
+                &detail,
+            );
+            self.backlog_stall = Some((stall, Instant::now()));
+        }
+        let started = Instant::now();
+        let permit = tokio::select! {
             permit = shared.backlog.acquire(1) => Some(permit),
             _ = shared.abandon.cancelled() => None,
+        };
+        if let Some((stall, last)) = &mut self.backlog_stall {
+            stall.waited(started.elapsed());
+            *last = Instant::now();
         }
+        permit
     }
 }
 

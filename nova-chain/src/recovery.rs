@@ -12,15 +12,17 @@ use std::future::Future;
 use std::sync::Arc;
 
 use nova_core::catalog::{
-    AbsorbBatch, Catalog, CatalogError, ChainState, IndexEntry, VersionedChain,
+    AbsorbBatch, Catalog, CatalogError, ChainState, IndexEntry, StreamTail, VersionedChain,
 };
 use nova_core::flight::{FenceInfo, FetchError, ObjectFooter, encode_fence, fetch_footer};
-use nova_core::keys::{chain_prefix, parse_slot, slot_key};
-use nova_core::object_store::{CreateOutcome, ObjectStore, StoreError};
+use nova_core::keys::{chain_prefix, chain_root, parse_slot, slot_key};
+use nova_core::object_store::{
+    CreateOutcome, ObjectStore, ProbeError, StoreError, probe_conditional_create,
+};
 use nova_core::record::now_ms;
 
 use crate::config::RetryPolicy;
-use crate::streams::StreamRegistry;
+use crate::streams::{StreamRegistry, StreamState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecoveryError {
@@ -36,6 +38,29 @@ pub enum RecoveryError {
         stream: String,
         expected: u64,
         found: u64,
+    },
+    /// The object at a slot of this star's chain was not written there by this chain: two
+    /// stars share a `--star-id` on one bucket, or the metastore does not belong to the bucket.
+    #[error(
+        "{key} does not belong to this star's chain: {what}. Refusing to start rather than mix \
+         another chain's records into these streams: give each star its own --star-id, or point \
+         novad at the metastore that belongs to this bucket"
+    )]
+    Foreign { key: String, what: String },
+    #[error("{0}")]
+    Store(ProbeError),
+    #[error(
+        "the object store already holds chain objects of star {star:?} ({found}, in {store}), \
+         but the metastore knows no chain for it: they were written by a star whose metastore \
+         is gone, or by another star with the same --star-id. Refusing to start beside data this \
+         star does not know. To adopt the data, run `novad --rebuild-catalog` with the same \
+         flags, then start novad again; to start afresh, give this star another --star-id (or \
+         another bucket or --s3-prefix)"
+    )]
+    UnknownChain {
+        star: String,
+        found: String,
+        store: String,
     },
     #[error("the catalog refused recovery: {0}")]
     Catalog(CatalogError),
@@ -82,18 +107,54 @@ where
     }
 }
 
+/// Commits a chain move through outages. A retry that meets a conflict after an attempt failed
+/// checks whether that attempt landed before concluding that another writer owns the chain.
+async fn commit_patiently(
+    what: &str,
+    retry: RetryPolicy,
+    catalog: &Catalog,
+    star: &str,
+    expected: Option<u64>,
+    state: ChainState,
+    batch: AbsorbBatch,
+) -> Result<VersionedChain, RecoveryError> {
+    let failed_before = std::sync::atomic::AtomicBool::new(false);
+    patiently(what, retry, || async {
+        match catalog.absorb(star, expected, state, batch.clone()).await {
+            Err(CatalogError::Conflict(reason))
+                if failed_before.load(std::sync::atomic::Ordering::Relaxed) =>
+            {
+                match catalog.chain_if_at(star, state).await? {
+                    Some(committed) => Ok(committed),
+                    None => Err(CatalogError::Conflict(reason)),
+                }
+            }
+            Err(err) => {
+                failed_before.store(true, std::sync::atomic::Ordering::Relaxed);
+                Err(err)
+            }
+            Ok(committed) => Ok(committed),
+        }
+    })
+    .await
+    .map_err(RecoveryError::Catalog)
+}
+
 trait Retryable {
     fn outage(&self) -> bool;
 }
 
 impl Retryable for StoreError {
     fn outage(&self) -> bool {
-        // Permanent errors (a missing bucket, refused credentials) are retried as well: the
-        // operator can fix them without restarting, and giving up would lose nothing less.
-        !matches!(
-            self,
-            StoreError::NotFound { .. } | StoreError::InvalidRange { .. }
-        )
+        // A permanent error at start-up (a missing bucket, refused credentials) fails the start
+        // with its message: a star that came up anyway would only block every append.
+        self.is_retryable()
+    }
+}
+
+impl Retryable for ProbeError {
+    fn outage(&self) -> bool {
+        self.is_retryable()
     }
 }
 
@@ -120,15 +181,21 @@ pub async fn recover(
         .await
         .map_err(RecoveryError::Catalog)?;
     let Some(mut chain) = current else {
+        check_no_chain_objects(star, store, retry).await?;
         let fresh = ChainState {
             epoch: 1,
             checkpoint: None,
         };
-        let chain = patiently("creating the chain", retry, || {
-            catalog.set_chain(star, None, fresh)
-        })
-        .await
-        .map_err(RecoveryError::Catalog)?;
+        let chain = commit_patiently(
+            "creating the chain",
+            retry,
+            catalog,
+            star,
+            None,
+            fresh,
+            AbsorbBatch::default(),
+        )
+        .await?;
         return Ok(Recovered {
             chain,
             settled_flights: 0,
@@ -154,11 +221,23 @@ pub async fn recover(
         })?;
         match footer {
             Some(ObjectFooter::Flight(flight)) => {
+                check_written_here(&key, star, epoch, next, &flight.meta)?;
                 chain = settle_flight(star, &key, flight, &chain, catalog, streams, retry).await?;
                 settled += 1;
                 next += 1;
             }
-            Some(ObjectFooter::Fence(_)) => break,
+            Some(ObjectFooter::Fence(fence)) => {
+                if (fence.star.as_str(), fence.epoch, fence.slot) != (star, epoch, next) {
+                    return Err(RecoveryError::Foreign {
+                        key,
+                        what: format!(
+                            "it is a fence for slot {} of epoch {} of star {:?}",
+                            fence.slot, fence.epoch, fence.star
+                        ),
+                    });
+                }
+                break;
+            }
             None => {
                 let fence = encode_fence(&FenceInfo {
                     star: star.to_owned(),
@@ -196,12 +275,16 @@ pub async fn recover(
         epoch: epoch + 1,
         checkpoint: None,
     };
-    let version = chain.version;
-    let chain = patiently("starting a new epoch", retry, || {
-        catalog.set_chain(star, Some(version), fresh)
-    })
-    .await
-    .map_err(RecoveryError::Catalog)?;
+    let chain = commit_patiently(
+        "starting a new epoch",
+        retry,
+        catalog,
+        star,
+        Some(chain.version),
+        fresh,
+        AbsorbBatch::default(),
+    )
+    .await?;
     if settled > 0 {
         tracing::info!(
             settled,
@@ -226,21 +309,44 @@ async fn settle_flight(
     retry: RetryPolicy,
 ) -> Result<VersionedChain, RecoveryError> {
     let mut batch = AbsorbBatch::default();
-    let mut advances = Vec::new();
+    // Each stream's tail as this flight moves it: a stream may own several sections of one
+    // flight (one per MiB), and each continues the one before it, not the absorbed tail.
+    let mut moved: Vec<(Arc<StreamState>, StreamTail)> = Vec::new();
     for section in &flight.sections {
         // A stream deleted since this flight was written keeps no entries.
         let Some(stream) = streams.get_by_id(section.stream_id) else {
             continue;
         };
-        let tail = stream.tail();
-        if section.start_seq != tail {
+        if stream.name() != section.stream {
+            return Err(RecoveryError::Foreign {
+                key: key.to_owned(),
+                what: format!(
+                    "its section for stream id {} names stream {:?}, but this catalog's stream {} is {:?}",
+                    section.stream_id,
+                    section.stream,
+                    section.stream_id,
+                    stream.name()
+                ),
+            });
+        }
+        let index = match moved.iter().position(|(s, _)| s.id() == stream.id()) {
+            Some(index) => index,
+            None => {
+                moved.push((stream.clone(), stream.tail_snapshot()));
+                moved.len() - 1
+            }
+        };
+        let tail = &mut moved[index].1;
+        if section.start_seq != tail.tail_seq {
             return Err(RecoveryError::Discontinuous {
                 key: key.to_owned(),
                 stream: stream.name().to_owned(),
-                expected: tail,
+                expected: tail.tail_seq,
                 found: section.start_seq,
             });
         }
+        tail.tail_seq = section.end_seq;
+        tail.stored_bytes += section.len;
         batch.entries.push(IndexEntry {
             stream_id: section.stream_id,
             start_seq: section.start_seq,
@@ -250,27 +356,87 @@ async fn settle_flight(
             len: section.len,
             crc32c: section.crc32c,
         });
-        let mut snapshot = stream.tail_snapshot();
-        snapshot.tail_seq = section.end_seq;
-        snapshot.stored_bytes += section.len;
-        batch.tails.push((stream.id(), snapshot));
-        advances.push((stream, section.end_seq, section.len));
     }
+    batch.tails = moved.iter().map(|(s, tail)| (s.id(), *tail)).collect();
     let state = ChainState {
         epoch: chain.state.epoch,
         checkpoint: Some(flight.meta.slot),
     };
-    let version = chain.version;
-    let committed = patiently("absorbing a settled flight", retry, || {
-        catalog.absorb(star, Some(version), state, batch.clone())
-    })
-    .await
-    .map_err(RecoveryError::Catalog)?;
-    for (stream, end, len) in advances {
-        stream.set_next_seq(end);
-        stream.advance_tail(end, len);
+    let committed = commit_patiently(
+        "absorbing a settled flight",
+        retry,
+        catalog,
+        star,
+        Some(chain.version),
+        state,
+        batch,
+    )
+    .await?;
+    for (stream, tail) in moved {
+        let added = tail.stored_bytes - stream.stored_bytes();
+        stream.set_next_seq(tail.tail_seq);
+        stream.advance_tail(tail.tail_seq, added);
     }
     Ok(committed)
+}
+
+/// Checks that the store is usable for a chain: reachable, accepting writes, and making
+/// conditional creates exclusive. Outages are waited out; anything else fails the start.
+pub async fn probe_store(
+    star: &str,
+    store: &Arc<dyn ObjectStore>,
+    retry: RetryPolicy,
+) -> Result<(), RecoveryError> {
+    let key = format!("probe/{star}/{}-{:016x}", now_ms(), rand::random::<u64>());
+    patiently("probing the object store", retry, || {
+        probe_conditional_create(store.as_ref(), &key)
+    })
+    .await
+    .map_err(RecoveryError::Store)
+}
+
+/// A chain that is new to the metastore must be new to the store too: objects under its prefix
+/// mean the metastore lost (or never had) what the bucket holds.
+async fn check_no_chain_objects(
+    star: &str,
+    store: &Arc<dyn ObjectStore>,
+    retry: RetryPolicy,
+) -> Result<(), RecoveryError> {
+    let prefix = chain_root(star);
+    let page = patiently("listing the chain's prefix", retry, || {
+        store.list(&prefix, None, 1)
+    })
+    .await
+    .map_err(|e| RecoveryError::Store(ProbeError::Refused(e)))?;
+    match page.objects.first() {
+        None => Ok(()),
+        Some(found) => Err(RecoveryError::UnknownChain {
+            star: star.to_owned(),
+            found: found.key.clone(),
+            store: store.describe(),
+        }),
+    }
+}
+
+/// A flight names the chain slot it was written for; settling one found anywhere else would
+/// adopt another chain's records.
+fn check_written_here(
+    key: &str,
+    star: &str,
+    epoch: u64,
+    slot: u64,
+    meta: &nova_core::flight::FlightMeta,
+) -> Result<(), RecoveryError> {
+    if meta.star == star && meta.epoch == epoch && meta.slot == slot {
+        return Ok(());
+    }
+    Err(RecoveryError::Foreign {
+        key: key.to_owned(),
+        what: format!(
+            "its footer says it is slot {} of epoch {} of star {:?}",
+            meta.slot, meta.epoch, meta.star
+        ),
+    })
 }
 
 /// Slots past the fence, for the log. Best effort: a listing failure only loses the count.

@@ -1,8 +1,11 @@
 //! The resolver: waits for flights strictly in slot order and resolves each one. A durable
 //! flight's records become readable (tail cache and pending index), the streams' tails move,
 //! its producers get their acks and its admission charges are released; then it joins the
-//! absorb queue. A flight that did not land fails its producers with UNAVAILABLE and is never
-//! acknowledged, and neither is any flight after it once the chain is lost.
+//! absorb queue. A flight that did not land is never acknowledged, and neither is any flight
+//! after it: the chain is broken there (another writer took the slot, or shutdown abandoned
+//! the write). Its producers hear UNAVAILABLE when the flight certainly did not land and
+//! "outcome unknown" (DEADLINE_EXCEEDED) when it may have: an abandoned write, or a flight that
+//! landed after the break and that the chain's next owner may still settle.
 
 use std::sync::Arc;
 
@@ -33,18 +36,22 @@ pub(crate) async fn run_resolver(
         // Awaiting the handle by reference keeps the flight whole for resolution.
         let written = match (&mut flight.write).await {
             Ok(result) => result,
-            Err(join) => {
-                shared.fence(format!("flight writer for {} died: {join}", flight.key));
-                Err(WriteError::Abandoned {
-                    key: flight.key.clone(),
-                })
-            }
+            Err(join) => Err(WriteError::Abandoned {
+                key: format!("{} (its writer died: {join})", flight.key),
+            }),
         };
         shared.metrics.flights_in_flight.dec();
         match (written, shared.fenced()) {
             (Ok(()), None) => resolve(&shared, flight, &absorber).await,
-            // Landed, but a flight before it was lost: acknowledging it would skip records.
-            (Ok(()), Some(reason)) => fail(flight, RequestError::Unavailable(reason)),
+            // Landed, but an earlier slot did not: acknowledging it would skip records. Its
+            // slot may still be settled by the next owner of the chain, so its outcome is open.
+            (Ok(()), Some(reason)) => {
+                let error = RequestError::OutcomeUnknown(format!(
+                    "flight {} landed after the chain broke ({reason})",
+                    flight.key
+                ));
+                fail(flight, error);
+            }
             (Err(WriteError::Fenced { key }), _) => {
                 shared.fence(format!(
                     "chain slot {key} was written by another writer: this star no longer owns its chain"
@@ -52,10 +59,14 @@ pub(crate) async fn run_resolver(
                 let reason = shared.fenced().unwrap_or_default();
                 fail(flight, RequestError::Unavailable(reason));
             }
-            (Err(err @ WriteError::Abandoned { .. }), _) => fail(
-                flight,
-                RequestError::Unavailable(format!("{err}; retry the append")),
-            ),
+            (Err(err @ WriteError::Abandoned { .. }), _) => {
+                // A later flight may already have landed; the chain now ends before this slot,
+                // so nothing after it may be acknowledged.
+                shared.fence(format!(
+                    "{err}: the chain ends before this slot and acknowledges nothing after it"
+                ));
+                fail(flight, RequestError::OutcomeUnknown(err.to_string()));
+            }
         }
     }
 }

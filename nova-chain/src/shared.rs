@@ -1,6 +1,7 @@
 //! State the chain's tasks share.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -33,6 +34,9 @@ pub(crate) struct Shared {
     pub pending: PendingIndex,
     /// Set once the star has lost its chain; nothing is acknowledged after that.
     fenced: Mutex<Option<String>>,
+    /// Cancelled with `fenced`: a star without its chain should exit so that its supervisor
+    /// restarts it, and recovery settles what it left.
+    pub lost: CancellationToken,
     pub health: Health,
     /// Cancelled when shutdown's deadline passes: writes and commits still retrying give up,
     /// and whatever they carried fails unacknowledged.
@@ -44,6 +48,8 @@ pub(crate) struct Shared {
 pub(crate) struct Health {
     /// When flight writes started failing, if they are failing now.
     pub writes_failing_since: Mutex<Option<Instant>>,
+    /// Whether the last failure was permanent: the store refuses, rather than fails to answer.
+    pub writes_rejecting: AtomicBool,
     /// When the absorb commit in progress started.
     pub commit_started: Mutex<Option<Instant>>,
     /// Whether the last absorb commit attempt failed.
@@ -66,6 +72,7 @@ impl Shared {
             tail_cache: TailCache::new(config.tail_cache_bytes, metrics.tail_cache.clone()),
             pending: PendingIndex::default(),
             fenced: Mutex::new(None),
+            lost: CancellationToken::new(),
             health: Health::default(),
             abandon: CancellationToken::new(),
             config,
@@ -88,6 +95,8 @@ impl Shared {
                 "{reason}; this star refuses appends from now on and acknowledges nothing more"
             );
             *fenced = Some(reason);
+            self.metrics.fenced.set(1);
+            self.lost.cancel();
         }
     }
 
@@ -107,7 +116,9 @@ impl Shared {
 
     /// Why appends are waiting for the admission buffer right now.
     pub fn diagnose_admission(&self) -> StallCause {
-        if self.writes_failing() {
+        if self.health.writes_rejecting.load(Ordering::Acquire) {
+            StallCause::ObjectStoreRejecting
+        } else if self.writes_failing() {
             StallCause::ObjectStoreUnavailable
         } else if self.backlog.in_use() >= self.backlog.capacity() {
             self.diagnose_backlog()

@@ -16,6 +16,9 @@ pub enum StallCause {
     MetastoreSlow,
     /// Flight writes are failing or hanging in the object store.
     ObjectStoreUnavailable,
+    /// Flight writes are refused with an error retrying alone will not fix (credentials, a
+    /// missing bucket, a request the backend does not support).
+    ObjectStoreRejecting,
     /// A predecessor's chain is still being settled (reserved for takeover).
     PredecessorSettling,
     /// No fault: producers send faster than flights can be written. Admission blocking is the
@@ -29,6 +32,7 @@ impl StallCause {
             StallCause::AbsorbLag => "absorb_lag",
             StallCause::MetastoreSlow => "metastore_slow",
             StallCause::ObjectStoreUnavailable => "object_store_unavailable",
+            StallCause::ObjectStoreRejecting => "object_store_rejecting",
             StallCause::PredecessorSettling => "predecessor_settling",
             StallCause::WriteThroughput => "write_throughput",
         }
@@ -41,6 +45,9 @@ pub struct Stall {
     budget: &'static str,
     cause: StallCause,
     started: Instant,
+    /// Time actually spent blocked, when the stall is an episode of separate waits; `None`
+    /// counts the stall's whole life.
+    blocked: Option<std::time::Duration>,
 }
 
 impl Stall {
@@ -72,6 +79,31 @@ impl Stall {
             budget,
             cause,
             started: Instant::now(),
+            blocked: None,
+        }
+    }
+
+    /// A stall made of separate waits (one per flight that waits for the backlog): counted and
+    /// logged once, with only the time spent waiting added to its seconds, as each wait ends.
+    pub fn begin_episode(
+        metrics: Arc<Metrics>,
+        budget: &'static str,
+        cause: StallCause,
+        detail: &str,
+    ) -> Self {
+        let mut stall = Self::begin(metrics, budget, cause, detail);
+        stall.blocked = Some(std::time::Duration::ZERO);
+        stall
+    }
+
+    /// Adds one wait of an episode.
+    pub fn waited(&mut self, wait: std::time::Duration) {
+        if let Some(blocked) = &mut self.blocked {
+            *blocked += wait;
+            self.metrics
+                .stall_seconds
+                .with_label_values(&[self.budget, self.cause.as_str()])
+                .inc_by(wait.as_secs_f64());
         }
     }
 }
@@ -84,11 +116,17 @@ impl Stall {
 
 impl Drop for Stall {
     fn drop(&mut self) {
-        let seconds = self.started.elapsed().as_secs_f64();
-        self.metrics
-            .stall_seconds
-            .with_label_values(&[self.budget, self.cause.as_str()])
-            .inc_by(seconds);
+        let seconds = match self.blocked {
+            Some(blocked) => blocked.as_secs_f64(),
+            None => {
+                let seconds = self.started.elapsed().as_secs_f64();
+                self.metrics
+                    .stall_seconds
+                    .with_label_values(&[self.budget, self.cause.as_str()])
+                    .inc_by(seconds);
+                seconds
+            }
+        };
         tracing::info!(
             budget = self.budget,
             cause = self.cause.as_str(),

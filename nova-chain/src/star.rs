@@ -22,7 +22,7 @@ use crate::config::ChainConfig;
 use crate::monitor::run_monitor;
 use crate::packer::{AppendReply, Packer, Submission};
 use crate::reader::{self, Page};
-use crate::recovery::{Recovered, RecoveryError, recover};
+use crate::recovery::{Recovered, RecoveryError, probe_store, recover};
 use crate::resolver::run_resolver;
 use crate::shared::Shared;
 use crate::streams::{StreamRegistry, StreamState};
@@ -112,7 +112,16 @@ impl Star {
     ) -> Result<Self, StartError> {
         let store: Arc<dyn ObjectStore> = Arc::new(Instrumented::new(store, metrics.store.clone()));
         let catalog = Catalog::new(metastore);
-        let streams = Arc::new(StreamRegistry::load(catalog.clone()).await?);
+        let streams = Arc::new(
+            StreamRegistry::load(
+                catalog.clone(),
+                store.clone(),
+                metrics.clone(),
+                config.max_streams,
+            )
+            .await?,
+        );
+        probe_store(&config.star, &store, config.retry).await?;
         let recovered = recover(&config.star, &store, &catalog, &streams, config.retry).await?;
         let tails: HashMap<_, _> = streams
             .list("", "", usize::MAX)
@@ -308,14 +317,21 @@ impl Star {
             .set(self.shared.backlog.in_use() as i64);
     }
 
-    /// Resolves if a chain task ends on its own: without them nothing is acknowledged, so the
-    /// process should exit loudly rather than hang.
+    /// Resolves if a chain task ends on its own or the star loses its chain: either way
+    /// nothing more is acknowledged, so the process should exit loudly (and be restarted, which
+    /// settles what it left) rather than linger.
     pub async fn failed(&self) -> String {
-        self.died.cancelled().await;
-        self.died_reason
-            .lock()
-            .clone()
-            .unwrap_or_else(|| "a chain task stopped".into())
+        tokio::select! {
+            _ = self.died.cancelled() => self
+                .died_reason
+                .lock()
+                .clone()
+                .unwrap_or_else(|| "a chain task stopped".into()),
+            _ = self.shared.lost.cancelled() => self
+                .shared
+                .fenced()
+                .unwrap_or_else(|| "the star lost its chain".into()),
+        }
     }
 
     /// Stops admitting, lands every flight already admitted, absorbs it, and stops the tasks.

@@ -8,6 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::RwLock;
 
 use nova_core::catalog::{Catalog, CatalogError, StorageClass, StreamMeta, StreamTail};
+use nova_core::keys::stream_manifest_key;
+use nova_core::manifest::StreamManifest;
+use nova_core::metrics::Metrics;
+use nova_core::object_store::{ObjectStore, StoreError};
 use nova_core::record::now_ms;
 use nova_proto::RequestError;
 use nova_proto::validate::validate_stream_name;
@@ -102,10 +106,15 @@ impl StreamState {
 }
 
 /// All streams, by name and by id. Creates and deletes go through the catalog first, then the
-/// maps, one at a time.
+/// maps, one at a time. Each stream also has a manifest in the object store (`streams/{id}`), so
+/// the bucket alone can rebuild the catalog.
 #[derive(Debug)]
 pub struct StreamRegistry {
     catalog: Catalog,
+    store: Arc<dyn ObjectStore>,
+    metrics: Arc<Metrics>,
+    /// `--max-streams`.
+    max_streams: usize,
     by_name: RwLock<BTreeMap<String, Arc<StreamState>>>,
     by_id: RwLock<HashMap<u64, Arc<StreamState>>>,
     admin: tokio::sync::Mutex<()>,
@@ -120,11 +129,22 @@ fn catalog_error(err: CatalogError) -> RequestError {
     }
 }
 
+/// Attempts at writing a deleted stream's manifest before giving up (and logging it).
+const TOMBSTONE_ATTEMPTS: u32 = 3;
+
 impl StreamRegistry {
     /// Loads every stream from the catalog, at its absorbed tail.
-    pub async fn load(catalog: Catalog) -> Result<Self, CatalogError> {
+    pub async fn load(
+        catalog: Catalog,
+        store: Arc<dyn ObjectStore>,
+        metrics: Arc<Metrics>,
+        max_streams: usize,
+    ) -> Result<Self, CatalogError> {
         let registry = Self {
             catalog: catalog.clone(),
+            store,
+            metrics,
+            max_streams,
             by_name: RwLock::default(),
             by_id: RwLock::default(),
             admin: tokio::sync::Mutex::new(()),
@@ -132,12 +152,18 @@ impl StreamRegistry {
         for (meta, tail) in catalog.load_streams().await? {
             registry.insert(Arc::new(StreamState::new(meta, tail)));
         }
+        registry
+            .metrics
+            .streams_capacity
+            .set(max_streams.min(i64::MAX as usize) as i64);
         Ok(registry)
     }
 
     fn insert(&self, state: Arc<StreamState>) {
         self.by_id.write().insert(state.id(), state.clone());
-        self.by_name.write().insert(state.name().to_owned(), state);
+        let mut by_name = self.by_name.write();
+        by_name.insert(state.name().to_owned(), state);
+        self.metrics.streams.set(by_name.len() as i64);
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<StreamState>> {
@@ -172,9 +198,38 @@ impl StreamRegistry {
         if self.get(name).is_some() {
             return Err(RequestError::StreamExists(name.to_owned()));
         }
-        let meta = self
-            .catalog
-            .create_stream(name, class, now_ms())
+        if self.len() >= self.max_streams {
+            self.metrics.sheds.with_label_values(&["max_streams"]).inc();
+            tracing::warn!(
+                stream = name,
+                limit = self.max_streams,
+                "stream not created: --max-streams={} reached",
+                self.max_streams
+            );
+            return Err(RequestError::LimitReached {
+                cap: "--max-streams",
+                limit: self.max_streams as u64,
+                what: "delete streams or raise the cap",
+            });
+        }
+        let meta = StreamMeta {
+            id: self
+                .catalog
+                .reserve_stream_id()
+                .await
+                .map_err(catalog_error)?,
+            name: name.to_owned(),
+            created_at_ms: now_ms(),
+            class,
+        };
+        // The manifest lands before the catalog knows the stream, so every stream whose
+        // records can reach a flight is one the bucket can name. A create that fails between
+        // the two leaves a manifest of an empty stream, which a rebuild would restore as such.
+        self.write_manifest(&meta, false).await.map_err(|e| {
+            RequestError::Unavailable(format!("writing the manifest of stream {name:?}: {e}"))
+        })?;
+        self.catalog
+            .insert_stream(&meta)
             .await
             .map_err(catalog_error)?;
         let state = Arc::new(StreamState::new(meta, StreamTail::default()));
@@ -185,7 +240,8 @@ impl StreamRegistry {
     pub async fn delete(&self, name: &str) -> Result<(), RequestError> {
         validate_stream_name(name)?;
         let _one_at_a_time = self.admin.lock().await;
-        self.catalog
+        let meta = self
+            .catalog
             .delete_stream(name)
             .await
             .map_err(catalog_error)?;
@@ -195,7 +251,35 @@ impl StreamRegistry {
             self.by_id.write().remove(&state.id());
             state.tail_moved.notify_waiters();
         }
+        self.metrics.streams.set(self.len() as i64);
+        self.metrics.forget_stream(name);
+        // Deleted in the catalog now; the manifest says so too, or a rebuild would bring the
+        // stream back. Failing that is logged, not returned: the delete itself happened.
+        let mut attempt = 0;
+        while let Err(err) = self.write_manifest(&meta, true).await {
+            attempt += 1;
+            if attempt >= TOMBSTONE_ATTEMPTS {
+                tracing::error!(
+                    stream = name,
+                    id = meta.id,
+                    "stream deleted, but its manifest could not be marked deleted; a catalog \
+                     rebuilt from the bucket would bring it back (empty of nothing it held): {err}"
+                );
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100 << attempt)).await;
+        }
         Ok(())
+    }
+
+    async fn write_manifest(&self, meta: &StreamMeta, deleted: bool) -> Result<(), StoreError> {
+        let manifest = StreamManifest {
+            meta: meta.clone(),
+            deleted,
+        };
+        self.store
+            .put(&stream_manifest_key(meta.id), manifest.encode().into())
+            .await
     }
 
     /// Streams whose names start with `prefix`, after `start_after`, at most `limit`.

@@ -2,6 +2,7 @@
 //! jittered backoff until it lands; a flight is never dropped and never reported durable early.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use nova_core::object_store::{CreateOutcome, GetRange, PutPayload, StoreError};
@@ -61,21 +62,44 @@ pub(crate) async fn write_flight(
             Err(e) => e,
         };
         shared.metrics.flight_write_retries.inc();
-        let delay = shared.config.retry.delay(attempt);
+        let permanent = !error.is_retryable();
+        // A permanent error (refused credentials, a missing bucket, a request the backend does
+        // not support) will not clear on its own, but an operator can fix it without a
+        // restart: keep trying, at the slowest pace, and say loudly what must be fixed.
+        let delay = if permanent {
+            shared.config.retry.max
+        } else {
+            shared.config.retry.delay(attempt)
+        };
         {
             let mut failing = shared.health.writes_failing_since.lock();
             if failing.is_none() {
                 *failing = Some(started);
             }
         }
-        // First failure and then every tenth: enough to follow an outage without a line per
-        // attempt.
-        if attempt == 1 || attempt.is_multiple_of(10) {
+        let newly_rejecting =
+            permanent && !shared.health.writes_rejecting.swap(true, Ordering::AcqRel);
+        if permanent {
+            shared.metrics.store_rejecting.set(1);
+        }
+        if newly_rejecting {
+            tracing::error!(
+                key,
+                attempt,
+                retry_in_ms = delay.as_millis() as u64,
+                "the object store refuses flight writes with an error retrying will not fix; \
+                 appends are blocked until an operator fixes it (credentials, bucket, endpoint), \
+                 and novad keeps trying every {}s: {error}",
+                delay.as_secs()
+            );
+        } else if attempt == 1 || attempt.is_multiple_of(10) {
+            // First failure and then every tenth: enough to follow an outage without a line per
+            // attempt.
             tracing::warn!(
                 key,
                 attempt,
                 retry_in_ms = delay.as_millis() as u64,
-                retryable = error.is_retryable(),
+                permanent,
                 "flight write failed, retrying until it lands: {error}"
             );
         }
@@ -90,6 +114,9 @@ pub(crate) async fn write_flight(
 /// outage logs it (the others find the state already clear).
 fn recovered(shared: &Shared, attempt: u32) {
     let since = shared.health.writes_failing_since.lock().take();
+    if shared.health.writes_rejecting.swap(false, Ordering::AcqRel) {
+        shared.metrics.store_rejecting.set(0);
+    }
     if let Some(since) = since {
         tracing::info!(
             attempts = attempt,

@@ -110,6 +110,7 @@ async fn slots_past_the_checkpoint_are_settled_up_to_the_first_gap_which_is_fenc
                 AbsorbBatch {
                     entries: vec![entry],
                     tails: vec![(stream.id, tail)],
+                    ..AbsorbBatch::default()
                 },
             )
             .await
@@ -171,4 +172,172 @@ async fn slots_past_the_checkpoint_are_settled_up_to_the_first_gap_which_is_fenc
             .unwrap(),
         ObjectFooter::Fence(_)
     ));
+}
+
+fn records(bodies: &[&str]) -> Vec<Record> {
+    bodies
+        .iter()
+        .map(|b| Record {
+            timestamp: 7,
+            headers: vec![],
+            body: Bytes::from(b.to_string()),
+        })
+        .collect()
+}
+
+async fn open_star(
+    dir: &std::path::Path,
+    store: Arc<dyn ObjectStore>,
+    star: &str,
+) -> Result<Star, nova_chain::StartError> {
+    let metastore = Arc::new(EmbeddedMetastore::open(dir.join("meta.redb")).unwrap());
+    let config = ChainConfig {
+        star: star.into(),
+        ..ChainConfig::default()
+    };
+    Star::open(config, store, metastore, Arc::new(Metrics::new())).await
+}
+
+/// A stream that wrote more than one section into a flight (over 1 MiB, or one large batch)
+/// has each section continue the previous one. Recovery used to compare every section with the
+/// absorbed tail and refused to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flight_with_several_sections_of_one_stream_is_settled() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalStore::open(dir.path().join("store"), StoreLimits::default()).unwrap());
+    let star = "star-b";
+    let (s_id, t_id) = {
+        let catalog = Catalog::new(Arc::new(
+            EmbeddedMetastore::open(dir.path().join("meta.redb")).unwrap(),
+        ));
+        let s = catalog
+            .create_stream("s", StorageClass::Standard, 1)
+            .await
+            .unwrap();
+        let t = catalog
+            .create_stream("t", StorageClass::Standard, 1)
+            .await
+            .unwrap();
+        catalog
+            .set_chain(
+                star,
+                None,
+                ChainState {
+                    epoch: 1,
+                    checkpoint: None,
+                },
+            )
+            .await
+            .unwrap();
+        (s.id, t.id)
+    };
+    let section = |stream_id, name: &str, start, bodies: &[&str]| SectionInput {
+        stream_id,
+        stream: name.into(),
+        start_seq: start,
+        fragments: vec![encode_fragment(records(bodies).iter())],
+    };
+    let meta = |slot| FlightMeta {
+        star: star.into(),
+        epoch: 1,
+        slot,
+        created_at_ms: 1,
+    };
+    let (first, footer) = assemble_flight(
+        meta(0),
+        vec![
+            section(s_id, "s", 0, &["a", "b"]),
+            section(t_id, "t", 0, &["x"]),
+            section(s_id, "s", 2, &["c"]),
+        ],
+    );
+    let s_bytes: u64 = footer
+        .sections
+        .iter()
+        .filter(|e| e.stream_id == s_id)
+        .map(|e| e.len)
+        .sum();
+    store.put(&slot_key(star, 1, 0), first).await.unwrap();
+    let (second, _) = assemble_flight(
+        meta(1),
+        vec![
+            section(s_id, "s", 3, &["d"]),
+            section(s_id, "s", 4, &["e", "f"]),
+        ],
+    );
+    store.put(&slot_key(star, 1, 1), second).await.unwrap();
+
+    let opened = open_star(dir.path(), store.clone(), star)
+        .await
+        .expect("recovery settles flights with several sections of one stream");
+    assert_eq!(opened.recovered().settled_flights, 2);
+    let s = opened.streams().get("s").unwrap();
+    let t = opened.streams().get("t").unwrap();
+    assert_eq!((s.tail(), t.tail()), (6, 1));
+    let page = opened.read(&s, 0, 100, 1 << 20).await.unwrap();
+    let bodies: Vec<_> = page.records.iter().map(|r| r.record.body.clone()).collect();
+    assert_eq!(bodies, ["a", "b", "c", "d", "e", "f"]);
+    assert!(
+        s.stored_bytes() > s_bytes,
+        "stored bytes count every section of both flights"
+    );
+    opened
+        .shutdown(std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    drop(opened);
+
+    // The tails were recorded in the catalog too: a second restart finds the same.
+    let again = open_star(dir.path(), store, star).await.unwrap();
+    let s2 = again.streams().get("s").unwrap();
+    assert_eq!(s2.tail(), 6);
+    assert_eq!(s2.stored_bytes(), s.stored_bytes());
+}
+
+/// A flight whose footer names another chain's slot is never adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flight_written_for_another_slot_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalStore::open(dir.path().join("store"), StoreLimits::default()).unwrap());
+    let star = "star-c";
+    let s_id = {
+        let catalog = Catalog::new(Arc::new(
+            EmbeddedMetastore::open(dir.path().join("meta.redb")).unwrap(),
+        ));
+        let s = catalog
+            .create_stream("s", StorageClass::Standard, 1)
+            .await
+            .unwrap();
+        catalog
+            .set_chain(
+                star,
+                None,
+                ChainState {
+                    epoch: 1,
+                    checkpoint: None,
+                },
+            )
+            .await
+            .unwrap();
+        s.id
+    };
+    // Another star's flight, copied under this star's first slot.
+    store
+        .put(
+            &slot_key(star, 1, 0),
+            flight("someone-else", 1, 0, s_id, 0, &["foreign"]),
+        )
+        .await
+        .unwrap();
+    let err = match open_star(dir.path(), store, star).await {
+        Ok(_) => panic!("a foreign flight must not be settled"),
+        Err(err) => err.to_string(),
+    };
+    assert!(
+        err.contains("does not belong to this star's chain"),
+        "{err}"
+    );
+    assert!(err.contains("--star-id"), "{err}");
 }

@@ -27,13 +27,13 @@ pub enum StorageClass {
 }
 
 impl StorageClass {
-    fn code(self) -> u8 {
+    pub fn code(self) -> u8 {
         match self {
             StorageClass::Standard => 1,
         }
     }
 
-    fn from_code(code: u8) -> Result<Self, CatalogError> {
+    pub fn from_code(code: u8) -> Result<Self, CatalogError> {
         match code {
             1 => Ok(StorageClass::Standard),
             other => Err(CatalogError::Corrupt(format!(
@@ -93,6 +93,8 @@ pub struct VersionedChain {
 pub struct AbsorbBatch {
     pub entries: Vec<IndexEntry>,
     pub tails: Vec<(u64, StreamTail)>,
+    /// Deleted streams whose tail keys are removed (a no-op when already gone).
+    pub forget: Vec<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +148,25 @@ fn chain_key(star: &str) -> Vec<u8> {
 }
 
 const NEXT_ID_KEY: &[u8] = b"m/next_stream_id";
+
+/// Keys written per transaction by `restore`, well under what any metastore accepts.
+const MAX_RESTORE_TXN: usize = 100;
+
+fn encode_next_id(id: u64) -> Vec<u8> {
+    let mut buf = vec![FORMAT];
+    buf.put_u64_le(id);
+    buf
+}
+
+/// A catalog read back from the object store, for `Catalog::restore`.
+#[derive(Debug, Clone, Default)]
+pub struct Restored {
+    pub streams: Vec<(StreamMeta, StreamTail)>,
+    pub entries: Vec<IndexEntry>,
+    pub next_stream_id: u64,
+    /// The star and the chain state it resumes from.
+    pub chain: Option<(String, ChainState)>,
+}
 
 struct Reader<'a>(&'a [u8]);
 
@@ -287,47 +308,118 @@ impl Catalog {
         &self.store
     }
 
-    /// Creates a stream with a fresh id. Ids are never reused, so index entries left behind by a
-    /// deleted stream can never be mistaken for a new stream's.
-    pub async fn create_stream(
-        &self,
-        name: &str,
-        class: StorageClass,
-        created_at_ms: u64,
-    ) -> Result<StreamMeta, CatalogError> {
+    /// Hands out a stream id, never used before and never used again: index entries and
+    /// manifests left behind by a deleted stream can never be mistaken for a new stream's.
+    pub async fn reserve_stream_id(&self) -> Result<u64, CatalogError> {
         loop {
             let counter = self.store.get(NEXT_ID_KEY).await?;
-            let (id, counter_compare) = match &counter {
+            let (id, compare) = match &counter {
                 Some(kv) => {
                     let mut r = Reader::start(&kv.value)?;
                     (r.u64()?, Compare::Version(NEXT_ID_KEY.to_vec(), kv.version))
                 }
                 None => (1, Compare::Missing(NEXT_ID_KEY.to_vec())),
             };
-            let meta = StreamMeta {
-                id,
-                name: name.to_owned(),
-                created_at_ms,
-                class,
-            };
-            let mut next = vec![FORMAT];
-            next.put_u64_le(id + 1);
             let txn = Txn::new()
-                .compare(Compare::Missing(name_key(name)))
-                .compare(counter_compare)
-                .put(name_key(name), encode_meta(&meta))
-                .put(NEXT_ID_KEY.to_vec(), next)
-                .put(tail_key(id), encode_tail(&StreamTail::default()));
-            match self.store.commit(txn).await? {
-                TxnOutcome::Committed { .. } => return Ok(meta),
-                TxnOutcome::Conflict => {
-                    if self.store.get(&name_key(name)).await?.is_some() {
-                        return Err(CatalogError::AlreadyExists(name.to_owned()));
-                    }
-                    // Another create took the id we read; try the next one.
-                }
+                .compare(compare)
+                .put(NEXT_ID_KEY.to_vec(), encode_next_id(id + 1));
+            if let TxnOutcome::Committed { .. } = self.store.commit(txn).await? {
+                return Ok(id);
+            }
+            // Another reservation took this id; take the next one.
+        }
+    }
+
+    /// Creates a stream with a fresh id in the metastore alone. A star creates streams with
+    /// `reserve_stream_id` and `insert_stream`, writing the stream's manifest in between.
+    pub async fn create_stream(
+        &self,
+        name: &str,
+        class: StorageClass,
+        created_at_ms: u64,
+    ) -> Result<StreamMeta, CatalogError> {
+        let meta = StreamMeta {
+            id: self.reserve_stream_id().await?,
+            name: name.to_owned(),
+            created_at_ms,
+            class,
+        };
+        self.insert_stream(&meta).await?;
+        Ok(meta)
+    }
+
+    /// Creates a stream under an id from `reserve_stream_id`.
+    pub async fn insert_stream(&self, meta: &StreamMeta) -> Result<(), CatalogError> {
+        let txn = Txn::new()
+            .compare(Compare::Missing(name_key(&meta.name)))
+            .put(name_key(&meta.name), encode_meta(meta))
+            .put(tail_key(meta.id), encode_tail(&StreamTail::default()));
+        match self.store.commit(txn).await? {
+            TxnOutcome::Committed { .. } => Ok(()),
+            TxnOutcome::Conflict => Err(CatalogError::AlreadyExists(meta.name.clone())),
+        }
+    }
+
+    /// Whether the catalog holds anything at all: streams, or any star's chain.
+    pub async fn is_empty(&self) -> Result<bool, CatalogError> {
+        for prefix in [&b"n/"[..], b"c/", b"m/"] {
+            if !self.store.scan(prefix, None, 1).await?.is_empty() {
+                return Ok(false);
             }
         }
+        Ok(true)
+    }
+
+    /// Writes a catalog rebuilt from the object store into an empty metastore: streams with
+    /// their tails, their index entries, the next stream id, and the star's chain (when it has
+    /// one). Entries go in transactions of at most `MAX_RESTORE_TXN` keys; the chain goes last,
+    /// so an interrupted restore leaves no chain and can simply be run again.
+    pub async fn restore(&self, restored: &Restored) -> Result<(), CatalogError> {
+        let mut txn = Txn::new();
+        let mut ops = 0usize;
+        let flush = |txn: Txn| async move {
+            match self.store.commit(txn).await? {
+                TxnOutcome::Committed { .. } => Ok::<(), CatalogError>(()),
+                TxnOutcome::Conflict => Err(CatalogError::Conflict(
+                    "the metastore changed while the catalog was being restored".into(),
+                )),
+            }
+        };
+        for (meta, tail) in &restored.streams {
+            txn = txn
+                .put(name_key(&meta.name), encode_meta(meta))
+                .put(tail_key(meta.id), encode_tail(tail));
+            ops += 2;
+            if ops >= MAX_RESTORE_TXN {
+                flush(std::mem::take(&mut txn)).await?;
+                ops = 0;
+            }
+        }
+        for entry in &restored.entries {
+            txn = txn.put(
+                index_key(entry.stream_id, entry.end_seq),
+                encode_entry(entry),
+            );
+            ops += 1;
+            if ops >= MAX_RESTORE_TXN {
+                flush(std::mem::take(&mut txn)).await?;
+                ops = 0;
+            }
+        }
+        txn = txn.put(
+            NEXT_ID_KEY.to_vec(),
+            encode_next_id(restored.next_stream_id),
+        );
+        flush(txn).await?;
+        if let Some((star, state)) = &restored.chain {
+            flush(
+                Txn::new()
+                    .compare(Compare::Missing(chain_key(star)))
+                    .put(chain_key(star), encode_chain(state)),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// Removes a stream's name and tail. Its index entries stay until collected; nothing can
@@ -409,6 +501,19 @@ impl Catalog {
         }
     }
 
+    /// The chain, if it is at exactly `state` now. A commit whose answer was lost (an error
+    /// after the metastore applied it) makes its retry meet a version conflict; this tells that
+    /// apart from another writer having moved the chain. Only this star's incarnation writes
+    /// its epoch (recovery moves every restart to a fresh one), so finding `state` means the
+    /// earlier attempt landed.
+    pub async fn chain_if_at(
+        &self,
+        star: &str,
+        state: ChainState,
+    ) -> Result<Option<VersionedChain>, CatalogError> {
+        Ok(self.chain(star).await?.filter(|chain| chain.state == state))
+    }
+
     /// Moves the chain to `state` if it is still at `expected` (`None`: it must not exist yet).
     pub async fn set_chain(
         &self,
@@ -443,6 +548,9 @@ impl Catalog {
         }
         for (id, tail) in &batch.tails {
             txn = txn.put(tail_key(*id), encode_tail(tail));
+        }
+        for id in &batch.forget {
+            txn = txn.delete(tail_key(*id));
         }
         match self.store.commit(txn).await? {
             TxnOutcome::Committed { revision } => Ok(VersionedChain {
@@ -534,6 +642,7 @@ mod tests {
                     stored_bytes: 200,
                 },
             )],
+            ..AbsorbBatch::default()
         };
         let next = ChainState {
             epoch: 1,

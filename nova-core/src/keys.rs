@@ -2,13 +2,36 @@
 //!
 //! ```text
 //! chain/{star}/{epoch:010}/{slot:020}     one flight (or a fence) per slot
+//! streams/{id:020}                        a stream's manifest (name, settings, deleted)
+//! probe/{star}/{nonce}                    a start-up probe, deleted right after
 //! ```
 //!
 //! Numbers are zero-padded so that byte order, which listing uses, is numeric order.
 
+/// Where stream manifests live.
+pub const STREAMS_PREFIX: &str = "streams/";
+
+pub fn stream_manifest_key(id: u64) -> String {
+    format!("{STREAMS_PREFIX}{id:020}")
+}
+
+/// The stream id out of a manifest key.
+pub fn parse_stream_manifest(key: &str) -> Option<u64> {
+    let rest = key.strip_prefix(STREAMS_PREFIX)?;
+    if rest.len() != 20 || !rest.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    rest.parse().ok()
+}
+
+/// The prefix holding every epoch of a star's chain.
+pub fn chain_root(star: &str) -> String {
+    format!("chain/{star}/")
+}
+
 /// The prefix holding every slot of one epoch of a star's chain.
 pub fn chain_prefix(star: &str, epoch: u64) -> String {
-    format!("chain/{star}/{epoch:010}/")
+    format!("{}{epoch:010}/", chain_root(star))
 }
 
 pub fn slot_key(star: &str, epoch: u64, slot: u64) -> String {

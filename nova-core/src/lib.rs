@@ -6,6 +6,7 @@ pub mod catalog;
 pub mod flight;
 pub mod keys;
 pub mod limits;
+pub mod manifest;
 pub mod memory;
 pub mod metastore;
 pub mod metrics;

@@ -14,6 +14,9 @@ pub const TAIL_WINDOW_CACHE_MIB: u64 = 128;
 pub const MAX_PRODUCER_SESSIONS: u32 = 4096;
 /// `--max-subscriptions`: reads waiting at a stream's tail at once.
 pub const MAX_SUBSCRIPTIONS: u32 = 16_384;
+/// `--max-streams`: streams a star holds. Each costs about 1 KiB of fixed memory (its entry in
+/// the registry and two metric series), so the default adds at most ~10 MiB to the overhead.
+pub const MAX_STREAMS: u32 = 10_000;
 /// The longest a read may wait at the tail (`wait_ms` is capped to it).
 pub const MAX_READ_WAIT_MS: u64 = 60_000;
 /// `--grpc-stream-window-kib`: the HTTP/2 per-stream receive window (the protocol floor).

@@ -7,12 +7,13 @@ use prometheus::{
 };
 
 /// Every stall cause, as exported (`StallCause::as_str` in nova-chain): the first three are
-/// the backlog's, the fourth the flight writers', and the admission buffer can stall for any.
-pub const STALL_CAUSES: [&str; 5] = [
+/// the backlog's, the next two the flight writers', and the admission buffer can stall for any.
+pub const STALL_CAUSES: [&str; 6] = [
     "absorb_lag",
     "metastore_slow",
     "predecessor_settling",
     "object_store_unavailable",
+    "object_store_rejecting",
     "write_throughput",
 ];
 
@@ -94,6 +95,15 @@ pub struct Metrics {
     pub stalls: IntCounterVec,
     pub stall_seconds: prometheus::CounterVec,
     pub oldest_admitted_age: Gauge,
+    /// 1 once the star has lost its chain (it acknowledges nothing more and exits).
+    pub fenced: IntGauge,
+    /// 1 while the star accepts appends: recovered, not fenced, its object store reachable.
+    pub ready: IntGauge,
+    /// 1 while flight writes fail with an error retrying will not fix (refused credentials, a
+    /// missing bucket, an unsupported request): an operator must act.
+    pub store_rejecting: IntGauge,
+    pub streams: IntGauge,
+    pub streams_capacity: IntGauge,
     pub oldest_unabsorbed_age: Gauge,
     pub flights_in_flight: IntGauge,
     pub flights_in_flight_capacity: IntGauge,
@@ -308,6 +318,27 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            fenced: gauge(
+                &r,
+                "nova_star_fenced",
+                "1 once the star has lost its chain to another writer or abandoned a flight; it acknowledges nothing more.",
+            ),
+            ready: gauge(
+                &r,
+                "nova_star_ready",
+                "1 while the star accepts appends: recovered, not fenced, and its object store accepting writes.",
+            ),
+            store_rejecting: gauge(
+                &r,
+                "nova_object_store_rejecting",
+                "1 while flight writes fail with a permanent error (credentials, bucket, unsupported request); retried, but an operator must act.",
+            ),
+            streams: gauge(&r, "nova_streams", "Streams in the catalog."),
+            streams_capacity: gauge(
+                &r,
+                "nova_streams_capacity",
+                "Streams allowed (--max-streams).",
+            ),
             oldest_unabsorbed_age: register(
                 &r,
                 Gauge::new(
@@ -421,6 +452,7 @@ impl Metrics {
     fn initialise_series(&self) {
         self.sheds.with_label_values(&["max_producer_sessions"]);
         self.sheds.with_label_values(&["max_subscriptions"]);
+        self.sheds.with_label_values(&["max_streams"]);
         for reason in [
             "empty_batch",
             "max_batch_records",
@@ -435,7 +467,7 @@ impl Metrics {
         for (budget, causes) in [
             ("admission_buffer", &STALL_CAUSES[..]),
             ("chain_backlog", &STALL_CAUSES[..3]),
-            ("flights_in_flight", &STALL_CAUSES[3..4]),
+            ("flights_in_flight", &STALL_CAUSES[3..5]),
         ] {
             for cause in causes {
                 self.stalls.with_label_values(&[budget, cause]);
@@ -458,6 +490,12 @@ impl Metrics {
         for term in ["admission", "express", "tail_cache", "transport"] {
             self.memory.formula.with_label_values(&[term]);
         }
+    }
+
+    /// Drops a deleted stream's series, so deleted streams do not accumulate in every scrape.
+    pub fn forget_stream(&self, stream: &str) {
+        let _ = self.appended_records.remove_label_values(&[stream]);
+        let _ = self.appended_bytes.remove_label_values(&[stream]);
     }
 
     /// The registry in Prometheus text format.

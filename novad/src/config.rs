@@ -68,6 +68,11 @@ pub struct Config {
     #[arg(long, env = "NOVA_MAX_PRODUCER_SESSIONS", default_value_t = limits::MAX_PRODUCER_SESSIONS, help_heading = "Budgets")]
     pub max_producer_sessions: u32,
 
+    /// Streams this star holds. A create past it is refused with RESOURCE_EXHAUSTED naming the
+    /// cap; existing streams are unaffected. Each stream costs about 1 KiB of fixed memory.
+    #[arg(long, env = "NOVA_MAX_STREAMS", default_value_t = limits::MAX_STREAMS, help_heading = "Budgets")]
+    pub max_streams: u32,
+
     /// Subscriptions: reads waiting at a stream's tail for new records (a Read with wait_ms)
     /// at once. A wait past the cap is refused with RESOURCE_EXHAUSTED and a retry hint; waiting
     /// reads are never cut.
@@ -165,6 +170,7 @@ impl Config {
             flight_max_bytes: self.flight_max_bytes,
             flight_linger: Duration::from_millis(self.flight_linger_ms),
             flight_max_inflight: self.flight_max_inflight,
+            max_streams: self.max_streams as usize,
             retry: RetryPolicy {
                 initial: Duration::from_millis(100),
                 max: Duration::from_secs(10),

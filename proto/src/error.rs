@@ -42,8 +42,22 @@ pub enum RequestError {
         what: &'static str,
         retry_after: Duration,
     },
+    /// A fixed limit on how much of something may exist (not a passing load): retrying does
+    /// not help until something is removed or the limit is raised.
+    #[error("{cap} reached ({limit}): {what}")]
+    LimitReached {
+        cap: &'static str,
+        limit: u64,
+        what: &'static str,
+    },
     #[error("{0}")]
     Unavailable(String),
+    /// The append may or may not be durable: its flight may still land, or landed but could
+    /// not be acknowledged. Retrying it blindly may write it twice.
+    #[error(
+        "outcome unknown: {0}; check the stream's tail (or retry with match_seq_num) before sending it again"
+    )]
+    OutcomeUnknown(String),
     #[error("{0}")]
     DataLoss(String),
     #[error("{0}")]
@@ -64,9 +78,15 @@ impl RequestError {
             // The stream moved on; the producer must decide what its next seq is.
             RequestError::SeqMismatch { .. } => Code::FailedPrecondition,
             // Nothing was admitted; retrying after the hint is always safe.
-            RequestError::CapReached { .. } => Code::ResourceExhausted,
+            RequestError::CapReached { .. } | RequestError::LimitReached { .. } => {
+                Code::ResourceExhausted
+            }
             // Nothing was acknowledged; the client may retry (with match_seq_num to stay exact).
             RequestError::Unavailable(_) => Code::Unavailable,
+            // gRPC's own code for "this may have happened": DEADLINE_EXCEEDED is documented as
+            // possibly returned after a state change succeeded, and no client retries it blindly
+            // by default. The SDK resolves it against the stream's tail.
+            RequestError::OutcomeUnknown(_) => Code::DeadlineExceeded,
             RequestError::DataLoss(_) => Code::DataLoss,
             RequestError::Internal(_) => Code::Internal,
         }

@@ -65,15 +65,22 @@ impl EmbeddedMetastore {
         T: Send + 'static,
         F: FnOnce(&Database) -> Result<T, MetastoreError> + Send + 'static,
     {
-        let _turn = self
+        let turn = self
             .calls
-            .acquire()
+            .clone()
+            .acquire_owned()
             .await
             .map_err(|_| MetastoreError::Unavailable("metastore closed".into()))?;
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db))
-            .await
-            .map_err(internal)?
+        // The turn is released when the blocking work ends, not when the caller stops waiting
+        // for it: a caller that gives up (shutdown, a timeout around it) must not let hung
+        // calls pile up in the blocking pool past the limit.
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            f(&db)
+        })
+        .await
+        .map_err(internal)?
     }
 }
 
@@ -212,5 +219,40 @@ impl Metastore for EmbeddedMetastore {
             }
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_given_up_on_keeps_its_turn_until_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedMetastore::open(dir.path().join("m.redb")).unwrap();
+        let (release, hold) = std::sync::mpsc::channel::<()>();
+        let hung = store.blocking(move |_| {
+            let _ = hold.recv();
+            Ok(())
+        });
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), hung)
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            store.calls.available_permits(),
+            MAX_CONCURRENT_CALLS - 1,
+            "the abandoned call still holds its turn while it runs"
+        );
+        release.send(()).unwrap();
+        for _ in 0..100 {
+            if store.calls.available_permits() == MAX_CONCURRENT_CALLS {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the turn came back when the call ended");
     }
 }

@@ -29,9 +29,11 @@ pub struct LocalStore {
 struct Inner {
     objects: PathBuf,
     tmp: PathBuf,
-    reads: Semaphore,
-    writes: Semaphore,
+    reads: Arc<Semaphore>,
+    writes: Arc<Semaphore>,
     limits: StoreLimits,
+    /// Directory fsyncs done, for tests that check an object is reachable before it is reported.
+    dir_syncs: std::sync::atomic::AtomicU64,
 }
 
 impl LocalStore {
@@ -58,9 +60,10 @@ impl LocalStore {
             inner: Arc::new(Inner {
                 objects,
                 tmp,
-                reads: Semaphore::new(limits.read_concurrency.max(1)),
-                writes: Semaphore::new(limits.write_concurrency.max(1)),
+                reads: Arc::new(Semaphore::new(limits.read_concurrency.max(1))),
+                writes: Arc::new(Semaphore::new(limits.write_concurrency.max(1))),
                 limits,
+                dir_syncs: Default::default(),
             }),
         })
     }
@@ -75,16 +78,24 @@ impl LocalStore {
         } else {
             &self.inner.reads
         };
-        let _permit = semaphore
-            .acquire()
-            .await
-            .map_err(|_| StoreError::Permanent {
-                op,
-                key: key.to_owned(),
-                message: "store closed".into(),
-            })?;
+        let permit =
+            semaphore
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| StoreError::Permanent {
+                    op,
+                    key: key.to_owned(),
+                    message: "store closed".into(),
+                })?;
         let inner = self.inner.clone();
-        let task = tokio::task::spawn_blocking(move || f(&inner));
+        // The permit travels with the blocking work and is released only when it ends: a caller
+        // that stops waiting (the timeout below) must not free a slot while a hung disk still
+        // holds a thread of the blocking pool.
+        let task = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            f(&inner)
+        });
         match tokio::time::timeout(self.inner.limits.request_timeout, task).await {
             Ok(Ok(result)) => result,
             Ok(Err(join)) => Err(StoreError::Permanent {
@@ -154,7 +165,7 @@ impl Inner {
             fs::create_dir_all(&parent)?;
             for created in missing.iter().rev() {
                 if let Some(above) = created.parent() {
-                    sync_dir(above)?;
+                    self.sync_dir(above)?;
                 }
             }
         }
@@ -162,8 +173,13 @@ impl Inner {
     }
 }
 
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+impl Inner {
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()?;
+        self.dir_syncs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 fn io_error(op: Op, key: &str, err: io::Error) -> StoreError {
@@ -206,10 +222,14 @@ impl ObjectStore for LocalStore {
                 inner
                     .ensure_parent(&path)
                     .and_then(|parent| match fs::hard_link(&tmp, &path) {
-                        Ok(()) => sync_dir(&parent).map(|()| CreateOutcome::Created),
-                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                            Ok(CreateOutcome::AlreadyExists)
-                        }
+                        Ok(()) => inner.sync_dir(&parent).map(|()| CreateOutcome::Created),
+                        // An earlier attempt may have linked the object and lost its answer
+                        // before syncing: the caller may treat what it finds as durable, so
+                        // make it durable before answering.
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => File::open(&path)
+                            .and_then(|existing| existing.sync_all())
+                            .and_then(|()| inner.sync_dir(&parent))
+                            .map(|()| CreateOutcome::AlreadyExists),
                         Err(e) => Err(e),
                     });
             let _ = fs::remove_file(&tmp);
@@ -227,7 +247,7 @@ impl ObjectStore for LocalStore {
             let tmp = inner.write_temp(&payload).map_err(err)?;
             let result = inner
                 .ensure_parent(&path)
-                .and_then(|parent| fs::rename(&tmp, &path).and_then(|()| sync_dir(&parent)));
+                .and_then(|parent| fs::rename(&tmp, &path).and_then(|()| inner.sync_dir(&parent)));
             if result.is_err() {
                 let _ = fs::remove_file(&tmp);
             }
@@ -385,5 +405,82 @@ fn sort_key((key, is_dir): &(String, bool)) -> String {
         format!("{key}/")
     } else {
         key.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    fn payload(text: &'static str) -> PutPayload {
+        PutPayload::from(Bytes::from_static(text.as_bytes()))
+    }
+
+    /// A create that finds its key taken may be meeting its own earlier attempt, whose answer
+    /// was lost before the directory was synced; the writer then treats the bytes as durable.
+    #[tokio::test]
+    async fn a_create_that_finds_the_key_syncs_before_answering() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path(), StoreLimits::default()).unwrap();
+        let created = store
+            .put_if_absent("a/b/key", payload("one"))
+            .await
+            .unwrap();
+        assert_eq!(created, CreateOutcome::Created);
+        let before = store.inner.dir_syncs.load(Ordering::Relaxed);
+        let again = store
+            .put_if_absent("a/b/key", payload("one"))
+            .await
+            .unwrap();
+        assert_eq!(again, CreateOutcome::AlreadyExists);
+        assert!(
+            store.inner.dir_syncs.load(Ordering::Relaxed) > before,
+            "the key's directory is synced before AlreadyExists is reported"
+        );
+    }
+
+    /// A hung filesystem call keeps its concurrency slot after the caller's timeout gives up on
+    /// it, so hung calls cannot pile up in the blocking pool past the limit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_timed_out_call_keeps_its_slot_until_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = StoreLimits {
+            read_concurrency: 1,
+            write_concurrency: 1,
+            request_timeout: Duration::from_millis(200),
+        };
+        let store = LocalStore::open(dir.path(), limits).unwrap();
+        store.put("plain", payload("hello")).await.unwrap();
+        // Opening a FIFO for reading blocks until a writer opens it: a stand-in for a hung disk.
+        let fifo = dir.path().join("objects").join("hung");
+        let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        let hung = store.get("hung", GetRange::All).await;
+        assert!(
+            matches!(hung, Err(StoreError::Transient { .. })),
+            "{hung:?}"
+        );
+        let next = tokio::time::timeout(
+            Duration::from_millis(500),
+            store.get("plain", GetRange::All),
+        )
+        .await;
+        assert!(
+            !matches!(next, Ok(Ok(_))),
+            "a read ran while the hung read still held the only read slot"
+        );
+        // Unblock the hung open; its slot comes back and reads work again.
+        let writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        drop(writer);
+        let mut read = None;
+        for _ in 0..20 {
+            if let Ok(result) = store.get("plain", GetRange::All).await {
+                read = Some(result);
+                break;
+            }
+        }
+        assert_eq!(read.expect("reads work again").bytes, "hello");
     }
 }

@@ -6,6 +6,7 @@ pub mod conformance;
 mod instrumented;
 mod local;
 mod payload;
+mod probe;
 mod s3;
 
 use std::fmt;
@@ -18,6 +19,7 @@ pub use args::StoreArgs;
 pub use instrumented::Instrumented;
 pub use local::LocalStore;
 pub use payload::PutPayload;
+pub use probe::{ProbeError, probe_conditional_create};
 pub use s3::{S3Config, S3Store};
 
 /// Which part of an object to read.

@@ -186,11 +186,22 @@ where
             transient(message)
         }
         SdkError::ServiceError(_) => match (status, code.as_deref()) {
+            // Not the object but the bucket: a configuration error, not a missing key.
+            (_, Some("NoSuchBucket")) => StoreError::Permanent {
+                op,
+                key,
+                message: format!("the bucket does not exist (check --s3-bucket): {message}"),
+            },
             (Some(404), _) | (_, Some("NoSuchKey")) => StoreError::NotFound { key },
             (Some(416), _) | (_, Some("InvalidRange")) => StoreError::InvalidRange {
                 key,
                 range: GetRange::All,
             },
+            // The backend does not implement what was asked (a conditional write, say): no
+            // retry changes that.
+            (Some(501), _) | (_, Some("NotImplemented")) => {
+                StoreError::Permanent { op, key, message }
+            }
             // A conditional write raced another one in flight on the same key: ask again.
             (Some(409), Some("ConditionalRequestConflict")) => transient(message),
             (Some(408 | 429 | 500..=599), _) => transient(message),
