@@ -4,6 +4,7 @@
 //! embedded backend is a redb file under the data directory.
 
 mod embedded;
+pub mod faulty;
 
 use std::fmt;
 

@@ -3,6 +3,7 @@
 
 mod args;
 pub mod conformance;
+pub mod faulty;
 mod instrumented;
 mod local;
 mod payload;

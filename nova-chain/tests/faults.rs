@@ -1,0 +1,231 @@
+//! The chain under faults that once lost acknowledged records or kept a star down: a flight
+//! abandoned at shutdown while a later one landed, a commit that landed but lost its answer, a
+//! store that refuses writes, a store without exclusive creates, and a bucket holding a chain
+//! the metastore does not know.
+
+mod support;
+
+use std::time::Duration;
+
+use nova_chain::StartError;
+use nova_core::catalog::{Catalog, ChainState, StorageClass};
+use nova_core::keys::slot_key;
+use nova_core::metastore::faulty::CommitFault;
+use nova_core::object_store::Op;
+use nova_core::object_store::faulty::Fault;
+use nova_proto::RequestError;
+use support::*;
+
+/// Shutdown gives up on a flight whose write hangs while the flight after it has landed. The
+/// later flight must not be acknowledged: the next start fences the abandoned slot, and the
+/// later flight is never settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_past_an_abandoned_flight_is_acknowledged() {
+    let disk = Disk::new();
+    let f = open_faulty(&disk, config()).await.unwrap();
+    f.star
+        .streams()
+        .create("s", StorageClass::Standard)
+        .await
+        .unwrap();
+    let epoch = f.star.epoch();
+    f.store.inject(
+        &[Op::PutIfAbsent],
+        &slot_key(STAR, epoch, 0),
+        Fault::Hold,
+        None,
+    );
+    let first = append(&f.star, "s", "a").await;
+    // Past the linger, so "b" goes into the next flight.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = append(&f.star, "s", "b").await;
+    let store = disk.store();
+    let landed = slot_key(STAR, epoch, 1);
+    for _ in 0..500 {
+        if store.head(&landed).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    store.head(&landed).await.expect("the second flight landed");
+
+    let shutdown = f.star.shutdown(Duration::from_millis(300)).await;
+    assert!(shutdown.is_err(), "the held flight never landed");
+    let first = answer(first).await;
+    assert!(
+        matches!(first, Err(RequestError::OutcomeUnknown(_))),
+        "an abandoned write may still land: {first:?}"
+    );
+    let second = answer(second).await;
+    assert!(
+        second.is_err(),
+        "a flight past an abandoned slot must not be acknowledged: {second:?}"
+    );
+    f.store.clear();
+    drop(f);
+
+    let star = open_plain(&disk, config()).await.unwrap();
+    assert_eq!(star.recovered().orphaned_slots, 1);
+    assert!(bodies(&star, "s").await.is_empty());
+    let next = answer(append(&star, "s", "c").await).await.unwrap();
+    assert_eq!((next.start, next.end), (0, 1));
+}
+
+/// A commit that landed but answered with an error makes the retry meet a version conflict;
+/// the star must recognise its own commit rather than fence itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absorb_whose_answer_was_lost_does_not_fence_the_star() {
+    let disk = Disk::new();
+    let f = open_faulty(&disk, config()).await.unwrap();
+    f.star
+        .streams()
+        .create("s", StorageClass::Standard)
+        .await
+        .unwrap();
+    f.metastore.inject(CommitFault::LoseAnswer, Some(1));
+    answer(append(&f.star, "s", "a").await).await.unwrap();
+    let metrics = f.metrics.clone();
+    eventually(Duration::from_secs(10), "the absorb", || {
+        metrics.flights_absorbed.get() >= 1
+    })
+    .await;
+    assert_eq!(f.star.fenced(), None);
+    answer(append(&f.star, "s", "b").await).await.unwrap();
+    f.star.shutdown(Duration::from_secs(5)).await.unwrap();
+    drop(f);
+    let star = open_plain(&disk, config()).await.unwrap();
+    assert_eq!(bodies(&star, "s").await, ["a", "b"]);
+}
+
+/// Recovery's own commits meet the same ambiguity: a start-up whose epoch move landed without
+/// an answer still starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_commit_whose_answer_was_lost_still_starts() {
+    let disk = Disk::new();
+    {
+        let star = open_plain(&disk, config()).await.unwrap();
+        star.streams()
+            .create("s", StorageClass::Standard)
+            .await
+            .unwrap();
+        answer(append(&star, "s", "a").await).await.unwrap();
+        // Stop without absorbing: the next start settles the flight.
+        star.shutdown(Duration::from_secs(5)).await.unwrap();
+    }
+    let store = nova_core::object_store::faulty::FaultyStore::new(disk.store());
+    let metastore = nova_core::metastore::faulty::FaultyMetastore::new(disk.metastore());
+    metastore.inject(CommitFault::LoseAnswer, Some(2));
+    let star = nova_chain::Star::open(
+        config(),
+        std::sync::Arc::new(store),
+        std::sync::Arc::new(metastore),
+        std::sync::Arc::new(nova_core::metrics::Metrics::new()),
+    )
+    .await
+    .expect("recovery recognises its own commits");
+    assert_eq!(bodies(&star, "s").await, ["a"]);
+}
+
+/// A star whose chain another writer took stops acknowledging and reports itself failed, so
+/// novad exits and its supervisor restarts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_star_reports_itself_failed() {
+    let disk = Disk::new();
+    let f = open_faulty(&disk, config()).await.unwrap();
+    f.star
+        .streams()
+        .create("s", StorageClass::Standard)
+        .await
+        .unwrap();
+    // Another process moves the chain to a new epoch, as a successor's recovery does.
+    let catalog = Catalog::new(std::sync::Arc::new(f.metastore.clone()));
+    let chain = catalog.chain(STAR).await.unwrap().unwrap();
+    catalog
+        .set_chain(
+            STAR,
+            Some(chain.version),
+            ChainState {
+                epoch: chain.state.epoch + 1,
+                checkpoint: None,
+            },
+        )
+        .await
+        .unwrap();
+    let _ = append(&f.star, "s", "a").await;
+    let failed = tokio::time::timeout(Duration::from_secs(10), f.star.failed())
+        .await
+        .expect("the fenced star reports itself failed");
+    assert!(failed.contains("another process owns it"), "{failed}");
+    assert_eq!(f.metrics.fenced.get(), 1);
+}
+
+/// A store that refuses writes with a permanent error is retried (an operator can fix
+/// credentials without a restart) but loudly: a gauge, and appends block rather than fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_refuses_writes_is_reported_and_recovers() {
+    let disk = Disk::new();
+    let f = open_faulty(&disk, config()).await.unwrap();
+    f.star
+        .streams()
+        .create("s", StorageClass::Standard)
+        .await
+        .unwrap();
+    f.store
+        .inject(&[Op::PutIfAbsent], "chain/", Fault::Permanent, None);
+    let mut pending = append(&f.star, "s", "a").await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut pending)
+            .await
+            .is_err(),
+        "the append blocks while the store refuses"
+    );
+    assert_eq!(f.metrics.store_rejecting.get(), 1);
+    f.store.clear();
+    let ack = answer(pending).await.unwrap();
+    assert_eq!((ack.start, ack.end), (0, 1));
+    assert_eq!(f.metrics.store_rejecting.get(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_without_exclusive_creates_is_refused_at_start() {
+    let disk = Disk::new();
+    let store = nova_core::object_store::faulty::FaultyStore::new(disk.store());
+    store.ignore_conditions(true);
+    let opened = nova_chain::Star::open(
+        config(),
+        std::sync::Arc::new(store),
+        disk.metastore(),
+        std::sync::Arc::new(nova_core::metrics::Metrics::new()),
+    )
+    .await;
+    let err = opened.err().expect("refused").to_string();
+    assert!(err.contains("conditional creates"), "{err}");
+}
+
+/// A metastore that knows no chain beside a bucket that holds one (a lost data directory, or
+/// two stars sharing a --star-id) must not start a fresh chain over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_unknown_to_the_metastore_is_refused() {
+    let disk = Disk::new();
+    {
+        let star = open_plain(&disk, config()).await.unwrap();
+        star.streams()
+            .create("s", StorageClass::Standard)
+            .await
+            .unwrap();
+        answer(append(&star, "s", "a").await).await.unwrap();
+        star.shutdown(Duration::from_secs(5)).await.unwrap();
+    }
+    std::fs::remove_file(disk.dir.path().join("meta.redb")).unwrap();
+    let err = match open_plain(&disk, config()).await {
+        Ok(_) => panic!("started beside a chain it does not know"),
+        Err(err) => err,
+    };
+    assert!(matches!(
+        err,
+        StartError::Recovery(nova_chain::recovery::RecoveryError::UnknownChain { .. })
+    ));
+    let message = err.to_string();
+    assert!(message.contains("--rebuild-catalog"), "{message}");
+    assert!(message.contains("--star-id"), "{message}");
+}

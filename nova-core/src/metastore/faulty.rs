@@ -1,0 +1,109 @@
+//! A metastore wrapper that injects faults on command, for tests: commits can be held until
+//! released, fail before applying, or apply and then lose their answer (the ambiguous outcome a
+//! timed-out commit has).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use super::{Capabilities, KeyValue, Metastore, MetastoreError, Txn, TxnOutcome};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitFault {
+    /// Waits until `release` (or `clear`), then commits.
+    Hold,
+    /// Fails without applying anything.
+    Fail,
+    /// Applies, then reports a failure.
+    LoseAnswer,
+}
+
+#[derive(Debug, Clone)]
+pub struct FaultyMetastore {
+    inner: Arc<dyn Metastore>,
+    faults: Arc<Mutex<Vec<(CommitFault, Option<u32>)>>>,
+    released: Arc<watch::Sender<u64>>,
+}
+
+impl FaultyMetastore {
+    pub fn new(inner: Arc<dyn Metastore>) -> Self {
+        Self {
+            inner,
+            faults: Arc::default(),
+            released: Arc::new(watch::channel(0).0),
+        }
+    }
+
+    /// Applies `fault` to the next `times` commits (`None`: every commit until cleared).
+    pub fn inject(&self, fault: CommitFault, times: Option<u32>) {
+        self.faults.lock().push((fault, times));
+    }
+
+    pub fn clear(&self) {
+        self.faults.lock().clear();
+        self.released.send_modify(|n| *n += 1);
+    }
+
+    fn next_fault(&self) -> Option<CommitFault> {
+        let mut faults = self.faults.lock();
+        let (fault, remaining) = faults.first_mut()?;
+        let fault = *fault;
+        if let Some(remaining) = remaining {
+            *remaining -= 1;
+            if *remaining == 0 {
+                faults.remove(0);
+            }
+        }
+        Some(fault)
+    }
+}
+
+fn injected(what: &str) -> MetastoreError {
+    MetastoreError::Unavailable(format!("injected fault: {what}"))
+}
+
+#[async_trait]
+impl Metastore for FaultyMetastore {
+    fn describe(&self) -> String {
+        format!("faulty {}", self.inner.describe())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn scan(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<KeyValue>, MetastoreError> {
+        self.inner.scan(prefix, start_after, limit).await
+    }
+
+    async fn commit(&self, txn: Txn) -> Result<TxnOutcome, MetastoreError> {
+        let mut released = self.released.subscribe();
+        match self.next_fault() {
+            None => self.inner.commit(txn).await,
+            Some(CommitFault::Hold) => {
+                let _ = released.changed().await;
+                self.inner.commit(txn).await
+            }
+            Some(CommitFault::Fail) => Err(injected("the commit failed")),
+            Some(CommitFault::LoseAnswer) => {
+                self.inner.commit(txn).await?;
+                Err(injected("the commit landed but its answer was lost"))
+            }
+        }
+    }
+
+    async fn grant_lease(&self, ttl: std::time::Duration) -> Result<u64, MetastoreError> {
+        self.inner.grant_lease(ttl).await
+    }
+}
