@@ -14,6 +14,7 @@
 pub mod admission;
 pub mod config;
 pub mod pending;
+pub mod rebuild;
 pub mod recovery;
 pub mod stall;
 pub mod streams;

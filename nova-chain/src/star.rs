@@ -227,6 +227,15 @@ impl Star {
         &self.recovered
     }
 
+    /// How long flight writes have been failing, if they are failing now.
+    pub fn store_failing_for(&self) -> Option<Duration> {
+        self.shared
+            .health
+            .writes_failing_since
+            .lock()
+            .map(|since| since.elapsed())
+    }
+
     /// Why the star refuses appends, if it lost its chain.
     pub fn fenced(&self) -> Option<String> {
         self.shared.fenced()

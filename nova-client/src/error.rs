@@ -33,15 +33,14 @@ impl Error {
         }
     }
 
-    /// Whether sending the same request again may succeed. An append that failed with a
-    /// retryable error was not acknowledged; retry it with `match_seq_num` to avoid duplicates.
+    /// Whether sending the same request again may succeed. A retryable failure applied
+    /// nothing. An append whose outcome is unknown ([`Error::is_outcome_unknown`]) is
+    /// retryable too, but only safely with `match_seq_num` (the [`crate::Producer`] always
+    /// sends one), or after checking the stream's tail.
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Connect { .. } | Error::SessionClosed(_) => true,
             Error::RetriesExhausted { .. } => false,
-            // The star answers every failure with a specific code, so UNKNOWN and CANCELLED can
-            // only come from the transport (a connection reset mid-call): the call's outcome is
-            // unknown, and the producer's match_seq_num makes trying again safe.
             Error::Status { code, .. } => matches!(
                 code,
                 Code::Unavailable
@@ -51,6 +50,25 @@ impl Error {
                     | Code::Unknown
                     | Code::Cancelled
             ),
+        }
+    }
+
+    /// Whether an append that failed this way may nonetheless be durable: the star said
+    /// "outcome unknown" (DEADLINE_EXCEEDED: its flight may still land, or landed and could
+    /// not be acknowledged), a deadline ran out, or the connection broke before the answer
+    /// (UNKNOWN, CANCELLED, a session that ended with answers owed). Blindly sending it again
+    /// may write it twice: resend it with `match_seq_num`, or compare the stream's tail first.
+    pub fn is_outcome_unknown(&self) -> bool {
+        match self {
+            Error::SessionClosed(_) => true,
+            Error::RetriesExhausted { last, .. } => last.is_outcome_unknown(),
+            // The star answers every failure with a specific code, so UNKNOWN and CANCELLED
+            // can only come from the transport (a connection reset mid-call).
+            Error::Status { code, .. } => matches!(
+                code,
+                Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
+            ),
+            Error::Connect { .. } => false,
         }
     }
 }

@@ -4,8 +4,10 @@
 //! sequence number it must start at, so the star applies it only in its place. When the session
 //! breaks (a dropped connection, a restarted star), the producer reconnects, asks the stream's
 //! tail, counts every pending batch below the tail as acknowledged and sends the rest again in
-//! order: no record is written twice and none is skipped. This relies on the producer being the
-//! stream's only writer; a second writer shows up as a `FAILED_PRECONDITION` error.
+//! order: no record is written twice and none is skipped. An append whose outcome the star could
+//! not tell ("outcome unknown": its flight may or may not land) is resolved the same way, from
+//! the tail once the star has settled its chain. This relies on the producer being the stream's
+//! only writer; a second writer shows up as a `FAILED_PRECONDITION` error.
 //!
 //! Memory is bounded: `append` waits while `max_unacked_bytes` of records are unacknowledged.
 //! Retries are bounded too: after `max_retries` consecutive failed attempts (each waiting for the

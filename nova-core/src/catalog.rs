@@ -149,7 +149,7 @@ fn chain_key(star: &str) -> Vec<u8> {
 
 const NEXT_ID_KEY: &[u8] = b"m/next_stream_id";
 
-/// Keys written per transaction by `restore`, well under what any metastore accepts.
+/// Keys written per transaction by a restore, well under what any metastore accepts.
 const MAX_RESTORE_TXN: usize = 100;
 
 fn encode_next_id(id: u64) -> Vec<u8> {
@@ -158,11 +158,11 @@ fn encode_next_id(id: u64) -> Vec<u8> {
     buf
 }
 
-/// A catalog read back from the object store, for `Catalog::restore`.
+/// A catalog's streams and chain read back from the object store, for
+/// `Catalog::restore_streams`.
 #[derive(Debug, Clone, Default)]
 pub struct Restored {
     pub streams: Vec<(StreamMeta, StreamTail)>,
-    pub entries: Vec<IndexEntry>,
     pub next_stream_id: u64,
     /// The star and the chain state it resumes from.
     pub chain: Option<(String, ChainState)>,
@@ -370,56 +370,56 @@ impl Catalog {
         Ok(true)
     }
 
-    /// Writes a catalog rebuilt from the object store into an empty metastore: streams with
-    /// their tails, their index entries, the next stream id, and the star's chain (when it has
-    /// one). Entries go in transactions of at most `MAX_RESTORE_TXN` keys; the chain goes last,
-    /// so an interrupted restore leaves no chain and can simply be run again.
-    pub async fn restore(&self, restored: &Restored) -> Result<(), CatalogError> {
-        let mut txn = Txn::new();
-        let mut ops = 0usize;
-        let flush = |txn: Txn| async move {
-            match self.store.commit(txn).await? {
-                TxnOutcome::Committed { .. } => Ok::<(), CatalogError>(()),
-                TxnOutcome::Conflict => Err(CatalogError::Conflict(
-                    "the metastore changed while the catalog was being restored".into(),
-                )),
+    /// Writes index entries read back from the object store (`restore_streams` finishes a
+    /// restore). Idempotent: entries are keyed by their own position.
+    pub async fn restore_entries(&self, entries: &[IndexEntry]) -> Result<(), CatalogError> {
+        for chunk in entries.chunks(MAX_RESTORE_TXN) {
+            let mut txn = Txn::new();
+            for entry in chunk {
+                txn = txn.put(
+                    index_key(entry.stream_id, entry.end_seq),
+                    encode_entry(entry),
+                );
             }
+            self.store.commit(txn).await?;
+        }
+        Ok(())
+    }
+
+    /// Finishes a catalog rebuilt from the object store: streams with their tails, the next
+    /// stream id, and the star's chain. The chain goes last, so an interrupted restore leaves
+    /// the catalog without one and can be run again.
+    pub async fn restore_streams(&self, restored: &Restored) -> Result<(), CatalogError> {
+        let conflict = || {
+            CatalogError::Conflict(
+                "the metastore changed while the catalog was being restored".into(),
+            )
         };
-        for (meta, tail) in &restored.streams {
-            txn = txn
-                .put(name_key(&meta.name), encode_meta(meta))
-                .put(tail_key(meta.id), encode_tail(tail));
-            ops += 2;
-            if ops >= MAX_RESTORE_TXN {
-                flush(std::mem::take(&mut txn)).await?;
-                ops = 0;
+        for chunk in restored.streams.chunks(MAX_RESTORE_TXN / 2) {
+            let mut txn = Txn::new();
+            for (meta, tail) in chunk {
+                txn = txn
+                    .compare(Compare::Missing(name_key(&meta.name)))
+                    .put(name_key(&meta.name), encode_meta(meta))
+                    .put(tail_key(meta.id), encode_tail(tail));
+            }
+            if self.store.commit(txn).await? == TxnOutcome::Conflict {
+                return Err(conflict());
             }
         }
-        for entry in &restored.entries {
-            txn = txn.put(
-                index_key(entry.stream_id, entry.end_seq),
-                encode_entry(entry),
-            );
-            ops += 1;
-            if ops >= MAX_RESTORE_TXN {
-                flush(std::mem::take(&mut txn)).await?;
-                ops = 0;
-            }
-        }
-        txn = txn.put(
+        let mut txn = Txn::new().put(
             NEXT_ID_KEY.to_vec(),
             encode_next_id(restored.next_stream_id),
         );
-        flush(txn).await?;
         if let Some((star, state)) = &restored.chain {
-            flush(
-                Txn::new()
-                    .compare(Compare::Missing(chain_key(star)))
-                    .put(chain_key(star), encode_chain(state)),
-            )
-            .await?;
+            txn = txn
+                .compare(Compare::Missing(chain_key(star)))
+                .put(chain_key(star), encode_chain(state));
         }
-        Ok(())
+        match self.store.commit(txn).await? {
+            TxnOutcome::Committed { .. } => Ok(()),
+            TxnOutcome::Conflict => Err(conflict()),
+        }
     }
 
     /// Removes a stream's name and tail. Its index entries stay until collected; nothing can

@@ -67,18 +67,24 @@ pub async fn termination() {
 /// Renders the metrics page; called for every scrape.
 pub type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// Serves GET /metrics on `addr` until `shutdown`.
-pub async fn serve_metrics(
-    addr: SocketAddr,
-    render: RenderMetrics,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+/// Binds the metrics address, failing at once when it is taken: a second process whose
+/// metrics silently came from the first would mislead every dashboard.
+pub async fn bind_metrics(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         std::io::Error::new(
             e.kind(),
             format!("cannot listen for metrics on {addr} (--metrics-addr): {e}"),
         )
-    })?;
+    })
+}
+
+/// Serves GET /metrics on `listener` until `shutdown`.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    render: RenderMetrics,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let addr = listener.local_addr()?;
     let app = Router::new().route(
         "/metrics",
         get(move || {

@@ -154,6 +154,13 @@ pub struct Config {
     #[arg(long, env = "NOVA_ALLOW_MEMORY_OVERCOMMIT", help_heading = "Memory")]
     pub allow_memory_overcommit: bool,
 
+    /// Rebuild the metastore's catalog (streams, tails, the index and this star's chain) from
+    /// the object store alone, then exit. For a star whose --data-dir (or metastore) was lost
+    /// while its bucket was kept: run it with the same flags, then start novad normally. It
+    /// refuses to touch a metastore that already holds a catalog.
+    #[arg(long, env = "NOVA_REBUILD_CATALOG")]
+    pub rebuild_catalog: bool,
+
     /// On SIGTERM or ctrl-c, how long to wait for flights in flight to land and be absorbed
     /// before giving up on them (they fail unacknowledged) and exiting non-zero.
     #[arg(long, env = "NOVA_SHUTDOWN_TIMEOUT_SECS", default_value_t = 30)]

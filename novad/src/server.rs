@@ -19,17 +19,61 @@ use crate::memory::MemoryModel;
 use crate::service::caps::{self, Cap};
 use crate::service::{Context, NovaService};
 
-pub async fn run(config: Config) -> anyhow::Result<()> {
+/// The store may fail this long before the star reads not ready (a single failed write is
+/// ordinary; seconds of them are an outage).
+const STORE_FAILING_NOT_READY_AFTER: Duration = Duration::from_secs(2);
+
+fn open_metastore(config: &Config) -> anyhow::Result<Arc<dyn Metastore>> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating --data-dir {}", config.data_dir.display()))?;
     let metastore_path = config.data_dir.join("metastore.redb");
-    let metastore: Arc<dyn Metastore> =
-        Arc::new(EmbeddedMetastore::open(&metastore_path).with_context(|| {
+    Ok(Arc::new(
+        EmbeddedMetastore::open(&metastore_path).with_context(|| {
             format!(
                 "opening the metastore {} (is another novad using this --data-dir?)",
                 metastore_path.display()
             )
-        })?);
+        })?,
+    ))
+}
+
+/// `novad --rebuild-catalog`: restores the catalog from the object store, then exits.
+pub async fn rebuild(config: Config) -> anyhow::Result<()> {
+    let metastore = open_metastore(&config)?;
+    let local_root = config.data_dir.join("store");
+    let store = config
+        .store
+        .open(&local_root, true)
+        .await
+        .with_context(|| format!("opening the local object store at {}", local_root.display()))?;
+    tracing::info!(
+        star = %config.star_id,
+        store = %store.describe(),
+        metastore = %metastore.describe(),
+        "rebuilding the catalog from the object store"
+    );
+    let catalog = nova_core::catalog::Catalog::new(metastore);
+    let report = nova_chain::rebuild::rebuild_catalog(&config.star_id, &store, &catalog)
+        .await
+        .context("rebuilding the catalog")?;
+    tracing::info!(
+        streams = report.streams,
+        deleted_streams = report.deleted_streams,
+        streams_without_manifest = report.streams_without_manifest,
+        epochs = report.epochs,
+        flights = report.flights,
+        records = report.records,
+        orphaned_slots = report.orphaned_slots,
+        "catalog rebuilt; start novad with the same flags to serve it"
+    );
+    Ok(())
+}
+
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    if config.rebuild_catalog {
+        return rebuild(config).await;
+    }
+    let metastore = open_metastore(&config)?;
     let metrics = Arc::new(Metrics::new());
     let ceiling = detect_ceiling(config.memory_ceiling);
     let memory = Arc::new(MemoryModel::new(&config, ceiling, metrics.memory.clone()));
@@ -82,8 +126,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             metrics.render()
         })
     };
+    let metrics_listener = nova_core::process::bind_metrics(config.metrics_addr).await?;
     let metrics_task = tokio::spawn(nova_core::process::serve_metrics(
-        config.metrics_addr,
+        metrics_listener,
         render,
         stopping.clone(),
     ));
@@ -148,7 +193,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message.max(config.max_read_bytes as usize * 2));
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<NovaServer<NovaService>>().await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(nova_proto::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -179,6 +223,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             stopping.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(server);
+    tokio::spawn(report_readiness(
+        star.clone(),
+        health.clone(),
+        metrics.clone(),
+        stopping.clone(),
+    ));
     tracing::info!(listen = %listening, "novad accepting appends");
 
     let failure = tokio::select! {
@@ -197,8 +247,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!(
         "shutting down: refusing new sessions, landing and absorbing the flights in flight"
     );
-    health.set_not_serving::<NovaServer<NovaService>>().await;
     stopping.cancel();
+    set_health(&health, false).await;
+    metrics.ready.set(0);
     let deadline = Duration::from_secs(config.shutdown_timeout_secs);
     let drained = star.shutdown(deadline).await;
     // Sessions end once their last answers are out; the server then stops.
@@ -214,5 +265,59 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         (Ok(()), Some(reason)) => Err(anyhow::anyhow!(reason)),
         (Err(e), _) => Err(e.into()),
+    }
+}
+
+async fn set_health(health: &tonic_health::server::HealthReporter, serving: bool) {
+    let status = if serving {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
+    // The server as a whole ("") and the Nova service by name.
+    health.set_service_status("", status).await;
+    health
+        .set_service_status(
+            <NovaServer<NovaService> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+}
+
+/// Keeps the health service and the ready gauge current: a star is ready while it holds its
+/// chain and its object store takes writes. Load balancers and supervisors watch this.
+async fn report_readiness(
+    star: Arc<Star>,
+    health: tonic_health::server::HealthReporter,
+    metrics: Arc<Metrics>,
+    stopping: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(Duration::from_millis(500));
+    let mut was: Option<bool> = None;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stopping.cancelled() => return,
+        }
+        let failing = star
+            .store_failing_for()
+            .is_some_and(|d| d >= STORE_FAILING_NOT_READY_AFTER);
+        let ready = star.fenced().is_none() && !failing;
+        if was != Some(ready) {
+            set_health(&health, ready).await;
+            metrics.ready.set(ready as i64);
+            if was.is_some() {
+                if ready {
+                    tracing::info!("ready again: health reports SERVING");
+                } else {
+                    tracing::warn!(
+                        fenced = star.fenced().is_some(),
+                        store_failing = failing,
+                        "not ready: health reports NOT_SERVING"
+                    );
+                }
+            }
+            was = Some(ready);
+        }
     }
 }

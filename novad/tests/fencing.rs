@@ -1,5 +1,6 @@
 //! A star that finds another writer's object at its next chain slot has lost its chain: it
-//! fails the pending appends with UNAVAILABLE and never acknowledges them, nor anything after.
+//! fails the pending appends with UNAVAILABLE, never acknowledges them nor anything after, and
+//! exits non-zero so that its supervisor restarts it (and recovery settles what it left).
 
 mod common;
 
@@ -23,7 +24,7 @@ fn expect_unavailable<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
 
 #[tokio::test]
 async fn a_taken_slot_fails_appends_instead_of_acknowledging_them() {
-    let novad = novad().start();
+    let mut novad = novad().start();
     let client = client(&novad).await;
     client.create_stream("s").await.unwrap();
     let mut session = client.append_session().await.unwrap();
@@ -41,11 +42,15 @@ async fn a_taken_slot_fails_appends_instead_of_acknowledging_them() {
 
     let message = expect_unavailable(session.append("s", records("lost", 3), None).await);
     assert!(message.contains("no longer owns its chain"), "{message}");
-    // Nothing after the fence is acknowledged either, and new sessions are refused.
-    expect_unavailable(session.append("s", records("later", 1), None).await);
-    expect_unavailable(client.append_session().await.map(|_| ()));
-    assert_eq!(client.describe_stream("s").await.unwrap().tail_seq, 2);
-    assert_eq!(read_all(&client, "s").await, ["mine-0", "mine-1"]);
+    // Nothing after the fence is acknowledged either: the star exits rather than linger.
+    assert!(
+        session
+            .append("s", records("later", 1), None)
+            .await
+            .is_err()
+    );
+    let status = wait_exit(&mut novad, Duration::from_secs(30));
+    assert!(!status.success(), "a fenced star exits non-zero");
     assert!(novad.log().contains("no longer owns its chain"));
 }
 
@@ -54,7 +59,7 @@ async fn two_stars_on_one_chain_never_both_acknowledge() {
     let moto = Moto::start();
     let first = novad_on_s3(&moto, "shared").start();
     // Same bucket, same star id, its own metastore: it believes the chain is new.
-    let second = novad_on_s3(&moto, "shared").start();
+    let mut second = novad_on_s3(&moto, "shared").start();
     let a = client(&first).await;
     let b = client(&second).await;
     a.create_stream("s").await.unwrap();
@@ -68,11 +73,15 @@ async fn two_stars_on_one_chain_never_both_acknowledge() {
     let mut second_session = b.append_session().await.unwrap();
     let message = expect_unavailable(second_session.append("s", records("second", 3), None).await);
     assert!(message.contains("another writer"), "{message}");
-    assert_eq!(
-        b.describe_stream("s").await.unwrap().tail_seq,
-        0,
-        "nothing acknowledged"
-    );
+    let status = wait_exit(&mut second, Duration::from_secs(30));
+    assert!(!status.success(), "the fenced star exits");
+
+    // A third star with the same id and a fresh metastore now finds the chain in the bucket
+    // and refuses to start beside it.
+    let mut third = novad_on_s3(&moto, "shared").start_detached();
+    let status = wait_exit(&mut third, Duration::from_secs(60));
+    assert!(!status.success());
+    assert!(third.log().contains("--rebuild-catalog"), "{}", third.log());
 
     // The first star still owns its chain and carries on.
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -69,8 +69,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let metrics = metrics.clone();
         Arc::new(move || metrics.render())
     };
+    let metrics_listener = nova_core::process::bind_metrics(config.metrics_addr).await?;
     let metrics_task = tokio::spawn(nova_core::process::serve_metrics(
-        config.metrics_addr,
+        metrics_listener,
         render,
         stopping.clone(),
     ));

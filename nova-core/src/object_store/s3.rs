@@ -173,7 +173,16 @@ where
 {
     let status = status_of(&err);
     let code = err.code().map(str::to_owned);
-    let message = DisplayErrorContext(&err).to_string();
+    // A service error's code and message say it all; the SDK's full context (raw response,
+    // body, extensions) is for transport failures, where it is the only clue.
+    let message = match (&err, &code) {
+        (SdkError::ServiceError(_), Some(code)) => format!(
+            "HTTP {} {code}: {}",
+            status.map_or_else(|| "?".to_owned(), |s| s.to_string()),
+            err.message().unwrap_or("no message")
+        ),
+        _ => DisplayErrorContext(&err).to_string(),
+    };
     let key = key.to_owned();
     let transient = |message| StoreError::Transient {
         op,

@@ -74,3 +74,19 @@ pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, what: &str, mut c
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Waits for a process started detached to exit, panicking with its log after `timeout`.
+pub fn wait_exit(novad: &mut Novad, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(status) = novad.try_exit_status() {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "novad did not exit within {timeout:?}:\n{}",
+            novad.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
