@@ -20,10 +20,13 @@ pub enum CommitFault {
     LoseAnswer,
 }
 
+/// Faults queued for the next commits, each with how many commits it applies to.
+type Queue = Vec<(CommitFault, Option<u32>)>;
+
 #[derive(Debug, Clone)]
 pub struct FaultyMetastore {
     inner: Arc<dyn Metastore>,
-    faults: Arc<Mutex<Vec<(CommitFault, Option<u32>)>>>,
+    faults: Arc<Mutex<Queue>>,
     released: Arc<watch::Sender<u64>>,
 }
 
