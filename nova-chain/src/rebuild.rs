@@ -181,16 +181,17 @@ pub async fn rebuild_catalog(
                 if deleted.contains(&id) {
                     continue;
                 }
-                if !streams.contains_key(&id) {
-                    // Written before manifests: the flight's own name for it is all there is.
-                    if names.contains_key(&section.stream) {
-                        continue;
-                    }
-                    names.insert(section.stream.clone(), id);
-                    report.streams_without_manifest += 1;
-                    streams.insert(
-                        id,
-                        Stream {
+                let stream = match streams.entry(id) {
+                    std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(entry) => {
+                        // Written before manifests: the flight's own name for it is all there
+                        // is, unless a stream with a manifest holds that name now.
+                        if names.contains_key(&section.stream) {
+                            continue;
+                        }
+                        names.insert(section.stream.clone(), id);
+                        report.streams_without_manifest += 1;
+                        entry.insert(Stream {
                             meta: StreamMeta {
                                 id,
                                 name: section.stream.clone(),
@@ -198,11 +199,8 @@ pub async fn rebuild_catalog(
                                 class: StorageClass::Standard,
                             },
                             tail: StreamTail::default(),
-                        },
-                    );
-                }
-                let Some(stream) = streams.get_mut(&id) else {
-                    continue;
+                        })
+                    }
                 };
                 if section.start_seq != stream.tail.tail_seq {
                     return Err(RebuildError::Discontinuous {
