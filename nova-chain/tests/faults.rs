@@ -151,7 +151,7 @@ async fn a_fenced_star_reports_itself_failed() {
         )
         .await
         .unwrap();
-    let _ = append(&f.star, "s", "a").await;
+    let _pending = append(&f.star, "s", "a").await;
     let failed = tokio::time::timeout(Duration::from_secs(10), f.star.failed())
         .await
         .expect("the fenced star reports itself failed");
