@@ -15,7 +15,6 @@ use nova_core::catalog::IndexEntry;
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, FormatError, fetch_section};
 use nova_core::limits::COLD_READ_REFS;
-use nova_core::object_store::StoreError;
 use nova_core::record::SequencedRecord;
 use nova_proto::RequestError;
 
@@ -30,17 +29,19 @@ pub struct Page {
     pub tail_seq: u64,
 }
 
+/// A failed fetch as the reader sees it (the mapping every server shares), naming the stream.
 fn read_error(stream: &str, err: FetchError) -> RequestError {
-    match err {
-        FetchError::Store(StoreError::Transient { .. }) => {
-            RequestError::Unavailable(format!("reading stream {stream:?}: {err}"))
+    match RequestError::from(err) {
+        RequestError::Unavailable(m) => {
+            RequestError::Unavailable(format!("reading stream {stream:?}: {m}"))
         }
-        FetchError::Store(other) => {
-            RequestError::Internal(format!("reading stream {stream:?}: {other}"))
+        RequestError::DataLoss(m) => {
+            RequestError::DataLoss(format!("reading stream {stream:?}: {m}"))
         }
-        FetchError::Format { .. } => {
-            RequestError::DataLoss(format!("reading stream {stream:?}: {err}"))
+        RequestError::Internal(m) => {
+            RequestError::Internal(format!("reading stream {stream:?}: {m}"))
         }
+        other => other,
     }
 }
 

@@ -47,6 +47,12 @@ pub const MAX_SECTION_BYTES: u64 = MIB;
 pub const COLD_READ_REFS: usize = 8;
 /// The most refs one `ResolveRefs` answers with.
 pub const MAX_RESOLVED_REFS: usize = 64;
+/// `--saturation-threshold`: the formula's share of the ceiling at which a star reads saturated.
+pub const SATURATION_THRESHOLD: f64 = 0.9;
+/// `--saturation-clear-margin`: how far below the threshold saturation must fall to clear.
+pub const SATURATION_CLEAR_MARGIN: f64 = 0.1;
+/// `--shutdown-timeout-secs`: how long SIGTERM waits for admitted work to land.
+pub const SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 /// `--flight-max-inflight`: flights being written to the object store at once.
 pub const FLIGHT_MAX_INFLIGHT: u32 = 8;
 

@@ -13,7 +13,7 @@ use nova_core::limits;
 use nova_core::object_store::StoreArgs;
 use nova_proto::validate::AppendCaps;
 
-use nova_proto::units::parse_bytes;
+use nova_proto::units::ByteSize;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -73,9 +73,9 @@ pub struct Config {
     #[arg(long, env = "NOVA_MAX_STREAMS", default_value_t = limits::MAX_STREAMS, help_heading = "Budgets")]
     pub max_streams: u32,
 
-    /// Subscriptions: reads waiting at a stream's tail for new records (a Read with wait_ms)
-    /// at once. A wait past the cap is refused with RESOURCE_EXHAUSTED and a retry hint; waiting
-    /// reads are never cut.
+    /// Subscriptions: reads in progress at once, each holding one slot while it builds its page
+    /// and, for a follow read (wait_ms), while it waits at the stream's tail. A read past the cap
+    /// is refused with RESOURCE_EXHAUSTED and a retry hint; reads in progress are never cut.
     #[arg(long, env = "NOVA_MAX_SUBSCRIPTIONS", default_value_t = limits::MAX_SUBSCRIPTIONS, help_heading = "Budgets")]
     pub max_subscriptions: u32,
 
@@ -86,8 +86,8 @@ pub struct Config {
 
     /// Content bytes in one append batch. A larger batch is rejected with INVALID_ARGUMENT and
     /// nothing of it is applied; the session goes on.
-    #[arg(long, env = "NOVA_MAX_BATCH_BYTES", default_value = "100MiB", value_parser = parse_bytes, help_heading = "Budgets")]
-    pub max_batch_bytes: u64,
+    #[arg(long, env = "NOVA_MAX_BATCH_BYTES", default_value_t = ByteSize(limits::MAX_BATCH_BYTES), help_heading = "Budgets")]
+    pub max_batch_bytes: ByteSize,
 
     /// Records in one append batch. More are rejected with INVALID_ARGUMENT; the session goes on.
     #[arg(long, env = "NOVA_MAX_BATCH_RECORDS", default_value_t = limits::MAX_BATCH_RECORDS, help_heading = "Budgets")]
@@ -95,13 +95,13 @@ pub struct Config {
 
     /// Content bytes of one record (body plus header names and values). A batch holding a larger
     /// record is rejected with INVALID_ARGUMENT; the session goes on.
-    #[arg(long, env = "NOVA_MAX_RECORD_BYTES", default_value = "1MiB", value_parser = parse_bytes, help_heading = "Budgets")]
-    pub max_record_bytes: u64,
+    #[arg(long, env = "NOVA_MAX_RECORD_BYTES", default_value_t = ByteSize(limits::MAX_RECORD_BYTES), help_heading = "Budgets")]
+    pub max_record_bytes: ByteSize,
 
     /// Content bytes in one read response. The page returns short at the cap; the first record
     /// is always served, however large.
-    #[arg(long, env = "NOVA_MAX_READ_BYTES", default_value = "8MiB", value_parser = parse_bytes, help_heading = "Budgets")]
-    pub max_read_bytes: u64,
+    #[arg(long, env = "NOVA_MAX_READ_BYTES", default_value_t = ByteSize(limits::MAX_READ_BYTES), help_heading = "Budgets")]
+    pub max_read_bytes: ByteSize,
 
     /// Records in one read response. The page returns short at the cap.
     #[arg(long, env = "NOVA_MAX_READ_RECORDS", default_value_t = limits::MAX_READ_RECORDS, help_heading = "Budgets")]
@@ -110,8 +110,8 @@ pub struct Config {
     // ---- flights ----------------------------------------------------------------------------
     /// A flight (one object-store PUT carrying batches from every stream) closes once it holds
     /// this many bytes.
-    #[arg(long, env = "NOVA_FLIGHT_MAX_BYTES", default_value = "8MiB", value_parser = parse_bytes, help_heading = "Flights")]
-    pub flight_max_bytes: u64,
+    #[arg(long, env = "NOVA_FLIGHT_MAX_BYTES", default_value_t = ByteSize(limits::FLIGHT_MAX_BYTES), help_heading = "Flights")]
+    pub flight_max_bytes: ByteSize,
 
     /// A flight closes this many milliseconds after its first batch, full or not. Adds at most
     /// this much to ack latency and caps an idle-ish star at 1000/linger PUTs per second.
@@ -127,15 +127,15 @@ pub struct Config {
     /// The memory the star may use. Default: the cgroup's memory limit (v2 memory.max or v1
     /// memory.limit_in_bytes) when one is set, else 60% of physical memory. The budgets'
     /// formula must fit under it at the session cap, or novad refuses to start.
-    #[arg(long, env = "NOVA_MEMORY_CEILING", value_parser = parse_bytes, help_heading = "Memory")]
-    pub memory_ceiling: Option<u64>,
+    #[arg(long, env = "NOVA_MEMORY_CEILING", help_heading = "Memory")]
+    pub memory_ceiling: Option<ByteSize>,
 
     /// Saturation (memory formula ÷ ceiling) at which the star reads saturated and refuses new
     /// leadership.
     #[arg(
         long,
         env = "NOVA_SATURATION_THRESHOLD",
-        default_value_t = 0.9,
+        default_value_t = limits::SATURATION_THRESHOLD,
         help_heading = "Memory"
     )]
     pub saturation_threshold: f64,
@@ -145,7 +145,7 @@ pub struct Config {
     #[arg(
         long,
         env = "NOVA_SATURATION_CLEAR_MARGIN",
-        default_value_t = 0.1,
+        default_value_t = limits::SATURATION_CLEAR_MARGIN,
         help_heading = "Memory"
     )]
     pub saturation_clear_margin: f64,
@@ -163,7 +163,7 @@ pub struct Config {
 
     /// On SIGTERM or ctrl-c, how long to wait for flights in flight to land and be absorbed
     /// before giving up on them (they fail unacknowledged) and exiting non-zero.
-    #[arg(long, env = "NOVA_SHUTDOWN_TIMEOUT_SECS", default_value_t = 30)]
+    #[arg(long, env = "NOVA_SHUTDOWN_TIMEOUT_SECS", default_value_t = limits::SHUTDOWN_TIMEOUT_SECS)]
     pub shutdown_timeout_secs: u64,
 }
 
@@ -174,7 +174,7 @@ impl Config {
             admission_bytes: self.s3_memory_buffer_mib * limits::MIB,
             backlog_flights: self.s3_chain_backlog_flights,
             tail_cache_bytes: self.tail_window_cache_mib * limits::MIB,
-            flight_max_bytes: self.flight_max_bytes,
+            flight_max_bytes: self.flight_max_bytes.bytes(),
             flight_linger: Duration::from_millis(self.flight_linger_ms),
             flight_max_inflight: self.flight_max_inflight,
             max_streams: self.max_streams as usize,
@@ -188,9 +188,9 @@ impl Config {
 
     pub fn caps(&self) -> AppendCaps {
         AppendCaps {
-            max_batch_bytes: self.max_batch_bytes,
+            max_batch_bytes: self.max_batch_bytes.bytes(),
             max_batch_records: self.max_batch_records,
-            max_record_bytes: self.max_record_bytes,
+            max_record_bytes: self.max_record_bytes.bytes(),
         }
     }
 
@@ -199,6 +199,7 @@ impl Config {
     /// grossly oversized message ends the session at the transport.
     pub fn max_message_bytes(&self) -> usize {
         self.max_batch_bytes
+            .bytes()
             .saturating_mul(2)
             .saturating_add(limits::MIB)
             .min(u32::MAX as u64) as usize
@@ -219,7 +220,7 @@ impl Config {
                 "--s3-memory-buffer-mib and --s3-chain-backlog-flights must be at least 1".into(),
             );
         }
-        if self.flight_max_inflight == 0 || self.flight_max_bytes == 0 {
+        if self.flight_max_inflight == 0 || self.flight_max_bytes == ByteSize(0) {
             return Err("--flight-max-inflight and --flight-max-bytes must be at least 1".into());
         }
         if self.max_read_records == 0 || self.max_batch_records == 0 {
@@ -233,7 +234,7 @@ impl Config {
                 "--saturation-clear-margin must be at least 0 and below the threshold".into(),
             );
         }
-        if self.memory_ceiling == Some(0) {
+        if self.memory_ceiling == Some(ByteSize(0)) {
             return Err("--memory-ceiling must be more than 0".into());
         }
         nova_proto::validate::validate_stream_name(&self.star_id)
@@ -259,10 +260,10 @@ mod tests {
         assert_eq!(config.max_producer_sessions, 4096);
         assert_eq!(config.max_subscriptions, 16384);
         assert_eq!(config.grpc_stream_window_kib, 64);
-        assert_eq!(config.max_batch_bytes, 100 << 20);
+        assert_eq!(config.max_batch_bytes, ByteSize(100 << 20));
         assert_eq!(config.max_batch_records, 65536);
-        assert_eq!(config.max_record_bytes, 1 << 20);
-        assert_eq!(config.max_read_bytes, 8 << 20);
+        assert_eq!(config.max_record_bytes, ByteSize(1 << 20));
+        assert_eq!(config.max_read_bytes, ByteSize(8 << 20));
         assert_eq!(config.max_read_records, 8192);
         assert!(config.check().is_ok());
         Config::command().debug_assert();
@@ -294,5 +295,66 @@ mod tests {
             help.contains("NOVA_S3_MEMORY_BUFFER_MIB"),
             "env names are shown"
         );
+    }
+
+    fn docs(path: &str) -> String {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// The docs' tables of flags and defaults say what `novad --help` says: every flag a table
+    /// names exists with the default the table gives, and every budget is in the table.
+    #[test]
+    fn the_budget_docs_match_the_flags() {
+        let command = Config::command();
+        let budgets = docs("docs/budgets.md");
+        let mut documented = Vec::new();
+        for line in budgets.lines().filter(|l| l.starts_with('|')) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let Some(flag_cell) = cells.iter().position(|c| c.starts_with("`--")) else {
+                continue;
+            };
+            let flag = cells[flag_cell].trim_matches('`').trim_start_matches("--");
+            let Some(arg) = command.get_arguments().find(|a| a.get_long() == Some(flag)) else {
+                panic!("docs/budgets.md names --{flag}, which novad does not have");
+            };
+            let default: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            if let [default] = default.as_slice() {
+                assert_eq!(
+                    cells[flag_cell + 1],
+                    default,
+                    "docs/budgets.md gives --{flag} a default --help does not"
+                );
+            }
+            documented.push(flag.to_owned());
+        }
+        for arg in command.get_arguments() {
+            if arg.get_help_heading() == Some("Budgets") {
+                let flag = arg.get_long().unwrap_or_default();
+                assert!(
+                    documented.iter().any(|d| d == flag),
+                    "budget --{flag} is missing from docs/budgets.md"
+                );
+            }
+        }
+    }
+
+    /// The example environment file names every setting novad reads from the environment.
+    #[test]
+    fn the_example_env_file_lists_every_setting() {
+        let example = docs("ops/novad.env.example");
+        for arg in Config::command().get_arguments() {
+            if let Some(env) = arg.get_env() {
+                let env = env.to_string_lossy();
+                assert!(
+                    example.contains(&format!("{env}=")),
+                    "{env} is missing from ops/novad.env.example"
+                );
+            }
+        }
     }
 }

@@ -12,6 +12,7 @@ use nova_core::memory::detect_ceiling;
 use nova_core::metastore::{EmbeddedMetastore, Metastore};
 use nova_core::metrics::Metrics;
 use nova_core::shed::ShedLog;
+use nova_proto::units::ByteSize;
 use nova_proto::v1::nova_server::NovaServer;
 
 use crate::config::Config;
@@ -75,7 +76,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let metastore = open_metastore(&config)?;
     let metrics = Arc::new(Metrics::new());
-    let ceiling = detect_ceiling(config.memory_ceiling);
+    let ceiling = detect_ceiling(config.memory_ceiling.map(ByteSize::bytes));
     let memory = Arc::new(MemoryModel::new(&config, ceiling, metrics.memory.clone()));
     let worst = memory.at_session_cap();
     tracing::info!(
@@ -151,7 +152,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let ctx = Arc::new(Context {
         star: star.clone(),
         caps: config.caps(),
-        max_read_bytes: config.max_read_bytes,
+        max_read_bytes: config.max_read_bytes.bytes(),
         max_read_records: config.max_read_records,
         sessions: Cap::new(
             caps::PRODUCER_SESSIONS,
@@ -191,7 +192,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let max_message = config.max_message_bytes();
     let nova = NovaServer::new(NovaService::new(ctx))
         .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message.max(config.max_read_bytes as usize * 2));
+        .max_encoding_message_size(max_message.max(config.max_read_bytes.bytes() as usize * 2));
     let (health, health_service) = tonic_health::server::health_reporter();
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(nova_proto::v1::FILE_DESCRIPTOR_SET)

@@ -19,6 +19,7 @@ use nova_core::budget::Budget;
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, SectionEntry, verify_section};
 use nova_core::limits::COLD_READ_REFS;
+use nova_proto::RequestError;
 use nova_proto::v1;
 use nova_proto::v1::nova_client::NovaClient;
 use nova_proto::validate::read_caps;
@@ -37,12 +38,8 @@ pub struct Reader {
     pub max_read_records: u32,
 }
 
-fn fetch_status(err: &FetchError) -> Status {
-    match err {
-        FetchError::Format { .. } => Status::data_loss(err.to_string()),
-        FetchError::Store(e) if e.is_retryable() => Status::unavailable(err.to_string()),
-        FetchError::Store(_) => Status::internal(err.to_string()),
-    }
+fn fetch_status(err: impl std::ops::Deref<Target = FetchError>) -> Status {
+    RequestError::from(&*err).into()
 }
 
 impl Reader {
@@ -72,7 +69,7 @@ impl Reader {
         let mut plan: Vec<(String, SectionEntry)> = Vec::new();
         let mut planned = 0u64;
         for (object_ref, footer) in refs.refs.iter().zip(footers) {
-            let footer = footer.map_err(|e| fetch_status(&e))?;
+            let footer = footer.map_err(fetch_status)?;
             let section = footer
                 .sections
                 .iter()
@@ -83,13 +80,13 @@ impl Reader {
                 })
                 .cloned()
                 .ok_or_else(|| {
-                    Status::data_loss(format!(
+                    Status::from(RequestError::DataLoss(format!(
                         "{} has no section for records {}..{} of stream {:?}",
                         object_ref.object_key,
                         object_ref.start_seq,
                         object_ref.end_seq,
                         request.stream
-                    ))
+                    )))
                 })?;
             planned += section.len;
             plan.push((object_ref.object_key.clone(), section));
@@ -126,7 +123,7 @@ impl Reader {
                     .await
                     .map_err(|e| fetch_status(&FetchError::Store(e)))?;
                 verify_section(&bytes, &section)
-                    .map_err(|e| Status::data_loss(format!("{key}: {e}")))?;
+                    .map_err(|e| Status::from(RequestError::DataLoss(format!("{key}: {e}"))))?;
                 Ok::<_, Status>((section.start_seq, bytes))
             }
         }))
@@ -137,7 +134,7 @@ impl Reader {
             }
             let (start, bytes) = fetched?;
             page.take_from(start, bytes)
-                .map_err(|e| Status::data_loss(e.to_string()))?;
+                .map_err(|e| Status::from(RequestError::DataLoss(e.to_string())))?;
         }
         Ok(v1::ReadResponse {
             records: page.records.into_iter().map(Into::into).collect(),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status, Streaming};
 
+use nova_proto::RequestError;
 use nova_proto::v1;
 use nova_proto::v1::gateway_peer_server::GatewayPeer;
 use nova_proto::v1::nova_server::Nova;
@@ -21,10 +22,11 @@ pub struct GatewayService {
 
 impl GatewayService {
     fn writes_go_to_the_star(&self) -> Status {
-        Status::unimplemented(format!(
+        RequestError::Unimplemented(format!(
             "novagateway serves reads; append and manage streams on the star at {}",
             self.star_url
         ))
+        .into()
     }
 }
 
@@ -117,20 +119,21 @@ impl GatewayPeer for PeerService {
     ) -> Result<Response<v1::FetchRangeResponse>, Status> {
         let request = request.into_inner();
         if request.len > MAX_PEER_RANGE {
-            return Err(Status::invalid_argument(format!(
+            return Err(RequestError::InvalidRequest(format!(
                 "range of {} bytes is over the {MAX_PEER_RANGE}-byte limit",
                 request.len
-            )));
+            ))
+            .into());
         }
         let data = self
             .tier
             .serve_owned(&request.object_key, request.offset, request.len)
             .await
             .map_err(|e| match e {
-                nova_core::object_store::StoreError::NotFound { .. } => {
-                    Status::not_found(e.to_string())
+                nova_core::object_store::StoreError::NotFound { key } => {
+                    Status::from(RequestError::ObjectNotFound(key))
                 }
-                other => Status::unavailable(other.to_string()),
+                other => Status::from(RequestError::Unavailable(other.to_string())),
             })?;
         Ok(Response::new(v1::FetchRangeResponse { data }))
     }

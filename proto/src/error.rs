@@ -23,8 +23,16 @@ pub enum RequestError {
     RecordTooLarge { index: u64, bytes: u64, cap: u64 },
     #[error("stream name {name:?} {reason}")]
     InvalidStreamName { name: String, reason: &'static str },
+    /// A request field or frame that cannot be understood.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// A message larger than the transport accepts; the session ends.
+    #[error("{0}")]
+    MessageTooLarge(String),
     #[error("stream {0:?} does not exist")]
     StreamNotFound(String),
+    #[error("object {0} not found")]
+    ObjectNotFound(String),
     #[error("stream {0:?} already exists")]
     StreamExists(String),
     #[error(
@@ -58,6 +66,9 @@ pub enum RequestError {
         "outcome unknown: {0}; check the stream's tail (or retry with match_seq_num) before sending it again"
     )]
     OutcomeUnknown(String),
+    /// This server does not serve the call (a gateway asked to append).
+    #[error("{0}")]
+    Unimplemented(String),
     #[error("{0}")]
     DataLoss(String),
     #[error("{0}")]
@@ -72,8 +83,11 @@ impl RequestError {
             | RequestError::TooManyRecords { .. }
             | RequestError::BatchTooLarge { .. }
             | RequestError::RecordTooLarge { .. }
-            | RequestError::InvalidStreamName { .. } => Code::InvalidArgument,
-            RequestError::StreamNotFound(_) => Code::NotFound,
+            | RequestError::InvalidStreamName { .. }
+            | RequestError::InvalidRequest(_) => Code::InvalidArgument,
+            // gRPC's code for a message over the receiver's size limit.
+            RequestError::MessageTooLarge(_) => Code::ResourceExhausted,
+            RequestError::StreamNotFound(_) | RequestError::ObjectNotFound(_) => Code::NotFound,
             RequestError::StreamExists(_) => Code::AlreadyExists,
             // The stream moved on; the producer must decide what its next seq is.
             RequestError::SeqMismatch { .. } => Code::FailedPrecondition,
@@ -87,6 +101,7 @@ impl RequestError {
             // possibly returned after a state change succeeded, and no client retries it blindly
             // by default. The SDK resolves it against the stream's tail.
             RequestError::OutcomeUnknown(_) => Code::DeadlineExceeded,
+            RequestError::Unimplemented(_) => Code::Unimplemented,
             RequestError::DataLoss(_) => Code::DataLoss,
             RequestError::Internal(_) => Code::Internal,
         }

@@ -28,6 +28,37 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
+/// A size flag's value: parsed with `parse_bytes`, shown in the largest whole unit (`100MiB`),
+/// so a default written once as a number reads well in `--help`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    pub fn bytes(self) -> u64 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0;
+        for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+            if n >= size && n % size == 0 {
+                return write!(f, "{}{unit}", n / size);
+            }
+        }
+        write!(f, "{n}")
+    }
+}
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        parse_bytes(text).map(ByteSize)
+    }
+}
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
@@ -63,6 +94,21 @@ mod tests {
         assert_eq!(parse_bytes("2G"), Ok(2 << 30));
         assert!(parse_bytes("lots").is_err());
         assert!(parse_bytes("3TiB").is_err());
+    }
+
+    #[test]
+    fn sizes_show_in_their_largest_whole_unit_and_parse_back() {
+        for (bytes, shown) in [
+            (100 << 20, "100MiB"),
+            (1 << 20, "1MiB"),
+            (64 << 10, "64KiB"),
+            (3 << 30, "3GiB"),
+            (1536, "1536"),
+            (0, "0"),
+        ] {
+            assert_eq!(ByteSize(bytes).to_string(), shown);
+            assert_eq!(shown.parse::<ByteSize>(), Ok(ByteSize(bytes)));
+        }
     }
 
     #[test]

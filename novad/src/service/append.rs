@@ -103,9 +103,13 @@ async fn read_requests(
     pending: mpsc::Sender<Pending>,
 ) {
     let shutting_down = || {
-        Pending::Close(Status::unavailable(
-            "novad is shutting down: every append answered above is final; reconnect to send more",
-        ))
+        Pending::Close(
+            RequestError::Unavailable(
+                "novad is shutting down: every append answered above is final; reconnect to send more"
+                    .into(),
+            )
+            .into(),
+        )
     };
     loop {
         let next = tokio::select! {
@@ -145,15 +149,15 @@ fn frame_error(status: Status) -> Status {
     match status.code() {
         // tonic reports undecodable protobuf as INTERNAL; it is the producer's frame that is bad.
         Code::Internal => {
-            Status::invalid_argument(format!("malformed append frame: {}", status.message()))
+            RequestError::InvalidRequest(format!("malformed append frame: {}", status.message()))
+                .into()
         }
-        Code::OutOfRange | Code::ResourceExhausted => Status::new(
-            status.code(),
-            format!(
-                "append frame over the message limit (twice --max-batch-bytes): {}",
-                status.message()
-            ),
-        ),
+        Code::OutOfRange | Code::ResourceExhausted => RequestError::MessageTooLarge(format!(
+            "append frame over the message limit (twice --max-batch-bytes): {}",
+            status.message()
+        ))
+        .into(),
+        // The producer went away or the connection broke: nothing to tell it.
         _ => status,
     }
 }

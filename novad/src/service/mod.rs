@@ -154,10 +154,11 @@ impl Nova for NovaService {
                 StorageClass::Standard
             }
             Err(_) => {
-                return Err(Status::invalid_argument(format!(
+                return Err(RequestError::InvalidRequest(format!(
                     "unknown storage class {}",
                     request.storage_class
-                )));
+                ))
+                .into());
             }
         };
         let stream = self
