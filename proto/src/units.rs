@@ -43,7 +43,7 @@ impl std::fmt::Display for ByteSize {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let n = self.0;
         for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-            if n >= size && n % size == 0 {
+            if n >= size && n.is_multiple_of(size) {
                 return write!(f, "{}{unit}", n / size);
             }
         }
