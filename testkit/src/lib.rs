@@ -1,6 +1,7 @@
 //! Real servers for tests: the S3-compatible server (moto) and novad, each started on a free
 //! loopback port and stopped by PID when its handle drops.
 
+pub mod crash_loop;
 mod moto;
 mod novad;
 pub mod outage;
