@@ -7,6 +7,7 @@ pub mod domain;
 pub mod error;
 pub mod units;
 pub mod validate;
+pub mod wire;
 
 pub mod v1 {
     #![allow(clippy::all)]

@@ -4,6 +4,7 @@
 use crate::domain::Record;
 use crate::error::RequestError;
 use crate::v1;
+use crate::wire::WireAppend;
 
 /// The caps an append is checked against (the star's `--max-*` flags).
 #[derive(Debug, Clone, Copy)]
@@ -103,6 +104,49 @@ pub fn validate_append(
     })
 }
 
+/// Checks an append as received (`WireAppend`) against the caps, without decoding its records.
+/// Returns the stream name.
+pub fn validate_wire<'a>(request: &'a WireAppend, caps: &AppendCaps) -> Result<&'a str, RequestError> {
+    if let Some(problem) = request.problem() {
+        return Err(RequestError::InvalidRequest(format!(
+            "malformed append request: {problem}"
+        )));
+    }
+    let stream = std::str::from_utf8(request.stream_bytes()).map_err(|_| {
+        RequestError::InvalidStreamName {
+            name: String::from_utf8_lossy(&request.stream_bytes()[..request.stream_bytes().len().min(64)])
+                .into_owned(),
+            reason: "is not UTF-8",
+        }
+    })?;
+    validate_stream_name(stream)?;
+    let count = request.record_count();
+    if count == 0 {
+        return Err(RequestError::EmptyBatch);
+    }
+    if count > caps.max_batch_records as u64 {
+        return Err(RequestError::TooManyRecords {
+            records: count,
+            cap: caps.max_batch_records,
+        });
+    }
+    let (index, bytes) = request.largest_record();
+    if bytes > caps.max_record_bytes {
+        return Err(RequestError::RecordTooLarge {
+            index,
+            bytes,
+            cap: caps.max_record_bytes,
+        });
+    }
+    if request.content_bytes() > caps.max_batch_bytes {
+        return Err(RequestError::BatchTooLarge {
+            bytes: request.content_bytes(),
+            cap: caps.max_batch_bytes,
+        });
+    }
+    Ok(stream)
+}
+
 /// A read's effective caps: what the request asked for, within the server's caps; zero asks for
 /// the server's.
 pub fn read_caps(request: &v1::ReadRequest, max_records: u32, max_bytes: u64) -> (u32, u64) {
@@ -179,6 +223,31 @@ mod tests {
         assert_eq!(valid.content_bytes, 15);
         assert_eq!(valid.records[0].timestamp, 99);
         assert_eq!(valid.records[1].timestamp, 7);
+    }
+
+    fn wire(records: Vec<v1::Record>) -> WireAppend {
+        use prost::Message;
+        WireAppend::parse(Bytes::from(request(records).encode_to_vec()))
+    }
+
+    /// The checks on the received bytes agree with the checks on a decoded request.
+    #[test]
+    fn wire_requests_meet_the_same_caps() {
+        let cases = [
+            vec![],
+            vec![record(1); 4],
+            vec![record(41)],
+            vec![record(40), record(40), record(40)],
+            vec![record(10), record(5)],
+        ];
+        for records in cases {
+            let decoded = validate_append(request(records.clone()), &CAPS, 0).map(|_| ());
+            let received = validate_wire(&wire(records), &CAPS).map(|_| ());
+            assert_eq!(decoded, received);
+        }
+        let malformed = WireAppend::parse(Bytes::from_static(&[0x12, 0x05, 0x0a]));
+        let err = validate_wire(&malformed, &CAPS).unwrap_err();
+        assert!(err.to_string().contains("malformed append request"), "{err}");
     }
 
     #[test]
