@@ -54,12 +54,7 @@ pub(crate) async fn run_absorber(
         batch.tails = touched.into_iter().collect();
         // Forget deleted streams, and remove the tail key an absorb racing the delete may have
         // written back after it.
-        let gone: Vec<u64> = tails
-            .keys()
-            .copied()
-            .filter(|id| shared.streams.get_by_id(*id).is_none())
-            .collect();
-        for id in gone {
+        for id in shared.streams.take_deleted() {
             tails.remove(&id);
             batch.forget.push(id);
         }

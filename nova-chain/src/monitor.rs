@@ -29,6 +29,15 @@ pub(crate) async fn run_monitor(shared: Arc<Shared>, stop: CancellationToken) {
             _ = ticker.tick() => {}
             _ = stop.cancelled() => return,
         }
+        // A backlog stall ends once no flight has waited for the backlog for a while.
+        {
+            let mut backlog = shared.backlog_stall.lock();
+            if backlog.as_ref().is_some_and(|(_, last)| {
+                last.elapsed() >= END_AFTER && shared.backlog.waiters() == 0
+            }) {
+                *backlog = None;
+            }
+        }
         if shared.admission.budget().waiters() > 0 {
             idle_since = None;
             let since = *waiting_since.get_or_insert_with(Instant::now);

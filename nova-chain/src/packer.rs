@@ -8,7 +8,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use tokio::time::Instant;
@@ -152,13 +151,7 @@ pub(crate) struct Packer {
     writing: Arc<Semaphore>,
     next_slot: u64,
     open: Option<OpenFlight>,
-    /// The backlog stall in progress, if any, and when a flight last had to wait for the
-    /// backlog. One stall spans every flight that waits in one episode.
-    backlog_stall: Option<(Stall, Instant)>,
 }
-
-/// A backlog stall ends once flights have closed without waiting for this long.
-const BACKLOG_STALL_ENDS_AFTER: Duration = Duration::from_secs(1);
 
 impl Packer {
     pub fn new(
@@ -179,7 +172,6 @@ impl Packer {
             writing,
             next_slot: 0,
             open: None,
-            backlog_stall: None,
         }
     }
 
@@ -375,46 +367,55 @@ impl Packer {
         // The resolver's queue holds as many flights as there are writer permits, so this
         // only waits if the resolver has stopped, which happens only at shutdown.
         if let Err(mpsc::error::SendError(lost)) = self.resolver.send(in_flight).await {
+            // The write may already be on its way (a request sent, or blocking work that
+            // finishes anyway): the slot may land, so the chain ends here.
             lost.write.abort();
+            shared.fence(format!(
+                "flight {} was abandoned with the resolver gone; the chain ends before it",
+                lost.key
+            ));
+            let error = RequestError::OutcomeUnknown(format!(
+                "flight {} was abandoned at shutdown while being written",
+                lost.key
+            ));
             for batch in lost.batches {
-                batch.fail(abandoned());
+                batch.fail(error.clone());
             }
         }
     }
 
+    /// A backlog permit for the next flight, waiting while the backlog is spent. Every flight
+    /// that waits in one episode shares one stall (logged and counted once); the monitor ends
+    /// it once nothing has waited for a while.
     async fn backlog_permit(&mut self) -> Option<BudgetPermit> {
         let shared = self.shared.clone();
         if let Some(permit) = shared.backlog.try_acquire(1) {
-            if self
-                .backlog_stall
-                .as_ref()
-                .is_some_and(|(_, last)| last.elapsed() >= BACKLOG_STALL_ENDS_AFTER)
-            {
-                self.backlog_stall = None;
-            }
             return Some(permit);
         }
-        if self.backlog_stall.is_none() {
-            let detail = format!(
-                "{} flights acknowledged but not absorbed (--s3-chain-backlog-flights)",
-                shared.backlog.capacity()
-            );
-            let stall = Stall::begin_episode(
-                shared.metrics.clone(),
-                "chain_backlog",
-                shared.diagnose_backlog(),
-                &detail,
-            );
-            self.backlog_stall = Some((stall, Instant::now()));
+        {
+            let mut stall = shared.backlog_stall.lock();
+            if stall.is_none() {
+                let detail = format!(
+                    "{} flights acknowledged but not absorbed (--s3-chain-backlog-flights)",
+                    shared.backlog.capacity()
+                );
+                let begun = Stall::begin_episode(
+                    shared.metrics.clone(),
+                    "chain_backlog",
+                    shared.diagnose_backlog(),
+                    &detail,
+                );
+                *stall = Some((begun, std::time::Instant::now()));
+            }
         }
         let started = Instant::now();
         let permit = tokio::select! {
             permit = shared.backlog.acquire(1) => Some(permit),
             _ = shared.abandon.cancelled() => None,
         };
-        if let Some((stall, last)) = &mut self.backlog_stall {
+        if let Some((stall, last)) = &mut *shared.backlog_stall.lock() {
             stall.waited(started.elapsed());
-            *last = Instant::now();
+            *last = std::time::Instant::now();
         }
         permit
     }

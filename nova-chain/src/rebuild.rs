@@ -1,36 +1,43 @@
 //! Rebuilding the catalog from the object store alone, for a star whose metastore is gone.
 //!
-//! The bucket holds everything needed: stream manifests (`streams/{id}`) name each stream, its
-//! settings and whether it was deleted, and the chain's flights say which records of which
-//! stream each section holds. Each epoch of the chain is read from slot 0 up to its first gap
-//! or fence, exactly as recovery settles it (acknowledgements go out in slot order, so nothing
-//! past a gap was ever acknowledged), and every section becomes an index entry. The chain is
-//! then recorded at its last epoch's last settled slot, and the star's next start settles and
-//! fences from there as after any crash.
+//! The bucket holds everything needed: stream manifests (`streams/{star}/{id}`) name each
+//! stream, its settings and whether it was deleted, and the chain's flights say which records
+//! of which stream each section holds. Each epoch of the chain is read from slot 0 up to its
+//! first gap or fence, exactly as recovery settles it (acknowledgements go out in slot order, so
+//! nothing past a gap was ever acknowledged), and every section becomes an index entry. The
+//! chain is then recorded where the star's next start settles and fences from, as after any
+//! crash.
 //!
-//! Memory stays bounded: manifests and tails are kept per stream, index entries are written
-//! in small batches as the chain is read, and only the set of epochs is kept from the listing.
+//! Memory stays bounded by the streams: one entry per stream ever created (the deleted ones as
+//! bare ids), index entries written in small batches as the chain is read, and per epoch only a
+//! count of its objects. A rebuild marks the metastore while it runs, so an interrupted one is
+//! simply run again, and novad refuses to start on a half-restored catalog.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use nova_core::catalog::{
-    Catalog, CatalogError, ChainState, IndexEntry, Restored, StorageClass, StreamMeta, StreamTail,
+    Catalog, CatalogError, ChainState, IndexEntry, Occupancy, Restored, StorageClass, StreamMeta,
+    StreamTail,
 };
 use nova_core::flight::{FetchError, ObjectFooter, fetch_footer};
 use nova_core::keys::{
-    STREAMS_PREFIX, chain_prefix, chain_root, parse_slot, parse_stream_manifest, slot_key,
+    chain_prefix, chain_root, parse_slot, parse_stream_manifest, slot_key, streams_prefix,
 };
 use nova_core::manifest::{ManifestError, StreamManifest};
-use nova_core::object_store::{GetRange, MAX_LIST_KEYS, ObjectStore, StoreError};
+use nova_core::object_store::{GetRange, ListPage, MAX_LIST_KEYS, ObjectStore, StoreError};
 
 /// Index entries written per batch while the chain is read.
 const ENTRY_BATCH: usize = 1000;
+/// Attempts at one object-store request that fails with a retryable error.
+const ATTEMPTS: u32 = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RebuildError {
     #[error(
-        "the metastore already holds a catalog; a rebuild only fills an empty one (move the \\
+        "the metastore already holds a catalog; a rebuild only fills an empty one (move the \
          old metastore aside first if it is the one to replace)"
     )]
     NotEmpty,
@@ -41,7 +48,7 @@ pub enum RebuildError {
     #[error("flight {key} is unreadable: {source}")]
     Flight { key: String, source: FetchError },
     #[error(
-        "flight {key} does not continue stream {stream:?}: its section starts at {found}, the \\
+        "flight {key} does not continue stream {stream:?}: its section starts at {found}, the \
          records before it end at {expected}"
     )]
     Discontinuous {
@@ -50,7 +57,7 @@ pub enum RebuildError {
         expected: u64,
         found: u64,
     },
-    #[error("{key} is not a flight of this chain: {what}")]
+    #[error("{key} does not belong to this star's chain: {what}")]
     Foreign { key: String, what: String },
     #[error("writing the catalog: {0}")]
     Catalog(#[from] CatalogError),
@@ -61,10 +68,10 @@ pub enum RebuildError {
 pub struct RebuildReport {
     /// Streams restored, with records or without.
     pub streams: u64,
-    /// Streams whose manifests say they were deleted: not restored, their records skipped.
+    /// Streams whose manifests say they were deleted, or that a newer stream of the same name
+    /// replaced: not restored, their records skipped.
     pub deleted_streams: u64,
-    /// Streams found in flights without a manifest (written before manifests existed),
-    /// restored under the name their flights give.
+    /// Streams found in flights without a manifest, restored under the name their flights give.
     pub streams_without_manifest: u64,
     pub epochs: u64,
     pub flights: u64,
@@ -80,32 +87,80 @@ struct Stream {
     tail: StreamTail,
 }
 
+/// Retries `op` while it fails with a retryable error, a few times with backoff.
+async fn retrying<T, F, Fut>(mut op: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(err) if err.is_retryable() && attempt < ATTEMPTS => {
+                tracing::warn!(attempt, "rebuild: retrying: {err}");
+                tokio::time::sleep(Duration::from_millis(100 << attempt.min(6))).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn list_page(
+    store: &dyn ObjectStore,
+    prefix: &str,
+    after: Option<&str>,
+) -> Result<ListPage, StoreError> {
+    retrying(|| store.list(prefix, after, MAX_LIST_KEYS)).await
+}
+
 pub async fn rebuild_catalog(
     star: &str,
     store: &Arc<dyn ObjectStore>,
     catalog: &Catalog,
 ) -> Result<RebuildReport, RebuildError> {
-    if !catalog.is_empty().await? {
-        return Err(RebuildError::NotEmpty);
+    match catalog.occupancy().await? {
+        Occupancy::Holds => return Err(RebuildError::NotEmpty),
+        Occupancy::Empty | Occupancy::Restoring => catalog.begin_restore().await?,
     }
+    let store = store.as_ref();
     let mut report = RebuildReport::default();
     let mut max_id = 0u64;
-    // Live streams by id; deleted ids are remembered so their sections are skipped.
     let mut streams: BTreeMap<u64, Stream> = BTreeMap::new();
     let mut deleted: BTreeSet<u64> = BTreeSet::new();
-    for key in list_all(store.as_ref(), STREAMS_PREFIX).await? {
-        let Some(id) = parse_stream_manifest(&key) else {
-            continue;
-        };
-        let bytes = store.get(&key, GetRange::All).await?.bytes;
-        let manifest = StreamManifest::decode(&bytes).map_err(|source| RebuildError::Manifest {
-            key: key.clone(),
-            source,
-        })?;
-        max_id = max_id.max(id);
-        if manifest.deleted {
-            deleted.insert(id);
-        } else {
+    let mut names: HashMap<String, u64> = HashMap::new();
+    let prefix = streams_prefix(star);
+    let mut after: Option<String> = None;
+    loop {
+        let page = list_page(store, &prefix, after.as_deref()).await?;
+        for object in &page.objects {
+            let Some(id) = parse_stream_manifest(&prefix, &object.key) else {
+                continue;
+            };
+            let bytes = retrying(|| store.get(&object.key, GetRange::All))
+                .await?
+                .bytes;
+            let manifest =
+                StreamManifest::decode(&bytes).map_err(|source| RebuildError::Manifest {
+                    key: object.key.clone(),
+                    source,
+                })?;
+            max_id = max_id.max(id);
+            if manifest.deleted {
+                deleted.insert(id);
+                continue;
+            }
+            // Two live manifests of one name: a create that failed half-way, or a stream whose
+            // delete was never marked. The newer id is the stream the name belongs to.
+            if let Some(&other) = names.get(&manifest.meta.name) {
+                let older = other.min(id);
+                deleted.insert(older);
+                streams.remove(&older);
+                if older == id {
+                    continue;
+                }
+            }
+            names.insert(manifest.meta.name.clone(), id);
             streams.insert(
                 id,
                 Stream {
@@ -114,6 +169,10 @@ pub async fn rebuild_catalog(
                 },
             );
         }
+        match page.next_start_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
     }
     report.deleted_streams = deleted.len() as u64;
 
@@ -121,7 +180,7 @@ pub async fn rebuild_catalog(
     let mut slots_per_epoch: BTreeMap<u64, u64> = BTreeMap::new();
     let mut after: Option<String> = None;
     loop {
-        let page = store.list(&root, after.as_deref(), MAX_LIST_KEYS).await?;
+        let page = list_page(store, &root, after.as_deref()).await?;
         for object in &page.objects {
             let Some(epoch) = object
                 .key
@@ -141,32 +200,42 @@ pub async fn rebuild_catalog(
         }
     }
 
-    let mut names: HashMap<String, u64> = streams
-        .iter()
-        .map(|(id, s)| (s.meta.name.clone(), *id))
-        .collect();
     let mut pending: Vec<IndexEntry> = Vec::new();
     for (&epoch, &slots) in &slots_per_epoch {
         report.epochs += 1;
-        let mut settled = 0u64;
+        let mut slot = 0u64;
         let mut last = None;
-        let mut fenced = false;
+        let mut fenced_by = None;
         loop {
-            let key = slot_key(star, epoch, settled);
-            let footer = match fetch_footer(store.as_ref(), &key).await {
+            let key = slot_key(star, epoch, slot);
+            let footer = match retrying_footer(store, &key).await {
                 Ok(footer) => footer,
                 Err(FetchError::Store(StoreError::NotFound { .. })) => break,
                 Err(source) => return Err(RebuildError::Flight { key, source }),
             };
             let flight = match footer {
-                ObjectFooter::Fence(_) => {
-                    fenced = true;
+                ObjectFooter::Fence(fence) => {
+                    if (fence.star.as_str(), fence.epoch, fence.slot) != (star, epoch, slot) {
+                        return Err(RebuildError::Foreign {
+                            key,
+                            what: format!(
+                                "it is a fence for slot {} of epoch {} of star {:?}",
+                                fence.slot, fence.epoch, fence.star
+                            ),
+                        });
+                    }
+                    // "star/epoch": the epoch whose recovery wrote it.
+                    fenced_by = fence
+                        .fenced_by
+                        .rsplit('/')
+                        .next()
+                        .and_then(|e| e.parse::<u64>().ok());
                     break;
                 }
                 ObjectFooter::Flight(flight) => flight,
             };
             let meta = &flight.meta;
-            if (meta.star.as_str(), meta.epoch, meta.slot) != (star, epoch, settled) {
+            if (meta.star.as_str(), meta.epoch, meta.slot) != (star, epoch, slot) {
                 return Err(RebuildError::Foreign {
                     key,
                     what: format!(
@@ -184,8 +253,8 @@ pub async fn rebuild_catalog(
                 let stream = match streams.entry(id) {
                     std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
                     std::collections::btree_map::Entry::Vacant(entry) => {
-                        // Written before manifests: the flight's own name for it is all there
-                        // is, unless a stream with a manifest holds that name now.
+                        // No manifest: the flight's own name for it is all there is, unless a
+                        // stream with a manifest holds that name.
                         if names.contains_key(&section.stream) {
                             continue;
                         }
@@ -202,6 +271,15 @@ pub async fn rebuild_catalog(
                         })
                     }
                 };
+                if stream.meta.name != section.stream {
+                    return Err(RebuildError::Foreign {
+                        key,
+                        what: format!(
+                            "its section for stream id {id} names {:?}, the manifest {:?}",
+                            section.stream, stream.meta.name
+                        ),
+                    });
+                }
                 if section.start_seq != stream.tail.tail_seq {
                     return Err(RebuildError::Discontinuous {
                         key,
@@ -228,13 +306,21 @@ pub async fn rebuild_catalog(
                 pending.clear();
             }
             report.flights += 1;
-            last = Some(settled);
-            settled += 1;
+            last = Some(slot);
+            slot += 1;
         }
-        report.orphaned_slots += slots.saturating_sub(settled + fenced as u64);
-        report.chain = Some(ChainState {
-            epoch,
-            checkpoint: last,
+        report.orphaned_slots += slots.saturating_sub(slot + fenced_by.is_some() as u64);
+        report.chain = Some(match fenced_by {
+            // A later epoch fenced this one, though it wrote nothing yet: resume from it, so
+            // its number is never handed out twice.
+            Some(next) if next > epoch => ChainState {
+                epoch: next,
+                checkpoint: None,
+            },
+            _ => ChainState {
+                epoch,
+                checkpoint: last,
+            },
         });
     }
     catalog.restore_entries(&pending).await?;
@@ -248,16 +334,16 @@ pub async fn rebuild_catalog(
     Ok(report)
 }
 
-/// Every key under `prefix` (used for manifests: one per stream ever created).
-async fn list_all(store: &dyn ObjectStore, prefix: &str) -> Result<Vec<String>, StoreError> {
-    let mut keys = Vec::new();
-    let mut after: Option<String> = None;
+async fn retrying_footer(store: &dyn ObjectStore, key: &str) -> Result<ObjectFooter, FetchError> {
+    let mut attempt = 1;
     loop {
-        let page = store.list(prefix, after.as_deref(), MAX_LIST_KEYS).await?;
-        keys.extend(page.objects.into_iter().map(|o| o.key));
-        match page.next_start_after {
-            Some(next) => after = Some(next),
-            None => return Ok(keys),
+        match fetch_footer(store, key).await {
+            Err(FetchError::Store(err)) if err.is_retryable() && attempt < ATTEMPTS => {
+                tracing::warn!(attempt, "rebuild: retrying: {err}");
+                tokio::time::sleep(Duration::from_millis(100 << attempt.min(6))).await;
+                attempt += 1;
+            }
+            other => return other,
         }
     }
 }

@@ -112,17 +112,21 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
     shared.metrics.flights_written.inc();
     shared.metrics.flight_bytes.inc_by(bytes);
     for batch in batches {
-        let name = batch.stream.name();
-        shared
-            .metrics
-            .appended_records
-            .with_label_values(&[name])
-            .inc_by(batch.range.end - batch.range.start);
-        shared
-            .metrics
-            .appended_bytes
-            .with_label_values(&[name])
-            .inc_by(batch.content_bytes);
+        // A stream deleted while its batch was in flight has had its series dropped; counting
+        // it would bring them back for good.
+        if !batch.stream.is_deleted() {
+            let name = batch.stream.name();
+            shared
+                .metrics
+                .appended_records
+                .with_label_values(&[name])
+                .inc_by(batch.range.end - batch.range.start);
+            shared
+                .metrics
+                .appended_bytes
+                .with_label_values(&[name])
+                .inc_by(batch.content_bytes);
+        }
         // Dropping the batch after the reply releases its admission charge: the tail cache
         // holds the same fragment bytes from here on, under its own budget.
         let _ = batch.reply.send(Ok(batch.range));

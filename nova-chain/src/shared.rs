@@ -15,7 +15,7 @@ use nova_core::object_store::ObjectStore;
 use crate::admission::AdmissionBuffer;
 use crate::config::ChainConfig;
 use crate::pending::PendingIndex;
-use crate::stall::StallCause;
+use crate::stall::{Stall, StallCause};
 use crate::streams::StreamRegistry;
 use crate::tail_cache::TailCache;
 
@@ -38,6 +38,8 @@ pub(crate) struct Shared {
     /// restarts it, and recovery settles what it left.
     pub lost: CancellationToken,
     pub health: Health,
+    /// The backlog stall in progress and when a flight last waited in it.
+    pub backlog_stall: Mutex<Option<(Stall, Instant)>>,
     /// Cancelled when shutdown's deadline passes: writes and commits still retrying give up,
     /// and whatever they carried fails unacknowledged.
     pub abandon: CancellationToken,
@@ -74,6 +76,7 @@ impl Shared {
             fenced: Mutex::new(None),
             lost: CancellationToken::new(),
             health: Health::default(),
+            backlog_stall: Mutex::new(None),
             abandon: CancellationToken::new(),
             config,
             epoch,

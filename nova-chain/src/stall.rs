@@ -40,6 +40,7 @@ impl StallCause {
 }
 
 /// An ongoing stall; dropping it ends the stall and logs its duration.
+#[derive(Debug)]
 pub struct Stall {
     metrics: Arc<Metrics>,
     budget: &'static str,

@@ -40,7 +40,7 @@ type TaskHandle = JoinHandle<Result<(), String>>;
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("loading the catalog: {0}")]
-    Catalog(#[from] nova_core::catalog::CatalogError),
+    Catalog(#[from] crate::streams::LoadError),
     #[error(transparent)]
     Recovery(#[from] RecoveryError),
 }
@@ -116,6 +116,7 @@ impl Star {
             StreamRegistry::load(
                 catalog.clone(),
                 store.clone(),
+                &config.star,
                 metrics.clone(),
                 config.max_streams,
             )

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
-use nova_core::catalog::{Catalog, CatalogError, StorageClass, StreamMeta, StreamTail};
+use nova_core::catalog::{Catalog, CatalogError, Occupancy, StorageClass, StreamMeta, StreamTail};
 use nova_core::keys::stream_manifest_key;
 use nova_core::manifest::StreamManifest;
 use nova_core::metrics::Metrics;
@@ -106,17 +106,21 @@ impl StreamState {
 }
 
 /// All streams, by name and by id. Creates and deletes go through the catalog first, then the
-/// maps, one at a time. Each stream also has a manifest in the object store (`streams/{id}`), so
-/// the bucket alone can rebuild the catalog.
+/// maps, one at a time. Each stream also has a manifest in the object store
+/// (`streams/{star}/{id}`), so the bucket alone can rebuild the catalog.
 #[derive(Debug)]
 pub struct StreamRegistry {
     catalog: Catalog,
     store: Arc<dyn ObjectStore>,
+    star: String,
     metrics: Arc<Metrics>,
     /// `--max-streams`.
     max_streams: usize,
     by_name: RwLock<BTreeMap<String, Arc<StreamState>>>,
     by_id: RwLock<HashMap<u64, Arc<StreamState>>>,
+    /// Ids deleted since the absorber last looked, so it can forget their tails. Bounded by the
+    /// deletes between two absorbs (admin calls, one at a time).
+    deleted: parking_lot::Mutex<Vec<u64>>,
     admin: tokio::sync::Mutex<()>,
 }
 
@@ -129,24 +133,42 @@ fn catalog_error(err: CatalogError) -> RequestError {
     }
 }
 
-/// Attempts at writing a deleted stream's manifest before giving up (and logging it).
-const TOMBSTONE_ATTEMPTS: u32 = 3;
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error(
+        "a catalog rebuild (novad --rebuild-catalog) was interrupted in this metastore; run it \
+         again to finish it before starting novad"
+    )]
+    RestoreInterrupted,
+    #[error("writing the manifests of streams created before manifests existed: {0}")]
+    Manifests(StoreError),
+}
 
 impl StreamRegistry {
-    /// Loads every stream from the catalog, at its absorbed tail.
+    /// Loads every stream from the catalog, at its absorbed tail, and finishes what an earlier
+    /// run left undone in the object store: manifests of deleted streams not yet marked deleted,
+    /// and manifests of streams created before manifests existed.
     pub async fn load(
         catalog: Catalog,
         store: Arc<dyn ObjectStore>,
+        star: &str,
         metrics: Arc<Metrics>,
         max_streams: usize,
-    ) -> Result<Self, CatalogError> {
+    ) -> Result<Self, LoadError> {
+        if catalog.occupancy().await? == Occupancy::Restoring {
+            return Err(LoadError::RestoreInterrupted);
+        }
         let registry = Self {
             catalog: catalog.clone(),
             store,
+            star: star.to_owned(),
             metrics,
             max_streams,
             by_name: RwLock::default(),
             by_id: RwLock::default(),
+            deleted: parking_lot::Mutex::default(),
             admin: tokio::sync::Mutex::new(()),
         };
         for (meta, tail) in catalog.load_streams().await? {
@@ -156,6 +178,25 @@ impl StreamRegistry {
             .metrics
             .streams_capacity
             .set(max_streams.min(i64::MAX as usize) as i64);
+        for meta in catalog.pending_tombstones().await? {
+            registry.mark_deleted(&meta).await;
+        }
+        if !registry.is_empty() && !catalog.manifests_complete().await? {
+            let streams = registry.list("", "", usize::MAX);
+            for stream in &streams {
+                registry
+                    .write_manifest(&stream.meta, false)
+                    .await
+                    .map_err(LoadError::Manifests)?;
+            }
+            catalog.set_manifests_complete().await?;
+            if !streams.is_empty() {
+                tracing::info!(
+                    streams = streams.len(),
+                    "wrote the manifests of streams created before manifests existed"
+                );
+            }
+        }
         Ok(registry)
     }
 
@@ -180,6 +221,11 @@ impl StreamRegistry {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Stream ids deleted since the last call.
+    pub(crate) fn take_deleted(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.deleted.lock())
     }
 
     pub fn get_or_not_found(&self, name: &str) -> Result<Arc<StreamState>, RequestError> {
@@ -223,15 +269,16 @@ impl StreamRegistry {
             class,
         };
         // The manifest lands before the catalog knows the stream, so every stream whose
-        // records can reach a flight is one the bucket can name. A create that fails between
-        // the two leaves a manifest of an empty stream, which a rebuild would restore as such.
+        // records can reach a flight is one the bucket can name.
         self.write_manifest(&meta, false).await.map_err(|e| {
             RequestError::Unavailable(format!("writing the manifest of stream {name:?}: {e}"))
         })?;
-        self.catalog
-            .insert_stream(&meta)
-            .await
-            .map_err(catalog_error)?;
+        if let Err(err) = self.catalog.insert_stream(&meta).await {
+            // The stream does not exist; say so in the bucket too (a rebuild would otherwise
+            // restore it empty, and a retried create gets a fresh id that outranks it anyway).
+            let _ = self.write_manifest(&meta, true).await;
+            return Err(catalog_error(err));
+        }
         let state = Arc::new(StreamState::new(meta, StreamTail::default()));
         self.insert(state.clone());
         Ok(state)
@@ -240,36 +287,45 @@ impl StreamRegistry {
     pub async fn delete(&self, name: &str) -> Result<(), RequestError> {
         validate_stream_name(name)?;
         let _one_at_a_time = self.admin.lock().await;
-        let meta = self
-            .catalog
-            .delete_stream(name)
-            .await
-            .map_err(catalog_error)?;
-        let removed = self.by_name.write().remove(name);
-        if let Some(state) = removed {
-            state.deleted.store(true, Ordering::Release);
-            self.by_id.write().remove(&state.id());
-            state.tail_moved.notify_waiters();
+        let Some(state) = self.get(name) else {
+            return Err(RequestError::StreamNotFound(name.to_owned()));
+        };
+        match self.catalog.delete_stream(name).await {
+            Ok(_) => {}
+            // The answer was lost: the delete may have landed. Serving a stream the catalog no
+            // longer has would acknowledge records no restart can find.
+            Err(CatalogError::Metastore(err)) => match self.catalog.stream_exists(name).await {
+                Ok(false) => {}
+                _ => return Err(catalog_error(CatalogError::Metastore(err))),
+            },
+            Err(err) => return Err(catalog_error(err)),
         }
+        self.by_name.write().remove(name);
+        state.deleted.store(true, Ordering::Release);
+        self.by_id.write().remove(&state.id());
+        state.tail_moved.notify_waiters();
+        self.deleted.lock().push(state.id());
         self.metrics.streams.set(self.len() as i64);
         self.metrics.forget_stream(name);
-        // Deleted in the catalog now; the manifest says so too, or a rebuild would bring the
-        // stream back. Failing that is logged, not returned: the delete itself happened.
-        let mut attempt = 0;
-        while let Err(err) = self.write_manifest(&meta, true).await {
-            attempt += 1;
-            if attempt >= TOMBSTONE_ATTEMPTS {
-                tracing::error!(
-                    stream = name,
-                    id = meta.id,
-                    "stream deleted, but its manifest could not be marked deleted; a catalog \
-                     rebuilt from the bucket would bring it back (empty of nothing it held): {err}"
-                );
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100 << attempt)).await;
-        }
+        self.mark_deleted(&state.meta).await;
         Ok(())
+    }
+
+    /// Marks a deleted stream's manifest deleted, then forgets the catalog's pending
+    /// tombstone. A failure leaves the tombstone pending, for the next start to retry.
+    async fn mark_deleted(&self, meta: &StreamMeta) {
+        match self.write_manifest(meta, true).await {
+            Ok(()) => {
+                if let Err(err) = self.catalog.clear_tombstone(meta.id).await {
+                    tracing::warn!(id = meta.id, "clearing a pending tombstone: {err}");
+                }
+            }
+            Err(err) => tracing::warn!(
+                stream = meta.name,
+                id = meta.id,
+                "marking the manifest of a deleted stream failed; retried at the next start: {err}"
+            ),
+        }
     }
 
     async fn write_manifest(&self, meta: &StreamMeta, deleted: bool) -> Result<(), StoreError> {
@@ -278,7 +334,10 @@ impl StreamRegistry {
             deleted,
         };
         self.store
-            .put(&stream_manifest_key(meta.id), manifest.encode().into())
+            .put(
+                &stream_manifest_key(&self.star, meta.id),
+                manifest.encode().into(),
+            )
             .await
     }
 

@@ -19,18 +19,20 @@ pub(crate) enum WriteError {
     Abandoned { key: String },
 }
 
-/// Whether the object that won our slot is byte for byte the flight we tried to write. That
-/// happens when an earlier attempt landed but its response was lost, and counts as success.
-fn is_our_flight(payload: &PutPayload, existing: &[u8]) -> bool {
-    if payload.len() != existing.len() as u64 {
-        return false;
-    }
-    let mut at = 0;
-    payload.parts().iter().all(|part| {
-        let same = existing[at..at + part.len()] == part[..];
-        at += part.len();
-        same
-    })
+/// Bytes of a flight's end that identify it: its footer and trailer, as the last parts of the
+/// payload (`assemble_flight` lays them out that way).
+fn identifying_suffix(payload: &PutPayload) -> Vec<u8> {
+    let parts = payload.parts();
+    parts[parts.len().saturating_sub(2)..].concat()
+}
+
+/// Whether the object that won our slot is the flight we tried to write. That happens when an
+/// earlier attempt landed but its response was lost, and counts as success. Rather than read
+/// the whole object back (a second copy of a flight, outside every budget), it compares the
+/// size and the footer: the footer names this star, epoch, slot and creation time, and holds
+/// every section's crc32c.
+fn is_our_flight(payload: &PutPayload, existing_size: u64, existing_suffix: &[u8]) -> bool {
+    payload.len() == existing_size && identifying_suffix(payload) == existing_suffix
 }
 
 pub(crate) async fn write_flight(
@@ -51,14 +53,19 @@ pub(crate) async fn write_flight(
                 recovered(&shared, attempt);
                 return Ok(());
             }
-            Ok(CreateOutcome::AlreadyExists) => match shared.store.get(&key, GetRange::All).await {
-                Ok(existing) if is_our_flight(&payload, &existing.bytes) => {
-                    recovered(&shared, attempt);
-                    return Ok(());
+            Ok(CreateOutcome::AlreadyExists) => {
+                let suffix = identifying_suffix(&payload).len() as u64;
+                match shared.store.get(&key, GetRange::Suffix(suffix)).await {
+                    Ok(existing)
+                        if is_our_flight(&payload, existing.object_size, &existing.bytes) =>
+                    {
+                        recovered(&shared, attempt);
+                        return Ok(());
+                    }
+                    Ok(_) => return Err(WriteError::Fenced { key }),
+                    Err(e) => e,
                 }
-                Ok(_) => return Err(WriteError::Fenced { key }),
-                Err(e) => e,
-            },
+            }
             Err(e) => e,
         };
         shared.metrics.flight_write_retries.inc();
@@ -132,11 +139,15 @@ mod tests {
     use bytes::Bytes;
 
     #[test]
-    fn our_flight_is_recognised_across_parts() {
-        let payload =
-            PutPayload::from_parts(vec![Bytes::from_static(b"ab"), Bytes::from_static(b"cde")]);
-        assert!(is_our_flight(&payload, b"abcde"));
-        assert!(!is_our_flight(&payload, b"abcdx"));
-        assert!(!is_our_flight(&payload, b"abcd"));
+    fn our_flight_is_recognised_by_size_and_footer() {
+        let payload = PutPayload::from_parts(vec![
+            Bytes::from_static(b"header"),
+            Bytes::from_static(b"body"),
+            Bytes::from_static(b"footer"),
+            Bytes::from_static(b"trailer"),
+        ]);
+        assert!(is_our_flight(&payload, 23, b"footertrailer"));
+        assert!(!is_our_flight(&payload, 23, b"footerXrailer"));
+        assert!(!is_our_flight(&payload, 24, b"footertrailer"));
     }
 }

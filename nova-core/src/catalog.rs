@@ -7,6 +7,9 @@
 //! i/{id:be64}{end_seq:be64}       index entry: a run of the stream's records in an object
 //! c/{star}                        chain state: current epoch and the last absorbed slot
 //! m/next_stream_id                the next stream id to hand out
+//! m/manifests                     set once every stream has a manifest in the object store
+//! m/restoring                     set while a rebuild from the object store is under way
+//! d/{id:be64}                     a deleted stream whose manifest is not yet marked deleted
 //! ```
 //!
 //! Index entries are keyed by their *exclusive end*, so the entry holding sequence number `s` is
@@ -148,6 +151,23 @@ fn chain_key(star: &str) -> Vec<u8> {
 }
 
 const NEXT_ID_KEY: &[u8] = b"m/next_stream_id";
+const MANIFESTS_KEY: &[u8] = b"m/manifests";
+const RESTORING_KEY: &[u8] = b"m/restoring";
+
+fn tombstone_key(id: u64) -> Vec<u8> {
+    let mut key = b"d/".to_vec();
+    key.extend_from_slice(&id.to_be_bytes());
+    key
+}
+
+/// What a catalog holds, for a rebuild deciding whether it may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Occupancy {
+    Empty,
+    /// A rebuild was interrupted; running it again completes it.
+    Restoring,
+    Holds,
+}
 
 /// Keys written per transaction by a restore, well under what any metastore accepts.
 const MAX_RESTORE_TXN: usize = 100;
@@ -320,9 +340,12 @@ impl Catalog {
                 }
                 None => (1, Compare::Missing(NEXT_ID_KEY.to_vec())),
             };
+            // A catalog that hands out ids here writes manifests for its streams from the
+            // first one on; only catalogs from before manifests need them written afterwards.
             let txn = Txn::new()
                 .compare(compare)
-                .put(NEXT_ID_KEY.to_vec(), encode_next_id(id + 1));
+                .put(NEXT_ID_KEY.to_vec(), encode_next_id(id + 1))
+                .put(MANIFESTS_KEY.to_vec(), vec![FORMAT]);
             if let TxnOutcome::Committed { .. } = self.store.commit(txn).await? {
                 return Ok(id);
             }
@@ -360,14 +383,59 @@ impl Catalog {
         }
     }
 
-    /// Whether the catalog holds anything at all: streams, or any star's chain.
-    pub async fn is_empty(&self) -> Result<bool, CatalogError> {
+    /// Whether the catalog holds anything: a rebuild only writes into an empty one (or one a
+    /// rebuild was interrupted in).
+    pub async fn occupancy(&self) -> Result<Occupancy, CatalogError> {
+        if self.store.get(RESTORING_KEY).await?.is_some() {
+            return Ok(Occupancy::Restoring);
+        }
         for prefix in [&b"n/"[..], b"c/", b"m/"] {
             if !self.store.scan(prefix, None, 1).await?.is_empty() {
-                return Ok(false);
+                return Ok(Occupancy::Holds);
             }
         }
-        Ok(true)
+        Ok(Occupancy::Empty)
+    }
+
+    /// Marks a rebuild under way, until `restore_streams` finishes it.
+    pub async fn begin_restore(&self) -> Result<(), CatalogError> {
+        self.store
+            .commit(Txn::new().put(RESTORING_KEY.to_vec(), vec![FORMAT]))
+            .await?;
+        Ok(())
+    }
+
+    /// Whether every stream has a manifest in the object store (false for catalogs from before
+    /// manifests existed, until they are written).
+    pub async fn manifests_complete(&self) -> Result<bool, CatalogError> {
+        Ok(self.store.get(MANIFESTS_KEY).await?.is_some())
+    }
+
+    pub async fn set_manifests_complete(&self) -> Result<(), CatalogError> {
+        self.store
+            .commit(Txn::new().put(MANIFESTS_KEY.to_vec(), vec![FORMAT]))
+            .await?;
+        Ok(())
+    }
+
+    /// Deleted streams whose manifests are not yet marked deleted in the object store.
+    pub async fn pending_tombstones(&self) -> Result<Vec<StreamMeta>, CatalogError> {
+        let mut out = Vec::new();
+        for kv in self.scan_all(b"d/").await? {
+            let mut r = Reader::start(&kv.value)?;
+            let name = r.string()?;
+            let rest = [&[FORMAT][..], r.0].concat();
+            out.push(decode_meta(&name, &rest)?);
+        }
+        Ok(out)
+    }
+
+    /// Forgets a pending tombstone once the manifest says the stream is deleted.
+    pub async fn clear_tombstone(&self, id: u64) -> Result<(), CatalogError> {
+        self.store
+            .commit(Txn::new().delete(tombstone_key(id)))
+            .await?;
+        Ok(())
     }
 
     /// Writes index entries read back from the object store (`restore_streams` finishes a
@@ -387,43 +455,37 @@ impl Catalog {
     }
 
     /// Finishes a catalog rebuilt from the object store: streams with their tails, the next
-    /// stream id, and the star's chain. The chain goes last, so an interrupted restore leaves
-    /// the catalog without one and can be run again.
+    /// stream id, and the star's chain, clearing the mark `begin_restore` set in the same last
+    /// transaction. An interrupted restore leaves the mark, and can be run again.
     pub async fn restore_streams(&self, restored: &Restored) -> Result<(), CatalogError> {
-        let conflict = || {
-            CatalogError::Conflict(
-                "the metastore changed while the catalog was being restored".into(),
-            )
-        };
+        // Names are unique in a restore, and a rerun after an interruption rewrites the same
+        // keys, so these writes need no compares.
         for chunk in restored.streams.chunks(MAX_RESTORE_TXN / 2) {
             let mut txn = Txn::new();
             for (meta, tail) in chunk {
                 txn = txn
-                    .compare(Compare::Missing(name_key(&meta.name)))
                     .put(name_key(&meta.name), encode_meta(meta))
                     .put(tail_key(meta.id), encode_tail(tail));
             }
-            if self.store.commit(txn).await? == TxnOutcome::Conflict {
-                return Err(conflict());
-            }
+            self.store.commit(txn).await?;
         }
-        let mut txn = Txn::new().put(
-            NEXT_ID_KEY.to_vec(),
-            encode_next_id(restored.next_stream_id),
-        );
+        let mut txn = Txn::new()
+            .put(
+                NEXT_ID_KEY.to_vec(),
+                encode_next_id(restored.next_stream_id),
+            )
+            .put(MANIFESTS_KEY.to_vec(), vec![FORMAT])
+            .delete(RESTORING_KEY.to_vec());
         if let Some((star, state)) = &restored.chain {
-            txn = txn
-                .compare(Compare::Missing(chain_key(star)))
-                .put(chain_key(star), encode_chain(state));
+            txn = txn.put(chain_key(star), encode_chain(state));
         }
-        match self.store.commit(txn).await? {
-            TxnOutcome::Committed { .. } => Ok(()),
-            TxnOutcome::Conflict => Err(conflict()),
-        }
+        self.store.commit(txn).await?;
+        Ok(())
     }
 
-    /// Removes a stream's name and tail. Its index entries stay until collected; nothing can
-    /// reach them once the name is gone.
+    /// Removes a stream's name and tail, and records a pending tombstone (`d/`) until its
+    /// manifest is marked deleted. Its index entries stay until collected; nothing can reach
+    /// them once the name is gone.
     pub async fn delete_stream(&self, name: &str) -> Result<StreamMeta, CatalogError> {
         let kv = self
             .store
@@ -431,16 +493,25 @@ impl Catalog {
             .await?
             .ok_or_else(|| CatalogError::NotFound(name.to_owned()))?;
         let meta = decode_meta(name, &kv.value)?;
+        let mut tombstone = vec![FORMAT];
+        tombstone.put_u32_le(name.len() as u32);
+        tombstone.put_slice(name.as_bytes());
+        tombstone.extend_from_slice(&encode_meta(&meta)[1..]);
         let txn = Txn::new()
             .compare(Compare::Version(name_key(name), kv.version))
             .delete(name_key(name))
-            .delete(tail_key(meta.id));
+            .delete(tail_key(meta.id))
+            .put(tombstone_key(meta.id), tombstone);
         match self.store.commit(txn).await? {
             TxnOutcome::Committed { .. } => Ok(meta),
             TxnOutcome::Conflict => Err(CatalogError::Conflict(format!(
                 "stream {name:?} changed while being deleted"
             ))),
         }
+    }
+
+    pub async fn stream_exists(&self, name: &str) -> Result<bool, CatalogError> {
+        Ok(self.store.get(&name_key(name)).await?.is_some())
     }
 
     /// Every stream with its absorbed tail.

@@ -2,22 +2,25 @@
 //!
 //! ```text
 //! chain/{star}/{epoch:010}/{slot:020}     one flight (or a fence) per slot
-//! streams/{id:020}                        a stream's manifest (name, settings, deleted)
+//! streams/{star}/{id:020}                 a stream's manifest (name, settings, deleted)
 //! probe/{star}/{nonce}                    a start-up probe, deleted right after
 //! ```
 //!
 //! Numbers are zero-padded so that byte order, which listing uses, is numeric order.
 
-/// Where stream manifests live.
-pub const STREAMS_PREFIX: &str = "streams/";
-
-pub fn stream_manifest_key(id: u64) -> String {
-    format!("{STREAMS_PREFIX}{id:020}")
+/// Where the manifests of the streams a star's catalog holds live. Stream ids are handed out
+/// by each catalog, so two stars sharing a bucket keep their manifests apart by star.
+pub fn streams_prefix(star: &str) -> String {
+    format!("streams/{star}/")
 }
 
-/// The stream id out of a manifest key.
-pub fn parse_stream_manifest(key: &str) -> Option<u64> {
-    let rest = key.strip_prefix(STREAMS_PREFIX)?;
+pub fn stream_manifest_key(star: &str, id: u64) -> String {
+    format!("{}{id:020}", streams_prefix(star))
+}
+
+/// The stream id out of a manifest key under `streams_prefix(star)`.
+pub fn parse_stream_manifest(prefix: &str, key: &str) -> Option<u64> {
+    let rest = key.strip_prefix(prefix)?;
     if rest.len() != 20 || !rest.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }

@@ -106,7 +106,10 @@ pub fn validate_append(
 
 /// Checks an append as received (`WireAppend`) against the caps, without decoding its records.
 /// Returns the stream name.
-pub fn validate_wire<'a>(request: &'a WireAppend, caps: &AppendCaps) -> Result<&'a str, RequestError> {
+pub fn validate_wire<'a>(
+    request: &'a WireAppend,
+    caps: &AppendCaps,
+) -> Result<&'a str, RequestError> {
     if let Some(problem) = request.problem() {
         return Err(RequestError::InvalidRequest(format!(
             "malformed append request: {problem}"
@@ -114,8 +117,10 @@ pub fn validate_wire<'a>(request: &'a WireAppend, caps: &AppendCaps) -> Result<&
     }
     let stream = std::str::from_utf8(request.stream_bytes()).map_err(|_| {
         RequestError::InvalidStreamName {
-            name: String::from_utf8_lossy(&request.stream_bytes()[..request.stream_bytes().len().min(64)])
-                .into_owned(),
+            name: String::from_utf8_lossy(
+                &request.stream_bytes()[..request.stream_bytes().len().min(64)],
+            )
+            .into_owned(),
             reason: "is not UTF-8",
         }
     })?;
@@ -247,7 +252,10 @@ mod tests {
         }
         let malformed = WireAppend::parse(Bytes::from_static(&[0x12, 0x05, 0x0a]));
         let err = validate_wire(&malformed, &CAPS).unwrap_err();
-        assert!(err.to_string().contains("malformed append request"), "{err}");
+        assert!(
+            err.to_string().contains("malformed append request"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -293,8 +293,8 @@ impl prost::Message for WireAppend {
 mod tests {
     use super::*;
     use crate::v1;
-    use prost::Message;
     use proptest::prelude::*;
+    use prost::Message;
 
     fn wire(request: &v1::AppendRequest) -> WireAppend {
         WireAppend::parse(Bytes::from(request.encode_to_vec()))
@@ -382,7 +382,11 @@ mod tests {
         for cut in 1..bytes.len() {
             let wire = WireAppend::parse(Bytes::copy_from_slice(&bytes[..cut]));
             // Every strict prefix either lacks something or is malformed; none panics.
-            assert!(wire.problem().is_some() || wire.record_count() == 0 || wire.match_seq_num().is_none());
+            assert!(
+                wire.problem().is_some()
+                    || wire.record_count() == 0
+                    || wire.match_seq_num().is_none()
+            );
         }
     }
 

@@ -34,6 +34,8 @@ struct Inner {
     limits: StoreLimits,
     /// Directory fsyncs done, for tests that check an object is reachable before it is reported.
     dir_syncs: std::sync::atomic::AtomicU64,
+    /// Directories whose entries (and their ancestors') are known durable.
+    durable_dirs: parking_lot::Mutex<std::collections::HashSet<PathBuf>>,
 }
 
 impl LocalStore {
@@ -64,6 +66,7 @@ impl LocalStore {
                 writes: Arc::new(Semaphore::new(limits.write_concurrency.max(1))),
                 limits,
                 dir_syncs: Default::default(),
+                durable_dirs: Default::default(),
             }),
         })
     }
@@ -78,36 +81,40 @@ impl LocalStore {
         } else {
             &self.inner.reads
         };
-        let permit =
-            semaphore
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| StoreError::Permanent {
-                    op,
-                    key: key.to_owned(),
-                    message: "store closed".into(),
-                })?;
+        let timeout = self.inner.limits.request_timeout;
+        let timed_out = || StoreError::Transient {
+            op,
+            key: key.to_owned(),
+            message: format!("timed out after {timeout:?}"),
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        // The deadline covers the wait for a slot too: when every slot is held by calls a hung
+        // disk never finishes, new calls fail as timeouts (and the star reports its store
+        // failing) rather than wait without a word.
+        let permit = tokio::time::timeout_at(deadline, semaphore.clone().acquire_owned())
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|_| StoreError::Permanent {
+                op,
+                key: key.to_owned(),
+                message: "store closed".into(),
+            })?;
         let inner = self.inner.clone();
         // The permit travels with the blocking work and is released only when it ends: a caller
-        // that stops waiting (the timeout below) must not free a slot while a hung disk still
-        // holds a thread of the blocking pool.
+        // that stops waiting (the deadline) must not free a slot while a hung disk still holds a
+        // thread of the blocking pool.
         let task = tokio::task::spawn_blocking(move || {
             let _permit = permit;
             f(&inner)
         });
-        match tokio::time::timeout(self.inner.limits.request_timeout, task).await {
+        match tokio::time::timeout_at(deadline, task).await {
             Ok(Ok(result)) => result,
             Ok(Err(join)) => Err(StoreError::Permanent {
                 op,
                 key: key.to_owned(),
                 message: format!("filesystem task failed: {join}"),
             }),
-            Err(_) => Err(StoreError::Transient {
-                op,
-                key: key.to_owned(),
-                message: format!("timed out after {:?}", self.inner.limits.request_timeout),
-            }),
+            Err(_) => Err(timed_out()),
         }
     }
 }
@@ -148,27 +155,23 @@ impl Inner {
         Ok(path)
     }
 
-    /// Creates the key's parent directories, fsyncing each directory that gained an entry so
-    /// the new object is reachable after a crash.
+    /// Creates the key's parent directories and makes their entries durable: each directory
+    /// from the key's parent up to the store's root is fsynced in its own parent once per
+    /// process (the set of directories is small: a few per chain epoch). Syncing only the
+    /// directories this call created would miss one an earlier, failed attempt created.
     fn ensure_parent(&self, path: &Path) -> io::Result<PathBuf> {
         let parent = path.parent().unwrap_or(&self.objects).to_path_buf();
-        if !parent.exists() {
-            let mut missing = Vec::new();
-            let mut dir = parent.as_path();
-            while !dir.exists() {
-                missing.push(dir.to_path_buf());
-                dir = match dir.parent() {
-                    Some(p) => p,
-                    None => break,
-                };
-            }
-            fs::create_dir_all(&parent)?;
-            for created in missing.iter().rev() {
-                if let Some(above) = created.parent() {
-                    self.sync_dir(above)?;
-                }
-            }
+        if self.durable_dirs.lock().contains(&parent) {
+            return Ok(parent);
         }
+        fs::create_dir_all(&parent)?;
+        let mut dir = parent.as_path();
+        while dir != self.objects {
+            let Some(above) = dir.parent() else { break };
+            self.sync_dir(above)?;
+            dir = above;
+        }
+        self.durable_dirs.lock().insert(parent.clone());
         Ok(parent)
     }
 }
