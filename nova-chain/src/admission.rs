@@ -1,11 +1,17 @@
-//! The admission buffer: every appended batch is charged here from the moment its decoded form
-//! exists until it resolves (acknowledged or failed), and the charge is what bounds the star's
-//! write-side memory.
+//! The admission buffer: every appended batch is charged here from the moment the transport
+//! learns its size until it resolves (acknowledged or failed), and the charge is what bounds the
+//! star's write-side memory.
 //!
-//! A batch is charged in two steps. From decode until it is encoded it holds the decoded
-//! request and, while encoding, the fragment being written beside it, so its content counts
-//! twice along with the decoded per-record structures. Once encoded, the charge shrinks to what
-//! the batch holds until resolution: the fragment (content plus framing) and its bookkeeping.
+//! A batch is charged in three steps, each no smaller than what the batch holds:
+//!
+//! 1. When the gRPC length prefix of its message arrives, before the body is buffered:
+//!    `received_charge(len)`, an upper bound on everything the message can come to hold
+//!    whatever its contents: the received bytes, and the fragment encoded beside them.
+//! 2. Once the received bytes are read (`WireAppend`, no per-record allocation) the exact
+//!    encoded size is known, and the charge shrinks to `receiving_charge`.
+//! 3. Once encoded, the received bytes are dropped and the charge shrinks to `encoded_charge`:
+//!    the fragment (content plus framing) and its bookkeeping, until resolution.
+//!
 //! The per-batch, per-record and per-header constants were measured with a counting allocator
 //! (`tests/overhead.rs`, which fails if a batch ever holds more than it is charged).
 
@@ -19,25 +25,29 @@ use parking_lot::Mutex;
 use nova_core::budget::{Budget, BudgetPermit};
 use nova_core::metrics::BudgetMetrics;
 
-/// Bytes per batch beyond its records: the decoded request, the reply channel, the admission
-/// ticket and the batch's entry in its flight.
-pub const PER_BATCH_OVERHEAD: u64 = 1024;
-/// Bytes per record while decoded: the wire framing in the receive buffer, the decoded record
-/// struct (in a vector that may have grown to twice its length) and the validated record.
-pub const DECODED_PER_RECORD: u64 = 256;
-/// Bytes per header while decoded.
-pub const DECODED_PER_HEADER: u64 = 192;
+/// Bytes per batch beyond its records: the reply channel, the admission ticket, the batch's
+/// entry in its flight, and what decoding keeps beside the received bytes.
+pub const PER_BATCH_OVERHEAD: u64 = 2048;
 /// Bytes per record once encoded: the fragment's frame fields.
 pub const ENCODED_PER_RECORD: u64 = 16;
 /// Bytes per header once encoded: its two length prefixes.
 pub const ENCODED_PER_HEADER: u64 = 8;
+/// How much larger than its wire form a batch's fragment can be. On the wire every record and
+/// every header costs at least two bytes (a tag and a length); encoded, a record costs 16 bytes
+/// of framing and a header 8, and content is copied as it is. So a fragment holds at most
+/// content + 14 × records + 6 × headers ≤ 8 × the message's length, reached only by a message of
+/// empty records.
+pub const ENCODED_PER_WIRE_BYTE: u64 = 8;
 
-/// The charge from decode until the batch is encoded.
-pub fn decoded_charge(records: u64, headers: u64, content_bytes: u64) -> u64 {
-    PER_BATCH_OVERHEAD
-        + records * DECODED_PER_RECORD
-        + headers * DECODED_PER_HEADER
-        + 2 * content_bytes
+/// The charge taken on a message's length prefix: enough for the received bytes and the largest
+/// fragment a message of that length can encode to.
+pub fn received_charge(wire_len: u64) -> u64 {
+    PER_BATCH_OVERHEAD + wire_len.saturating_mul(1 + ENCODED_PER_WIRE_BYTE)
+}
+
+/// The charge while a read request is encoded: its received bytes and its fragment, exactly.
+pub fn receiving_charge(wire_len: u64, encoded_bytes: u64) -> u64 {
+    PER_BATCH_OVERHEAD + wire_len + encoded_bytes
 }
 
 /// The charge from encoding until resolution.

@@ -3,8 +3,11 @@
 //! it prints are the ones docs/budgets.md quotes.
 //!
 //! The measured window covers a batch's whole retained life on the star: the transport's
-//! receive buffer, the decoded request, validation into domain records, the encoded fragment
-//! (both alive at once while encoding), the reply channel and the admission ticket.
+//! receive buffer, the request read out of it (`WireAppend`), the encoded fragment (both alive
+//! at once while encoding), the reply channel and the admission ticket. Each step's charge must
+//! cover what is held at that step: the charge on the length prefix covers the peak whatever the
+//! message holds, the exact charge once the request is read covers the peak too, and the encoded
+//! charge covers what stays.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,11 +15,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::Bytes;
 use prost::Message;
 
-use nova_chain::admission::{AdmissionBuffer, decoded_charge, encoded_charge};
-use nova_core::flight::section::encode_fragment;
+use nova_chain::admission::{AdmissionBuffer, encoded_charge, received_charge, receiving_charge};
+use nova_core::flight::section::{encode_wire_chunks, wire_encoded_bytes};
+use nova_core::limits::MAX_SECTION_BYTES;
 use nova_core::metrics::Metrics;
 use nova_proto::v1;
-use nova_proto::validate::{AppendCaps, validate_append};
+use nova_proto::validate::{AppendCaps, validate_wire};
+use nova_proto::wire::WireAppend;
 
 struct Counting;
 
@@ -70,9 +75,10 @@ struct Measured {
     content: u64,
     /// Most bytes held at once, from the receive buffer to the encoded fragment.
     peak: u64,
-    /// Bytes held once the decoded form is gone.
+    /// Bytes held once the received bytes are gone.
     retained: u64,
-    decoded_charge: u64,
+    received_charge: u64,
+    receiving_charge: u64,
     encoded_charge: u64,
 }
 
@@ -84,25 +90,29 @@ fn measure(buffer: &AdmissionBuffer, records: usize, body: usize, headers: usize
         .unwrap();
     let base = CURRENT.load(Ordering::SeqCst);
     PEAK.store(base, Ordering::SeqCst);
-    // The transport's receive buffer holds the frame; decoding slices bodies out of it.
+    let wire_len = wire.len() as u64;
+    // Charged on the length prefix, before the body is buffered.
+    let mut admitted = runtime.block_on(buffer.admit(received_charge(wire_len)));
+    // The transport's receive buffer holds the message; reading it allocates nothing more.
     let received = Bytes::copy_from_slice(&wire);
-    let decoded = v1::AppendRequest::decode(received).unwrap();
-    let valid = validate_append(decoded, &CAPS, 1).unwrap();
-    let (content, header_count) = (valid.content_bytes, valid.header_count);
-    let mut admitted =
-        runtime.block_on(buffer.admit(decoded_charge(records as u64, header_count, content)));
+    let request = WireAppend::parse(received);
+    validate_wire(&request, &CAPS).unwrap();
+    let (content, header_count) = (request.content_bytes(), request.header_count());
+    let receiving = receiving_charge(wire_len, wire_encoded_bytes(&request));
+    admitted.shrink_to(receiving);
     let (reply, waiter) = tokio::sync::oneshot::channel::<Result<(u64, u64), String>>();
-    let fragment = encode_fragment(valid.records.iter());
-    drop(valid);
+    let fragments = encode_wire_chunks(&request, 1, MAX_SECTION_BYTES as usize);
+    drop(request);
     admitted.shrink_to(encoded_charge(records as u64, header_count, content));
     let peak = (PEAK.load(Ordering::SeqCst) - base) as u64;
     let retained = (CURRENT.load(Ordering::SeqCst) - base) as u64;
-    drop((fragment, admitted, reply, waiter));
+    drop((fragments, admitted, reply, waiter));
     Measured {
         content,
         peak,
         retained,
-        decoded_charge: decoded_charge(records as u64, header_count, content),
+        received_charge: received_charge(wire_len),
+        receiving_charge: receiving,
         encoded_charge: encoded_charge(records as u64, header_count, content),
     }
 }
@@ -120,24 +130,22 @@ fn the_admission_charge_covers_what_a_batch_holds() {
         (100, 100, 2),
         (10_000, 1, 1),
         (3, 300_000, 0),
+        (20_000, 0, 0),
+        (200, 0, 30),
     ];
     for (records, body, headers) in shapes {
         let m = measure(&buffer, records, body, headers);
         println!(
             "{records:>6} records × {body:>6} B, {headers} headers: content {:>8} B | peak {:>8} B, \
-             charged {:>8} B ({:+.1} B/record over content×2) | retained {:>8} B, charged {:>8} B",
-            m.content,
-            m.peak,
-            m.decoded_charge,
-            (m.peak as f64 - 2.0 * m.content as f64) / records as f64,
-            m.retained,
-            m.encoded_charge,
+             charged {:>8} B on the prefix, {:>8} B once read | retained {:>8} B, charged {:>8} B",
+            m.content, m.peak, m.received_charge, m.receiving_charge, m.retained, m.encoded_charge,
         );
         assert!(
-            m.peak <= m.decoded_charge,
-            "{records} records: held {} B at the peak but were charged {} B while decoded",
+            m.peak <= m.receiving_charge && m.receiving_charge <= m.received_charge,
+            "{records} records: held {} B at the peak, charged {} B once read and {} B on the prefix",
             m.peak,
-            m.decoded_charge
+            m.receiving_charge,
+            m.received_charge
         );
         assert!(
             m.retained <= m.encoded_charge,

@@ -461,6 +461,7 @@ impl Metrics {
             "invalid_stream_name",
             "stream_not_found",
             "match_seq_num",
+            "malformed",
         ] {
             self.rejections.with_label_values(&[reason]);
         }

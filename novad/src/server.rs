@@ -12,12 +12,13 @@ use nova_core::memory::detect_ceiling;
 use nova_core::metastore::{EmbeddedMetastore, Metastore};
 use nova_core::metrics::Metrics;
 use nova_core::shed::ShedLog;
+use nova_proto::server::nova_server::NovaServer;
 use nova_proto::units::ByteSize;
-use nova_proto::v1::nova_server::NovaServer;
 
 use crate::config::Config;
 use crate::memory::MemoryModel;
 use crate::service::caps::{self, Cap};
+use crate::service::charge::ChargeLayer;
 use crate::service::{Context, NovaService};
 
 /// The store may fail this long before the star reads not ready (a single failed write is
@@ -212,9 +213,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // Pinned windows: each stream buffers at most `window` bytes ahead of its handler, and
         // the adaptive window that would grow it under load is off.
         .initial_stream_window_size(window)
-        .initial_connection_window_size(window.max(1 << 20))
+        // The connection's window must never bind before the streams' do: a session whose
+        // charge was granted needs the rest of its message, and other sessions' data waiting
+        // unread for their charges must not use up the window it arrives through. Each stream
+        // still buffers at most its own window, so sessions × window bounds the transport.
+        .initial_connection_window_size(connection_window(window, config.max_producer_sessions))
         .http2_adaptive_window(Some(false))
         .tcp_nodelay(true)
+        // Appends are charged from their length prefix, before tonic buffers them.
+        .layer(ChargeLayer::new(star.admission().clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -267,6 +274,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         (Ok(()), Some(reason)) => Err(anyhow::anyhow!(reason)),
         (Err(e), _) => Err(e.into()),
     }
+}
+
+/// The HTTP/2 connection window: twice room for every session's stream window at once. A
+/// receiver hands connection window back only once half of it has been consumed, so with every
+/// other session's window full of data waiting for its charge, the session that may proceed
+/// still needs half the window free to get it back. (HTTP/2 caps a window at 2^31 - 1 bytes.)
+fn connection_window(stream_window: u32, max_sessions: u32) -> u32 {
+    (2 * stream_window as u64 * max_sessions.max(1) as u64).clamp(1 << 20, (1u64 << 31) - 1) as u32
 }
 
 async fn set_health(health: &tonic_health::server::HealthReporter, serving: bool) {

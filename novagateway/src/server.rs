@@ -9,9 +9,9 @@ use tonic::transport::Endpoint;
 
 use nova_core::budget::Budget;
 use nova_core::object_store::{Instrumented, ObjectStore};
-use nova_proto::v1::gateway_peer_server::GatewayPeerServer;
+use nova_proto::server::gateway_peer_server::GatewayPeerServer;
+use nova_proto::server::nova_server::NovaServer;
 use nova_proto::v1::nova_client::NovaClient;
-use nova_proto::v1::nova_server::NovaServer;
 
 use crate::config::Config;
 use crate::footers::Footers;

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status, Streaming};
 
 use nova_proto::RequestError;
+use nova_proto::server::gateway_peer_server::GatewayPeer;
+use nova_proto::server::nova_server::Nova;
 use nova_proto::v1;
-use nova_proto::v1::gateway_peer_server::GatewayPeer;
-use nova_proto::v1::nova_server::Nova;
 
 use crate::read::Reader;
 use crate::tier::Tier;
@@ -39,7 +39,7 @@ impl Nova for GatewayService {
 
     async fn append(
         &self,
-        _request: Request<Streaming<v1::AppendRequest>>,
+        _request: Request<Streaming<nova_proto::wire::WireAppend>>,
     ) -> Result<Response<Self::AppendStream>, Status> {
         Err(self.writes_go_to_the_star())
     }

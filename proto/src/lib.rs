@@ -18,4 +18,10 @@ pub mod v1 {
         tonic::include_file_descriptor_set!("nova_v1_descriptor");
 }
 
+/// The servers of nova.v1, receiving appends as `wire::WireAppend`.
+pub mod server {
+    #![allow(clippy::all)]
+    include!(concat!(env!("OUT_DIR"), "/server/nova.v1.rs"));
+}
+
 pub use error::RequestError;

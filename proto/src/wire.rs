@@ -34,6 +34,7 @@ const LEN: u8 = 2;
 const FIXED32: u8 = 5;
 
 /// Reads protobuf fields out of a byte slice.
+#[derive(Debug, Clone)]
 struct Fields<'a> {
     rest: &'a [u8],
 }
@@ -245,16 +246,30 @@ impl WireAppend {
     }
 
     /// The records, in order. Only meaningful for a request without a `problem`.
-    pub fn records(&self) -> impl Iterator<Item = WireRecord<'_>> + '_ {
-        let mut fields = Fields::new(&self.message);
-        std::iter::from_fn(move || {
-            loop {
-                match fields.next().ok()?? {
-                    (2, Value::Bytes(raw)) => return WireRecord::parse(raw).ok(),
-                    _ => continue,
-                }
+    pub fn records(&self) -> WireRecords<'_> {
+        WireRecords {
+            fields: Fields::new(&self.message),
+        }
+    }
+}
+
+/// The records of a `WireAppend`, in order; cloning it is cheap (a position in the message).
+#[derive(Debug, Clone)]
+pub struct WireRecords<'a> {
+    fields: Fields<'a>,
+}
+
+impl<'a> Iterator for WireRecords<'a> {
+    type Item = WireRecord<'a>;
+
+    fn next(&mut self) -> Option<WireRecord<'a>> {
+        loop {
+            // The request was checked when it was decoded, so parsing cannot fail here.
+            match self.fields.next().ok()?? {
+                (2, Value::Bytes(raw)) => return WireRecord::parse(raw).ok(),
+                _ => continue,
             }
-        })
+        }
     }
 }
 

@@ -64,12 +64,18 @@ impl OutageScenario {
 
     /// The overhead docs/backpressure.md states for a star beyond its formula, at this
     /// scenario's session cap: a 48 MiB base (binary, runtime and threads, the metastore's fixed
-    /// 32 MiB page cache, allocator slack) and, per session slot, 24 KiB of session state plus
-    /// the one decoded batch a session may hold while it waits for admission.
+    /// 32 MiB page cache, allocator slack) and 64 KiB per session slot (its state, the one DATA
+    /// frame the charging layer may hold while the session's charge waits, and the start of a
+    /// next message in the transport's buffer).
     pub fn overhead_bytes(&self) -> u64 {
-        let batch = (self.records_per_batch * self.record_bytes) as u64;
-        (48 << 20) + self.sessions as u64 * (24 * 1024 + batch)
+        star_overhead_bytes(self.sessions as u64)
     }
+}
+
+/// The star's fixed overhead beyond its formula with `sessions` session slots (see
+/// `OutageScenario::overhead_bytes`).
+pub fn star_overhead_bytes(sessions: u64) -> u64 {
+    (48 << 20) + sessions * 64 * 1024
 }
 
 #[derive(Debug, Default)]

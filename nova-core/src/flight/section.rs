@@ -16,6 +16,8 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+use nova_proto::wire::{WireAppend, WireRecord};
+
 use super::FormatError;
 use crate::record::{Header, Record};
 
@@ -89,6 +91,62 @@ pub fn encode_chunks(records: &[Record], max_chunk: usize) -> Vec<Fragment> {
         chunks.push(encode_fragment(records[start..].iter()));
     }
     chunks
+}
+
+/// The encoded size of a record read from an append request's wire bytes.
+fn wire_encoded_len(record: &WireRecord<'_>) -> usize {
+    RECORD_FRAME_BYTES
+        + HEADER_FRAME_BYTES * record.header_count as usize
+        + record.content_bytes as usize
+}
+
+/// The encoded size of a whole request: what its fragments will hold.
+pub fn wire_encoded_bytes(request: &WireAppend) -> u64 {
+    (RECORD_FRAME_BYTES as u64) * request.record_count()
+        + (HEADER_FRAME_BYTES as u64) * request.header_count()
+        + request.content_bytes()
+}
+
+/// Encodes a received request's records straight from its wire bytes into fragments of at most
+/// `max_chunk` bytes each (split at record boundaries, as `encode_chunks` does), stamping
+/// records without a timestamp with `now_ms`. Each fragment is allocated once, at its exact
+/// size; nothing else is. The request must have passed `validate_wire`.
+pub fn encode_wire_chunks(request: &WireAppend, now_ms: u64, max_chunk: usize) -> Vec<Fragment> {
+    let mut fragments = Vec::new();
+    let mut records = request.records().peekable();
+    while records.peek().is_some() {
+        // Measure the next chunk, then write it.
+        let mut size = 0usize;
+        let mut count = 0u64;
+        let mut ahead = records.clone();
+        while let Some(record) = ahead.peek() {
+            let len = wire_encoded_len(record);
+            if count > 0 && size + len > max_chunk {
+                break;
+            }
+            size += len;
+            count += 1;
+            ahead.next();
+        }
+        let mut buf = BytesMut::with_capacity(size);
+        for record in records.by_ref().take(count as usize) {
+            buf.put_u32_le((wire_encoded_len(&record) - 4) as u32);
+            buf.put_u64_le(record.timestamp.unwrap_or(now_ms));
+            buf.put_u32_le(record.header_count as u32);
+            for (name, value) in record.headers() {
+                buf.put_u32_le(name.len() as u32);
+                buf.put_slice(name);
+                buf.put_u32_le(value.len() as u32);
+                buf.put_slice(value);
+            }
+            buf.put_slice(record.body);
+        }
+        fragments.push(Fragment {
+            bytes: buf.freeze(),
+            records: count,
+        });
+    }
+    fragments
 }
 
 /// Iterates the records of a section (or any run of whole fragments) without copying: bodies and

@@ -14,17 +14,19 @@ use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status, Streaming};
 
-use nova_chain::admission::{decoded_charge, encoded_charge};
+use nova_chain::admission::{encoded_charge, received_charge, receiving_charge};
 use nova_chain::{AckRange, AppendReply};
-use nova_core::flight::section::encode_chunks;
+use nova_core::flight::section::{encode_wire_chunks, wire_encoded_bytes};
 use nova_core::limits::{MAX_SECTION_BYTES, SESSION_PIPELINE_DEPTH};
 use nova_core::record::now_ms;
 use nova_proto::RequestError;
 use nova_proto::v1;
-use nova_proto::validate::validate_append;
+use nova_proto::validate::validate_wire;
+use nova_proto::wire::WireAppend;
 
 use super::Context;
 use super::caps::CapPermit;
+use super::charge::Charges;
 
 pub type AckStream = Pin<Box<dyn Stream<Item = Result<v1::AppendAck, Status>> + Send>>;
 
@@ -57,7 +59,8 @@ fn refusal(error: &RequestError) -> v1::AppendAck {
 pub fn open_session(
     ctx: Arc<Context>,
     peer: Option<std::net::SocketAddr>,
-    inbound: Streaming<v1::AppendRequest>,
+    charges: Option<Arc<Charges>>,
+    inbound: Streaming<WireAppend>,
 ) -> Result<AckStream, Status> {
     if let Some(reason) = ctx.star.fenced() {
         return Err(RequestError::Unavailable(reason).into());
@@ -65,7 +68,7 @@ pub fn open_session(
     let permit = ctx.sessions.admit(peer)?;
     let (pending_tx, pending_rx) = mpsc::channel(SESSION_PIPELINE_DEPTH);
     // One task per session, bounded by --max-producer-sessions.
-    tokio::spawn(read_requests(ctx, inbound, pending_tx));
+    tokio::spawn(read_requests(ctx, charges, inbound, pending_tx));
     Ok(Box::pin(answers(pending_rx, permit)))
 }
 
@@ -99,7 +102,8 @@ fn answers(
 
 async fn read_requests(
     ctx: Arc<Context>,
-    mut inbound: Streaming<v1::AppendRequest>,
+    charges: Option<Arc<Charges>>,
+    mut inbound: Streaming<WireAppend>,
     pending: mpsc::Sender<Pending>,
 ) {
     let shutting_down = || {
@@ -131,7 +135,7 @@ async fn read_requests(
             }
         };
         let answer = tokio::select! {
-            answer = admit(&ctx, request) => answer,
+            answer = admit(&ctx, charges.as_deref(), request) => answer,
             _ = pending.closed() => return,
             _ = ctx.shutdown.cancelled() => {
                 let _ = pending.send(shutting_down()).await;
@@ -170,11 +174,23 @@ fn rejection_reason(error: &RequestError) -> &'static str {
         RequestError::RecordTooLarge { .. } => "max_record_bytes",
         RequestError::InvalidStreamName { .. } => "invalid_stream_name",
         RequestError::StreamNotFound(_) => "stream_not_found",
+        RequestError::InvalidRequest(_) => "malformed",
         _ => "other",
     }
 }
 
-async fn admit(ctx: &Context, request: v1::AppendRequest) -> Pending {
+async fn admit(ctx: &Context, charges: Option<&Charges>, request: WireAppend) -> Pending {
+    // The charge was taken on the message's length prefix, before its body was buffered
+    // (`charge.rs`); without that layer in front, it is taken now.
+    let mut admitted = match charges.and_then(Charges::take) {
+        Some(admitted) => admitted,
+        None => {
+            ctx.star
+                .admission()
+                .admit(received_charge(request.wire_len()))
+                .await
+        }
+    };
     let refuse = |error: RequestError| {
         let reason = rejection_reason(&error);
         ctx.metrics.rejections.with_label_values(&[reason]).inc();
@@ -187,41 +203,29 @@ async fn admit(ctx: &Context, request: v1::AppendRequest) -> Pending {
         }
         Pending::Answer(refusal(&error))
     };
-    let valid = match validate_append(request, &ctx.caps, now_ms()) {
-        Ok(valid) => valid,
-        Err(error) => return refuse(error),
-    };
-    let stream = match ctx.star.streams().get_or_not_found(&valid.stream) {
+    let stream = match validate_wire(&request, &ctx.caps)
+        .and_then(|name| ctx.star.streams().get_or_not_found(name))
+    {
         Ok(stream) => stream,
         Err(error) => return refuse(error),
     };
-    let records = valid.records.len() as u64;
-    // The decoded batch exists now, so it is charged now; the wait for room is the backpressure.
-    let mut admitted = ctx
-        .star
-        .admission()
-        .admit(decoded_charge(
-            records,
-            valid.header_count,
-            valid.content_bytes,
-        ))
-        .await;
-    let chunks = encode_chunks(&valid.records, MAX_SECTION_BYTES as usize);
-    drop(valid.records);
-    admitted.shrink_to(encoded_charge(
-        records,
-        valid.header_count,
-        valid.content_bytes,
+    let (records, headers, content) = (
+        request.record_count(),
+        request.header_count(),
+        request.content_bytes(),
+    );
+    let match_seq_num = request.match_seq_num();
+    // From here the batch holds exactly its received bytes and, while encoding, its fragment.
+    admitted.shrink_to(receiving_charge(
+        request.wire_len(),
+        wire_encoded_bytes(&request),
     ));
+    let chunks = encode_wire_chunks(&request, now_ms(), MAX_SECTION_BYTES as usize);
+    drop(request);
+    admitted.shrink_to(encoded_charge(records, headers, content));
     match ctx
         .star
-        .submit(
-            stream,
-            chunks,
-            valid.content_bytes,
-            valid.match_seq_num,
-            admitted,
-        )
+        .submit(stream, chunks, content, match_seq_num, admitted)
         .await
     {
         Ok(reply) => Pending::Durable(reply),

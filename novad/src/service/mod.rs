@@ -3,6 +3,7 @@
 
 mod append;
 pub mod caps;
+pub mod charge;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,9 +20,10 @@ use nova_core::limits::{
 use nova_core::metrics::Metrics;
 use nova_core::shed::ShedLog;
 use nova_proto::RequestError;
+use nova_proto::server::nova_server::Nova;
 use nova_proto::v1;
-use nova_proto::v1::nova_server::Nova;
 use nova_proto::validate::{AppendCaps, read_caps};
+use nova_proto::wire::WireAppend;
 
 use caps::Cap;
 
@@ -69,10 +71,12 @@ impl Nova for NovaService {
 
     async fn append(
         &self,
-        request: Request<Streaming<v1::AppendRequest>>,
+        request: Request<Streaming<WireAppend>>,
     ) -> Result<Response<Self::AppendStream>, Status> {
         let peer = request.remote_addr();
-        append::open_session(self.ctx.clone(), peer, request.into_inner()).map(Response::new)
+        let charges = request.extensions().get::<Arc<charge::Charges>>().cloned();
+        append::open_session(self.ctx.clone(), peer, charges, request.into_inner())
+            .map(Response::new)
     }
 
     async fn read(
