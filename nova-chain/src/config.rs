@@ -14,6 +14,8 @@ pub struct ChainConfig {
     pub backlog_flights: u32,
     /// `--tail-window-cache-mib`, in bytes.
     pub tail_cache_bytes: u64,
+    /// `--read-memory-mib`, in bytes.
+    pub read_bytes: u64,
     /// `--flight-max-bytes`.
     pub flight_max_bytes: u64,
     /// `--flight-linger-ms`.
@@ -54,6 +56,7 @@ impl Default for ChainConfig {
             admission_bytes: limits::ADMISSION_BUFFER_MIB * limits::MIB,
             backlog_flights: limits::CHAIN_BACKLOG_FLIGHTS,
             tail_cache_bytes: limits::TAIL_WINDOW_CACHE_MIB * limits::MIB,
+            read_bytes: limits::READ_MEMORY_MIB * limits::MIB,
             flight_max_bytes: limits::FLIGHT_MAX_BYTES,
             flight_linger: Duration::from_millis(limits::FLIGHT_LINGER_MS),
             flight_max_inflight: limits::FLIGHT_MAX_INFLIGHT,

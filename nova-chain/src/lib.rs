@@ -31,5 +31,5 @@ mod writer;
 
 pub use config::{ChainConfig, RetryPolicy};
 pub use packer::{AckRange, AppendReply};
-pub use reader::Page;
+pub use reader::{Page, READ_PER_RECORD, ReadCharge};
 pub use star::{ShutdownError, Star, StartError};

@@ -5,12 +5,21 @@
 //!
 //! A page stops at the tail, at `max_records`, or before the record that would take it past
 //! `max_bytes`; the first record is always served, however large.
+//!
+//! What a read holds beyond the tail cache is charged to the read budget (`--read-memory-mib`):
+//! each fetched section twice (the section, and the page and encoded response built from it),
+//! and cached records once (the encoded response; the records themselves are the cache's). The
+//! first charge of a read waits for room, while the read holds nothing; every later one is
+//! taken only if there is room now, and the page ends short otherwise. So a read never waits
+//! while holding budget (no deadlock), and always serves at least one record. The charge lives
+//! with the page until its response is sent.
 
 use std::sync::Arc;
 
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 
+use nova_core::budget::{Budget, BudgetPermit};
 use nova_core::catalog::IndexEntry;
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, FormatError, fetch_section};
@@ -22,11 +31,55 @@ use crate::shared::Shared;
 use crate::streams::StreamState;
 use crate::tail_cache::CachedRun;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Page {
     pub records: Vec<SequencedRecord>,
     pub next_seq: u64,
     pub tail_seq: u64,
+    /// The page's share of the read budget; hold it until the response is sent.
+    pub charge: ReadCharge,
+}
+
+/// Bytes charged per record served beyond its content: the record's entry in the page, its
+/// wire form, and its framing in the encoded response.
+pub const READ_PER_RECORD: u64 = 192;
+
+/// A read's charge to the read budget, grown as the read takes more.
+#[derive(Debug)]
+pub struct ReadCharge {
+    budget: Budget,
+    permit: Option<BudgetPermit>,
+}
+
+impl ReadCharge {
+    fn new(budget: Budget) -> Self {
+        Self {
+            budget,
+            permit: None,
+        }
+    }
+
+    /// Grows the charge by `bytes`. The first growth waits for room (the read holds nothing
+    /// yet); later ones succeed only if there is room now.
+    async fn grow(&mut self, bytes: u64) -> bool {
+        match &mut self.permit {
+            None => {
+                self.permit = Some(self.budget.acquire(bytes).await);
+                true
+            }
+            Some(permit) => match self.budget.try_acquire(bytes) {
+                Some(more) => {
+                    permit.merge(more);
+                    true
+                }
+                None => false,
+            },
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.permit.as_ref().map_or(0, BudgetPermit::units)
+    }
 }
 
 /// A failed fetch as the reader sees it (the mapping every server shares), naming the stream.
@@ -54,21 +107,41 @@ pub(crate) async fn read(
 ) -> Result<Page, RequestError> {
     let tail = stream.tail();
     let mut page = PageBuilder::new(start_seq, tail, max_records.max(1) as usize, max_bytes);
+    let mut charge = ReadCharge::new(shared.read_budget.clone());
     while !page.full() {
         let seq = page.next_seq;
+        let room = page.max_bytes.saturating_sub(page.bytes);
         if let Some(run) = shared.tail_cache.lookup(stream.id(), seq) {
+            // The encoded response's copy of what this run can add to the page.
+            let run_bytes: u64 = run.fragments.iter().map(|(_, f)| f.bytes.len() as u64).sum();
+            let records = (run.end_seq - seq).min((page.max_records - page.records.len()) as u64);
+            if !charge.grow(run_bytes.min(room.max(1)) + records * READ_PER_RECORD).await {
+                break;
+            }
             take_cached(&mut page, &run).map_err(|e| {
                 RequestError::Internal(format!("cached records of {:?}: {e}", stream.name()))
             })?;
             continue;
         }
         // A cold stretch: up to COLD_READ_REFS sections in flight, only as many as the page can
-        // still take, consumed in order.
-        let budget = page.max_bytes.saturating_sub(page.bytes);
-        let refs = resolve(shared, stream, seq, tail, COLD_READ_REFS, Some(budget)).await?;
+        // still take and the read budget has room for, consumed in order.
+        let mut refs = resolve(shared, stream, seq, tail, COLD_READ_REFS, Some(room)).await?;
         if refs.is_empty() {
             return Err(no_entry(stream, seq));
         }
+        let mut charged = 0;
+        for entry in &refs {
+            let records = (entry.end_seq - entry.start_seq)
+                .min((page.max_records - page.records.len()) as u64);
+            if !charge.grow(2 * entry.len + records * READ_PER_RECORD).await {
+                break;
+            }
+            charged += 1;
+        }
+        if charged == 0 {
+            break;
+        }
+        refs.truncate(charged);
         let mut fetches = refs
             .into_iter()
             .map(|entry| async move {
@@ -104,6 +177,7 @@ pub(crate) async fn read(
         records: page.records,
         next_seq: page.next_seq,
         tail_seq: tail,
+        charge,
     })
 }
 

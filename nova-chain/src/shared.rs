@@ -30,6 +30,8 @@ pub(crate) struct Shared {
     pub metrics: Arc<Metrics>,
     pub admission: AdmissionBuffer,
     pub backlog: Budget,
+    /// What reads hold beyond the tail cache (`--read-memory-mib`).
+    pub read_budget: Budget,
     pub tail_cache: TailCache,
     pub pending: PendingIndex,
     /// Set once the star has lost its chain; nothing is acknowledged after that.
@@ -71,6 +73,7 @@ impl Shared {
         Self {
             admission: AdmissionBuffer::new(config.admission_bytes, metrics.admission.clone()),
             backlog: Budget::new(config.backlog_flights as u64, metrics.backlog.clone()),
+            read_budget: Budget::new(config.read_bytes, metrics.read_memory.clone()),
             tail_cache: TailCache::new(config.tail_cache_bytes, metrics.tail_cache.clone()),
             pending: PendingIndex::default(),
             fenced: Mutex::new(None),

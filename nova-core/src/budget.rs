@@ -33,6 +33,17 @@ impl BudgetPermit {
         self.permit.num_permits() as u64
     }
 
+    /// Adds another permit of the same budget to this one; both are then released together.
+    pub fn merge(&mut self, other: BudgetPermit) {
+        debug_assert!(Arc::ptr_eq(&self.budget, &other.budget));
+        let mut other = other;
+        // Take the units out of `other` so its drop releases nothing twice.
+        let units = other.permit.num_permits();
+        if let Some(moved) = other.permit.split(units) {
+            self.permit.merge(moved);
+        }
+    }
+
     /// Gives back everything above `units` now, keeping the rest until the permit drops.
     pub fn shrink_to(&mut self, units: u64) {
         let held = self.permit.num_permits();
@@ -220,6 +231,16 @@ mod tests {
         assert_eq!((p.units(), b.in_use()), (30, 30));
         p.shrink_to(50);
         assert_eq!(p.units(), 30, "shrinking never grows a charge");
+        drop(p);
+        assert_eq!(b.in_use(), 0);
+    }
+
+    #[tokio::test]
+    async fn merged_permits_return_together() {
+        let b = budget(100);
+        let mut p = b.acquire(30).await;
+        p.merge(b.try_acquire(20).unwrap());
+        assert_eq!((p.units(), b.in_use()), (50, 50));
         drop(p);
         assert_eq!(b.in_use(), 0);
     }

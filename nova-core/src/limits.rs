@@ -19,6 +19,11 @@ pub const MAX_SUBSCRIPTIONS: u32 = 16_384;
 pub const MAX_STREAMS: u32 = 10_000;
 /// The longest a read may wait at the tail (`wait_ms` is capped to it).
 pub const MAX_READ_WAIT_MS: u64 = 60_000;
+/// `--read-memory-mib`: bytes reads hold at once beyond the tail window cache: fetched
+/// sections, the page built from them and its encoded response. A default read (8 MiB page)
+/// holds at most about 18 MiB, so 64 MiB serves three such reads in full at once and many
+/// smaller ones; a read that finds the budget spent returns a short page (never empty).
+pub const READ_MEMORY_MIB: u64 = 64;
 /// `--grpc-stream-window-kib`: the HTTP/2 per-stream receive window (the protocol floor).
 pub const GRPC_STREAM_WINDOW_KIB: u32 = 64;
 /// `--max-batch-bytes`: content bytes of one append batch.

@@ -81,6 +81,8 @@ pub struct Metrics {
     pub registry: Registry,
     pub admission: BudgetMetrics,
     pub backlog: BudgetMetrics,
+    /// The read budget: what reads hold (fetched sections, pages, encoded responses).
+    pub read_memory: BudgetMetrics,
     pub tail_cache: TailCacheMetrics,
     pub store: StoreMetrics,
     pub producer_sessions: IntGauge,
@@ -222,6 +224,7 @@ impl Metrics {
         let r = Registry::new();
         let admission = budget(&r, "nova_admission_buffer", "bytes", "admission buffer");
         let backlog = budget(&r, "nova_chain_backlog", "flights", "chain backlog budget");
+        let read_memory = budget(&r, "nova_read_memory", "bytes", "read budget");
         let tail_cache = TailCacheMetrics {
             capacity: gauge(
                 &r,
@@ -263,6 +266,7 @@ impl Metrics {
         Self {
             admission,
             backlog,
+            read_memory,
             tail_cache,
             store,
             producer_sessions: gauge(&r, "nova_producer_sessions", "Open producer sessions."),
@@ -407,7 +411,7 @@ impl Metrics {
                     prometheus::IntGaugeVec::new(
                         Opts::new(
                             "nova_memory_formula_bytes",
-                            "Terms of the closed memory formula: admission, express, tail_cache, transport (open sessions × stream window).",
+                            "Terms of the closed memory formula: admission, express, read, tail_cache, transport (open sessions × stream window).",
                         ),
                         &["term"],
                     )
@@ -488,7 +492,7 @@ impl Metrics {
                 self.store.requests.with_label_values(&[op, outcome]);
             }
         }
-        for term in ["admission", "express", "tail_cache", "transport"] {
+        for term in ["admission", "express", "read", "tail_cache", "transport"] {
             self.memory.formula.with_label_values(&[term]);
         }
     }

@@ -63,6 +63,13 @@ pub struct Config {
     #[arg(long, env = "NOVA_TAIL_WINDOW_CACHE_MIB", default_value_t = limits::TAIL_WINDOW_CACHE_MIB, help_heading = "Budgets")]
     pub tail_window_cache_mib: u64,
 
+    /// Read budget, MiB: what reads hold at once beyond the tail window cache (fetched
+    /// sections, the page, its encoded response, until it is sent). A read waits for room only
+    /// while it holds nothing, so it always serves at least one record; past that, a read that
+    /// finds the budget spent returns a short page. The wait shows in nova_read_memory_wait_seconds.
+    #[arg(long, env = "NOVA_READ_MEMORY_MIB", default_value_t = limits::READ_MEMORY_MIB, help_heading = "Budgets")]
+    pub read_memory_mib: u64,
+
     /// Producer sessions open at once. A new session past the cap is refused with
     /// RESOURCE_EXHAUSTED and a retry-after-ms hint; open sessions are never cut.
     #[arg(long, env = "NOVA_MAX_PRODUCER_SESSIONS", default_value_t = limits::MAX_PRODUCER_SESSIONS, help_heading = "Budgets")]
@@ -174,6 +181,7 @@ impl Config {
             admission_bytes: self.s3_memory_buffer_mib * limits::MIB,
             backlog_flights: self.s3_chain_backlog_flights,
             tail_cache_bytes: self.tail_window_cache_mib * limits::MIB,
+            read_bytes: self.read_memory_mib * limits::MIB,
             flight_max_bytes: self.flight_max_bytes.bytes(),
             flight_linger: Duration::from_millis(self.flight_linger_ms),
             flight_max_inflight: self.flight_max_inflight,
@@ -214,6 +222,9 @@ impl Config {
             return Err(
                 "--max-producer-sessions and --max-subscriptions must be at least 1".into(),
             );
+        }
+        if self.read_memory_mib == 0 {
+            return Err("--read-memory-mib must be at least 1".into());
         }
         if self.s3_memory_buffer_mib == 0 || self.s3_chain_backlog_flights == 0 {
             return Err(

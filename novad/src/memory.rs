@@ -4,7 +4,8 @@
 //! memory is at most
 //!
 //! ```text
-//! admission buffer + express buffer + tail window cache + open sessions × stream window
+//! admission buffer + express buffer + read budget + tail window cache
+//!   + open sessions × stream window
 //! ```
 //!
 //! plus a fixed overhead that does not depend on load. The formula divided by the memory ceiling
@@ -26,6 +27,8 @@ pub struct Formula {
     pub admission: u64,
     /// Zero until the Express class exists.
     pub express: u64,
+    /// What reads hold beyond the tail cache (`--read-memory-mib`).
+    pub read: u64,
     pub tail_cache: u64,
     /// Open sessions × the pinned stream window.
     pub transport: u64,
@@ -33,7 +36,7 @@ pub struct Formula {
 
 impl Formula {
     pub fn total(&self) -> u64 {
-        self.admission + self.express + self.tail_cache + self.transport
+        self.admission + self.express + self.read + self.tail_cache + self.transport
     }
 }
 
@@ -45,6 +48,7 @@ fn mib(bytes: u64) -> String {
 pub struct MemoryModel {
     ceiling: Ceiling,
     admission: u64,
+    read: u64,
     tail_cache: u64,
     window: u64,
     max_sessions: u64,
@@ -59,6 +63,7 @@ impl MemoryModel {
         let model = Self {
             ceiling,
             admission: config.s3_memory_buffer_mib * MIB,
+            read: config.read_memory_mib * MIB,
             tail_cache: config.tail_window_cache_mib * MIB,
             window: config.grpc_stream_window_kib as u64 * KIB,
             max_sessions: config.max_producer_sessions as u64,
@@ -76,6 +81,7 @@ impl MemoryModel {
         Formula {
             admission: self.admission,
             express: 0,
+            read: self.read,
             tail_cache: self.tail_cache,
             transport: open_sessions * self.window,
         }
@@ -94,14 +100,15 @@ impl MemoryModel {
         }
         Err(format!(
             "the budgets do not fit under the memory ceiling of {} ({}): \
-             admission buffer {} (--s3-memory-buffer-mib) + express buffer {} + tail window cache {} \
-             (--tail-window-cache-mib) + {} sessions × {} stream window (--max-producer-sessions × \
-             --grpc-stream-window-kib) = {} = {} over. Lower a budget, raise --memory-ceiling, or pass \
-             --allow-memory-overcommit to start anyway",
+             admission buffer {} (--s3-memory-buffer-mib) + express buffer {} + read budget {} \
+             (--read-memory-mib) + tail window cache {} (--tail-window-cache-mib) + {} sessions × {} \
+             stream window (--max-producer-sessions × --grpc-stream-window-kib) = {} = {} over. Lower \
+             a budget, raise --memory-ceiling, or pass --allow-memory-overcommit to start anyway",
             mib(self.ceiling.bytes),
             self.ceiling.source,
             mib(worst.admission),
             mib(worst.express),
+            mib(worst.read),
             mib(worst.tail_cache),
             self.max_sessions,
             mib(self.window),
@@ -121,6 +128,7 @@ impl MemoryModel {
         let terms = [
             ("admission", formula.admission),
             ("express", formula.express),
+            ("read", formula.read),
             ("tail_cache", formula.tail_cache),
             ("transport", formula.transport),
         ];
@@ -187,7 +195,8 @@ mod tests {
         assert_eq!(f.admission, 256 * MIB);
         assert_eq!(f.tail_cache, 128 * MIB);
         assert_eq!(f.transport, 10 * 64 * KIB);
-        assert_eq!(f.total(), 384 * MIB + 640 * KIB);
+        assert_eq!(f.read, 64 * MIB);
+        assert_eq!(f.total(), 448 * MIB + 640 * KIB);
         assert_eq!(m.at_session_cap().transport, 4096 * 64 * KIB);
         assert!(m.check_fits().is_ok());
     }
@@ -198,6 +207,7 @@ mod tests {
         let problem = m.check_fits().unwrap_err();
         for term in [
             "--s3-memory-buffer-mib",
+            "--read-memory-mib",
             "--tail-window-cache-mib",
             "4096 sessions",
             "--allow-memory-overcommit",
@@ -208,11 +218,14 @@ mod tests {
 
     #[test]
     fn saturation_has_hysteresis() {
-        // admission 60 + tail 20 = 80 MiB of a 100 MiB ceiling, plus 1 MiB per 16 sessions.
+        // admission 56 + read 4 + tail 20 = 80 MiB of a 100 MiB ceiling, plus 1 MiB per 16
+        // sessions.
         let m = model(
             &[
                 "--s3-memory-buffer-mib",
-                "60",
+                "56",
+                "--read-memory-mib",
+                "4",
                 "--tail-window-cache-mib",
                 "20",
                 "--saturation-threshold",

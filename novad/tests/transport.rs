@@ -21,6 +21,7 @@ use nova_testkit::{Fault, FaultProxy, Moto};
 const SESSIONS: u64 = 200;
 const ADMISSION_MIB: u64 = 64;
 const TAIL_MIB: u64 = 16;
+const READ_MIB: u64 = 8;
 
 /// One gRPC-framed append of 16 records of just under 1 MiB: a 16 MiB batch.
 fn big_append() -> Bytes {
@@ -82,6 +83,8 @@ async fn sixteen_mib_batches_into_a_paused_store_stay_inside_the_formula() {
             &ADMISSION_MIB.to_string(),
             "--tail-window-cache-mib",
             &TAIL_MIB.to_string(),
+            "--read-memory-mib",
+            &READ_MIB.to_string(),
             "--max-producer-sessions",
             &SESSIONS.to_string(),
         ])
@@ -114,7 +117,7 @@ async fn sixteen_mib_batches_into_a_paused_store_stay_inside_the_formula() {
         calls.push((response, tokio::spawn(send_slowly(send, message.clone()))));
     }
 
-    let formula = (ADMISSION_MIB + TAIL_MIB) * (1 << 20) + SESSIONS * 64 * 1024;
+    let formula = (ADMISSION_MIB + TAIL_MIB + READ_MIB) * (1 << 20) + SESSIONS * 64 * 1024;
     let limit = formula + star_overhead_bytes(SESSIONS);
     let pid = novad.pid().unwrap();
     let started = Instant::now();

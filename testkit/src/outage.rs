@@ -26,6 +26,8 @@ pub struct OutageScenario {
     pub streams: usize,
     pub admission_mib: u64,
     pub tail_mib: u64,
+    /// The read budget (`--read-memory-mib`); the scenario's reads happen after the outage.
+    pub read_mib: u64,
     pub records_per_batch: usize,
     pub record_bytes: usize,
     /// Batches a session keeps sent but unacknowledged.
@@ -46,6 +48,7 @@ impl OutageScenario {
             streams: 10,
             admission_mib: 32,
             tail_mib: 16,
+            read_mib: 8,
             records_per_batch: 8,
             record_bytes: 1024,
             pipeline: 32,
@@ -57,9 +60,10 @@ impl OutageScenario {
         }
     }
 
-    /// Admission buffer + tail window cache + sessions × the 64 KiB stream window.
+    /// Admission buffer + read budget + tail window cache + sessions × the 64 KiB stream window.
     pub fn formula_bytes(&self) -> u64 {
-        (self.admission_mib + self.tail_mib) * (1 << 20) + self.sessions as u64 * 64 * 1024
+        (self.admission_mib + self.tail_mib + self.read_mib) * (1 << 20)
+            + self.sessions as u64 * 64 * 1024
     }
 
     /// The overhead docs/backpressure.md states for a star beyond its formula, at this
@@ -249,6 +253,7 @@ pub async fn run(scenario: OutageScenario) -> OutageReport {
     let sessions = scenario.sessions.to_string();
     let admission = scenario.admission_mib.to_string();
     let tail = scenario.tail_mib.to_string();
+    let read = scenario.read_mib.to_string();
     let novad = NovadBuilder::new(&scenario.novad)
         .args([
             "--s3-bucket",
@@ -264,6 +269,8 @@ pub async fn run(scenario: OutageScenario) -> OutageReport {
             &admission,
             "--tail-window-cache-mib",
             &tail,
+            "--read-memory-mib",
+            &read,
             "--max-producer-sessions",
             &sessions,
         ])

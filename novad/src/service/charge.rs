@@ -1,4 +1,5 @@
-//! Charging appends from their gRPC length prefix, before their bodies are buffered.
+//! Holding the budgets across the transport: appends are charged from their gRPC length prefix,
+//! before their bodies are buffered, and a read's charge is held until its response is sent.
 //!
 //! tonic buffers a whole message before a handler sees it, and reserves room for it as soon as
 //! it reads the 5-byte gRPC prefix (compression flag and length). So the charge must be taken
@@ -23,10 +24,13 @@ use bytes::{Buf, Bytes};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use parking_lot::Mutex;
 
+use nova_chain::ReadCharge;
 use nova_chain::admission::{AdmissionBuffer, Admitted, received_charge};
 
 /// The gRPC path whose requests are charged.
 const APPEND_PATH: &str = "/nova.v1.Nova/Append";
+/// The gRPC path whose responses hold a read charge.
+const READ_PATH: &str = "/nova.v1.Nova/Read";
 const PREFIX_LEN: usize = 5;
 
 /// Charges granted for messages the handler has not taken yet. At most one or two: a charge is
@@ -170,7 +174,54 @@ impl HttpBody for ChargedBody {
     }
 }
 
-/// Wraps `Append` bodies in `ChargedBody`; other calls pass untouched.
+/// A page's share of the read budget, handed out of the read handler in the response's
+/// extensions; released once the response body is sent, or dropped.
+#[derive(Clone, Debug)]
+pub struct ReadHold {
+    /// Held for its release on drop.
+    _charge: Arc<ReadCharge>,
+}
+
+impl ReadHold {
+    pub fn new(charge: ReadCharge) -> Self {
+        Self {
+            _charge: Arc::new(charge),
+        }
+    }
+}
+
+/// A response body that releases its read charge when it ends.
+struct HeldBody {
+    inner: tonic::body::Body,
+    hold: Option<ReadHold>,
+}
+
+impl HttpBody for HeldBody {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if frame.is_none() {
+            self.hold = None;
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Wraps `Append` request bodies in `ChargedBody` and `Read` response bodies in `HeldBody`;
+/// other calls pass untouched.
 #[derive(Clone)]
 pub struct ChargeLayer {
     admission: AdmissionBuffer,
@@ -199,30 +250,47 @@ pub struct ChargeService<S> {
     admission: AdmissionBuffer,
 }
 
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
 impl<S> tower_service::Service<http::Request<tonic::body::Body>> for ChargeService<S>
 where
-    S: tower_service::Service<http::Request<tonic::body::Body>>,
+    S: tower_service::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+        >,
+    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        if request.uri().path() != APPEND_PATH {
-            return self.inner.call(request);
+        match request.uri().path() {
+            APPEND_PATH => {
+                let (mut parts, body) = request.into_parts();
+                let charges = Arc::new(Charges::default());
+                parts.extensions.insert(charges.clone());
+                let body = ChargedBody::new(body, self.admission.clone(), charges);
+                Box::pin(self.inner.call(http::Request::from_parts(
+                    parts,
+                    tonic::body::Body::new(body),
+                )))
+            }
+            READ_PATH => {
+                let response = self.inner.call(request);
+                Box::pin(async move {
+                    let (mut parts, body) = response.await?.into_parts();
+                    let hold = parts.extensions.remove::<ReadHold>();
+                    let body = tonic::body::Body::new(HeldBody { inner: body, hold });
+                    Ok(http::Response::from_parts(parts, body))
+                })
+            }
+            _ => Box::pin(self.inner.call(request)),
         }
-        let (mut parts, body) = request.into_parts();
-        let charges = Arc::new(Charges::default());
-        parts.extensions.insert(charges.clone());
-        let body = ChargedBody::new(body, self.admission.clone(), charges);
-        self.inner.call(http::Request::from_parts(
-            parts,
-            tonic::body::Body::new(body),
-        ))
     }
 }
 

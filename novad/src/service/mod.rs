@@ -109,11 +109,16 @@ impl Nova for NovaService {
         ctx.metrics
             .read_bytes
             .inc_by(page.records.iter().map(|r| r.record.content_bytes()).sum());
-        Ok(Response::new(v1::ReadResponse {
+        let mut response = Response::new(v1::ReadResponse {
             records: page.records.into_iter().map(Into::into).collect(),
             next_seq: page.next_seq,
             tail_seq: page.tail_seq,
-        }))
+        });
+        // The page's read charge stays held until the response is sent (charge.rs).
+        response
+            .extensions_mut()
+            .insert(charge::ReadHold::new(page.charge));
+        Ok(response)
     }
 
     async fn resolve_refs(
