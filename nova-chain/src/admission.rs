@@ -42,7 +42,30 @@ pub const ENCODED_PER_WIRE_BYTE: u64 = 8;
 /// The charge taken on a message's length prefix: enough for the received bytes and the largest
 /// fragment a message of that length can encode to.
 pub fn received_charge(wire_len: u64) -> u64 {
-    PER_BATCH_OVERHEAD + wire_len.saturating_mul(1 + ENCODED_PER_WIRE_BYTE)
+    received_charge_within(wire_len, u64::MAX)
+}
+
+/// `received_charge`, knowing that no batch that passes the caps encodes to more than
+/// `largest_fragment` bytes (a batch that does not pass is refused before it is encoded).
+pub fn received_charge_within(wire_len: u64, largest_fragment: u64) -> u64 {
+    PER_BATCH_OVERHEAD
+        + wire_len
+        + wire_len
+            .saturating_mul(ENCODED_PER_WIRE_BYTE)
+            .min(largest_fragment)
+}
+
+/// The largest fragment a batch within the caps encodes to: its content, and the framing of
+/// as many records and as many headers as `--max-batch-records` allows.
+pub fn largest_fragment(max_batch_bytes: u64, max_batch_records: u32) -> u64 {
+    max_batch_bytes + (ENCODED_PER_RECORD + ENCODED_PER_HEADER) * max_batch_records as u64
+}
+
+/// The most one batch can hold at once (its received message and its fragment), whatever the
+/// buffer's size: a batch charged more than the whole buffer is clamped to it, so the buffer's
+/// real bound is the larger of the two.
+pub fn largest_batch_hold(max_message: u64, largest_fragment: u64) -> u64 {
+    PER_BATCH_OVERHEAD + max_message + largest_fragment
 }
 
 /// The charge while a read request is encoded: its received bytes and its fragment, exactly.
@@ -82,6 +105,20 @@ impl Admitted {
     /// Gives back the part of the charge the batch no longer holds.
     pub fn shrink_to(&mut self, bytes: u64) {
         self.permit.shrink_to(bytes);
+    }
+
+    /// Moves up to `bytes` of the charge (leaving at least one unit) into a permit of its own,
+    /// for memory that outlives the batch.
+    pub fn split_off(&mut self, bytes: u64) -> Option<BudgetPermit> {
+        self.permit.split_off(bytes)
+    }
+
+    /// Restarts the batch's age: it counts from when its message has arrived, not from when
+    /// its prefix did, so a slow producer does not read as a stalled store.
+    pub fn received(&self) {
+        if let Some(at) = self.tracker.admitted.lock().get_mut(&self.id) {
+            *at = Instant::now();
+        }
     }
 
     pub fn charged(&self) -> u64 {
@@ -132,8 +169,10 @@ impl AdmissionBuffer {
 
     /// How long the oldest unresolved batch has been admitted.
     pub fn oldest_age(&self) -> Option<Duration> {
+        // Ids follow admission order, but a batch's clock restarts when its message has
+        // arrived, so the oldest is the smallest time, not the smallest id.
         let admitted = self.tracker.admitted.lock();
-        admitted.values().next().map(Instant::elapsed)
+        admitted.values().min().map(Instant::elapsed)
     }
 
     pub fn unresolved(&self) -> usize {

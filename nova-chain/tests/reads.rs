@@ -39,7 +39,10 @@ async fn reads_are_held_to_the_read_budget() {
         page.records.len()
     );
     assert!(page.charge.bytes() <= 64 * 1024, "{}", page.charge.bytes());
-    assert_eq!(f.metrics.read_memory.in_use.get() as u64, page.charge.bytes());
+    assert_eq!(
+        f.metrics.read_memory.in_use.get() as u64,
+        page.charge.bytes()
+    );
 
     // With the budget held by that page, the next read waits for room.
     let second = {
@@ -48,7 +51,10 @@ async fn reads_are_held_to_the_read_budget() {
         tokio::spawn(async move { star.read(&stream, 0, 1000, 1 << 30).await })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!second.is_finished(), "a read that holds nothing waits for room");
+    assert!(
+        !second.is_finished(),
+        "a read that holds nothing waits for room"
+    );
     assert_eq!(f.metrics.read_memory.waiters.get(), 1);
     drop(page);
     let second = tokio::time::timeout(Duration::from_secs(10), second)

@@ -44,6 +44,17 @@ impl BudgetPermit {
         }
     }
 
+    /// Moves up to `units` into a permit of its own, always leaving at least one behind.
+    pub fn split_off(&mut self, units: u64) -> Option<BudgetPermit> {
+        let held = self.permit.num_permits();
+        let take = (units as usize).min(held.saturating_sub(1));
+        let moved = self.permit.split(take)?;
+        Some(BudgetPermit {
+            permit: moved,
+            budget: self.budget.clone(),
+        })
+    }
+
     /// Gives back everything above `units` now, keeping the rest until the permit drops.
     pub fn shrink_to(&mut self, units: u64) {
         let held = self.permit.num_permits();

@@ -32,6 +32,10 @@ pub const MAX_BATCH_BYTES: u64 = 100 * MIB;
 pub const MAX_BATCH_RECORDS: u32 = 65_536;
 /// `--max-record-bytes`: content bytes of one record (body plus header names and values).
 pub const MAX_RECORD_BYTES: u64 = MIB;
+/// The most protobuf framing a record of an append request can carry on the wire: its field
+/// tag and length (6 bytes), its body's (6), its timestamp (11), and a header's worth of
+/// framing (18), since a batch may hold as many headers as records.
+pub const WIRE_FRAMING_PER_RECORD: u64 = 41;
 /// `--max-read-bytes`: content bytes in one read response.
 pub const MAX_READ_BYTES: u64 = 8 * MIB;
 /// `--max-read-records`: records in one read response.

@@ -460,6 +460,7 @@ impl Metrics {
         for reason in [
             "empty_batch",
             "max_batch_records",
+            "max_batch_headers",
             "max_batch_bytes",
             "max_record_bytes",
             "invalid_stream_name",

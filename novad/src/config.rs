@@ -202,15 +202,24 @@ impl Config {
         }
     }
 
-    /// The largest gRPC message novad decodes. Twice the batch cap, so a batch somewhat over
-    /// the cap still decodes and gets its clean INVALID_ARGUMENT while the session goes on; a
-    /// grossly oversized message ends the session at the transport.
+    /// The largest gRPC message novad decodes: the batch cap, the framing of as many records
+    /// and headers as a batch may hold, and 1 MiB, so a batch a little over the cap still decodes
+    /// and gets its clean INVALID_ARGUMENT while the session goes on; a larger message ends the
+    /// session at the transport, before it is buffered.
     pub fn max_message_bytes(&self) -> usize {
         self.max_batch_bytes
             .bytes()
-            .saturating_mul(2)
+            .saturating_add(limits::WIRE_FRAMING_PER_RECORD * self.max_batch_records as u64)
             .saturating_add(limits::MIB)
             .min(u32::MAX as u64) as usize
+    }
+
+    /// The largest fragment a batch within the caps encodes to.
+    pub fn largest_fragment(&self) -> u64 {
+        nova_chain::admission::largest_fragment(
+            self.max_batch_bytes.bytes(),
+            self.max_batch_records,
+        )
     }
 
     /// Refuses settings that cannot work, naming the flag.
@@ -243,6 +252,20 @@ impl Config {
         if !(0.0..self.saturation_threshold).contains(&self.saturation_clear_margin) {
             return Err(
                 "--saturation-clear-margin must be at least 0 and below the threshold".into(),
+            );
+        }
+        if self.max_record_bytes.bytes() > u32::MAX as u64 / 2 {
+            return Err(
+                "--max-record-bytes must be under 2GiB (a record's length is 32 bits)".into(),
+            );
+        }
+        if 2 * self.grpc_stream_window_kib as u64 * 1024 * self.max_producer_sessions as u64
+            > (1 << 31) - 1
+        {
+            return Err(
+                "--max-producer-sessions × --grpc-stream-window-kib must be at most 1GiB \
+                 (twice it is the HTTP/2 connection window, which cannot exceed 2GiB)"
+                    .into(),
             );
         }
         if self.memory_ceiling == Some(ByteSize(0)) {

@@ -62,7 +62,14 @@ impl MemoryModel {
     pub fn new(config: &Config, ceiling: Ceiling, metrics: MemoryMetrics) -> Self {
         let model = Self {
             ceiling,
-            admission: config.s3_memory_buffer_mib * MIB,
+            // A batch charged more than the whole buffer is clamped to it, so the buffer can be
+            // exceeded by one such batch; its term is the larger of the two.
+            admission: (config.s3_memory_buffer_mib * MIB).max(
+                nova_chain::admission::largest_batch_hold(
+                    config.max_message_bytes() as u64,
+                    config.largest_fragment(),
+                ),
+            ),
             read: config.read_memory_mib * MIB,
             tail_cache: config.tail_window_cache_mib * MIB,
             window: config.grpc_stream_window_kib as u64 * KIB,

@@ -18,7 +18,7 @@ use nova_proto::units::ByteSize;
 use crate::config::Config;
 use crate::memory::MemoryModel;
 use crate::service::caps::{self, Cap};
-use crate::service::charge::ChargeLayer;
+use crate::service::charge::{ChargeLayer, TransportLimits};
 use crate::service::{Context, NovaService};
 
 /// The store may fail this long before the star reads not ready (a single failed write is
@@ -221,7 +221,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .http2_adaptive_window(Some(false))
         .tcp_nodelay(true)
         // Appends are charged from their length prefix, before tonic buffers them.
-        .layer(ChargeLayer::new(star.admission().clone()))
+        .layer(ChargeLayer::new(
+            star.admission().clone(),
+            TransportLimits {
+                max_message: config.max_message_bytes() as u64,
+                largest_fragment: config.largest_fragment(),
+            },
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -149,3 +149,80 @@ async fn sixteen_mib_batches_into_a_paused_store_stay_inside_the_formula() {
     );
     drop(calls);
 }
+
+/// After large batches are acknowledged, sessions that stay open hold nothing of them: the
+/// transport keeps no buffer the size of the largest message a session once sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_sessions_keep_nothing_of_their_last_batch() {
+    const IDLE: u64 = 20;
+    let novad = novad()
+        .args([
+            "--s3-memory-buffer-mib",
+            &ADMISSION_MIB.to_string(),
+            "--tail-window-cache-mib",
+            &TAIL_MIB.to_string(),
+            "--read-memory-mib",
+            &READ_MIB.to_string(),
+            "--max-producer-sessions",
+            &IDLE.to_string(),
+        ])
+        .start();
+    client(&novad).await.create_stream("s").await.unwrap();
+    let message = big_append();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", novad.port()))
+        .await
+        .unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut sessions = Vec::new();
+    for _ in 0..IDLE {
+        let mut h2 = h2.clone().ready().await.unwrap();
+        let request = http::Request::post(format!(
+            "http://127.0.0.1:{}/nova.v1.Nova/Append",
+            novad.port()
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (response, send) = h2.send_request(request, false).unwrap();
+        let sending = tokio::spawn(send_slowly(send, message.clone()));
+        sessions.push((response, sending));
+    }
+    // Every batch is acknowledged (one AppendAck each); the sessions stay open.
+    let mut open = Vec::new();
+    for (response, sending) in sessions {
+        let response = tokio::time::timeout(Duration::from_secs(120), response)
+            .await
+            .expect("an answer")
+            .unwrap();
+        let mut body = response.into_body();
+        let ack = tokio::time::timeout(Duration::from_secs(120), body.data())
+            .await
+            .expect("an ack")
+            .expect("the session is open")
+            .unwrap();
+        let ack = v1::AppendAck::decode(&ack[5..]).unwrap();
+        assert!(ack.error.is_none(), "{ack:?}");
+        assert_eq!(ack.end_seq - ack.start_seq, 16);
+        open.push((body, sending));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss = nova_core::memory::resident_bytes(novad.pid().unwrap())
+        .unwrap()
+        .0;
+    let formula = (ADMISSION_MIB + TAIL_MIB + READ_MIB) * (1 << 20) + IDLE * 64 * 1024;
+    let limit = formula + star_overhead_bytes(IDLE);
+    println!(
+        "{IDLE} idle sessions after a 16 MiB batch each: RSS {:.1} MiB, formula {:.1} MiB + overhead {:.1} MiB",
+        rss as f64 / (1 << 20) as f64,
+        formula as f64 / (1 << 20) as f64,
+        star_overhead_bytes(IDLE) as f64 / (1 << 20) as f64
+    );
+    assert!(
+        rss <= limit,
+        "RSS {rss} over {limit} with the sessions idle"
+    );
+    drop(open);
+}

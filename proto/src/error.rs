@@ -17,6 +17,10 @@ pub enum RequestError {
     EmptyBatch,
     #[error("append batch has {records} records, over --max-batch-records={cap}")]
     TooManyRecords { records: u64, cap: u32 },
+    #[error(
+        "append batch has {headers} headers, over the {cap} a batch may hold (--max-batch-records)"
+    )]
+    TooManyHeaders { headers: u64, cap: u32 },
     #[error("append batch holds {bytes} bytes, over --max-batch-bytes={cap}")]
     BatchTooLarge { bytes: u64, cap: u64 },
     #[error("record {index} of the batch holds {bytes} bytes, over --max-record-bytes={cap}")]
@@ -81,6 +85,7 @@ impl RequestError {
             // The request itself is wrong; sending it again unchanged fails again.
             RequestError::EmptyBatch
             | RequestError::TooManyRecords { .. }
+            | RequestError::TooManyHeaders { .. }
             | RequestError::BatchTooLarge { .. }
             | RequestError::RecordTooLarge { .. }
             | RequestError::InvalidStreamName { .. }

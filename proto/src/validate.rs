@@ -84,6 +84,12 @@ pub fn validate_append(
         content_bytes += bytes;
         header_count += record.headers.len() as u64;
     }
+    if header_count > caps.max_batch_records as u64 {
+        return Err(RequestError::TooManyHeaders {
+            headers: header_count,
+            cap: caps.max_batch_records,
+        });
+    }
     if content_bytes > caps.max_batch_bytes {
         return Err(RequestError::BatchTooLarge {
             bytes: content_bytes,
@@ -132,6 +138,14 @@ pub fn validate_wire<'a>(
     if count > caps.max_batch_records as u64 {
         return Err(RequestError::TooManyRecords {
             records: count,
+            cap: caps.max_batch_records,
+        });
+    }
+    // Headers are capped like records: each costs stored framing, and the cap keeps a batch's
+    // encoded size within what its admission charge was sized for.
+    if request.header_count() > caps.max_batch_records as u64 {
+        return Err(RequestError::TooManyHeaders {
+            headers: request.header_count(),
             cap: caps.max_batch_records,
         });
     }

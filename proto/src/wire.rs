@@ -55,6 +55,10 @@ impl<'a> Fields<'a> {
         for i in 0..10 {
             let (&byte, rest) = self.rest.split_first().ok_or("truncated varint")?;
             self.rest = rest;
+            // The tenth byte holds the 64th bit only.
+            if i == 9 && byte > 1 {
+                return Err("varint overflows 64 bits");
+            }
             value |= u64::from(byte & 0x7f) << (7 * i);
             if byte < 0x80 {
                 return Ok(value);
@@ -78,6 +82,9 @@ impl<'a> Fields<'a> {
             return Ok(None);
         }
         let key = self.varint()?;
+        if key > u64::from(u32::MAX) {
+            return Err("field key over 32 bits");
+        }
         let number = key >> 3;
         if number == 0 {
             return Err("field number 0");
@@ -288,7 +295,10 @@ impl prost::Message for WireAppend {
         _ctx: DecodeContext,
     ) -> Result<(), prost::DecodeError> {
         // `decode` below reads whole messages; nothing merges into a WireAppend field by field.
-        unreachable!("WireAppend is decoded whole")
+        #[allow(deprecated)]
+        Err(prost::DecodeError::new(
+            "WireAppend decodes whole messages only",
+        ))
     }
 
     fn encoded_len(&self) -> usize {

@@ -130,6 +130,10 @@ async fn read_requests(
             // The producer closed its side; the answers still owed go out, then the stream ends.
             Ok(None) => return,
             Err(status) => {
+                // Release the transport and any charge it queued before waiting to say why:
+                // the answers ahead of this one may take a while to drain.
+                drop(inbound);
+                drop(charges);
                 let _ = pending.send(Pending::Close(frame_error(status))).await;
                 return;
             }
@@ -170,6 +174,7 @@ fn rejection_reason(error: &RequestError) -> &'static str {
     match error {
         RequestError::EmptyBatch => "empty_batch",
         RequestError::TooManyRecords { .. } => "max_batch_records",
+        RequestError::TooManyHeaders { .. } => "max_batch_headers",
         RequestError::BatchTooLarge { .. } => "max_batch_bytes",
         RequestError::RecordTooLarge { .. } => "max_record_bytes",
         RequestError::InvalidStreamName { .. } => "invalid_stream_name",
@@ -180,17 +185,22 @@ fn rejection_reason(error: &RequestError) -> &'static str {
 }
 
 async fn admit(ctx: &Context, charges: Option<&Charges>, request: WireAppend) -> Pending {
-    // The charge was taken on the message's length prefix, before its body was buffered
-    // (`charge.rs`); without that layer in front, it is taken now.
-    let mut admitted = match charges.and_then(Charges::take) {
-        Some(admitted) => admitted,
+    // The message was charged from its length prefix and assembled outside tonic
+    // (`charge.rs`), which saw only an empty placeholder for it. Without that layer in front (a
+    // test calling the service directly) tonic's message is the request, charged now.
+    let (mut admitted, request) = match charges.and_then(Charges::take) {
+        Some((admitted, message)) => (admitted, WireAppend::parse(message)),
         None => {
-            ctx.star
+            debug_assert!(charges.is_none(), "a message arrived without its charge");
+            let admitted = ctx
+                .star
                 .admission()
                 .admit(received_charge(request.wire_len()))
-                .await
+                .await;
+            (admitted, request)
         }
     };
+    admitted.received();
     let refuse = |error: RequestError| {
         let reason = rejection_reason(&error);
         ctx.metrics.rejections.with_label_values(&[reason]).inc();

@@ -1,135 +1,244 @@
 //! Holding the budgets across the transport: appends are charged from their gRPC length prefix,
 //! before their bodies are buffered, and a read's charge is held until its response is sent.
 //!
-//! tonic buffers a whole message before a handler sees it, and reserves room for it as soon as
-//! it reads the 5-byte gRPC prefix (compression flag and length). So the charge must be taken
-//! before tonic sees a prefix. This layer wraps the body of every `Append` call: it follows the
-//! gRPC framing as bytes pass through, and when a prefix completes it holds the byte that would
-//! complete it until the admission buffer grants `received_charge(len)`. The grant goes into a
-//! queue the session's handler takes from, one per message, in order.
+//! tonic would buffer each append message whole in a buffer of its own, reserved as soon as it
+//! reads the message's prefix and kept (at the size of the largest message) for the session's
+//! life. So this layer takes append messages out of tonic's hands: it follows the gRPC framing
+//! of an `Append` body, and at each prefix waits until the admission buffer grants the
+//! message's charge, copies the message into a buffer of exactly its size, and queues it with
+//! its charge for the handler, passing tonic only an empty message in its place.
 //!
-//! While the charge waits nothing more of the stream is read, so HTTP/2 flow control stops the
+//! While a charge waits nothing more of the stream is read, so HTTP/2 flow control stops the
 //! producer: the transport holds at most its stream window, and this layer at most the one DATA
-//! frame it was given (16 KiB, HTTP/2's default frame size). Data up to the end of the previous
-//! message always passes first, so a session never waits on a charge for a message behind one
-//! it has not finished.
+//! frame it was given (16 KiB, HTTP/2's default frame size). The message before is always handed
+//! over first, so a session never waits on a charge for a message behind one it has not
+//! finished. Calls other than `Append` pass through, held to small messages.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use parking_lot::Mutex;
 
 use nova_chain::ReadCharge;
-use nova_chain::admission::{AdmissionBuffer, Admitted, received_charge};
+use nova_chain::admission::{AdmissionBuffer, Admitted, received_charge_within};
+use nova_proto::RequestError;
 
 /// The gRPC path whose requests are charged.
 const APPEND_PATH: &str = "/nova.v1.Nova/Append";
 /// The gRPC path whose responses hold a read charge.
 const READ_PATH: &str = "/nova.v1.Nova/Read";
 const PREFIX_LEN: usize = 5;
+/// The largest message any other call may send: reads and admin calls are small, and their
+/// bodies are not charged, so a large one is refused before it is buffered.
+pub const SMALL_MESSAGE_LIMIT: u64 = 64 * 1024;
+/// How long a message whose charge was granted may go without receiving a byte. Its charge
+/// holds admission room for others, so a producer that stalls mid-message loses its session.
+pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Charges granted for messages the handler has not taken yet. At most one or two: a charge is
-/// requested only once the previous message has passed in full.
+/// Messages assembled and charged, waiting for the handler, in arrival order. At most one or
+/// two: the next message is read only once the handler has taken the one before (it waits for
+/// tonic, which waits for the placeholder standing for each message).
 #[derive(Debug, Default)]
-pub struct Charges(Mutex<VecDeque<Admitted>>);
+pub struct Charges(Mutex<VecDeque<(Admitted, Bytes)>>);
 
 impl Charges {
-    /// The charge of the next message, in arrival order.
-    pub fn take(&self) -> Option<Admitted> {
+    /// The next message and its charge.
+    pub fn take(&self) -> Option<(Admitted, Bytes)> {
         self.0.lock().pop_front()
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+/// What tonic receives in place of each assembled message: an empty gRPC message, so its own
+/// buffer never holds (or keeps) a batch.
+const PLACEHOLDER: [u8; PREFIX_LEN] = [0; PREFIX_LEN];
+
+#[derive(Debug)]
 enum Framing {
     /// Reading a prefix; `got` bytes of it so far.
     Prefix { bytes: [u8; PREFIX_LEN], got: usize },
-    /// The prefix's last byte is held until the charge for `len` is granted.
+    /// An append message of `len` bytes waits for its charge.
     Charging { len: u64 },
-    /// Passing a message's body; this many bytes remain.
-    Body { remaining: u64 },
+    /// Copying a charged append message into a buffer of exactly its size.
+    Assembling { remaining: u64, buf: BytesMut },
+    /// Passing a message through to tonic untouched (other calls; messages over the limit,
+    /// which tonic refuses at their prefix).
+    Passing { remaining: u64 },
 }
 
 type Pending = Pin<Box<dyn Future<Output = Admitted> + Send>>;
 
+/// What the body does at each message's prefix.
+#[derive(Clone)]
+enum Mode {
+    /// Append: charge the admission buffer, then assemble the message outside tonic.
+    Charge {
+        admission: AdmissionBuffer,
+        charges: Arc<Charges>,
+        limits: TransportLimits,
+    },
+    /// Any other call: refuse a message over `SMALL_MESSAGE_LIMIT` before it is buffered.
+    Limit,
+}
+
+/// The sizes the charging layer works with, from the batch caps.
+#[derive(Debug, Clone, Copy)]
+pub struct TransportLimits {
+    /// The largest message the transport accepts; a larger one is refused by tonic at its
+    /// prefix, before it is buffered, so it is not charged.
+    pub max_message: u64,
+    /// The largest fragment a batch within the caps encodes to.
+    pub largest_fragment: u64,
+}
+
 pub struct ChargedBody {
     inner: tonic::body::Body,
-    admission: AdmissionBuffer,
-    charges: Arc<Charges>,
+    mode: Mode,
     framing: Framing,
-    /// Bytes received and not yet passed on (at most one DATA frame).
+    /// Bytes received and not yet processed (at most one DATA frame).
     held: Option<Bytes>,
     pending: Option<Pending>,
+    /// The charge of the message being assembled.
+    granted: Option<Admitted>,
+    /// While a message is being assembled: when its session is dropped for sending nothing.
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+fn status(error: RequestError) -> tonic::Status {
+    error.into()
+}
+
+fn fresh_prefix() -> Framing {
+    Framing::Prefix {
+        bytes: [0; PREFIX_LEN],
+        got: 0,
+    }
 }
 
 impl ChargedBody {
-    fn new(inner: tonic::body::Body, admission: AdmissionBuffer, charges: Arc<Charges>) -> Self {
+    fn new(inner: tonic::body::Body, mode: Mode) -> Self {
         Self {
             inner,
-            admission,
-            charges,
-            framing: Framing::Prefix {
-                bytes: [0; PREFIX_LEN],
-                got: 0,
-            },
+            mode,
+            framing: fresh_prefix(),
             held: None,
             pending: None,
+            granted: None,
+            idle: None,
         }
     }
 
-    /// Splits off the part of `data` that may pass now: everything up to the byte that
-    /// completes the next prefix. Starts the charge when a prefix completes.
-    fn passable(&mut self, mut data: Bytes) -> Bytes {
-        let mut at = 0usize;
-        while at < data.len() {
+    /// Processes `data`, returning what tonic may see now. Stops at a prefix that must wait for
+    /// its charge, keeping the rest in `held`.
+    fn process(&mut self, mut data: Bytes) -> Result<Bytes, tonic::Status> {
+        let mut out = BytesMut::new();
+        while !data.is_empty() {
             match &mut self.framing {
-                Framing::Body { remaining } => {
-                    let take = (*remaining).min((data.len() - at) as u64);
-                    at += take as usize;
-                    *remaining -= take;
+                Framing::Passing { remaining } => {
+                    let take = (*remaining).min(data.len() as u64) as usize;
+                    out.extend_from_slice(&data.split_to(take));
+                    *remaining -= take as u64;
                     if *remaining == 0 {
-                        self.framing = Framing::Prefix {
-                            bytes: [0; PREFIX_LEN],
-                            got: 0,
-                        };
+                        self.framing = fresh_prefix();
+                    }
+                }
+                Framing::Assembling { remaining, buf } => {
+                    let take = (*remaining).min(data.len() as u64) as usize;
+                    buf.extend_from_slice(&data.split_to(take));
+                    *remaining -= take as u64;
+                    if *remaining == 0 {
+                        self.finish_message(&mut out);
                     }
                 }
                 Framing::Prefix { bytes, got } => {
-                    bytes[*got] = data[at];
+                    bytes[*got] = data[0];
                     *got += 1;
-                    if *got == PREFIX_LEN {
-                        let len = (&bytes[1..]).get_u32() as u64;
-                        self.framing = Framing::Charging { len };
-                        let admission = self.admission.clone();
-                        self.pending = Some(Box::pin(async move {
-                            admission.admit(received_charge(len)).await
-                        }));
-                        self.held = Some(data.split_off(at));
-                        return data;
+                    data.advance(1);
+                    if *got < PREFIX_LEN {
+                        continue;
                     }
-                    at += 1;
-                }
-                // The charge is granted: the held prefix byte passes, then the body.
-                Framing::Charging { len } => {
-                    let len = *len;
-                    at += 1;
-                    self.framing = if len == 0 {
-                        Framing::Prefix {
-                            bytes: [0; PREFIX_LEN],
-                            got: 0,
+                    let prefix = *bytes;
+                    if prefix[0] != 0 {
+                        return Err(status(RequestError::InvalidRequest(
+                            "compressed messages are not accepted; send them uncompressed".into(),
+                        )));
+                    }
+                    let len = (&prefix[1..]).get_u32() as u64;
+                    match &self.mode {
+                        Mode::Limit if len > SMALL_MESSAGE_LIMIT => {
+                            return Err(status(RequestError::MessageTooLarge(format!(
+                                "a message of {len} bytes, over the {SMALL_MESSAGE_LIMIT} bytes \
+                                 this call accepts"
+                            ))));
                         }
-                    } else {
-                        Framing::Body { remaining: len }
-                    };
+                        Mode::Charge { limits, .. } if len > limits.max_message => {
+                            // tonic refuses it at its prefix, before buffering it.
+                            out.extend_from_slice(&prefix);
+                            self.framing = Framing::Passing { remaining: len };
+                        }
+                        Mode::Limit => {
+                            out.extend_from_slice(&prefix);
+                            self.framing = Framing::Passing { remaining: len };
+                        }
+                        Mode::Charge {
+                            admission, limits, ..
+                        } => {
+                            let admission = admission.clone();
+                            let charge = received_charge_within(len, limits.largest_fragment);
+                            self.pending =
+                                Some(Box::pin(async move { admission.admit(charge).await }));
+                            self.framing = Framing::Charging { len };
+                            if !data.is_empty() {
+                                self.held = Some(data);
+                            }
+                            return Ok(out.freeze());
+                        }
+                    }
+                    if len == 0 {
+                        self.framing = fresh_prefix();
+                    }
+                }
+                Framing::Charging { .. } => {
+                    unreachable!("no data is processed while a charge is pending")
                 }
             }
         }
-        data
+        Ok(out.freeze())
+    }
+
+    /// The charge is granted: assemble the message (or hand over an empty one).
+    fn start_message(&mut self, admitted: Admitted, out: &mut BytesMut) {
+        let Framing::Charging { len } = self.framing else {
+            return;
+        };
+        self.granted = Some(admitted);
+        self.framing = Framing::Assembling {
+            remaining: len,
+            buf: BytesMut::with_capacity(len as usize),
+        };
+        if len == 0 {
+            self.finish_message(out);
+        } else {
+            self.idle = Some(Box::pin(tokio::time::sleep(BODY_IDLE_TIMEOUT)));
+        }
+    }
+
+    /// The message is whole: queue it with its charge for the handler, and let tonic see a
+    /// placeholder in its place.
+    fn finish_message(&mut self, out: &mut BytesMut) {
+        let framing = std::mem::replace(&mut self.framing, fresh_prefix());
+        self.idle = None;
+        if let (Framing::Assembling { buf, .. }, Some(admitted), Mode::Charge { charges, .. }) =
+            (framing, self.granted.take(), &self.mode)
+        {
+            charges.0.lock().push_back((admitted, buf.freeze()));
+            out.extend_from_slice(&PLACEHOLDER);
+        }
     }
 }
 
@@ -143,23 +252,50 @@ impl HttpBody for ChargedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         loop {
+            let mut out = BytesMut::new();
             if let Some(pending) = &mut this.pending {
                 let admitted = ready!(pending.as_mut().poll(cx));
                 this.pending = None;
-                this.charges.0.lock().push_back(admitted);
+                this.start_message(admitted, &mut out);
             }
             if let Some(data) = this.held.take() {
-                let passable = this.passable(data);
-                if !passable.is_empty() {
-                    return Poll::Ready(Some(Ok(Frame::data(passable))));
+                match this.process(data) {
+                    Ok(more) => out.extend_from_slice(&more),
+                    Err(status) => return Poll::Ready(Some(Err(status))),
                 }
+            }
+            if !out.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+            }
+            if this.pending.is_some() {
                 continue;
             }
-            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => this.held = Some(data),
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
-                },
+            let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(frame) => frame,
+                Poll::Pending => {
+                    if let Some(idle) = &mut this.idle {
+                        ready!(idle.as_mut().poll(cx));
+                        this.idle = None;
+                        return Poll::Ready(Some(Err(status(RequestError::Unavailable(format!(
+                            "the session sent nothing for {}s in the middle of a message \
+                                 whose admission charge it holds; reconnect and send it again",
+                            BODY_IDLE_TIMEOUT.as_secs()
+                        ))))));
+                    }
+                    return Poll::Pending;
+                }
+            };
+            match frame {
+                Some(Ok(frame)) => {
+                    if let Some(idle) = &mut this.idle {
+                        idle.as_mut()
+                            .reset(tokio::time::Instant::now() + BODY_IDLE_TIMEOUT);
+                    }
+                    match frame.into_data() {
+                        Ok(data) => this.held = Some(data),
+                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    }
+                }
                 other => return Poll::Ready(other),
             }
         }
@@ -220,16 +356,17 @@ impl HttpBody for HeldBody {
     }
 }
 
-/// Wraps `Append` request bodies in `ChargedBody` and `Read` response bodies in `HeldBody`;
-/// other calls pass untouched.
+/// Wraps `Append` request bodies in a charging `ChargedBody`, other requests in a limiting one,
+/// and `Read` response bodies in `HeldBody`.
 #[derive(Clone)]
 pub struct ChargeLayer {
     admission: AdmissionBuffer,
+    limits: TransportLimits,
 }
 
 impl ChargeLayer {
-    pub fn new(admission: AdmissionBuffer) -> Self {
-        Self { admission }
+    pub fn new(admission: AdmissionBuffer, limits: TransportLimits) -> Self {
+        Self { admission, limits }
     }
 }
 
@@ -240,6 +377,7 @@ impl<S> tower_layer::Layer<S> for ChargeLayer {
         ChargeService {
             inner,
             admission: self.admission.clone(),
+            limits: self.limits,
         }
     }
 }
@@ -248,6 +386,7 @@ impl<S> tower_layer::Layer<S> for ChargeLayer {
 pub struct ChargeService<S> {
     inner: S,
     admission: AdmissionBuffer,
+    limits: TransportLimits,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -269,17 +408,22 @@ where
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        match request.uri().path() {
-            APPEND_PATH => {
-                let (mut parts, body) = request.into_parts();
-                let charges = Arc::new(Charges::default());
-                parts.extensions.insert(charges.clone());
-                let body = ChargedBody::new(body, self.admission.clone(), charges);
-                Box::pin(self.inner.call(http::Request::from_parts(
-                    parts,
-                    tonic::body::Body::new(body),
-                )))
+        let (mut parts, body) = request.into_parts();
+        let mode = if parts.uri.path() == APPEND_PATH {
+            let charges = Arc::new(Charges::default());
+            parts.extensions.insert(charges.clone());
+            Mode::Charge {
+                admission: self.admission.clone(),
+                charges,
+                limits: self.limits,
             }
+        } else {
+            Mode::Limit
+        };
+        let path = parts.uri.path().to_owned();
+        let body = tonic::body::Body::new(ChargedBody::new(body, mode));
+        let request = http::Request::from_parts(parts, body);
+        match path.as_str() {
             READ_PATH => {
                 let response = self.inner.call(request);
                 Box::pin(async move {
@@ -297,8 +441,15 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::StreamExt;
     use http_body_util::BodyExt;
+    use nova_chain::admission::received_charge;
     use nova_core::metrics::Metrics;
+
+    const LIMITS: TransportLimits = TransportLimits {
+        max_message: 1 << 20,
+        largest_fragment: u64::MAX,
+    };
 
     fn framed(messages: &[&[u8]]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -310,57 +461,60 @@ mod tests {
         out
     }
 
-    /// Feeds `wire` in chunks of `chunk` bytes through a charged body; returns what passed.
-    async fn pass(wire: &[u8], chunk: usize, admission: AdmissionBuffer) -> (Vec<u8>, usize) {
-        let expected: u64 = {
-            let mut at = 0;
-            let mut sum = 0;
-            while at < wire.len() {
-                let len =
-                    u32::from_be_bytes([wire[at + 1], wire[at + 2], wire[at + 3], wire[at + 4]]);
-                sum += received_charge(len as u64);
-                at += 5 + len as usize;
-            }
-            sum
-        };
+    fn body(wire: &[u8], chunk: usize) -> tonic::body::Body {
         let chunks: Vec<Result<Frame<Bytes>, tonic::Status>> = wire
             .chunks(chunk)
             .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
             .collect();
-        let inner = tonic::body::Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+        tonic::body::Body::new(http_body_util::StreamBody::new(futures::stream::iter(
             chunks,
-        )));
+        )))
+    }
+
+    /// Feeds `wire` in chunks of `chunk` bytes through a charged body; returns what tonic saw
+    /// and the messages queued for the handler.
+    async fn pass(wire: &[u8], chunk: usize, admission: AdmissionBuffer) -> (Vec<u8>, Vec<Bytes>) {
         let charges = Arc::new(Charges::default());
-        let mut body = ChargedBody::new(inner, admission.clone(), charges.clone());
+        let mode = Mode::Charge {
+            admission: admission.clone(),
+            charges: charges.clone(),
+            limits: LIMITS,
+        };
+        let mut body = ChargedBody::new(body(wire, chunk), mode);
         let mut out = Vec::new();
         while let Some(frame) = body.frame().await {
             out.extend_from_slice(&frame.unwrap().into_data().unwrap());
         }
-        let granted = charges.0.lock().len();
+        let queued = charges.0.lock();
         assert_eq!(
-            charges.0.lock().iter().map(Admitted::charged).sum::<u64>(),
+            queued.iter().map(|(a, _)| a.charged()).sum::<u64>(),
             admission.budget().in_use(),
             "the queue holds every charge taken"
         );
-        assert_eq!(admission.budget().in_use(), expected);
-        (out, granted)
+        let messages = queued.iter().map(|(_, m)| m.clone()).collect();
+        (out, messages)
     }
 
     #[tokio::test]
-    async fn every_message_is_charged_and_every_byte_passes_in_order() {
-        let wire = framed(&[b"hello", b"", &[7u8; 100], b"x"]);
+    async fn every_message_is_charged_and_assembled_in_order() {
+        let messages: [&[u8]; 4] = [b"hello", b"", &[7u8; 100], b"x"];
+        let wire = framed(&messages);
         for chunk in [1, 2, 3, 5, 7, 64, 1000] {
             let admission = AdmissionBuffer::new(1 << 20, Metrics::new().admission);
-            let (out, granted) = pass(&wire, chunk, admission.clone()).await;
-            assert_eq!(out, wire, "chunks of {chunk}");
-            assert_eq!(granted, 4, "one charge per message, chunks of {chunk}");
+            let (out, queued) = pass(&wire, chunk, admission.clone()).await;
+            assert_eq!(
+                out,
+                framed(&[b"", b"", b"", b""]),
+                "tonic sees placeholders"
+            );
+            assert_eq!(queued, messages, "chunks of {chunk}");
             assert_eq!(admission.budget().in_use(), 0, "released with the session");
         }
     }
 
-    /// The prefix of a message is not completed downstream until its charge is granted.
+    /// A message is not taken in until its charge is granted.
     #[tokio::test]
-    async fn a_prefix_waits_for_its_charge() {
+    async fn a_message_waits_for_its_charge() {
         let admission = AdmissionBuffer::new(received_charge(10), Metrics::new().admission);
         let hold = admission.admit(received_charge(10)).await;
         let wire = framed(&[&[1u8; 10]]);
@@ -372,7 +526,86 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(!passing.is_finished(), "the message waits for its charge");
         drop(hold);
-        let (out, granted) = passing.await.unwrap();
-        assert_eq!((out, granted), (wire, 1));
+        let (_, queued) = passing.await.unwrap();
+        assert_eq!(queued, [Bytes::from_static(&[1u8; 10])]);
+    }
+
+    /// A prefix over the transport's limit is not charged (tonic refuses the message), nor is
+    /// a compressed one accepted.
+    #[tokio::test]
+    async fn oversized_and_compressed_messages_are_not_charged() {
+        let admission = AdmissionBuffer::new(1 << 30, Metrics::new().admission);
+        let mut oversized = vec![0u8];
+        oversized.extend_from_slice(&((2u32 << 20).to_be_bytes()));
+        let (out, queued) = pass(&oversized, 64, admission.clone()).await;
+        assert!(queued.is_empty(), "not charged");
+        assert_eq!(out, oversized, "passed to tonic, which refuses it");
+
+        let mut compressed = framed(&[b"abc"]);
+        compressed[0] = 1;
+        let mode = Mode::Charge {
+            admission,
+            charges: Arc::default(),
+            limits: LIMITS,
+        };
+        let mut body = ChargedBody::new(body(&compressed, 64), mode);
+        let error = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(error.code(), tonic::Code::InvalidArgument);
+    }
+
+    /// Calls other than Append are held to small messages before anything is buffered.
+    #[tokio::test]
+    async fn other_calls_refuse_large_messages() {
+        let small = framed(&[&[1u8; 100]]);
+        let mut body_small = ChargedBody::new(body(&small, 16), Mode::Limit);
+        let mut out = Vec::new();
+        while let Some(frame) = body_small.frame().await {
+            out.extend_from_slice(&frame.unwrap().into_data().unwrap());
+        }
+        assert_eq!(out, small);
+        let mut large = vec![0u8];
+        large.extend_from_slice(&((SMALL_MESSAGE_LIMIT as u32 + 1).to_be_bytes()));
+        let mut body_large = ChargedBody::new(body(&large, 16), Mode::Limit);
+        let error = body_large.frame().await.unwrap().unwrap_err();
+        assert_eq!(error.code(), tonic::Code::ResourceExhausted);
+    }
+
+    /// A producer that stops in the middle of a message whose charge it holds loses its
+    /// session after the idle timeout, and the charge with it.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_message_times_out() {
+        let admission = AdmissionBuffer::new(1 << 20, Metrics::new().admission);
+        let mut wire = vec![0u8];
+        wire.extend_from_slice(&100u32.to_be_bytes());
+        wire.extend_from_slice(&[1u8; 10]);
+        // The body yields the first 15 bytes, then never ends.
+        let stalled =
+            futures::stream::iter(vec![Ok::<_, tonic::Status>(Frame::data(Bytes::from(wire)))])
+                .chain(futures::stream::pending());
+        let inner = tonic::body::Body::new(http_body_util::StreamBody::new(stalled));
+        let charges = Arc::new(Charges::default());
+        let mode = Mode::Charge {
+            admission: admission.clone(),
+            charges: charges.clone(),
+            limits: LIMITS,
+        };
+        let mut body = ChargedBody::new(inner, mode);
+        let mut passed = 0;
+        let error = loop {
+            match body.frame().await.unwrap() {
+                Ok(frame) => passed += frame.into_data().unwrap().len(),
+                Err(error) => break error,
+            }
+        };
+        assert_eq!(
+            passed, 0,
+            "nothing of a message reaches tonic before it is whole"
+        );
+        assert_eq!(error.code(), tonic::Code::Unavailable);
+        assert!(
+            error.message().contains("sent nothing"),
+            "{}",
+            error.message()
+        );
     }
 }
