@@ -208,6 +208,28 @@ mod tests {
         assert!(m.check_fits().is_ok());
     }
 
+    /// One batch charged more than the whole buffer is clamped to it, so with a batch cap large
+    /// against the buffer the admission term is the batch, not the buffer.
+    #[test]
+    fn the_admission_term_covers_one_clamped_batch() {
+        let m = model(
+            &[
+                "--s3-memory-buffer-mib",
+                "32",
+                "--max-batch-bytes",
+                "100MiB",
+            ],
+            10 << 30,
+        );
+        let admission = m.formula(0).admission;
+        assert!(admission > 200 * MIB, "{admission}");
+        let m = model(
+            &["--s3-memory-buffer-mib", "32", "--max-batch-bytes", "4MiB"],
+            10 << 30,
+        );
+        assert_eq!(m.formula(0).admission, 32 * MIB);
+    }
+
     #[test]
     fn budgets_over_the_ceiling_are_refused_naming_each_term() {
         let m = model(&[], 512 * MIB);
@@ -233,6 +255,8 @@ mod tests {
                 "56",
                 "--read-memory-mib",
                 "4",
+                "--max-batch-bytes",
+                "1MiB",
                 "--tail-window-cache-mib",
                 "20",
                 "--saturation-threshold",

@@ -58,7 +58,8 @@ async fn a_star_in_a_memory_limited_cgroup_blocks_and_sheds_but_is_never_killed(
             return;
         }
     };
-    // Budgets that fit the 256 MiB limit: 64 + 32 + 300 × 64 KiB ≈ 115 MiB of formula.
+    // Budgets that fit the 256 MiB limit: 64 + 64 (reads) + 32 + 300 × 64 KiB ≈ 179 MiB of
+    // formula.
     let mut novad = novad()
         .cgroup(&group.0)
         .args([
@@ -68,6 +69,10 @@ async fn a_star_in_a_memory_limited_cgroup_blocks_and_sheds_but_is_never_killed(
             "32",
             "--max-producer-sessions",
             "300",
+            // Batches up to 8 MiB: with the default 100 MiB cap one clamped batch would be the
+            // admission term, and the formula would not fit the limit.
+            "--max-batch-bytes",
+            "8MiB",
         ])
         .start();
     assert_eq!(

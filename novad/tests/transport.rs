@@ -87,6 +87,10 @@ async fn sixteen_mib_batches_into_a_paused_store_stay_inside_the_formula() {
             &READ_MIB.to_string(),
             "--max-producer-sessions",
             &SESSIONS.to_string(),
+            // Room for the 16 MiB batches, small enough that the buffer stays the admission
+            // term of the formula.
+            "--max-batch-bytes",
+            "17MiB",
         ])
         .env("AWS_ACCESS_KEY_ID", "test")
         .env("AWS_SECRET_ACCESS_KEY", "testtest")
@@ -165,6 +169,8 @@ async fn idle_sessions_keep_nothing_of_their_last_batch() {
             &READ_MIB.to_string(),
             "--max-producer-sessions",
             &IDLE.to_string(),
+            "--max-batch-bytes",
+            "17MiB",
         ])
         .start();
     client(&novad).await.create_stream("s").await.unwrap();

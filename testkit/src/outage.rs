@@ -271,6 +271,10 @@ pub async fn run(scenario: OutageScenario) -> OutageReport {
             &tail,
             "--read-memory-mib",
             &read,
+            // The scenario's batches are small; a cap to match keeps one clamped batch from
+            // being the admission term of the star's formula.
+            "--max-batch-bytes",
+            "1MiB",
             "--max-producer-sessions",
             &sessions,
         ])
