@@ -229,3 +229,114 @@ async fn a_chain_unknown_to_the_metastore_is_refused() {
     assert!(message.contains("--rebuild-catalog"), "{message}");
     assert!(message.contains("--star-id"), "{message}");
 }
+
+/// What a deleted stream leaves behind does not accumulate: its metric series go, the absorber
+/// forgets its tail (and removes the tail key it may have written back), and the stream count
+/// has a cap with a clear refusal past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_streams_leave_nothing_that_grows() {
+    let disk = Disk::new();
+    let f = open_faulty(
+        &disk,
+        nova_chain::ChainConfig {
+            max_streams: 3,
+            ..config()
+        },
+    )
+    .await
+    .unwrap();
+    for name in ["a", "b", "c"] {
+        f.star
+            .streams()
+            .create(name, StorageClass::Standard)
+            .await
+            .unwrap();
+    }
+    let refused = f
+        .star
+        .streams()
+        .create("d", StorageClass::Standard)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("--max-streams"), "{refused}");
+    assert!(
+        matches!(refused, RequestError::LimitReached { .. }),
+        "{refused:?}"
+    );
+    assert_eq!(f.metrics.streams.get(), 3);
+
+    answer(append(&f.star, "a", "x").await).await.unwrap();
+    let rendered = f.metrics.render();
+    assert!(
+        rendered.contains("stream=\"a\""),
+        "series exist while the stream does"
+    );
+    let id = f.star.streams().get("a").unwrap().id();
+    f.star.streams().delete("a").await.unwrap();
+    assert!(
+        !f.metrics.render().contains("stream=\"a\""),
+        "a deleted stream's series are dropped"
+    );
+    // Another flight makes the absorber commit; the deleted stream's tail key is gone after.
+    answer(append(&f.star, "b", "y").await).await.unwrap();
+    let metrics = f.metrics.clone();
+    eventually(Duration::from_secs(10), "two absorbs", || {
+        metrics.flights_absorbed.get() >= 2
+    })
+    .await;
+    let mut key = b"t/".to_vec();
+    key.extend_from_slice(&id.to_be_bytes());
+    use nova_core::metastore::Metastore;
+    assert!(
+        f.metastore.get(&key).await.unwrap().is_none(),
+        "the deleted stream's tail key is not written back"
+    );
+    // With one stream gone, a create fits under the cap again.
+    f.star
+        .streams()
+        .create("d", StorageClass::Standard)
+        .await
+        .unwrap();
+}
+
+/// A backlog stall that blocks many flights is one stall, logged and counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_stall_is_counted_once_per_episode() {
+    let disk = Disk::new();
+    let f = open_faulty(
+        &disk,
+        nova_chain::ChainConfig {
+            backlog_flights: 1,
+            ..config()
+        },
+    )
+    .await
+    .unwrap();
+    f.star
+        .streams()
+        .create("s", StorageClass::Standard)
+        .await
+        .unwrap();
+    // Hold every absorb: one flight fills the backlog, the ones after it wait.
+    f.metastore.inject(CommitFault::Hold, None);
+    let mut pending = Vec::new();
+    for i in 0..6 {
+        pending.push(append(&f.star, "s", &format!("r{i}")).await);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    f.metastore.clear();
+    for receiver in pending {
+        answer(receiver).await.unwrap();
+    }
+    let stalls: u64 = nova_core::metrics::STALL_CAUSES
+        .iter()
+        .map(|cause| {
+            f.metrics
+                .stalls
+                .with_label_values(&["chain_backlog", cause])
+                .get()
+        })
+        .sum();
+    assert_eq!(stalls, 1, "one stall for the whole episode");
+}
