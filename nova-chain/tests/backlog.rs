@@ -1,72 +1,35 @@
 //! The backlog budget: when absorbs cannot keep up, appends block (they are not refused), the
 //! stall is counted once with its diagnosed cause, and everything completes once the absorb
-//! catches up. The metastore here is the real embedded one behind a gate that holds commits.
+//! catches up. The metastore here is the real embedded one behind a fault injector that holds
+//! commits.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::sync::watch;
 
 use nova_chain::admission::encoded_charge;
 use nova_chain::{ChainConfig, Star};
 use nova_core::catalog::StorageClass;
 use nova_core::flight::section::encode_fragment;
-use nova_core::metastore::{
-    Capabilities, EmbeddedMetastore, KeyValue, Metastore, MetastoreError, Txn, TxnOutcome,
-};
+use nova_core::metastore::EmbeddedMetastore;
+use nova_core::metastore::faulty::{CommitFault, FaultyMetastore};
 use nova_core::metrics::Metrics;
 use nova_core::object_store::{LocalStore, StoreLimits};
 use nova_core::record::Record;
 
-/// The embedded metastore, with commits that wait while the gate is closed.
-#[derive(Debug)]
-struct Gated {
-    inner: EmbeddedMetastore,
-    open: watch::Receiver<bool>,
-}
-
-#[async_trait]
-impl Metastore for Gated {
-    fn describe(&self) -> String {
-        "gated embedded metastore".into()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError> {
-        self.inner.get(key).await
-    }
-    async fn scan(
-        &self,
-        prefix: &[u8],
-        start_after: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<KeyValue>, MetastoreError> {
-        self.inner.scan(prefix, start_after, limit).await
-    }
-    async fn commit(&self, txn: Txn) -> Result<TxnOutcome, MetastoreError> {
-        let mut open = self.open.clone();
-        let _ = open.wait_for(|open| *open).await;
-        self.inner.commit(txn).await
-    }
-}
-
 struct Harness {
     star: Arc<Star>,
     metrics: Arc<Metrics>,
-    gate: watch::Sender<bool>,
+    metastore: FaultyMetastore,
     _dir: tempfile::TempDir,
 }
 
 async fn harness(slow_after: Duration) -> Harness {
     let dir = tempfile::tempdir().unwrap();
-    let (gate, open) = watch::channel(true);
-    let metastore = Arc::new(Gated {
-        inner: EmbeddedMetastore::open(dir.path().join("meta.redb")).unwrap(),
-        open,
-    });
+    let metastore = FaultyMetastore::new(Arc::new(
+        EmbeddedMetastore::open(dir.path().join("meta.redb")).unwrap(),
+    ));
     let store =
         Arc::new(LocalStore::open(dir.path().join("store"), StoreLimits::default()).unwrap());
     let metrics = Arc::new(Metrics::new());
@@ -77,7 +40,7 @@ async fn harness(slow_after: Duration) -> Harness {
         ..ChainConfig::default()
     };
     let star = Arc::new(
-        Star::open(config, store, metastore, metrics.clone())
+        Star::open(config, store, Arc::new(metastore.clone()), metrics.clone())
             .await
             .unwrap(),
     );
@@ -88,7 +51,7 @@ async fn harness(slow_after: Duration) -> Harness {
     Harness {
         star,
         metrics,
-        gate,
+        metastore,
         _dir: dir,
     }
 }
@@ -125,8 +88,7 @@ async fn stall_counts(harness: &Harness, cause: &str) -> u64 {
 async fn run_backlog_stall(slow_after: Duration, expected_cause: &str) {
     let h = harness(slow_after).await;
     // Hold every absorb: flights land and are acknowledged, but none is absorbed.
-    h.gate.send(true).unwrap();
-    let _ = h.gate.send(false);
+    h.metastore.inject(CommitFault::Hold, None);
     let mut acked = Vec::new();
     for body in ["a", "b"] {
         let ack = tokio::time::timeout(Duration::from_secs(10), append(&h.star, body).await)
@@ -154,7 +116,7 @@ async fn run_backlog_stall(slow_after: Duration, expected_cause: &str) {
     );
     assert_eq!(h.metrics.backlog.in_use.get(), 2);
 
-    h.gate.send(true).unwrap();
+    h.metastore.clear();
     let ack = tokio::time::timeout(Duration::from_secs(10), blocked)
         .await
         .expect("the append completes once the absorb catches up")

@@ -147,21 +147,8 @@ async fn health_reports_not_serving_while_the_store_is_unreachable() {
     let moto = Moto::start();
     moto.create_bucket("health");
     let proxy = FaultProxy::start(([127, 0, 0, 1], moto.port()).into());
-    let novad = novad()
-        .args([
-            "--s3-bucket",
-            "health",
-            "--s3-endpoint",
-            &proxy.endpoint(),
-            "--s3-path-style",
-            "--s3-request-timeout-ms",
-            "500",
-            "--s3-max-attempts",
-            "1",
-        ])
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "testtest")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
+    let novad = via_endpoint(novad(), &proxy.endpoint(), "health")
+        .args(["--s3-request-timeout-ms", "500", "--s3-max-attempts", "1"])
         .start();
     let channel = tonic::transport::Endpoint::from_shared(novad.url())
         .unwrap()
@@ -234,21 +221,13 @@ async fn an_abandoned_append_is_answered_outcome_unknown() {
     let moto = Moto::start();
     moto.create_bucket("abandon");
     let proxy = FaultProxy::start(([127, 0, 0, 1], moto.port()).into());
-    let mut novad = novad()
+    let mut novad = via_endpoint(novad(), &proxy.endpoint(), "abandon")
         .args([
-            "--s3-bucket",
-            "abandon",
-            "--s3-endpoint",
-            &proxy.endpoint(),
-            "--s3-path-style",
             "--s3-request-timeout-ms",
             "30000",
             "--shutdown-timeout-secs",
             "1",
         ])
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "testtest")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
         .start();
     let client = client(&novad).await;
     client.create_stream("s").await.unwrap();

@@ -132,22 +132,12 @@ async fn a_star_whose_store_is_down_at_start_keeps_retrying_and_accepts_nothing(
     // Refuse, but only after a first start that leaves a chain to settle.
     let dir = tempfile::tempdir().unwrap();
     let s3 = |dir: &std::path::Path| {
-        novad()
-            .data_dir(dir)
-            .args([
-                "--s3-bucket",
-                "late",
-                "--s3-endpoint",
-                &proxy.endpoint(),
-                "--s3-path-style",
-                "--s3-request-timeout-ms",
-                "500",
-                "--s3-max-attempts",
-                "1",
-            ])
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "testtest")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
+        via_endpoint(novad().data_dir(dir), &proxy.endpoint(), "late").args([
+            "--s3-request-timeout-ms",
+            "500",
+            "--s3-max-attempts",
+            "1",
+        ])
     };
     let mut first = s3(dir.path()).start();
     let before = client(&first).await;

@@ -70,13 +70,8 @@ async fn sixteen_mib_batches_into_a_paused_store_stay_inside_the_formula() {
     let moto = Moto::start();
     moto.create_bucket("paused");
     let proxy = FaultProxy::start(([127, 0, 0, 1], moto.port()).into());
-    let novad = novad()
+    let novad = via_endpoint(novad(), &proxy.endpoint(), "paused")
         .args([
-            "--s3-bucket",
-            "paused",
-            "--s3-endpoint",
-            &proxy.endpoint(),
-            "--s3-path-style",
             "--s3-request-timeout-ms",
             "60000",
             "--s3-memory-buffer-mib",
@@ -92,9 +87,6 @@ async fn sixteen_mib_batches_into_a_paused_store_stay_inside_the_formula() {
             "--max-batch-bytes",
             "17MiB",
         ])
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "testtest")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
         .start();
     client(&novad).await.create_stream("s").await.unwrap();
     proxy.set(Fault::Hang);

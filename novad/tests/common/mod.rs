@@ -19,15 +19,19 @@ pub fn novad_on_s3(moto: &Moto, bucket: &str) -> NovadBuilder {
 
 /// Points novad at an existing bucket on `moto`.
 pub fn with_s3(builder: NovadBuilder, moto: &Moto, bucket: &str) -> NovadBuilder {
+    via_endpoint(builder, &moto.endpoint(), bucket).args(["--s3-request-timeout-ms", "2000"])
+}
+
+/// Points novad at `bucket` on an S3-compatible endpoint (moto itself, or a fault proxy in
+/// front of it), with moto's credentials.
+pub fn via_endpoint(builder: NovadBuilder, endpoint: &str, bucket: &str) -> NovadBuilder {
     builder
         .args([
             "--s3-bucket",
             bucket,
             "--s3-endpoint",
-            &moto.endpoint(),
+            endpoint,
             "--s3-path-style",
-            "--s3-request-timeout-ms",
-            "2000",
         ])
         .env("AWS_ACCESS_KEY_ID", "test")
         .env("AWS_SECRET_ACCESS_KEY", "testtest")
