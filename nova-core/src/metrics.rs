@@ -283,7 +283,7 @@ impl Metrics {
             subscriptions_capacity: gauge(
                 &r,
                 "nova_subscriptions_capacity",
-                "Reads allowed to wait at once (--max-subscriptions).",
+                "Reads in progress allowed at once (--max-subscriptions), waiting ones included.",
             ),
             sheds: counter_vec(
                 &r,

@@ -188,10 +188,17 @@ async fn admit(ctx: &Context, charges: Option<&Charges>, request: WireAppend) ->
     // The message was charged from its length prefix and assembled outside tonic
     // (`charge.rs`), which saw only an empty placeholder for it. Without that layer in front (a
     // test calling the service directly) tonic's message is the request, charged now.
-    let (mut admitted, request) = match charges.and_then(Charges::take) {
-        Some((admitted, message)) => (admitted, WireAppend::parse(message)),
+    let (mut admitted, request) = match charges.map(Charges::take) {
+        Some(Some((admitted, message))) => (admitted, WireAppend::parse(message)),
+        // Every placeholder tonic yields stands for a queued message; one without is a bug, and
+        // answering it would shift every later answer by one.
+        Some(None) => {
+            tracing::error!("an append message arrived without its charge; ending the session");
+            return Pending::Close(
+                RequestError::Internal("the star lost track of a message; reconnect".into()).into(),
+            );
+        }
         None => {
-            debug_assert!(charges.is_none(), "a message arrived without its charge");
             let admitted = ctx
                 .star
                 .admission()

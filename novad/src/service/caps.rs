@@ -1,8 +1,8 @@
 //! Caps on concurrent work that shed rather than block: producer sessions and subscriptions
-//! (reads waiting at a stream's tail). Each holder keeps one permit for its whole life; work
-//! past the cap is refused at once with RESOURCE_EXHAUSTED, the flag's name and a retry hint,
-//! and nothing already admitted is ever cut to make room. Every shed is counted and logged (a
-//! burst as one line a second).
+//! (reads in progress, including those waiting at a stream's tail). Each holder keeps one permit
+//! for its whole life; work past the cap is refused at once with RESOURCE_EXHAUSTED, the flag's
+//! name and a retry hint, and nothing already admitted is ever cut to make room. Every shed is
+//! counted and logged (a burst as one line a second).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,7 +34,7 @@ pub const PRODUCER_SESSIONS: CapKind = CapKind {
 pub const SUBSCRIPTIONS: CapKind = CapKind {
     flag: "--max-subscriptions",
     label: "max_subscriptions",
-    what: "every subscription slot is taken; waiting reads are never cut",
+    what: "every subscription slot is taken; reads in progress are never cut",
     retry_after: Duration::from_millis(nova_core::limits::SESSION_SHED_RETRY_AFTER_MS),
 };
 

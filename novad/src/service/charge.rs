@@ -37,9 +37,13 @@ const PREFIX_LEN: usize = 5;
 /// The largest message any other call may send: reads and admin calls are small, and their
 /// bodies are not charged, so a large one is refused before it is buffered.
 pub const SMALL_MESSAGE_LIMIT: u64 = 64 * 1024;
-/// How long a message whose charge was granted may go without receiving a byte. Its charge
-/// holds admission room for others, so a producer that stalls mid-message loses its session.
-pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A message whose charge was granted must arrive whole within this long, plus a second for
+/// every `MESSAGE_MIN_RATE` bytes of it. Its charge holds admission room others wait for, so a
+/// producer that stalls (or trickles) mid-message loses its session. The deadline is fixed when
+/// the charge is granted: a byte now and then does not move it.
+pub const MESSAGE_GRACE: Duration = Duration::from_secs(30);
+/// The slowest rate a message may arrive at, in bytes per second, past `MESSAGE_GRACE`.
+pub const MESSAGE_MIN_RATE: u64 = 1 << 20;
 
 /// Messages assembled and charged, waiting for the handler, in arrival order. At most one or
 /// two: the next message is read only once the handler has taken the one before (it waits for
@@ -105,8 +109,11 @@ pub struct ChargedBody {
     pending: Option<Pending>,
     /// The charge of the message being assembled.
     granted: Option<Admitted>,
-    /// While a message is being assembled: when its session is dropped for sending nothing.
-    idle: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// While a message is being assembled: when its session is ended if it is not whole yet.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// An error to report once what came before it has been handed on; after it, the body ends.
+    failed: Option<tonic::Status>,
+    done: bool,
 }
 
 fn status(error: RequestError) -> tonic::Status {
@@ -129,7 +136,9 @@ impl ChargedBody {
             held: None,
             pending: None,
             granted: None,
-            idle: None,
+            deadline: None,
+            failed: None,
+            done: false,
         }
     }
 
@@ -224,7 +233,8 @@ impl ChargedBody {
         if len == 0 {
             self.finish_message(out);
         } else {
-            self.idle = Some(Box::pin(tokio::time::sleep(BODY_IDLE_TIMEOUT)));
+            let allowed = MESSAGE_GRACE + Duration::from_secs(len / MESSAGE_MIN_RATE);
+            self.deadline = Some(Box::pin(tokio::time::sleep(allowed)));
         }
     }
 
@@ -232,12 +242,37 @@ impl ChargedBody {
     /// placeholder in its place.
     fn finish_message(&mut self, out: &mut BytesMut) {
         let framing = std::mem::replace(&mut self.framing, fresh_prefix());
-        self.idle = None;
+        self.deadline = None;
         if let (Framing::Assembling { buf, .. }, Some(admitted), Mode::Charge { charges, .. }) =
             (framing, self.granted.take(), &self.mode)
         {
             charges.0.lock().push_back((admitted, buf.freeze()));
             out.extend_from_slice(&PLACEHOLDER);
+        }
+    }
+}
+
+impl ChargedBody {
+    /// Whether the stream is between messages (or has not started one).
+    fn between_messages(&self) -> bool {
+        matches!(self.framing, Framing::Prefix { got: 0, .. })
+    }
+
+    /// Fails the body once what was already processed has been handed on.
+    fn fail(
+        &mut self,
+        status: tonic::Status,
+        out: BytesMut,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        self.pending = None;
+        self.held = None;
+        self.deadline = None;
+        if out.is_empty() {
+            self.done = true;
+            Poll::Ready(Some(Err(status)))
+        } else {
+            self.failed = Some(status);
+            Poll::Ready(Some(Ok(Frame::data(out.freeze()))))
         }
     }
 }
@@ -251,6 +286,13 @@ impl HttpBody for ChargedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if let Some(status) = this.failed.take() {
+            this.done = true;
+            return Poll::Ready(Some(Err(status)));
+        }
         loop {
             let mut out = BytesMut::new();
             if let Some(pending) = &mut this.pending {
@@ -261,7 +303,7 @@ impl HttpBody for ChargedBody {
             if let Some(data) = this.held.take() {
                 match this.process(data) {
                     Ok(more) => out.extend_from_slice(&more),
-                    Err(status) => return Poll::Ready(Some(Err(status))),
+                    Err(status) => return this.fail(status, out),
                 }
             }
             if !out.is_empty() {
@@ -273,28 +315,30 @@ impl HttpBody for ChargedBody {
             let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(frame) => frame,
                 Poll::Pending => {
-                    if let Some(idle) = &mut this.idle {
-                        ready!(idle.as_mut().poll(cx));
-                        this.idle = None;
-                        return Poll::Ready(Some(Err(status(RequestError::Unavailable(format!(
-                            "the session sent nothing for {}s in the middle of a message \
-                                 whose admission charge it holds; reconnect and send it again",
-                            BODY_IDLE_TIMEOUT.as_secs()
-                        ))))));
+                    if let Some(deadline) = &mut this.deadline {
+                        ready!(deadline.as_mut().poll(cx));
+                        let error = RequestError::Unavailable(format!(
+                            "a message whose admission charge this session holds did not arrive \
+                             whole within {}s plus a second per MiB; reconnect and send it again",
+                            MESSAGE_GRACE.as_secs()
+                        ));
+                        return this.fail(status(error), BytesMut::new());
                     }
                     return Poll::Pending;
                 }
             };
             match frame {
-                Some(Ok(frame)) => {
-                    if let Some(idle) = &mut this.idle {
-                        idle.as_mut()
-                            .reset(tokio::time::Instant::now() + BODY_IDLE_TIMEOUT);
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => this.held = Some(data),
+                    Err(trailers) if this.between_messages() => {
+                        return Poll::Ready(Some(Ok(trailers)));
                     }
-                    match frame.into_data() {
-                        Ok(data) => this.held = Some(data),
-                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    Err(_) => {
+                        return this.fail(status(ended_inside_a_message()), BytesMut::new());
                     }
+                },
+                None if !this.between_messages() => {
+                    return this.fail(status(ended_inside_a_message()), BytesMut::new());
                 }
                 other => return Poll::Ready(other),
             }
@@ -302,12 +346,22 @@ impl HttpBody for ChargedBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.held.is_none() && self.pending.is_none() && self.inner.is_end_stream()
+        self.done
+            || (self.held.is_none()
+                && self.pending.is_none()
+                && self.failed.is_none()
+                && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
         SizeHint::default()
     }
+}
+
+fn ended_inside_a_message() -> RequestError {
+    RequestError::InvalidRequest(
+        "the stream ended inside a message; the message was not applied".into(),
+    )
 }
 
 /// A page's share of the read budget, handed out of the read handler in the response's
@@ -537,9 +591,20 @@ mod tests {
         let admission = AdmissionBuffer::new(1 << 30, Metrics::new().admission);
         let mut oversized = vec![0u8];
         oversized.extend_from_slice(&((2u32 << 20).to_be_bytes()));
-        let (out, queued) = pass(&oversized, 64, admission.clone()).await;
-        assert!(queued.is_empty(), "not charged");
-        assert_eq!(out, oversized, "passed to tonic, which refuses it");
+        let charges = Arc::new(Charges::default());
+        let mode = Mode::Charge {
+            admission: admission.clone(),
+            charges: charges.clone(),
+            limits: LIMITS,
+        };
+        let mut passing = ChargedBody::new(body(&oversized, 64), mode);
+        let first = passing.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(
+            first, oversized,
+            "passed to tonic, which refuses it at its prefix"
+        );
+        assert!(charges.take().is_none(), "not charged");
+        assert_eq!(admission.budget().in_use(), 0);
 
         let mut compressed = framed(&[b"abc"]);
         compressed[0] = 1;
@@ -571,7 +636,7 @@ mod tests {
     }
 
     /// A producer that stops in the middle of a message whose charge it holds loses its
-    /// session after the idle timeout, and the charge with it.
+    /// session at the message's deadline, and the charge with it.
     #[tokio::test(start_paused = true)]
     async fn a_stalled_message_times_out() {
         let admission = AdmissionBuffer::new(1 << 20, Metrics::new().admission);
@@ -603,9 +668,37 @@ mod tests {
         );
         assert_eq!(error.code(), tonic::Code::Unavailable);
         assert!(
-            error.message().contains("sent nothing"),
+            error.message().contains("did not arrive"),
             "{}",
             error.message()
         );
+    }
+
+    /// A stream that ends inside a message is an error, not a clean close: the message is not
+    /// applied, and the producer is told.
+    #[tokio::test]
+    async fn a_stream_ending_inside_a_message_is_an_error() {
+        let admission = AdmissionBuffer::new(1 << 20, Metrics::new().admission);
+        let whole = framed(&[b"whole"]);
+        let mut wire = whole.clone();
+        wire.extend_from_slice(&[0, 0, 0, 0, 50, 1, 2, 3]);
+        let charges = Arc::new(Charges::default());
+        let mode = Mode::Charge {
+            admission,
+            charges: charges.clone(),
+            limits: LIMITS,
+        };
+        let mut body = ChargedBody::new(body(&wire, 4), mode);
+        let mut passed = Vec::new();
+        let error = loop {
+            match body.frame().await {
+                Some(Ok(frame)) => passed.extend_from_slice(&frame.into_data().unwrap()),
+                Some(Err(error)) => break error,
+                None => panic!("a clean end"),
+            }
+        };
+        assert_eq!(passed, PLACEHOLDER, "the whole message was handed on first");
+        assert_eq!(error.code(), tonic::Code::InvalidArgument);
+        assert!(body.frame().await.is_none(), "nothing after the error");
     }
 }

@@ -34,7 +34,7 @@ pub struct Context {
     pub max_read_bytes: u64,
     pub max_read_records: u32,
     pub sessions: Cap,
-    /// Reads waiting at a stream's tail (`wait_ms`).
+    /// Reads in progress, including those waiting at a stream's tail (`wait_ms`).
     pub subscriptions: Cap,
     pub metrics: Arc<Metrics>,
     pub sheds: Arc<ShedLog>,
