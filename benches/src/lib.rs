@@ -24,3 +24,13 @@ pub fn fragments(streams: usize, per_stream: usize, body: usize) -> Vec<Fragment
         .map(|_| encode_fragment(records(per_stream, body).iter()))
         .collect()
 }
+
+/// The number after `name` on the command line (`--cycles 1000`), or `default`.
+pub fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

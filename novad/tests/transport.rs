@@ -45,6 +45,20 @@ fn big_append() -> Bytes {
     framed.freeze()
 }
 
+/// Opens an `Append` call over raw HTTP/2.
+async fn open_append(
+    h2: &h2::client::SendRequest<Bytes>,
+    port: u16,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let mut h2 = h2.clone().ready().await.unwrap();
+    let request = http::Request::post(format!("http://127.0.0.1:{port}/nova.v1.Nova/Append"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    h2.send_request(request, false).unwrap()
+}
+
 /// Sends `message` on the stream as its windows allow, a frame's worth at a time, as an HTTP/2
 /// client that streams a body does; the slices share the buffer.
 async fn send_slowly(mut send: h2::SendStream<Bytes>, message: Bytes) {
@@ -100,16 +114,7 @@ async fn sixteen_mib_batches_into_a_paused_store_stay_inside_the_formula() {
     tokio::spawn(connection);
     let mut calls = Vec::new();
     for _ in 0..SESSIONS {
-        let mut h2 = h2.clone().ready().await.unwrap();
-        let request = http::Request::post(format!(
-            "http://127.0.0.1:{}/nova.v1.Nova/Append",
-            novad.port()
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-        let (response, send) = h2.send_request(request, false).unwrap();
+        let (response, send) = open_append(&h2, novad.port()).await;
         calls.push((response, tokio::spawn(send_slowly(send, message.clone()))));
     }
 
@@ -175,16 +180,7 @@ async fn idle_sessions_keep_nothing_of_their_last_batch() {
     tokio::spawn(connection);
     let mut sessions = Vec::new();
     for _ in 0..IDLE {
-        let mut h2 = h2.clone().ready().await.unwrap();
-        let request = http::Request::post(format!(
-            "http://127.0.0.1:{}/nova.v1.Nova/Append",
-            novad.port()
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-        let (response, send) = h2.send_request(request, false).unwrap();
+        let (response, send) = open_append(&h2, novad.port()).await;
         let sending = tokio::spawn(send_slowly(send, message.clone()));
         sessions.push((response, sending));
     }

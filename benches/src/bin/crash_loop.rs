@@ -4,17 +4,9 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
+use nova_benches::arg;
 use nova_testkit::crash_loop::{CrashLoop, run};
 use nova_testkit::workspace_binary;
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() -> ExitCode {
     let mut config = CrashLoop::new(workspace_binary("novad"));

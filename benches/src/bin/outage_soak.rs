@@ -5,17 +5,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use nova_benches::arg;
 use nova_testkit::outage::{OutageScenario, run};
 use nova_testkit::{Fault, workspace_binary};
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() -> ExitCode {
     let mut scenario = OutageScenario::new(workspace_binary("novad"));
