@@ -87,16 +87,34 @@ struct Stream {
     tail: StreamTail,
 }
 
+/// An error a rebuild retries a few times before giving up on it.
+trait Transient: std::fmt::Display {
+    fn transient(&self) -> bool;
+}
+
+impl Transient for StoreError {
+    fn transient(&self) -> bool {
+        self.is_retryable()
+    }
+}
+
+impl Transient for FetchError {
+    fn transient(&self) -> bool {
+        matches!(self, FetchError::Store(err) if err.is_retryable())
+    }
+}
+
 /// Retries `op` while it fails with a retryable error, a few times with backoff.
-async fn retrying<T, F, Fut>(mut op: F) -> Result<T, StoreError>
+async fn retrying<T, E, F, Fut>(mut op: F) -> Result<T, E>
 where
+    E: Transient,
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, StoreError>>,
+    Fut: Future<Output = Result<T, E>>,
 {
     let mut attempt = 1;
     loop {
         match op().await {
-            Err(err) if err.is_retryable() && attempt < ATTEMPTS => {
+            Err(err) if err.transient() && attempt < ATTEMPTS => {
                 tracing::warn!(attempt, "rebuild: retrying: {err}");
                 tokio::time::sleep(Duration::from_millis(100 << attempt.min(6))).await;
                 attempt += 1;
@@ -208,7 +226,7 @@ pub async fn rebuild_catalog(
         let mut fenced_by = None;
         loop {
             let key = slot_key(star, epoch, slot);
-            let footer = match retrying_footer(store, &key).await {
+            let footer = match retrying(|| fetch_footer(store, &key)).await {
                 Ok(footer) => footer,
                 Err(FetchError::Store(StoreError::NotFound { .. })) => break,
                 Err(source) => return Err(RebuildError::Flight { key, source }),
@@ -332,18 +350,4 @@ pub async fn rebuild_catalog(
     };
     catalog.restore_streams(&restored).await?;
     Ok(report)
-}
-
-async fn retrying_footer(store: &dyn ObjectStore, key: &str) -> Result<ObjectFooter, FetchError> {
-    let mut attempt = 1;
-    loop {
-        match fetch_footer(store, key).await {
-            Err(FetchError::Store(err)) if err.is_retryable() && attempt < ATTEMPTS => {
-                tracing::warn!(attempt, "rebuild: retrying: {err}");
-                tokio::time::sleep(Duration::from_millis(100 << attempt.min(6))).await;
-                attempt += 1;
-            }
-            other => return other,
-        }
-    }
 }

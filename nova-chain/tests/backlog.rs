@@ -3,20 +3,18 @@
 //! catches up. The metastore here is the real embedded one behind a fault injector that holds
 //! commits.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-
-use nova_chain::admission::encoded_charge;
 use nova_chain::{ChainConfig, Star};
 use nova_core::catalog::StorageClass;
-use nova_core::flight::section::encode_fragment;
 use nova_core::metastore::EmbeddedMetastore;
 use nova_core::metastore::faulty::{CommitFault, FaultyMetastore};
 use nova_core::metrics::Metrics;
 use nova_core::object_store::{LocalStore, StoreLimits};
-use nova_core::record::Record;
+use support::append;
 
 struct Harness {
     star: Arc<Star>,
@@ -56,27 +54,6 @@ async fn harness(slow_after: Duration) -> Harness {
     }
 }
 
-/// Appends one record and returns the receiver of its ack.
-async fn append(
-    star: &Star,
-    body: &'static str,
-) -> tokio::sync::oneshot::Receiver<nova_chain::AppendReply> {
-    let stream = star.streams().get("s").unwrap();
-    let records = [Record {
-        timestamp: 1,
-        headers: vec![],
-        body: Bytes::from_static(body.as_bytes()),
-    }];
-    let admitted = star
-        .admission()
-        .admit(encoded_charge(1, 0, body.len() as u64))
-        .await;
-    let fragment = encode_fragment(records.iter());
-    star.submit(stream, vec![fragment], body.len() as u64, None, admitted)
-        .await
-        .unwrap()
-}
-
 async fn stall_counts(harness: &Harness, cause: &str) -> u64 {
     harness
         .metrics
@@ -91,7 +68,7 @@ async fn run_backlog_stall(slow_after: Duration, expected_cause: &str) {
     h.metastore.inject(CommitFault::Hold, None);
     let mut acked = Vec::new();
     for body in ["a", "b"] {
-        let ack = tokio::time::timeout(Duration::from_secs(10), append(&h.star, body).await)
+        let ack = tokio::time::timeout(Duration::from_secs(10), append(&h.star, "s", body).await)
             .await
             .expect("the first flights fit in the backlog")
             .unwrap()
@@ -102,7 +79,7 @@ async fn run_backlog_stall(slow_after: Duration, expected_cause: &str) {
     }
     // Let the absorber get stuck inside its commit for a while before the budget runs out.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let blocked = append(&h.star, "c").await;
+    let blocked = append(&h.star, "s", "c").await;
     tokio::pin!(blocked);
     let waited = tokio::time::timeout(Duration::from_millis(500), &mut blocked).await;
     assert!(

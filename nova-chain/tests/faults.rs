@@ -23,11 +23,7 @@ use support::*;
 async fn nothing_past_an_abandoned_flight_is_acknowledged() {
     let disk = Disk::new();
     let f = open_faulty(&disk, config()).await.unwrap();
-    f.star
-        .streams()
-        .create("s", StorageClass::Standard)
-        .await
-        .unwrap();
+    create(&f.star, "s").await;
     let epoch = f.star.epoch();
     f.store.inject(
         &[Op::PutIfAbsent],
@@ -77,11 +73,7 @@ async fn nothing_past_an_abandoned_flight_is_acknowledged() {
 async fn an_absorb_whose_answer_was_lost_does_not_fence_the_star() {
     let disk = Disk::new();
     let f = open_faulty(&disk, config()).await.unwrap();
-    f.star
-        .streams()
-        .create("s", StorageClass::Standard)
-        .await
-        .unwrap();
+    create(&f.star, "s").await;
     f.metastore.inject(CommitFault::LoseAnswer, Some(1));
     answer(append(&f.star, "s", "a").await).await.unwrap();
     let metrics = f.metrics.clone();
@@ -104,10 +96,7 @@ async fn a_recovery_commit_whose_answer_was_lost_still_starts() {
     let disk = Disk::new();
     {
         let star = open_plain(&disk, config()).await.unwrap();
-        star.streams()
-            .create("s", StorageClass::Standard)
-            .await
-            .unwrap();
+        create(&star, "s").await;
         answer(append(&star, "s", "a").await).await.unwrap();
         // Stop without absorbing: the next start settles the flight.
         star.shutdown(Duration::from_secs(5)).await.unwrap();
@@ -132,11 +121,7 @@ async fn a_recovery_commit_whose_answer_was_lost_still_starts() {
 async fn a_fenced_star_reports_itself_failed() {
     let disk = Disk::new();
     let f = open_faulty(&disk, config()).await.unwrap();
-    f.star
-        .streams()
-        .create("s", StorageClass::Standard)
-        .await
-        .unwrap();
+    create(&f.star, "s").await;
     // Another process moves the chain to a new epoch, as a successor's recovery does.
     let catalog = Catalog::new(std::sync::Arc::new(f.metastore.clone()));
     let chain = catalog.chain(STAR).await.unwrap().unwrap();
@@ -165,11 +150,7 @@ async fn a_fenced_star_reports_itself_failed() {
 async fn a_store_that_refuses_writes_is_reported_and_recovers() {
     let disk = Disk::new();
     let f = open_faulty(&disk, config()).await.unwrap();
-    f.star
-        .streams()
-        .create("s", StorageClass::Standard)
-        .await
-        .unwrap();
+    create(&f.star, "s").await;
     f.store
         .inject(&[Op::PutIfAbsent], "chain/", Fault::Permanent, None);
     let mut pending = append(&f.star, "s", "a").await;
@@ -209,10 +190,7 @@ async fn a_chain_unknown_to_the_metastore_is_refused() {
     let disk = Disk::new();
     {
         let star = open_plain(&disk, config()).await.unwrap();
-        star.streams()
-            .create("s", StorageClass::Standard)
-            .await
-            .unwrap();
+        create(&star, "s").await;
         answer(append(&star, "s", "a").await).await.unwrap();
         star.shutdown(Duration::from_secs(5)).await.unwrap();
     }
@@ -246,11 +224,7 @@ async fn deleted_streams_leave_nothing_that_grows() {
     .await
     .unwrap();
     for name in ["a", "b", "c"] {
-        f.star
-            .streams()
-            .create(name, StorageClass::Standard)
-            .await
-            .unwrap();
+        create(&f.star, name).await;
     }
     let refused = f
         .star
@@ -292,11 +266,7 @@ async fn deleted_streams_leave_nothing_that_grows() {
         "the deleted stream's tail key is not written back"
     );
     // With one stream gone, a create fits under the cap again.
-    f.star
-        .streams()
-        .create("d", StorageClass::Standard)
-        .await
-        .unwrap();
+    create(&f.star, "d").await;
 }
 
 /// A backlog stall that blocks many flights is one stall, logged and counted once.
@@ -312,11 +282,7 @@ async fn a_backlog_stall_is_counted_once_per_episode() {
     )
     .await
     .unwrap();
-    f.star
-        .streams()
-        .create("s", StorageClass::Standard)
-        .await
-        .unwrap();
+    create(&f.star, "s").await;
     // Hold every absorb: one flight fills the backlog, the ones after it wait.
     f.metastore.inject(CommitFault::Hold, None);
     let mut pending = Vec::new();

@@ -7,7 +7,6 @@ mod support;
 use std::time::Duration;
 
 use nova_chain::ChainConfig;
-use nova_core::catalog::StorageClass;
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,10 +20,7 @@ async fn reads_are_held_to_the_read_budget() {
     };
     let f = open_faulty(&disk, config).await.unwrap();
     let star = f.star.clone();
-    star.streams()
-        .create("s", StorageClass::Standard)
-        .await
-        .unwrap();
+    create(&star, "s").await;
     let body = "r".repeat(10 * 1024);
     for _ in 0..20 {
         // One record per flight: each is a section of its own.

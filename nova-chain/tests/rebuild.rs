@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use nova_chain::rebuild::rebuild_catalog;
 use nova_chain::{ChainConfig, Star, StartError};
-use nova_core::catalog::{Catalog, StorageClass};
+use nova_core::catalog::Catalog;
 use nova_core::metastore::{EmbeddedMetastore, Metastore};
 use nova_core::metrics::Metrics;
 use nova_core::object_store::faulty::{Fault, FaultyStore};
@@ -43,11 +43,7 @@ async fn stars_sharing_a_bucket_rebuild_only_their_own_streams() {
             .await
             .unwrap();
         // Both catalogs hand out id 1 to a stream named "x".
-        opened
-            .streams()
-            .create("x", StorageClass::Standard)
-            .await
-            .unwrap();
+        create(&opened, "x").await;
         for body in bodies {
             answer(append(&opened, "x", body).await).await.unwrap();
         }
@@ -74,10 +70,7 @@ async fn an_interrupted_rebuild_is_refused_at_start_and_completes_when_run_again
         let star = open(STAR, disk.store(), metastore(&disk, "m"))
             .await
             .unwrap();
-        star.streams()
-            .create("s", StorageClass::Standard)
-            .await
-            .unwrap();
+        create(&star, "s").await;
         for body in ["one", "two", "three"] {
             answer(append(&star, "s", body).await).await.unwrap();
         }

@@ -185,6 +185,34 @@ fn records(bodies: &[&str]) -> Vec<Record> {
         .collect()
 }
 
+/// A catalog holding `streams` and a chain for `star` at epoch 1, as a star left it before
+/// writing anything; returns the streams' ids.
+async fn catalog_with_chain(dir: &std::path::Path, star: &str, streams: &[&str]) -> Vec<u64> {
+    let catalog = Catalog::new(Arc::new(
+        EmbeddedMetastore::open(dir.join("meta.redb")).unwrap(),
+    ));
+    let mut ids = Vec::new();
+    for name in streams {
+        let meta = catalog
+            .create_stream(name, StorageClass::Standard, 1)
+            .await
+            .unwrap();
+        ids.push(meta.id);
+    }
+    catalog
+        .set_chain(
+            star,
+            None,
+            ChainState {
+                epoch: 1,
+                checkpoint: None,
+            },
+        )
+        .await
+        .unwrap();
+    ids
+}
+
 async fn open_star(
     dir: &std::path::Path,
     store: Arc<dyn ObjectStore>,
@@ -207,31 +235,8 @@ async fn a_flight_with_several_sections_of_one_stream_is_settled() {
     let store: Arc<dyn ObjectStore> =
         Arc::new(LocalStore::open(dir.path().join("store"), StoreLimits::default()).unwrap());
     let star = "star-b";
-    let (s_id, t_id) = {
-        let catalog = Catalog::new(Arc::new(
-            EmbeddedMetastore::open(dir.path().join("meta.redb")).unwrap(),
-        ));
-        let s = catalog
-            .create_stream("s", StorageClass::Standard, 1)
-            .await
-            .unwrap();
-        let t = catalog
-            .create_stream("t", StorageClass::Standard, 1)
-            .await
-            .unwrap();
-        catalog
-            .set_chain(
-                star,
-                None,
-                ChainState {
-                    epoch: 1,
-                    checkpoint: None,
-                },
-            )
-            .await
-            .unwrap();
-        (s.id, t.id)
-    };
+    let ids = catalog_with_chain(dir.path(), star, &["s", "t"]).await;
+    let (s_id, t_id) = (ids[0], ids[1]);
     let section = |stream_id, name: &str, start, bodies: &[&str]| SectionInput {
         stream_id,
         stream: name.into(),
@@ -302,27 +307,7 @@ async fn a_flight_written_for_another_slot_is_refused() {
     let store: Arc<dyn ObjectStore> =
         Arc::new(LocalStore::open(dir.path().join("store"), StoreLimits::default()).unwrap());
     let star = "star-c";
-    let s_id = {
-        let catalog = Catalog::new(Arc::new(
-            EmbeddedMetastore::open(dir.path().join("meta.redb")).unwrap(),
-        ));
-        let s = catalog
-            .create_stream("s", StorageClass::Standard, 1)
-            .await
-            .unwrap();
-        catalog
-            .set_chain(
-                star,
-                None,
-                ChainState {
-                    epoch: 1,
-                    checkpoint: None,
-                },
-            )
-            .await
-            .unwrap();
-        s.id
-    };
+    let s_id = catalog_with_chain(dir.path(), star, &["s"]).await[0];
     // Another star's flight, copied under this star's first slot.
     store
         .put(

@@ -11,6 +11,7 @@ use nova_chain::Star;
 use nova_core::memory::detect_ceiling;
 use nova_core::metastore::{EmbeddedMetastore, Metastore};
 use nova_core::metrics::Metrics;
+use nova_core::object_store::ObjectStore;
 use nova_core::shed::ShedLog;
 use nova_proto::server::nova_server::NovaServer;
 use nova_proto::units::ByteSize;
@@ -39,15 +40,20 @@ fn open_metastore(config: &Config) -> anyhow::Result<Arc<dyn Metastore>> {
     ))
 }
 
-/// `novad --rebuild-catalog`: restores the catalog from the object store, then exits.
-pub async fn rebuild(config: Config) -> anyhow::Result<()> {
-    let metastore = open_metastore(&config)?;
+/// The object store: S3 when a bucket is given, else the local directory under --data-dir.
+async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn ObjectStore>> {
     let local_root = config.data_dir.join("store");
-    let store = config
+    config
         .store
         .open(&local_root, true)
         .await
-        .with_context(|| format!("opening the local object store at {}", local_root.display()))?;
+        .with_context(|| format!("opening the local object store at {}", local_root.display()))
+}
+
+/// `novad --rebuild-catalog`: restores the catalog from the object store, then exits.
+pub async fn rebuild(config: Config) -> anyhow::Result<()> {
+    let metastore = open_metastore(&config)?;
+    let store = open_store(&config).await?;
     tracing::info!(
         star = %config.star_id,
         store = %store.describe(),
@@ -95,12 +101,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         tracing::warn!("--allow-memory-overcommit: starting anyway: {problem}");
     }
-    let local_root = config.data_dir.join("store");
-    let store = config
-        .store
-        .open(&local_root, true)
-        .await
-        .with_context(|| format!("opening the local object store at {}", local_root.display()))?;
+    let store = open_store(&config).await?;
     let stopping = CancellationToken::new();
 
     // Metrics are up before recovery, so a star stuck retrying an unreachable store is visible.

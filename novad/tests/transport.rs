@@ -16,7 +16,7 @@ use prost::Message;
 use common::*;
 use nova_proto::v1;
 use nova_testkit::outage::star_overhead_bytes;
-use nova_testkit::{Fault, FaultProxy, Moto};
+use nova_testkit::{Fault, FaultProxy, Moto, NovadBuilder};
 
 const SESSIONS: u64 = 200;
 const ADMISSION_MIB: u64 = 64;
@@ -79,39 +79,47 @@ async fn send_slowly(mut send: h2::SendStream<Bytes>, message: Bytes) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sixteen_mib_batches_into_a_paused_store_stay_inside_the_formula() {
-    let moto = Moto::start();
-    moto.create_bucket("paused");
-    let proxy = FaultProxy::start(([127, 0, 0, 1], moto.port()).into());
-    let novad = via_endpoint(novad(), &proxy.endpoint(), "paused")
-        .args([
-            "--s3-request-timeout-ms",
-            "60000",
-            "--s3-memory-buffer-mib",
-            &ADMISSION_MIB.to_string(),
-            "--tail-window-cache-mib",
-            &TAIL_MIB.to_string(),
-            "--read-memory-mib",
-            &READ_MIB.to_string(),
-            "--max-producer-sessions",
-            &SESSIONS.to_string(),
-            // Room for the 16 MiB batches, small enough that the buffer stays the admission
-            // term of the formula.
-            "--max-batch-bytes",
-            "17MiB",
-        ])
-        .start();
-    client(&novad).await.create_stream("s").await.unwrap();
-    proxy.set(Fault::Hang);
+/// Small budgets for `sessions` sessions, and room for the 16 MiB batches, small enough that
+/// the buffer stays the admission term of the formula.
+fn small_budgets(builder: NovadBuilder, sessions: u64) -> NovadBuilder {
+    builder.args([
+        "--s3-memory-buffer-mib",
+        &ADMISSION_MIB.to_string(),
+        "--tail-window-cache-mib",
+        &TAIL_MIB.to_string(),
+        "--read-memory-mib",
+        &READ_MIB.to_string(),
+        "--max-producer-sessions",
+        &sessions.to_string(),
+        "--max-batch-bytes",
+        "17MiB",
+    ])
+}
 
-    let message = big_append();
+/// A raw HTTP/2 connection to novad, with Nagle off so small frames are not held back.
+async fn connect(novad: &nova_testkit::Novad) -> h2::client::SendRequest<Bytes> {
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", novad.port()))
         .await
         .unwrap();
     tcp.set_nodelay(true).unwrap();
     let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);
+    h2
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_mib_batches_into_a_paused_store_stay_inside_the_formula() {
+    let moto = Moto::start();
+    moto.create_bucket("paused");
+    let proxy = FaultProxy::start(([127, 0, 0, 1], moto.port()).into());
+    let novad = small_budgets(via_endpoint(novad(), &proxy.endpoint(), "paused"), SESSIONS)
+        .args(["--s3-request-timeout-ms", "60000"])
+        .start();
+    client(&novad).await.create_stream("s").await.unwrap();
+    proxy.set(Fault::Hang);
+
+    let message = big_append();
+    let h2 = connect(&novad).await;
     let mut calls = Vec::new();
     for _ in 0..SESSIONS {
         let (response, send) = open_append(&h2, novad.port()).await;
@@ -156,28 +164,10 @@ async fn sixteen_mib_batches_into_a_paused_store_stay_inside_the_formula() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_sessions_keep_nothing_of_their_last_batch() {
     const IDLE: u64 = 20;
-    let novad = novad()
-        .args([
-            "--s3-memory-buffer-mib",
-            &ADMISSION_MIB.to_string(),
-            "--tail-window-cache-mib",
-            &TAIL_MIB.to_string(),
-            "--read-memory-mib",
-            &READ_MIB.to_string(),
-            "--max-producer-sessions",
-            &IDLE.to_string(),
-            "--max-batch-bytes",
-            "17MiB",
-        ])
-        .start();
+    let novad = small_budgets(novad(), IDLE).start();
     client(&novad).await.create_stream("s").await.unwrap();
     let message = big_append();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", novad.port()))
-        .await
-        .unwrap();
-    tcp.set_nodelay(true).unwrap();
-    let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
+    let h2 = connect(&novad).await;
     let mut sessions = Vec::new();
     for _ in 0..IDLE {
         let (response, send) = open_append(&h2, novad.port()).await;

@@ -376,14 +376,9 @@ async fn verify(
 ) -> u64 {
     let mut unacked = 0;
     for (name, stream) in free.iter_mut() {
-        let records = match read_from(client, name, stream.verified_to).await {
-            Ok(records) => records,
-            Err(e) => {
-                report
-                    .violations
-                    .push(format!("cycle {cycle}: reading {name}: {e}"));
-                continue;
-            }
+        let Some(records) = read_checked(client, cycle, name, stream.verified_to, report).await
+        else {
+            continue;
         };
         let tail = stream.verified_to + records.len() as u64;
         if let Some((&last, _)) = stream.acked.iter().next_back()
@@ -415,14 +410,9 @@ async fn verify(
         stream.verified_to = tail;
     }
     for (name, stream) in exact.iter_mut() {
-        let records = match read_from(client, name, stream.verified_to).await {
-            Ok(records) => records,
-            Err(e) => {
-                report
-                    .violations
-                    .push(format!("cycle {cycle}: reading {name}: {e}"));
-                continue;
-            }
+        let Some(records) = read_checked(client, cycle, name, stream.verified_to, report).await
+        else {
+            continue;
         };
         for (i, body) in records.iter().enumerate() {
             let seq = stream.verified_to as usize + i;
@@ -449,6 +439,25 @@ async fn verify(
         }
     }
     unacked
+}
+
+/// The stream's records from `from` to its tail, or `None` with the failure reported.
+async fn read_checked(
+    client: &Client,
+    cycle: u64,
+    stream: &str,
+    from: u64,
+    report: &mut CrashReport,
+) -> Option<Vec<bytes::Bytes>> {
+    match read_from(client, stream, from).await {
+        Ok(records) => Some(records),
+        Err(e) => {
+            report
+                .violations
+                .push(format!("cycle {cycle}: reading {stream}: {e}"));
+            None
+        }
+    }
 }
 
 async fn read_from(

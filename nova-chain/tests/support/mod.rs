@@ -88,6 +88,14 @@ pub async fn open_plain(disk: &Disk, config: ChainConfig) -> Result<Star, StartE
     .await
 }
 
+/// Creates a Standard stream, as every test here does first.
+pub async fn create(star: &Star, name: &str) {
+    star.streams()
+        .create(name, nova_core::catalog::StorageClass::Standard)
+        .await
+        .unwrap();
+}
+
 /// Submits one record to `stream` and returns the receiver of its answer.
 pub async fn append(
     star: &Star,

@@ -178,36 +178,34 @@ impl ChargedBody {
                         )));
                     }
                     let len = (&prefix[1..]).get_u32() as u64;
-                    match &self.mode {
+                    // Small messages of other calls pass through to tonic; so does an append
+                    // over the transport's limit, which tonic refuses at its prefix. Any other
+                    // append waits for its charge.
+                    let charged = match &self.mode {
                         Mode::Limit if len > SMALL_MESSAGE_LIMIT => {
                             return Err(status(RequestError::MessageTooLarge(format!(
                                 "a message of {len} bytes, over the {SMALL_MESSAGE_LIMIT} bytes \
                                  this call accepts"
                             ))));
                         }
-                        Mode::Charge { limits, .. } if len > limits.max_message => {
-                            // tonic refuses it at its prefix, before buffering it.
-                            out.extend_from_slice(&prefix);
-                            self.framing = Framing::Passing { remaining: len };
-                        }
-                        Mode::Limit => {
-                            out.extend_from_slice(&prefix);
-                            self.framing = Framing::Passing { remaining: len };
-                        }
                         Mode::Charge {
                             admission, limits, ..
-                        } => {
-                            let admission = admission.clone();
-                            let charge = received_charge_within(len, limits.largest_fragment);
-                            self.pending =
-                                Some(Box::pin(async move { admission.admit(charge).await }));
-                            self.framing = Framing::Charging { len };
-                            if !data.is_empty() {
-                                self.held = Some(data);
-                            }
-                            return Ok(out.freeze());
+                        } if len <= limits.max_message => Some((
+                            admission.clone(),
+                            received_charge_within(len, limits.largest_fragment),
+                        )),
+                        Mode::Limit | Mode::Charge { .. } => None,
+                    };
+                    if let Some((admission, charge)) = charged {
+                        self.pending = Some(Box::pin(async move { admission.admit(charge).await }));
+                        self.framing = Framing::Charging { len };
+                        if !data.is_empty() {
+                            self.held = Some(data);
                         }
+                        return Ok(out.freeze());
                     }
+                    out.extend_from_slice(&prefix);
+                    self.framing = Framing::Passing { remaining: len };
                     if len == 0 {
                         self.framing = fresh_prefix();
                     }
