@@ -8,13 +8,14 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use nova_benches::fragments;
 use nova_chain::admission::{AdmissionBuffer, encoded_charge};
 use nova_chain::tail_cache::{CachedRun, TailCache};
+use nova_core::clock::Clock;
 use nova_core::metrics::Metrics;
 
 fn admission(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
-    let buffer = AdmissionBuffer::new(256 << 20, Metrics::new().admission);
+    let buffer = AdmissionBuffer::new(256 << 20, Metrics::new().admission, Clock::system());
     let charge = encoded_charge(64, 0, 64 * 1024);
     c.bench_function("admission charge and release (uncontended)", |b| {
         b.iter(|| {

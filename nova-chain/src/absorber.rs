@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio::sync::mpsc;
 
@@ -84,9 +83,11 @@ async fn commit(
     let mut attempt = 0u32;
     loop {
         attempt += 1;
-        let started = Instant::now();
+        let clock = shared.config.clock;
+        let started = clock.now();
         *shared.health.commit_started.lock() = Some(started);
         let result = tokio::select! {
+            biased;
             result = shared.catalog.absorb(&shared.config.star, Some(chain.version), state, batch.clone()) => result,
             _ = shared.abandon.cancelled() => {
                 *shared.health.commit_started.lock() = None;
@@ -97,7 +98,7 @@ async fn commit(
         shared
             .metrics
             .absorb_latency
-            .observe(started.elapsed().as_secs_f64());
+            .observe(clock.since(started).as_secs_f64());
         match result {
             Ok(committed) => {
                 let mut failing = shared.health.commit_failing.lock();
@@ -124,8 +125,10 @@ async fn commit(
                         // chain on a guess.
                         Err(err) => {
                             tracing::warn!("re-reading the chain after a conflict failed: {err}");
+                            let delay = shared.config.retry.delay(attempt, &shared.config.entropy);
                             tokio::select! {
-                                _ = tokio::time::sleep(shared.config.retry.delay(attempt)) => continue,
+                                biased;
+                                _ = clock.sleep(delay) => continue,
                                 _ = shared.abandon.cancelled() => return None,
                             }
                         }
@@ -136,7 +139,7 @@ async fn commit(
             }
             Err(err) => {
                 *shared.health.commit_failing.lock() = true;
-                let delay = shared.config.retry.delay(attempt);
+                let delay = shared.config.retry.delay(attempt, &shared.config.entropy);
                 if attempt == 1 || attempt.is_multiple_of(10) {
                     tracing::warn!(
                         attempt,
@@ -145,7 +148,8 @@ async fn commit(
                     );
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
+                    biased;
+                    _ = clock.sleep(delay) => {}
                     _ = shared.abandon.cancelled() => return None,
                 }
             }

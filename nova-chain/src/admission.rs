@@ -18,7 +18,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use nova_core::clock::{Clock, Instant};
 
 use parking_lot::Mutex;
 
@@ -84,8 +86,9 @@ pub struct AdmissionBuffer {
     tracker: Arc<Tracker>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Tracker {
+    clock: Clock,
     next_id: AtomicU64,
     /// Admission time of every unresolved batch, oldest first. Bounded: each entry holds a
     /// charge, so there are at most capacity / PER_BATCH_OVERHEAD of them.
@@ -117,7 +120,7 @@ impl Admitted {
     /// its prefix did, so a slow producer does not read as a stalled store.
     pub fn received(&self) {
         if let Some(at) = self.tracker.admitted.lock().get_mut(&self.id) {
-            *at = Instant::now();
+            *at = self.tracker.clock.now();
         }
     }
 
@@ -133,10 +136,14 @@ impl Drop for Admitted {
 }
 
 impl AdmissionBuffer {
-    pub fn new(capacity_bytes: u64, metrics: BudgetMetrics) -> Self {
+    pub fn new(capacity_bytes: u64, metrics: BudgetMetrics, clock: Clock) -> Self {
         Self {
-            budget: Budget::new(capacity_bytes, metrics),
-            tracker: Arc::default(),
+            budget: Budget::new(capacity_bytes, metrics, clock),
+            tracker: Arc::new(Tracker {
+                clock,
+                next_id: AtomicU64::new(0),
+                admitted: Mutex::default(),
+            }),
         }
     }
 
@@ -159,7 +166,10 @@ impl AdmissionBuffer {
 
     fn track(&self, permit: BudgetPermit) -> Admitted {
         let id = self.tracker.next_id.fetch_add(1, Ordering::Relaxed);
-        self.tracker.admitted.lock().insert(id, Instant::now());
+        self.tracker
+            .admitted
+            .lock()
+            .insert(id, self.tracker.clock.now());
         Admitted {
             permit,
             id,
@@ -172,7 +182,11 @@ impl AdmissionBuffer {
         // Ids follow admission order, but a batch's clock restarts when its message has
         // arrived, so the oldest is the smallest time, not the smallest id.
         let admitted = self.tracker.admitted.lock();
-        admitted.values().min().map(Instant::elapsed)
+        let now = self.tracker.clock.now();
+        admitted
+            .values()
+            .min()
+            .map(|at| now.saturating_duration_since(*at))
     }
 
     pub fn unresolved(&self) -> usize {
@@ -185,12 +199,12 @@ mod tests {
     use super::*;
     use nova_core::metrics::Metrics;
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn resolution_releases_the_charge_and_the_age() {
-        let buffer = AdmissionBuffer::new(10_000, Metrics::new().admission);
+        let buffer = AdmissionBuffer::new(10_000, Metrics::new().admission, Clock::system());
         assert_eq!(buffer.oldest_age(), None);
         let first = buffer.admit(encoded_charge(2, 0, 100)).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        Clock::system().sleep(Duration::from_millis(20)).await;
         let second = buffer.admit(100).await;
         assert_eq!(buffer.budget().in_use(), encoded_charge(2, 0, 100) + 100);
         assert!(buffer.oldest_age().unwrap() >= Duration::from_millis(20));

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use nova_core::clock::Clock;
+use nova_core::entropy::Entropy;
 use nova_core::limits;
 
 #[derive(Debug, Clone)]
@@ -28,6 +30,10 @@ pub struct ChainConfig {
     pub retry: RetryPolicy,
     /// An absorb commit running longer than this is diagnosed as the metastore being slow.
     pub metastore_slow_after: Duration,
+    /// Where the chain reads time: the system clock in novad, a simulated one under test.
+    pub clock: Clock,
+    /// Where retry jitter and probe names come from: seeded under simulation.
+    pub entropy: Entropy,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -39,13 +45,38 @@ pub struct RetryPolicy {
 impl RetryPolicy {
     /// The delay before attempt `attempt` (1-based): exponential, capped, with full jitter over
     /// its upper half so a fleet of stars does not retry in lockstep.
-    pub fn delay(&self, attempt: u32) -> Duration {
+    pub fn delay(&self, attempt: u32, entropy: &Entropy) -> Duration {
         let exp = self
             .initial
             .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
             .min(self.max);
         let half = exp / 2;
-        half + half.mul_f64(rand::random::<f64>())
+        half + half.mul_f64(entropy.unit())
+    }
+}
+
+/// A retry policy with the clock its waits run on and the entropy its jitter draws from.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    pub policy: RetryPolicy,
+    pub clock: Clock,
+    pub entropy: Entropy,
+}
+
+impl Backoff {
+    /// The jittered delay before attempt `attempt` (1-based).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        self.policy.delay(attempt, &self.entropy)
+    }
+}
+
+impl ChainConfig {
+    pub fn backoff(&self) -> Backoff {
+        Backoff {
+            policy: self.retry,
+            clock: self.clock,
+            entropy: self.entropy.clone(),
+        }
     }
 }
 
@@ -66,6 +97,8 @@ impl Default for ChainConfig {
                 max: Duration::from_secs(10),
             },
             metastore_slow_after: Duration::from_millis(500),
+            clock: Clock::system(),
+            entropy: Entropy::from_os(),
         }
     }
 }
@@ -80,9 +113,10 @@ mod tests {
             initial: Duration::from_millis(100),
             max: Duration::from_secs(2),
         };
-        let first = policy.delay(1);
+        let entropy = Entropy::seeded(1);
+        let first = policy.delay(1, &entropy);
         assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
-        let late = policy.delay(30);
+        let late = policy.delay(30, &entropy);
         assert!(late >= Duration::from_secs(1) && late <= Duration::from_secs(2));
     }
 }

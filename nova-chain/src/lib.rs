@@ -29,7 +29,7 @@ mod shared;
 mod star;
 mod writer;
 
-pub use config::{ChainConfig, RetryPolicy};
+pub use config::{Backoff, ChainConfig, RetryPolicy};
 pub use packer::{AckRange, AppendReply};
 pub use reader::{Page, READ_PER_RECORD, ReadCharge};
 pub use star::{ShutdownError, Star, StartError};

@@ -7,7 +7,9 @@
 //! cause begins.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use nova_core::clock::Instant;
 
 use tokio_util::sync::CancellationToken;
 
@@ -19,13 +21,14 @@ const BEGIN_AFTER: Duration = Duration::from_secs(1);
 const END_AFTER: Duration = Duration::from_secs(1);
 
 pub(crate) async fn run_monitor(shared: Arc<Shared>, stop: CancellationToken) {
-    let mut ticker = tokio::time::interval(SAMPLE);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let clock = shared.config.clock;
+    let mut ticker = clock.interval(SAMPLE);
     let mut waiting_since: Option<Instant> = None;
     let mut idle_since: Option<Instant> = None;
     let mut stall: Option<Stall> = None;
     loop {
         tokio::select! {
+            biased;
             _ = ticker.tick() => {}
             _ = stop.cancelled() => return,
         }
@@ -33,25 +36,26 @@ pub(crate) async fn run_monitor(shared: Arc<Shared>, stop: CancellationToken) {
         {
             let mut backlog = shared.backlog_stall.lock();
             if backlog.as_ref().is_some_and(|(_, last)| {
-                last.elapsed() >= END_AFTER && shared.backlog.waiters() == 0
+                clock.since(*last) >= END_AFTER && shared.backlog.waiters() == 0
             }) {
                 *backlog = None;
             }
         }
         if shared.admission.budget().waiters() > 0 {
             idle_since = None;
-            let since = *waiting_since.get_or_insert_with(Instant::now);
+            let since = *waiting_since.get_or_insert_with(|| clock.now());
             let cause = shared.diagnose_admission();
             if stall.as_ref().is_some_and(|s| s.cause() != cause) {
                 stall = None;
             }
-            if stall.is_none() && since.elapsed() >= BEGIN_AFTER {
+            if stall.is_none() && clock.since(since) >= BEGIN_AFTER {
                 let detail = format!(
                     "{} bytes admitted and unresolved (--s3-memory-buffer-mib); producers are slowed by flow control",
                     shared.admission.budget().in_use()
                 );
                 stall = Some(Stall::begin(
                     shared.metrics.clone(),
+                    clock,
                     "admission_buffer",
                     cause,
                     &detail,
@@ -59,8 +63,8 @@ pub(crate) async fn run_monitor(shared: Arc<Shared>, stop: CancellationToken) {
             }
         } else {
             waiting_since = None;
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= END_AFTER {
+            let since = *idle_since.get_or_insert_with(|| clock.now());
+            if clock.since(since) >= END_AFTER {
                 stall = None;
             }
         }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
-use tokio::time::Instant;
+use nova_core::clock::{Clock, Instant};
 use tokio_util::sync::CancellationToken;
 
 use nova_core::budget::BudgetPermit;
@@ -18,7 +18,6 @@ use nova_core::flight::section::Fragment;
 use nova_core::flight::{FlightFooter, FlightMeta, SectionInput, assemble_flight};
 use nova_core::keys::slot_key;
 use nova_core::limits::MAX_SECTION_BYTES;
-use nova_core::record::now_ms;
 use nova_proto::RequestError;
 
 use crate::admission::Admitted;
@@ -84,9 +83,9 @@ struct OpenFlight {
 }
 
 impl OpenFlight {
-    fn new() -> Self {
+    fn new(opened: Instant) -> Self {
         Self {
-            opened: Instant::now(),
+            opened,
             bytes: 0,
             sections: Vec::new(),
             section_of: HashMap::new(),
@@ -187,6 +186,7 @@ impl Packer {
         let mut stopping = false;
         let mut drained = false;
         let mut writer_stall: Option<Stall> = None;
+        let clock = self.shared.config.clock;
         loop {
             let (bytes, linger_until) = match &self.open {
                 Some(open) => (
@@ -197,7 +197,7 @@ impl Packer {
             };
             let max = self.shared.config.flight_max_bytes;
             let full = bytes >= max;
-            let now = Instant::now();
+            let now = clock.now();
             let lingered = linger_until.is_some_and(|at| now >= at);
             let overdue =
                 linger_until.is_some_and(|at| now >= at + self.shared.config.flight_linger);
@@ -230,8 +230,8 @@ impl Packer {
                     Some(submission) => self.admit(submission),
                     None => drained = true,
                 },
-                _ = sleep_until(linger_until), if linger_until.is_some() && !lingered => {}
-                _ = sleep_until(linger_until.map(|at| at + self.shared.config.flight_linger)),
+                _ = sleep_until(clock, linger_until), if linger_until.is_some() && !lingered => {}
+                _ = sleep_until(clock, linger_until.map(|at| at + self.shared.config.flight_linger)),
                     if lingered && !due => {}
             }
         }
@@ -252,6 +252,7 @@ impl Packer {
                 *stall = None;
                 *stall = Some(Stall::begin(
                     self.shared.metrics.clone(),
+                    self.shared.config.clock,
                     "flights_in_flight",
                     cause,
                     "every flight writer is retrying a failed write (--flight-max-inflight)",
@@ -299,7 +300,10 @@ impl Packer {
             end: next + records,
         };
         sub.stream.set_next_seq(range.end);
-        let open = self.open.get_or_insert_with(OpenFlight::new);
+        let clock = self.shared.config.clock;
+        let open = self
+            .open
+            .get_or_insert_with(|| OpenFlight::new(clock.now()));
         let mut seq = range.start;
         for chunk in sub.chunks {
             let records = chunk.records;
@@ -347,7 +351,7 @@ impl Packer {
             star: shared.config.star.clone(),
             epoch: shared.epoch,
             slot,
-            created_at_ms: now_ms(),
+            created_at_ms: shared.config.clock.unix_ms(),
         };
         let (payload, footer) = assemble_flight(meta, inputs);
         let bytes = payload.len();
@@ -401,21 +405,23 @@ impl Packer {
                 );
                 let begun = Stall::begin_episode(
                     shared.metrics.clone(),
+                    shared.config.clock,
                     "chain_backlog",
                     shared.diagnose_backlog(),
                     &detail,
                 );
-                *stall = Some((begun, std::time::Instant::now()));
+                *stall = Some((begun, shared.config.clock.now()));
             }
         }
-        let started = Instant::now();
+        let started = shared.config.clock.now();
         let permit = tokio::select! {
+            biased;
             permit = shared.backlog.acquire(1) => Some(permit),
             _ = shared.abandon.cancelled() => None,
         };
         if let Some((stall, last)) = &mut *shared.backlog_stall.lock() {
-            stall.waited(started.elapsed());
-            *last = std::time::Instant::now();
+            stall.waited(shared.config.clock.since(started));
+            *last = shared.config.clock.now();
         }
         permit
     }
@@ -425,9 +431,9 @@ fn abandoned() -> RequestError {
     RequestError::Unavailable("the star shut down before this append was durable; retry it".into())
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
+async fn sleep_until(clock: Clock, deadline: Option<Instant>) {
     match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        Some(deadline) => clock.sleep_until(deadline).await,
         None => std::future::pending().await,
     }
 }

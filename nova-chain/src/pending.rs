@@ -3,7 +3,9 @@
 //! backlog budget: a flight enters when it is acknowledged and leaves when its absorb commits.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use nova_core::clock::Instant;
 
 use parking_lot::Mutex;
 
@@ -31,7 +33,8 @@ struct Inner {
 }
 
 impl PendingIndex {
-    pub fn insert(&self, slot: u64, entries: Vec<IndexEntry>) {
+    /// Adds an acknowledged flight's entries; `acked_at` starts its unabsorbed age.
+    pub fn insert(&self, slot: u64, entries: Vec<IndexEntry>, acked_at: Instant) {
         let mut inner = self.inner.lock();
         let keys = entries.iter().map(|e| (e.stream_id, e.end_seq)).collect();
         for entry in entries {
@@ -43,7 +46,7 @@ impl PendingIndex {
         }
         inner.flights.push_back(PendingFlight {
             slot,
-            acked_at: Instant::now(),
+            acked_at,
             keys,
         });
     }
@@ -78,13 +81,13 @@ impl PendingIndex {
             .map(|(_, e)| e.clone())
     }
 
-    /// How long the oldest unabsorbed flight has waited since its ack.
-    pub fn oldest_age(&self) -> Option<Duration> {
+    /// How long the oldest unabsorbed flight has waited since its ack, as of `now`.
+    pub fn oldest_age(&self, now: Instant) -> Option<Duration> {
         self.inner
             .lock()
             .flights
             .front()
-            .map(|f| f.acked_at.elapsed())
+            .map(|f| now.saturating_duration_since(f.acked_at))
     }
 
     pub fn len(&self) -> usize {
@@ -114,9 +117,10 @@ mod tests {
 
     #[test]
     fn entries_leave_when_absorbed() {
+        let clock = nova_core::clock::Clock::system();
         let pending = PendingIndex::default();
-        pending.insert(0, vec![entry(1, 0, 5)]);
-        pending.insert(1, vec![entry(1, 5, 9), entry(2, 0, 3)]);
+        pending.insert(0, vec![entry(1, 0, 5)], clock.now());
+        pending.insert(1, vec![entry(1, 5, 9), entry(2, 0, 3)], clock.now());
         assert_eq!(pending.lookup(1, 4).unwrap().start_seq, 0);
         assert_eq!(pending.lookup(1, 5).unwrap().start_seq, 5);
         assert!(pending.lookup(1, 9).is_none());
@@ -126,6 +130,6 @@ mod tests {
         pending.absorbed_through(1);
         assert!(pending.is_empty());
         assert!(pending.lookup(2, 0).is_none());
-        assert_eq!(pending.oldest_age(), None);
+        assert_eq!(pending.oldest_age(clock.now()), None);
     }
 }

@@ -22,6 +22,7 @@ use nova_core::catalog::{
     Catalog, CatalogError, ChainState, IndexEntry, Occupancy, Restored, StorageClass, StreamMeta,
     StreamTail,
 };
+use nova_core::clock::Clock;
 use nova_core::flight::{FetchError, ObjectFooter, fetch_footer};
 use nova_core::keys::{
     chain_prefix, chain_root, parse_slot, parse_stream_manifest, slot_key, streams_prefix,
@@ -105,7 +106,7 @@ impl Transient for FetchError {
 }
 
 /// Retries `op` while it fails with a retryable error, a few times with backoff.
-async fn retrying<T, E, F, Fut>(mut op: F) -> Result<T, E>
+async fn retrying<T, E, F, Fut>(clock: Clock, mut op: F) -> Result<T, E>
 where
     E: Transient,
     F: FnMut() -> Fut,
@@ -116,7 +117,9 @@ where
         match op().await {
             Err(err) if err.transient() && attempt < ATTEMPTS => {
                 tracing::warn!(attempt, "rebuild: retrying: {err}");
-                tokio::time::sleep(Duration::from_millis(100 << attempt.min(6))).await;
+                clock
+                    .sleep(Duration::from_millis(100 << attempt.min(6)))
+                    .await;
                 attempt += 1;
             }
             other => return other,
@@ -125,17 +128,19 @@ where
 }
 
 async fn list_page(
+    clock: Clock,
     store: &dyn ObjectStore,
     prefix: &str,
     after: Option<&str>,
 ) -> Result<ListPage, StoreError> {
-    retrying(|| store.list(prefix, after, MAX_LIST_KEYS)).await
+    retrying(clock, || store.list(prefix, after, MAX_LIST_KEYS)).await
 }
 
 pub async fn rebuild_catalog(
     star: &str,
     store: &Arc<dyn ObjectStore>,
     catalog: &Catalog,
+    clock: Clock,
 ) -> Result<RebuildReport, RebuildError> {
     match catalog.occupancy().await? {
         Occupancy::Holds => return Err(RebuildError::NotEmpty),
@@ -150,12 +155,12 @@ pub async fn rebuild_catalog(
     let prefix = streams_prefix(star);
     let mut after: Option<String> = None;
     loop {
-        let page = list_page(store, &prefix, after.as_deref()).await?;
+        let page = list_page(clock, store, &prefix, after.as_deref()).await?;
         for object in &page.objects {
             let Some(id) = parse_stream_manifest(&prefix, &object.key) else {
                 continue;
             };
-            let bytes = retrying(|| store.get(&object.key, GetRange::All))
+            let bytes = retrying(clock, || store.get(&object.key, GetRange::All))
                 .await?
                 .bytes;
             let manifest =
@@ -198,7 +203,7 @@ pub async fn rebuild_catalog(
     let mut slots_per_epoch: BTreeMap<u64, u64> = BTreeMap::new();
     let mut after: Option<String> = None;
     loop {
-        let page = list_page(store, &root, after.as_deref()).await?;
+        let page = list_page(clock, store, &root, after.as_deref()).await?;
         for object in &page.objects {
             let Some(epoch) = object
                 .key
@@ -226,7 +231,7 @@ pub async fn rebuild_catalog(
         let mut fenced_by = None;
         loop {
             let key = slot_key(star, epoch, slot);
-            let footer = match retrying(|| fetch_footer(store, &key)).await {
+            let footer = match retrying(clock, || fetch_footer(store, &key)).await {
                 Ok(footer) => footer,
                 Err(FetchError::Store(StoreError::NotFound { .. })) => break,
                 Err(source) => return Err(RebuildError::Flight { key, source }),

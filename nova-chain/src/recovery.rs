@@ -19,9 +19,8 @@ use nova_core::keys::{chain_prefix, chain_root, parse_slot, slot_key};
 use nova_core::object_store::{
     CreateOutcome, ObjectStore, ProbeError, StoreError, probe_conditional_create,
 };
-use nova_core::record::now_ms;
 
-use crate::config::RetryPolicy;
+use crate::config::Backoff;
 use crate::streams::{StreamRegistry, StreamState};
 
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +76,7 @@ pub struct Recovered {
 
 /// Retries an operation whose failures are outages (object store or metastore unreachable)
 /// until it succeeds, logging clearly so an operator sees why the star is not up yet.
-async fn patiently<T, E, F, Fut>(what: &str, retry: RetryPolicy, mut op: F) -> Result<T, E>
+async fn patiently<T, E, F, Fut>(what: &str, retry: &Backoff, mut op: F) -> Result<T, E>
 where
     E: std::fmt::Display + Retryable,
     F: FnMut() -> Fut,
@@ -100,7 +99,7 @@ where
                     retry_in_ms = delay.as_millis() as u64,
                     "recovery: {what} failed; novad keeps retrying and accepts no appends until it succeeds: {err}"
                 );
-                tokio::time::sleep(delay).await;
+                retry.clock.sleep(delay).await;
             }
             Err(err) => return Err(err),
         }
@@ -111,7 +110,7 @@ where
 /// checks whether that attempt landed before concluding that another writer owns the chain.
 async fn commit_patiently(
     what: &str,
-    retry: RetryPolicy,
+    retry: &Backoff,
     catalog: &Catalog,
     star: &str,
     expected: Option<u64>,
@@ -175,7 +174,7 @@ pub async fn recover(
     store: &Arc<dyn ObjectStore>,
     catalog: &Catalog,
     streams: &StreamRegistry,
-    retry: RetryPolicy,
+    retry: &Backoff,
 ) -> Result<Recovered, RecoveryError> {
     let current = patiently("reading the chain state", retry, || catalog.chain(star))
         .await
@@ -244,7 +243,7 @@ pub async fn recover(
                     epoch,
                     slot: next,
                     fenced_by: format!("{star}/{}", epoch + 1),
-                    fenced_at_ms: now_ms(),
+                    fenced_at_ms: retry.clock.unix_ms(),
                 });
                 let outcome = patiently("fencing the previous chain", retry, || {
                     store.put_if_absent(&key, fence.clone().into())
@@ -306,7 +305,7 @@ async fn settle_flight(
     chain: &VersionedChain,
     catalog: &Catalog,
     streams: &StreamRegistry,
-    retry: RetryPolicy,
+    retry: &Backoff,
 ) -> Result<VersionedChain, RecoveryError> {
     let mut batch = AbsorbBatch::default();
     // Each stream's tail as this flight moves it: a stream may own several sections of one
@@ -385,9 +384,13 @@ async fn settle_flight(
 pub async fn probe_store(
     star: &str,
     store: &Arc<dyn ObjectStore>,
-    retry: RetryPolicy,
+    retry: &Backoff,
 ) -> Result<(), RecoveryError> {
-    let key = format!("probe/{star}/{}-{:016x}", now_ms(), rand::random::<u64>());
+    let key = format!(
+        "probe/{star}/{}-{:016x}",
+        retry.clock.unix_ms(),
+        retry.entropy.next_u64()
+    );
     patiently("probing the object store", retry, || {
         probe_conditional_create(store.as_ref(), &key)
     })
@@ -400,7 +403,7 @@ pub async fn probe_store(
 async fn check_no_chain_objects(
     star: &str,
     store: &Arc<dyn ObjectStore>,
-    retry: RetryPolicy,
+    retry: &Backoff,
 ) -> Result<(), RecoveryError> {
     let prefix = chain_root(star);
     let page = patiently("listing the chain's prefix", retry, || {

@@ -103,7 +103,9 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
         .collect();
     // Readable first (pending index and tail cache), then the tails move, then the acks go out:
     // a reader that sees the new tail always finds the records below it.
-    shared.pending.insert(slot, entries.clone());
+    shared
+        .pending
+        .insert(slot, entries.clone(), shared.config.clock.now());
     let runs = sections.iter().map(cached_run).collect();
     shared.tail_cache.insert(slot, runs);
     for (section, entry) in sections.iter().zip(&footer.sections) {

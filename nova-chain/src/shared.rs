@@ -1,8 +1,8 @@
 //! State the chain's tasks share.
 
+use nova_core::clock::Instant;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -71,9 +71,17 @@ impl Shared {
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
-            admission: AdmissionBuffer::new(config.admission_bytes, metrics.admission.clone()),
-            backlog: Budget::new(config.backlog_flights as u64, metrics.backlog.clone()),
-            read_budget: Budget::new(config.read_bytes, metrics.read_memory.clone()),
+            admission: AdmissionBuffer::new(
+                config.admission_bytes,
+                metrics.admission.clone(),
+                config.clock,
+            ),
+            backlog: Budget::new(
+                config.backlog_flights as u64,
+                metrics.backlog.clone(),
+                config.clock,
+            ),
+            read_budget: Budget::new(config.read_bytes, metrics.read_memory.clone(), config.clock),
             tail_cache: TailCache::new(config.tail_cache_bytes, metrics.tail_cache.clone()),
             pending: PendingIndex::default(),
             fenced: Mutex::new(None),
@@ -112,7 +120,7 @@ impl Shared {
             .health
             .commit_started
             .lock()
-            .is_some_and(|at| at.elapsed() >= self.config.metastore_slow_after);
+            .is_some_and(|at| self.config.clock.since(at) >= self.config.metastore_slow_after);
         if slow_commit || *self.health.commit_failing.lock() {
             StallCause::MetastoreSlow
         } else {

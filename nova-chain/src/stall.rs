@@ -2,8 +2,8 @@
 //! logged once when it starts and once when it ends, with the cause diagnosed at the start,
 //! never once per blocked append.
 
+use nova_core::clock::{Clock, Instant};
 use std::sync::Arc;
-use std::time::Instant;
 
 use nova_core::metrics::Metrics;
 
@@ -45,6 +45,7 @@ pub struct Stall {
     metrics: Arc<Metrics>,
     budget: &'static str,
     cause: StallCause,
+    clock: Clock,
     started: Instant,
     /// Time actually spent blocked, when the stall is an episode of separate waits; `None`
     /// counts the stall's whole life.
@@ -54,6 +55,7 @@ pub struct Stall {
 impl Stall {
     pub fn begin(
         metrics: Arc<Metrics>,
+        clock: Clock,
         budget: &'static str,
         cause: StallCause,
         detail: &str,
@@ -79,7 +81,8 @@ impl Stall {
             metrics,
             budget,
             cause,
-            started: Instant::now(),
+            clock,
+            started: clock.now(),
             blocked: None,
         }
     }
@@ -88,11 +91,12 @@ impl Stall {
     /// logged once, with only the time spent waiting added to its seconds, as each wait ends.
     pub fn begin_episode(
         metrics: Arc<Metrics>,
+        clock: Clock,
         budget: &'static str,
         cause: StallCause,
         detail: &str,
     ) -> Self {
-        let mut stall = Self::begin(metrics, budget, cause, detail);
+        let mut stall = Self::begin(metrics, clock, budget, cause, detail);
         stall.blocked = Some(std::time::Duration::ZERO);
         stall
     }
@@ -120,7 +124,7 @@ impl Drop for Stall {
         let seconds = match self.blocked {
             Some(blocked) => blocked.as_secs_f64(),
             None => {
-                let seconds = self.started.elapsed().as_secs_f64();
+                let seconds = self.clock.since(self.started).as_secs_f64();
                 self.metrics
                     .stall_seconds
                     .with_label_values(&[self.budget, self.cause.as_str()])

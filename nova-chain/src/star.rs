@@ -110,7 +110,11 @@ impl Star {
         metastore: Arc<dyn Metastore>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, StartError> {
-        let store: Arc<dyn ObjectStore> = Arc::new(Instrumented::new(store, metrics.store.clone()));
+        let store: Arc<dyn ObjectStore> = Arc::new(Instrumented::new(
+            store,
+            metrics.store.clone(),
+            config.clock,
+        ));
         let catalog = Catalog::new(metastore);
         let streams = Arc::new(
             StreamRegistry::load(
@@ -118,12 +122,14 @@ impl Star {
                 store.clone(),
                 &config.star,
                 metrics.clone(),
+                config.clock,
                 config.max_streams,
             )
             .await?,
         );
-        probe_store(&config.star, &store, config.retry).await?;
-        let recovered = recover(&config.star, &store, &catalog, &streams, config.retry).await?;
+        let backoff = config.backoff();
+        probe_store(&config.star, &store, &backoff).await?;
+        let recovered = recover(&config.star, &store, &catalog, &streams, &backoff).await?;
         let tails: HashMap<_, _> = streams
             .list("", "", usize::MAX)
             .iter()
@@ -234,7 +240,7 @@ impl Star {
             .health
             .writes_failing_since
             .lock()
-            .map(|since| since.elapsed())
+            .map(|since| self.shared.config.clock.since(since))
     }
 
     /// Why the star refuses appends, if it lost its chain.
@@ -314,9 +320,10 @@ impl Star {
         metrics
             .oldest_admitted_age
             .set(age(self.shared.admission.oldest_age()));
-        metrics
-            .oldest_unabsorbed_age
-            .set(age(self.shared.pending.oldest_age()));
+        metrics.oldest_unabsorbed_age.set(age(self
+            .shared
+            .pending
+            .oldest_age(self.shared.config.clock.now())));
         metrics
             .admission
             .in_use
@@ -332,6 +339,7 @@ impl Star {
     /// settles what it left) rather than linger.
     pub async fn failed(&self) -> String {
         tokio::select! {
+            biased;
             _ = self.died.cancelled() => self
                 .died_reason
                 .lock()
@@ -360,13 +368,14 @@ impl Star {
             Ok(())
         };
         tokio::pin!(drain);
-        match tokio::time::timeout(deadline, &mut drain).await {
+        let clock = self.shared.config.clock;
+        match clock.timeout(deadline, &mut drain).await {
             Ok(result) => result,
             Err(_) => {
                 let unresolved = self.shared.admission.unresolved();
                 self.shared.abandon.cancel();
                 // Abandoned work unwinds promptly: every retry loop watches the token.
-                let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
+                let _ = clock.timeout(Duration::from_secs(10), drain).await;
                 Err(ShutdownError::DeadlineExceeded(unresolved))
             }
         }

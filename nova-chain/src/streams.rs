@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::RwLock;
 
 use nova_core::catalog::{Catalog, CatalogError, Occupancy, StorageClass, StreamMeta, StreamTail};
+use nova_core::clock::Clock;
 use nova_core::keys::stream_manifest_key;
 use nova_core::manifest::StreamManifest;
 use nova_core::metrics::Metrics;
 use nova_core::object_store::{ObjectStore, StoreError};
-use nova_core::record::now_ms;
 use nova_proto::RequestError;
 use nova_proto::validate::validate_stream_name;
 
@@ -76,8 +76,8 @@ impl StreamState {
 
     /// Waits until the tail passes `seq`, the stream is deleted, or `timeout` elapses, and
     /// returns the tail then. Holds nothing but a registration with the stream's notifier.
-    pub async fn wait_past(&self, seq: u64, timeout: std::time::Duration) -> u64 {
-        let deadline = tokio::time::Instant::now() + timeout;
+    pub async fn wait_past(&self, seq: u64, timeout: std::time::Duration, clock: Clock) -> u64 {
+        let deadline = clock.now() + timeout;
         loop {
             // Register before checking, so an advance between the check and the wait is seen.
             let notified = self.tail_moved.notified();
@@ -87,7 +87,7 @@ impl StreamState {
             if tail > seq || self.is_deleted() {
                 return tail;
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            if clock.timeout_at(deadline, notified).await.is_err() {
                 return self.tail();
             }
         }
@@ -114,6 +114,7 @@ pub struct StreamRegistry {
     store: Arc<dyn ObjectStore>,
     star: String,
     metrics: Arc<Metrics>,
+    clock: Clock,
     /// `--max-streams`.
     max_streams: usize,
     by_name: RwLock<BTreeMap<String, Arc<StreamState>>>,
@@ -155,6 +156,7 @@ impl StreamRegistry {
         store: Arc<dyn ObjectStore>,
         star: &str,
         metrics: Arc<Metrics>,
+        clock: Clock,
         max_streams: usize,
     ) -> Result<Self, LoadError> {
         if catalog.occupancy().await? == Occupancy::Restoring {
@@ -165,6 +167,7 @@ impl StreamRegistry {
             store,
             star: star.to_owned(),
             metrics,
+            clock,
             max_streams,
             by_name: RwLock::default(),
             by_id: RwLock::default(),
@@ -265,7 +268,7 @@ impl StreamRegistry {
                 .await
                 .map_err(catalog_error)?,
             name: name.to_owned(),
-            created_at_ms: now_ms(),
+            created_at_ms: self.clock.unix_ms(),
             class,
         };
         // The manifest lands before the catalog knows the stream, so every stream whose

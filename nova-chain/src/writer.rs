@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use nova_core::object_store::{CreateOutcome, GetRange, PutPayload, StoreError};
 
@@ -43,8 +42,10 @@ pub(crate) async fn write_flight(
     let mut attempt = 0u32;
     loop {
         attempt += 1;
-        let started = Instant::now();
+        let clock = shared.config.clock;
+        let started = clock.now();
         let outcome = tokio::select! {
+            biased;
             outcome = shared.store.put_if_absent(&key, payload.clone()) => outcome,
             _ = shared.abandon.cancelled() => return Err(WriteError::Abandoned { key }),
         };
@@ -76,7 +77,7 @@ pub(crate) async fn write_flight(
         let delay = if permanent {
             shared.config.retry.max
         } else {
-            shared.config.retry.delay(attempt)
+            shared.config.retry.delay(attempt, &shared.config.entropy)
         };
         {
             let mut failing = shared.health.writes_failing_since.lock();
@@ -111,7 +112,8 @@ pub(crate) async fn write_flight(
             );
         }
         tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
+            biased;
+            _ = clock.sleep(delay) => {}
             _ = shared.abandon.cancelled() => return Err(WriteError::Abandoned { key }),
         }
     }
@@ -127,7 +129,7 @@ fn recovered(shared: &Shared, attempt: u32) {
     if let Some(since) = since {
         tracing::info!(
             attempts = attempt,
-            failing_for_ms = since.elapsed().as_millis() as u64,
+            failing_for_ms = shared.config.clock.since(since).as_millis() as u64,
             "flight writes are landing again"
         );
     }

@@ -3,6 +3,11 @@
 //! catches up. The metastore here is the real embedded one behind a fault injector that holds
 //! commits.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a star on a real disk and the real embedded metastore runs on the real clock"
+)]
+
 mod support;
 
 use std::sync::Arc;

@@ -3,6 +3,11 @@
 //! store that refuses writes, a store without exclusive creates, and a bucket holding a chain
 //! the metastore does not know.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a star on a real disk and the real embedded metastore runs on the real clock"
+)]
+
 mod support;
 
 use std::time::Duration;

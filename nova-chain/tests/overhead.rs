@@ -119,7 +119,11 @@ fn measure(buffer: &AdmissionBuffer, records: usize, body: usize, headers: usize
 
 #[test]
 fn the_admission_charge_covers_what_a_batch_holds() {
-    let buffer = AdmissionBuffer::new(1 << 30, Metrics::new().admission);
+    let buffer = AdmissionBuffer::new(
+        1 << 30,
+        Metrics::new().admission,
+        nova_core::clock::Clock::system(),
+    );
     // Warm up lazily allocated state (the tracker map, the runtime's internals).
     let _ = measure(&buffer, 1, 1, 0);
     let shapes = [

@@ -10,6 +10,7 @@ use std::time::Duration;
 use nova_chain::rebuild::rebuild_catalog;
 use nova_chain::{ChainConfig, Star, StartError};
 use nova_core::catalog::Catalog;
+use nova_core::clock::Clock;
 use nova_core::metastore::{EmbeddedMetastore, Metastore};
 use nova_core::metrics::Metrics;
 use nova_core::object_store::faulty::{Fault, FaultyStore};
@@ -54,7 +55,9 @@ async fn stars_sharing_a_bucket_rebuild_only_their_own_streams() {
     }
     std::fs::remove_file(disk.dir.path().join("a")).unwrap();
     let catalog = Catalog::new(metastore(&disk, "a"));
-    let report = rebuild_catalog("a", &disk.store(), &catalog).await.unwrap();
+    let report = rebuild_catalog("a", &disk.store(), &catalog, Clock::system())
+        .await
+        .unwrap();
     assert_eq!((report.streams, report.records), (1, 2));
     drop(catalog);
     let star = open("a", disk.store(), metastore(&disk, "a"))
@@ -84,7 +87,11 @@ async fn an_interrupted_rebuild_is_refused_at_start_and_completes_when_run_again
     let faulty: Arc<dyn ObjectStore> = Arc::new(faulty);
     {
         let catalog = Catalog::new(metastore(&disk, "m"));
-        assert!(rebuild_catalog(STAR, &faulty, &catalog).await.is_err());
+        assert!(
+            rebuild_catalog(STAR, &faulty, &catalog, Clock::system())
+                .await
+                .is_err()
+        );
     }
     let refused = open(STAR, disk.store(), metastore(&disk, "m")).await;
     let err = refused
@@ -95,7 +102,7 @@ async fn an_interrupted_rebuild_is_refused_at_start_and_completes_when_run_again
 
     {
         let catalog = Catalog::new(metastore(&disk, "m"));
-        let report = rebuild_catalog(STAR, &disk.store(), &catalog)
+        let report = rebuild_catalog(STAR, &disk.store(), &catalog, Clock::system())
             .await
             .unwrap();
         assert_eq!(report.records, 3);

@@ -18,9 +18,9 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use nova_proto::clock::{Clock, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tonic::Code;
 
 use nova_proto::domain::Record;
@@ -46,6 +46,8 @@ pub struct ProducerConfig {
     pub max_retries: u32,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
+    /// What lingers and backoffs are timed on: the system clock, or a simulated one in tests.
+    pub clock: Clock,
 }
 
 impl Default for ProducerConfig {
@@ -59,6 +61,7 @@ impl Default for ProducerConfig {
             max_retries: 10,
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(5),
+            clock: Clock::system(),
         }
     }
 }
@@ -257,7 +260,8 @@ impl Worker {
                         self.open.records.push(record);
                         self.open.tickets.push(ticket);
                         self.open.permits.push(permit);
-                        self.open.opened.get_or_insert_with(Instant::now);
+                        let clock = self.config.clock;
+                        self.open.opened.get_or_insert_with(|| clock.now());
                         if self.open.bytes >= self.config.batch_bytes
                             || self.open.records.len() >= self.config.batch_records
                         {
@@ -275,7 +279,7 @@ impl Worker {
                         self.send_open().await
                     }
                 },
-                _ = sleep_until(linger_until), if linger_until.is_some() => self.send_open().await,
+                _ = sleep_until(self.config.clock, linger_until), if linger_until.is_some() => self.send_open().await,
                 ack = next_ack(&mut self.session), if waiting_for_ack => self.on_ack(ack),
             };
             let outcome = match outcome {
@@ -352,7 +356,7 @@ impl Worker {
                             last: Box::new(error),
                         });
                     }
-                    tokio::time::sleep(self.backoff(attempt, &error)).await;
+                    self.config.clock.sleep(self.backoff(attempt, &error)).await;
                 }
                 Err(error) => return Err(error),
             }
@@ -372,7 +376,7 @@ impl Worker {
     /// sending the rest again, within the retry budget.
     async fn reconnect(&mut self, mut cause: Error) -> Result<(), Error> {
         for attempt in 1..=self.config.max_retries {
-            tokio::time::sleep(self.backoff(attempt, &cause)).await;
+            self.config.clock.sleep(self.backoff(attempt, &cause)).await;
             let tail = match self.connect().await {
                 Ok(tail) => tail,
                 Err(error) if error.is_retryable() => {
@@ -494,9 +498,9 @@ async fn next_ack(
     }
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
+async fn sleep_until(clock: Clock, deadline: Option<Instant>) {
     match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        Some(deadline) => clock.sleep_until(deadline).await,
         None => std::future::pending().await,
     }
 }

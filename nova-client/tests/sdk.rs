@@ -2,6 +2,11 @@
 //! connections and a restarted star, its unacknowledged-bytes bound, its handling of retry
 //! hints, and the consumer's follow mode.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "real novad processes run on the real clock"
+)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

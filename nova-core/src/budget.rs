@@ -3,10 +3,10 @@
 //! every unit taken is given back exactly once, when its permit drops.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::clock::Clock;
 use crate::metrics::BudgetMetrics;
 
 #[derive(Debug, Clone)]
@@ -19,6 +19,7 @@ struct Inner {
     semaphore: Arc<Semaphore>,
     capacity: u64,
     metrics: BudgetMetrics,
+    clock: Clock,
 }
 
 /// Units held from a budget; dropping it returns them.
@@ -95,8 +96,8 @@ impl Drop for WaiterGuard<'_> {
 }
 
 impl Budget {
-    /// A budget of `capacity` units (at least one).
-    pub fn new(capacity: u64, metrics: BudgetMetrics) -> Self {
+    /// A budget of `capacity` units (at least one); waits are timed on `clock`.
+    pub fn new(capacity: u64, metrics: BudgetMetrics, clock: Clock) -> Self {
         let capacity = capacity.clamp(1, Semaphore::MAX_PERMITS as u64);
         metrics.capacity.set(capacity as i64);
         metrics.in_use.set(0);
@@ -105,6 +106,7 @@ impl Budget {
                 semaphore: Arc::new(Semaphore::new(capacity as usize)),
                 capacity,
                 metrics,
+                clock,
             }),
         }
     }
@@ -145,7 +147,7 @@ impl Budget {
             self.inner.metrics.wait.observe(0.0);
             return permit;
         }
-        let started = Instant::now();
+        let started = self.inner.clock.now();
         self.inner.metrics.waiters.inc();
         let _waiting = WaiterGuard(&self.inner.metrics);
         let permit = self
@@ -159,7 +161,7 @@ impl Budget {
         self.inner
             .metrics
             .wait
-            .observe(started.elapsed().as_secs_f64());
+            .observe(self.inner.clock.since(started).as_secs_f64());
         self.granted(permit)
     }
 
@@ -180,10 +182,10 @@ mod tests {
 
     fn budget(capacity: u64) -> Budget {
         let metrics = Metrics::new();
-        Budget::new(capacity, metrics.admission.clone())
+        Budget::new(capacity, metrics.admission.clone(), Clock::system())
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn units_come_back_exactly_once() {
         let b = budget(100);
         let p1 = b.acquire(60).await;
@@ -198,7 +200,7 @@ mod tests {
         assert_eq!(b.inner.metrics.in_use.get(), 0);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_oversized_request_is_clamped_and_still_served() {
         let b = budget(100);
         let held = b.acquire(10).await;
@@ -206,14 +208,14 @@ mod tests {
             let b = b.clone();
             tokio::spawn(async move { b.acquire(1_000_000).await.units() })
         };
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        Clock::system().sleep(Duration::from_millis(20)).await;
         assert_eq!(b.waiters(), 1, "the big request waits for the whole budget");
         drop(held);
         assert_eq!(big.await.unwrap(), 100);
         assert_eq!(b.waiters(), 0);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn waiters_are_served_in_arrival_order() {
         let b = budget(10);
         let held = b.acquire(10).await;
@@ -224,17 +226,17 @@ mod tests {
             tokio::spawn(async move {
                 let p = b.acquire(10).await;
                 tx.send(i).await.unwrap();
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                Clock::system().sleep(Duration::from_millis(5)).await;
                 drop(p);
             });
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            Clock::system().sleep(Duration::from_millis(10)).await;
         }
         drop(held);
         let order = [rx.recv().await, rx.recv().await, rx.recv().await];
         assert_eq!(order, [Some(0), Some(1), Some(2)]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn shrinking_returns_the_excess_at_once() {
         let b = budget(100);
         let mut p = b.acquire(80).await;
@@ -246,7 +248,7 @@ mod tests {
         assert_eq!(b.in_use(), 0);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn merged_permits_return_together() {
         let b = budget(100);
         let mut p = b.acquire(30).await;
@@ -256,11 +258,13 @@ mod tests {
         assert_eq!(b.in_use(), 0);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_cancelled_wait_takes_nothing() {
         let b = budget(10);
         let held = b.acquire(10).await;
-        let waited = tokio::time::timeout(Duration::from_millis(10), b.acquire(5)).await;
+        let waited = Clock::system()
+            .timeout(Duration::from_millis(10), b.acquire(5))
+            .await;
         assert!(waited.is_err());
         assert_eq!(b.waiters(), 0);
         drop(held);

@@ -3,6 +3,8 @@
 
 pub mod budget;
 pub mod catalog;
+pub use nova_proto::clock;
+pub mod entropy;
 pub mod flight;
 pub mod keys;
 pub mod limits;

@@ -3,15 +3,18 @@
 //! storm of refusals costs one line a second per kind while the metric counts every one.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::clock::{Clock, Instant};
+
 const INTERVAL: Duration = Duration::from_secs(1);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ShedLog {
     kinds: Mutex<HashMap<&'static str, Window>>,
+    clock: Clock,
 }
 
 #[derive(Debug)]
@@ -21,14 +24,17 @@ struct Window {
 }
 
 impl ShedLog {
-    pub fn new() -> Self {
-        Self::default()
+    pub fn new(clock: Clock) -> Self {
+        Self {
+            kinds: Mutex::default(),
+            clock,
+        }
     }
 
     /// Records one event of `kind`. Returns `Some(n)` when the caller should log now, where `n`
     /// is how many events of this kind went unlogged since the last line.
     pub fn admit(&self, kind: &'static str) -> Option<u64> {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut kinds = self.kinds.lock();
         match kinds.get_mut(kind) {
             None => {
@@ -62,7 +68,7 @@ mod tests {
 
     #[test]
     fn the_first_is_logged_and_a_burst_is_summarised() {
-        let log = ShedLog::new();
+        let log = ShedLog::new(Clock::system());
         assert_eq!(log.admit("cap"), Some(0));
         for _ in 0..5 {
             assert_eq!(log.admit("cap"), None);

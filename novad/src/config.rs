@@ -9,6 +9,8 @@ use std::time::Duration;
 use clap::Parser;
 
 use nova_chain::{ChainConfig, RetryPolicy};
+use nova_core::clock::Clock;
+use nova_core::entropy::Entropy;
 use nova_core::limits;
 use nova_core::object_store::StoreArgs;
 use nova_proto::validate::AppendCaps;
@@ -191,6 +193,8 @@ impl Config {
                 max: Duration::from_secs(10),
             },
             metastore_slow_after: Duration::from_millis(500),
+            clock: Clock::system(),
+            entropy: Entropy::from_os(),
         }
     }
 

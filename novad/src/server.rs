@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use nova_chain::Star;
+use nova_core::clock::Clock;
 use nova_core::memory::detect_ceiling;
 use nova_core::metastore::{EmbeddedMetastore, Metastore};
 use nova_core::metrics::Metrics;
@@ -61,9 +62,10 @@ pub async fn rebuild(config: Config) -> anyhow::Result<()> {
         "rebuilding the catalog from the object store"
     );
     let catalog = nova_core::catalog::Catalog::new(metastore);
-    let report = nova_chain::rebuild::rebuild_catalog(&config.star_id, &store, &catalog)
-        .await
-        .context("rebuilding the catalog")?;
+    let report =
+        nova_chain::rebuild::rebuild_catalog(&config.star_id, &store, &catalog, Clock::system())
+            .await
+            .context("rebuilding the catalog")?;
     tracing::info!(
         streams = report.streams,
         deleted_streams = report.deleted_streams,
@@ -150,7 +152,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     let _ = ready.set(star.clone());
 
-    let sheds = Arc::new(ShedLog::new());
+    let sheds = Arc::new(ShedLog::new(Clock::system()));
     let ctx = Arc::new(Context {
         star: star.clone(),
         caps: config.caps(),

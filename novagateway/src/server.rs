@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 
 use nova_core::budget::Budget;
+use nova_core::clock::Clock;
 use nova_core::object_store::{Instrumented, ObjectStore};
 use nova_proto::server::gateway_peer_server::GatewayPeerServer;
 use nova_proto::server::nova_server::NovaServer;
@@ -27,7 +28,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .open(&config.store_dir, false)
         .await
         .with_context(|| format!("opening the object store at {}", config.store_dir.display()))?;
-    let store: Arc<dyn ObjectStore> = Arc::new(Instrumented::new(store, metrics.store.clone()));
+    let store: Arc<dyn ObjectStore> = Arc::new(Instrumented::new(
+        store,
+        metrics.store.clone(),
+        Clock::system(),
+    ));
     let star = NovaClient::new(
         Endpoint::from_shared(config.star.clone())
             .context("--star is not a URL")?
@@ -58,7 +63,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         star,
         footers: Footers::new(config.footer_cache_bytes, store.clone(), metrics.clone()),
         tier: tier.clone(),
-        pool: Budget::new(config.fetch_inflight, metrics.fetch_pool.clone()),
+        pool: Budget::new(
+            config.fetch_inflight,
+            metrics.fetch_pool.clone(),
+            Clock::system(),
+        ),
         metrics: metrics.clone(),
         max_read_bytes: config.max_read_bytes,
         max_read_records: config.max_read_records,

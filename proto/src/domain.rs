@@ -53,11 +53,3 @@ pub struct SequencedRecord {
     pub seq: u64,
     pub record: Record,
 }
-
-/// The current wall-clock time in milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}

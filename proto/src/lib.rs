@@ -2,6 +2,7 @@
 //! from errors to gRPC statuses. Everything else depends on this crate; it depends on nothing
 //! of Nova's.
 
+pub mod clock;
 mod convert;
 pub mod domain;
 pub mod error;

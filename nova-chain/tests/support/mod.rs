@@ -1,4 +1,9 @@
 //! A star on real local storage behind fault-injecting wrappers, for chain-level tests.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a star on a real disk and the real embedded metastore runs on the real clock"
+)]
 #![allow(dead_code)]
 
 use std::sync::Arc;

@@ -237,7 +237,8 @@ mod tests {
             Ok(())
         });
         assert!(
-            tokio::time::timeout(Duration::from_millis(100), hung)
+            crate::clock::Clock::system()
+                .timeout(Duration::from_millis(100), hung)
                 .await
                 .is_err()
         );
@@ -251,7 +252,9 @@ mod tests {
             if store.calls.available_permits() == MAX_CONCURRENT_CALLS {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            crate::clock::Clock::system()
+                .sleep(Duration::from_millis(10))
+                .await;
         }
         panic!("the turn came back when the call ended");
     }

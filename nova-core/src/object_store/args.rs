@@ -85,6 +85,7 @@ impl StoreArgs {
             read_concurrency: self.s3_read_concurrency,
             write_concurrency: self.s3_write_concurrency,
             request_timeout: Duration::from_millis(self.s3_request_timeout_ms),
+            clock: crate::clock::Clock::system(),
         }
     }
 

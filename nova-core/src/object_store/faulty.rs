@@ -240,7 +240,8 @@ mod tests {
         let put = store.put("held", Bytes::from_static(b"x").into());
         tokio::pin!(put);
         assert!(
-            tokio::time::timeout(std::time::Duration::from_millis(50), &mut put)
+            crate::clock::Clock::system()
+                .timeout(std::time::Duration::from_millis(50), &mut put)
                 .await
                 .is_err()
         );

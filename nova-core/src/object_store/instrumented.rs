@@ -1,7 +1,6 @@
 //! A wrapper that counts every request, its outcome, latency and bytes.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use async_trait::async_trait;
 
@@ -9,17 +8,23 @@ use super::{
     CreateOutcome, GetRange, GetResult, ListPage, ObjectMeta, ObjectStore, Op, PutPayload,
     StoreError,
 };
+use crate::clock::{Clock, Instant};
 use crate::metrics::StoreMetrics;
 
 #[derive(Debug, Clone)]
 pub struct Instrumented {
     inner: Arc<dyn ObjectStore>,
     metrics: StoreMetrics,
+    clock: Clock,
 }
 
 impl Instrumented {
-    pub fn new(inner: Arc<dyn ObjectStore>, metrics: StoreMetrics) -> Self {
-        Self { inner, metrics }
+    pub fn new(inner: Arc<dyn ObjectStore>, metrics: StoreMetrics, clock: Clock) -> Self {
+        Self {
+            inner,
+            metrics,
+            clock,
+        }
     }
 
     fn record<T>(&self, op: Op, started: Instant, result: &Result<T, StoreError>, bytes: u64) {
@@ -37,7 +42,7 @@ impl Instrumented {
         self.metrics
             .latency
             .with_label_values(&[op.as_str()])
-            .observe(started.elapsed().as_secs_f64());
+            .observe(self.clock.since(started).as_secs_f64());
         if result.is_ok() && bytes > 0 {
             self.metrics
                 .bytes
@@ -58,7 +63,7 @@ impl ObjectStore for Instrumented {
         key: &str,
         payload: PutPayload,
     ) -> Result<CreateOutcome, StoreError> {
-        let started = Instant::now();
+        let started = self.clock.now();
         let len = payload.len();
         let result = self.inner.put_if_absent(key, payload).await;
         let written = matches!(result, Ok(CreateOutcome::Created));
@@ -72,7 +77,7 @@ impl ObjectStore for Instrumented {
     }
 
     async fn put(&self, key: &str, payload: PutPayload) -> Result<(), StoreError> {
-        let started = Instant::now();
+        let started = self.clock.now();
         let len = payload.len();
         let result = self.inner.put(key, payload).await;
         self.record(Op::Put, started, &result, len);
@@ -80,7 +85,7 @@ impl ObjectStore for Instrumented {
     }
 
     async fn get(&self, key: &str, range: GetRange) -> Result<GetResult, StoreError> {
-        let started = Instant::now();
+        let started = self.clock.now();
         let result = self.inner.get(key, range).await;
         let len = result.as_ref().map(|r| r.bytes.len() as u64).unwrap_or(0);
         self.record(Op::Get, started, &result, len);
@@ -88,7 +93,7 @@ impl ObjectStore for Instrumented {
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
-        let started = Instant::now();
+        let started = self.clock.now();
         let result = self.inner.head(key).await;
         self.record(Op::Head, started, &result, 0);
         result
@@ -100,14 +105,14 @@ impl ObjectStore for Instrumented {
         start_after: Option<&str>,
         max_keys: usize,
     ) -> Result<ListPage, StoreError> {
-        let started = Instant::now();
+        let started = self.clock.now();
         let result = self.inner.list(prefix, start_after, max_keys).await;
         self.record(Op::List, started, &result, 0);
         result
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        let started = Instant::now();
+        let started = self.clock.now();
         let result = self.inner.delete(key).await;
         self.record(Op::Delete, started, &result, 0);
         result

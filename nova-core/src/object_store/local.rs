@@ -15,6 +15,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::Semaphore;
 
+use crate::entropy::Entropy;
+
 use super::{
     CreateOutcome, GetRange, GetResult, ListPage, MAX_LIST_KEYS, ObjectMeta, ObjectStore, Op,
     PutPayload, StoreError, StoreLimits,
@@ -36,6 +38,8 @@ struct Inner {
     dir_syncs: std::sync::atomic::AtomicU64,
     /// Directories whose entries (and their ancestors') are known durable.
     durable_dirs: parking_lot::Mutex<std::collections::HashSet<PathBuf>>,
+    /// Names temporary files.
+    names: Entropy,
 }
 
 impl LocalStore {
@@ -67,6 +71,7 @@ impl LocalStore {
                 limits,
                 dir_syncs: Default::default(),
                 durable_dirs: Default::default(),
+                names: Entropy::from_os(),
             }),
         })
     }
@@ -87,11 +92,13 @@ impl LocalStore {
             key: key.to_owned(),
             message: format!("timed out after {timeout:?}"),
         };
-        let deadline = tokio::time::Instant::now() + timeout;
+        let clock = self.inner.limits.clock;
+        let deadline = clock.now() + timeout;
         // The deadline covers the wait for a slot too: when every slot is held by calls a hung
         // disk never finishes, new calls fail as timeouts (and the star reports its store
         // failing) rather than wait without a word.
-        let permit = tokio::time::timeout_at(deadline, semaphore.clone().acquire_owned())
+        let permit = clock
+            .timeout_at(deadline, semaphore.clone().acquire_owned())
             .await
             .map_err(|_| timed_out())?
             .map_err(|_| StoreError::Permanent {
@@ -107,7 +114,7 @@ impl LocalStore {
             let _permit = permit;
             f(&inner)
         });
-        match tokio::time::timeout_at(deadline, task).await {
+        match clock.timeout_at(deadline, task).await {
             Ok(Ok(result)) => result,
             Ok(Err(join)) => Err(StoreError::Permanent {
                 op,
@@ -140,8 +147,8 @@ impl Inner {
     fn write_temp(&self, payload: &PutPayload) -> io::Result<PathBuf> {
         let name = format!(
             "{:016x}{:016x}.tmp",
-            rand::random::<u64>(),
-            rand::random::<u64>()
+            self.names.next_u64(),
+            self.names.next_u64()
         );
         let path = self.tmp.join(name);
         let mut file = OpenOptions::new()
@@ -453,6 +460,7 @@ mod tests {
             read_concurrency: 1,
             write_concurrency: 1,
             request_timeout: Duration::from_millis(200),
+            ..StoreLimits::default()
         };
         let store = LocalStore::open(dir.path(), limits).unwrap();
         store.put("plain", payload("hello")).await.unwrap();
@@ -465,11 +473,12 @@ mod tests {
             matches!(hung, Err(StoreError::Transient { .. })),
             "{hung:?}"
         );
-        let next = tokio::time::timeout(
-            Duration::from_millis(500),
-            store.get("plain", GetRange::All),
-        )
-        .await;
+        let next = crate::clock::Clock::system()
+            .timeout(
+                Duration::from_millis(500),
+                store.get("plain", GetRange::All),
+            )
+            .await;
         assert!(
             !matches!(next, Ok(Ok(_))),
             "a read ran while the hung read still held the only read slot"

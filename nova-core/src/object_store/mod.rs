@@ -161,6 +161,8 @@ pub struct StoreLimits {
     pub read_concurrency: usize,
     pub write_concurrency: usize,
     pub request_timeout: std::time::Duration,
+    /// What the request deadline is measured on.
+    pub clock: crate::clock::Clock,
 }
 
 impl Default for StoreLimits {
@@ -169,6 +171,7 @@ impl Default for StoreLimits {
             read_concurrency: 64,
             write_concurrency: 16,
             request_timeout: std::time::Duration::from_secs(30),
+            clock: crate::clock::Clock::system(),
         }
     }
 }

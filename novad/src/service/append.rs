@@ -18,7 +18,6 @@ use nova_chain::admission::{encoded_charge, received_charge, receiving_charge};
 use nova_chain::{AckRange, AppendReply};
 use nova_core::flight::section::{encode_wire_chunks, wire_encoded_bytes};
 use nova_core::limits::{MAX_SECTION_BYTES, SESSION_PIPELINE_DEPTH};
-use nova_core::record::now_ms;
 use nova_proto::RequestError;
 use nova_proto::v1;
 use nova_proto::validate::validate_wire;
@@ -237,7 +236,11 @@ async fn admit(ctx: &Context, charges: Option<&Charges>, request: WireAppend) ->
         request.wire_len(),
         wire_encoded_bytes(&request),
     ));
-    let chunks = encode_wire_chunks(&request, now_ms(), MAX_SECTION_BYTES as usize);
+    let chunks = encode_wire_chunks(
+        &request,
+        ctx.star.config().clock.unix_ms(),
+        MAX_SECTION_BYTES as usize,
+    );
     drop(request);
     admitted.shrink_to(encoded_charge(records, headers, content));
     match ctx

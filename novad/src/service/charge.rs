@@ -552,7 +552,11 @@ mod tests {
         let messages: [&[u8]; 4] = [b"hello", b"", &[7u8; 100], b"x"];
         let wire = framed(&messages);
         for chunk in [1, 2, 3, 5, 7, 64, 1000] {
-            let admission = AdmissionBuffer::new(1 << 20, Metrics::new().admission);
+            let admission = AdmissionBuffer::new(
+                1 << 20,
+                Metrics::new().admission,
+                nova_core::clock::Clock::system(),
+            );
             let (out, queued) = pass(&wire, chunk, admission.clone()).await;
             assert_eq!(
                 out,
@@ -567,7 +571,11 @@ mod tests {
     /// A message is not taken in until its charge is granted.
     #[tokio::test]
     async fn a_message_waits_for_its_charge() {
-        let admission = AdmissionBuffer::new(received_charge(10), Metrics::new().admission);
+        let admission = AdmissionBuffer::new(
+            received_charge(10),
+            Metrics::new().admission,
+            nova_core::clock::Clock::system(),
+        );
         let hold = admission.admit(received_charge(10)).await;
         let wire = framed(&[&[1u8; 10]]);
         let passing = {
@@ -586,7 +594,11 @@ mod tests {
     /// a compressed one accepted.
     #[tokio::test]
     async fn oversized_and_compressed_messages_are_not_charged() {
-        let admission = AdmissionBuffer::new(1 << 30, Metrics::new().admission);
+        let admission = AdmissionBuffer::new(
+            1 << 30,
+            Metrics::new().admission,
+            nova_core::clock::Clock::system(),
+        );
         let mut oversized = vec![0u8];
         oversized.extend_from_slice(&((2u32 << 20).to_be_bytes()));
         let charges = Arc::new(Charges::default());
@@ -637,7 +649,11 @@ mod tests {
     /// session at the message's deadline, and the charge with it.
     #[tokio::test(start_paused = true)]
     async fn a_stalled_message_times_out() {
-        let admission = AdmissionBuffer::new(1 << 20, Metrics::new().admission);
+        let admission = AdmissionBuffer::new(
+            1 << 20,
+            Metrics::new().admission,
+            nova_core::clock::Clock::system(),
+        );
         let mut wire = vec![0u8];
         wire.extend_from_slice(&100u32.to_be_bytes());
         wire.extend_from_slice(&[1u8; 10]);
@@ -676,7 +692,11 @@ mod tests {
     /// applied, and the producer is told.
     #[tokio::test]
     async fn a_stream_ending_inside_a_message_is_an_error() {
-        let admission = AdmissionBuffer::new(1 << 20, Metrics::new().admission);
+        let admission = AdmissionBuffer::new(
+            1 << 20,
+            Metrics::new().admission,
+            nova_core::clock::Clock::system(),
+        );
         let whole = framed(&[b"whole"]);
         let mut wire = whole.clone();
         wire.extend_from_slice(&[0, 0, 0, 0, 50, 1, 2, 3]);

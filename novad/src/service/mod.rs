@@ -94,7 +94,9 @@ impl Nova for NovaService {
         let _subscription = ctx.subscriptions.admit(peer)?;
         if request.wait_ms > 0 && request.start_seq >= stream.tail() {
             let wait = Duration::from_millis((request.wait_ms as u64).min(MAX_READ_WAIT_MS));
-            stream.wait_past(request.start_seq, wait).await;
+            stream
+                .wait_past(request.start_seq, wait, ctx.star.config().clock)
+                .await;
             if stream.is_deleted() {
                 return Err(RequestError::StreamNotFound(request.stream).into());
             }
