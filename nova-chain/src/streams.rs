@@ -276,15 +276,50 @@ impl StreamRegistry {
         self.write_manifest(&meta, false).await.map_err(|e| {
             RequestError::Unavailable(format!("writing the manifest of stream {name:?}: {e}"))
         })?;
-        if let Err(err) = self.catalog.insert_stream(&meta).await {
-            // The stream does not exist; say so in the bucket too (a rebuild would otherwise
-            // restore it empty, and a retried create gets a fresh id that outranks it anyway).
-            let _ = self.write_manifest(&meta, true).await;
-            return Err(catalog_error(err));
+        match self.catalog.insert_stream(&meta).await {
+            Ok(()) => {}
+            // The answer was lost, not necessarily the commit: ask the catalog which it was.
+            // Found by the simulation: treating a landed create as failed left a stream that
+            // the catalog had and this star refused to serve or create, with its manifest
+            // marked deleted.
+            Err(CatalogError::Metastore(err)) => match self.catalog.stream(name).await {
+                Ok(Some(found)) if found.id == meta.id => {}
+                Ok(_) => {
+                    self.abandon_manifest(&meta).await;
+                    return Err(catalog_error(CatalogError::Metastore(err)));
+                }
+                // Still cannot tell: leave the manifest live (a rebuild restoring an empty
+                // stream is harmless) and say the outcome is unknown.
+                Err(_) => {
+                    return Err(RequestError::OutcomeUnknown(format!(
+                        "creating stream {name:?}: {err}; describe it before creating it again"
+                    )));
+                }
+            },
+            Err(CatalogError::AlreadyExists(_)) => {
+                self.abandon_manifest(&meta).await;
+                // The catalog has a stream of that name that this star does not serve: one
+                // whose create outcome was unknown. Serve it from now on.
+                if let Ok(Some(found)) = self.catalog.stream(name).await {
+                    let tail = self.catalog.stream_tail(found.id).await.unwrap_or_default();
+                    self.insert(Arc::new(StreamState::new(found, tail)));
+                }
+                return Err(RequestError::StreamExists(name.to_owned()));
+            }
+            Err(err) => {
+                self.abandon_manifest(&meta).await;
+                return Err(catalog_error(err));
+            }
         }
         let state = Arc::new(StreamState::new(meta, StreamTail::default()));
         self.insert(state.clone());
         Ok(state)
+    }
+
+    /// Marks the manifest of a stream that was never created deleted: a rebuild would
+    /// otherwise restore it empty (a retried create gets a fresh id that outranks it anyway).
+    async fn abandon_manifest(&self, meta: &StreamMeta) {
+        let _ = self.write_manifest(meta, true).await;
     }
 
     pub async fn delete(&self, name: &str) -> Result<(), RequestError> {

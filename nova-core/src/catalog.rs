@@ -514,6 +514,22 @@ impl Catalog {
         Ok(self.store.get(&name_key(name)).await?.is_some())
     }
 
+    /// The absorbed tail of stream `id` (zero for a stream without one).
+    pub async fn stream_tail(&self, id: u64) -> Result<StreamTail, CatalogError> {
+        match self.store.get(&tail_key(id)).await? {
+            Some(kv) => decode_tail(&kv.value),
+            None => Ok(StreamTail::default()),
+        }
+    }
+
+    /// The stream's settings, if the catalog has it.
+    pub async fn stream(&self, name: &str) -> Result<Option<StreamMeta>, CatalogError> {
+        match self.store.get(&name_key(name)).await? {
+            Some(kv) => Ok(Some(decode_meta(name, &kv.value)?)),
+            None => Ok(None),
+        }
+    }
+
     /// Every stream with its absorbed tail.
     pub async fn load_streams(&self) -> Result<Vec<(StreamMeta, StreamTail)>, CatalogError> {
         let mut metas = Vec::new();

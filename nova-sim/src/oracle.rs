@@ -1,0 +1,308 @@
+//! What the simulated clients know, and the checks made against it: every acknowledged record
+//! is at its seq, no record appears twice, a seq never changes what it holds, a refused batch
+//! never appears, a batch appears whole or not at all, and tails never go back.
+//!
+//! The oracle lives outside the simulated process, so it survives every crash.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hasher;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// A batch's fate as its producer saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Submitted, no answer yet.
+    Pending,
+    /// Acknowledged at `start..end`.
+    Acked { start: u64, end: u64 },
+    /// Refused or failed: it must never appear.
+    Refused,
+    /// The outcome is unknown (a crash, "outcome unknown"): it may appear, once, whole.
+    Maybe,
+}
+
+#[derive(Debug)]
+struct Batch {
+    stream: usize,
+    first_id: u64,
+    len: u64,
+    fate: Fate,
+}
+
+#[derive(Debug, Default)]
+pub struct Oracle {
+    batches: Vec<Batch>,
+    next_id: u64,
+    /// Record id to its batch and body length.
+    records: HashMap<u64, (usize, usize)>,
+    /// Where each record was seen: (stream, seq).
+    seen_at: HashMap<u64, (usize, u64)>,
+    /// What each (stream, seq) held when first seen.
+    holds: HashMap<(usize, u64), u64>,
+    /// Per stream: the end of the highest acknowledgement and the highest tail a read reported.
+    acked_end: BTreeMap<usize, u64>,
+    read_tail: BTreeMap<usize, u64>,
+    /// A running digest of every event, to prove a seed replays exactly.
+    digest: Fnv,
+    pub violations: Vec<String>,
+}
+
+/// A record body: its id, then filler derived from the id, so a read can check it whole.
+pub fn body(id: u64, len: usize) -> Bytes {
+    let len = len.max(8);
+    let mut buf = BytesMut::with_capacity(len);
+    buf.put_u64_le(id);
+    buf.resize(len, filler(id));
+    buf.freeze()
+}
+
+fn filler(id: u64) -> u8 {
+    (id.wrapping_mul(31) % 251) as u8
+}
+
+impl Oracle {
+    /// Registers a new batch of records with these body lengths; returns its index and the
+    /// records' ids.
+    pub fn new_batch(&mut self, stream: usize, lens: &[usize]) -> (usize, Vec<u64>) {
+        let index = self.batches.len();
+        let first_id = self.next_id;
+        let ids: Vec<u64> = (first_id..first_id + lens.len() as u64).collect();
+        for (&id, &len) in ids.iter().zip(lens) {
+            self.records.insert(id, (index, len.max(8)));
+        }
+        self.next_id += lens.len() as u64;
+        self.batches.push(Batch {
+            stream,
+            first_id,
+            len: lens.len() as u64,
+            fate: Fate::Pending,
+        });
+        self.event(&[1, index as u64]);
+        (index, ids)
+    }
+
+    pub fn acked(&mut self, batch: usize, start: u64, end: u64) {
+        self.event(&[2, batch as u64, start, end]);
+        let (stream, first_id, len) = {
+            let b = &self.batches[batch];
+            (b.stream, b.first_id, b.len)
+        };
+        if end - start != len {
+            self.violation(format!(
+                "batch {batch} of {len} records acknowledged as {start}..{end}"
+            ));
+        }
+        self.batches[batch].fate = Fate::Acked { start, end };
+        let acked = self.acked_end.entry(stream).or_default();
+        *acked = (*acked).max(end);
+        for i in 0..len.min(end - start) {
+            self.place(stream, start + i, first_id + i, "its acknowledgement");
+        }
+    }
+
+    pub fn refused(&mut self, batch: usize, why: &str) {
+        self.event(&[3, batch as u64]);
+        self.batches[batch].fate = Fate::Refused;
+        if let Some((at, id)) = self.seen_in(batch) {
+            self.violation(format!(
+                "batch {batch} was refused ({why}) but its record {id} is at {at:?}"
+            ));
+        }
+    }
+
+    pub fn maybe(&mut self, batch: usize) {
+        self.event(&[4, batch as u64]);
+        self.batches[batch].fate = Fate::Maybe;
+    }
+
+    /// A crash: every batch still waiting for its answer may or may not have landed.
+    pub fn crash(&mut self) {
+        self.event(&[5]);
+        for batch in &mut self.batches {
+            if batch.fate == Fate::Pending {
+                batch.fate = Fate::Maybe;
+            }
+        }
+    }
+
+    /// A record a read returned at `seq` of `stream`, with its body.
+    pub fn read(&mut self, stream: usize, seq: u64, body: &[u8]) {
+        if body.len() < 8 {
+            self.violation(format!(
+                "stream {stream} seq {seq}: a body of {} bytes",
+                body.len()
+            ));
+            return;
+        }
+        let id = u64::from_le_bytes(body[..8].try_into().unwrap_or_default());
+        let Some(&(batch, len)) = self.records.get(&id) else {
+            self.violation(format!("stream {stream} seq {seq}: unknown record id {id}"));
+            return;
+        };
+        if body.len() != len || body[8..].iter().any(|&b| b != filler(id)) {
+            self.violation(format!("stream {stream} seq {seq}: record {id} is corrupt"));
+        }
+        if self.batches[batch].stream != stream {
+            self.violation(format!(
+                "record {id} of stream {} was read from stream {stream}",
+                self.batches[batch].stream
+            ));
+        }
+        if self.batches[batch].fate == Fate::Refused {
+            self.violation(format!(
+                "record {id} of refused batch {batch} was read at stream {stream} seq {seq}"
+            ));
+        }
+        self.place(stream, seq, id, "a read");
+    }
+
+    /// A tail a read or a restart reported. `now` says it was taken after every answer the
+    /// oracle has seen (a restart's), rather than at some point during a read that other
+    /// answers may have overtaken.
+    pub fn tail(&mut self, stream: usize, tail: u64, now: bool, source: &str) {
+        let acked = self.acked_end.get(&stream).copied().unwrap_or(0);
+        let read = self.read_tail.get(&stream).copied().unwrap_or(0);
+        if now && tail < acked {
+            self.violation(format!(
+                "{source}: stream {stream} ends at {tail}, but records up to {acked} were acknowledged"
+            ));
+        }
+        if tail < read {
+            self.violation(format!(
+                "{source}: stream {stream} ends at {tail}, but a read already saw it end at {read}"
+            ));
+        }
+        self.read_tail.insert(stream, read.max(tail));
+    }
+
+    fn place(&mut self, stream: usize, seq: u64, id: u64, source: &str) {
+        self.event(&[6, stream as u64, seq, id]);
+        match self.holds.get(&(stream, seq)) {
+            Some(&held) if held != id => self.violation(format!(
+                "stream {stream} seq {seq} held record {held}, then {source} says record {id}"
+            )),
+            Some(_) => {}
+            None => {
+                self.holds.insert((stream, seq), id);
+            }
+        }
+        match self.seen_at.get(&id) {
+            Some(&at) if at != (stream, seq) => self.violation(format!(
+                "record {id} appears twice: at stream {} seq {} and at stream {stream} seq {seq} ({source})",
+                at.0, at.1
+            )),
+            Some(_) => {}
+            None => {
+                self.seen_at.insert(id, (stream, seq));
+            }
+        }
+    }
+
+    fn seen_in(&self, batch: usize) -> Option<((usize, u64), u64)> {
+        let b = &self.batches[batch];
+        (b.first_id..b.first_id + b.len).find_map(|id| self.seen_at.get(&id).map(|&at| (at, id)))
+    }
+
+    /// After a final read of every stream from 0 to its tail (`read_ids` holds every record id
+    /// that read returned): every acknowledged record was read, and every batch is whole or
+    /// absent.
+    pub fn settle(&mut self, read_ids: &std::collections::HashSet<u64>) {
+        for index in 0..self.batches.len() {
+            let (first_id, len, fate) = {
+                let b = &self.batches[index];
+                (b.first_id, b.len, b.fate)
+            };
+            let present = (first_id..first_id + len)
+                .filter(|id| read_ids.contains(id))
+                .count() as u64;
+            match fate {
+                Fate::Acked { start, .. } if present != len => self.violation(format!(
+                    "batch {index} was acknowledged at seq {start} but {} of its {len} records are gone",
+                    len - present
+                )),
+                Fate::Refused if present > 0 => self.violation(format!(
+                    "batch {index} was refused but {present} of its records are in the stream"
+                )),
+                Fate::Maybe | Fate::Pending if present != 0 && present != len => {
+                    self.violation(format!(
+                        "batch {index} is torn: {present} of its {len} records are in the stream"
+                    ))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let mut counts = (0, 0, 0);
+        for b in &self.batches {
+            match b.fate {
+                Fate::Acked { .. } => counts.0 += 1,
+                Fate::Refused => counts.1 += 1,
+                Fate::Maybe | Fate::Pending => counts.2 += 1,
+            }
+        }
+        counts
+    }
+
+    pub fn acked_records(&self) -> u64 {
+        self.batches
+            .iter()
+            .filter(|b| matches!(b.fate, Fate::Acked { .. }))
+            .map(|b| b.len)
+            .sum()
+    }
+
+    pub fn acked_end(&self, stream: usize) -> u64 {
+        self.acked_end.get(&stream).copied().unwrap_or(0)
+    }
+
+    /// Whether every batch of `stream` has a known fate (so its tail is known exactly).
+    pub fn settled(&self, stream: usize) -> bool {
+        self.batches
+            .iter()
+            .filter(|b| b.stream == stream)
+            .all(|b| matches!(b.fate, Fate::Acked { .. } | Fate::Refused))
+    }
+
+    pub fn event(&mut self, words: &[u64]) {
+        for w in words {
+            self.digest.write_u64(*w);
+        }
+    }
+
+    pub fn digest(&self) -> u64 {
+        self.digest.finish()
+    }
+
+    pub fn violation(&mut self, message: String) {
+        // The first few are enough to diagnose; a broken run can produce thousands.
+        if self.violations.len() < 20 {
+            self.violations.push(message);
+        }
+    }
+}
+
+/// FNV-1a: a stable hash (std's hasher is randomly keyed per process).
+#[derive(Debug)]
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= *b as u64;
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Everything a seed decides up front: the star's settings, the faults, the workload and how
+//! many times the star dies. Drawing it all from one generator at the start keeps a seed's
+//! shape stable when the run itself changes.
+
+use std::time::Duration;
+
+use nova_chain::{ChainConfig, RetryPolicy};
+use nova_core::entropy::Entropy;
+
+use crate::metastore::MetastoreFaults;
+use crate::store::StoreFaults;
+
+pub const STAR: &str = "sim";
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub streams: usize,
+    /// Batches each producer keeps unanswered at once.
+    pub window: usize,
+    /// Batches each producer sends per incarnation, at most.
+    pub batches_per_life: usize,
+    /// Probability that a batch holds large records (so one stream fills several sections).
+    pub large: f64,
+    pub max_records: usize,
+    /// Probability that a producer with a known tail sends `match_seq_num`.
+    pub match_seq: f64,
+    pub lives: Vec<Life>,
+    pub store: StoreFaults,
+    pub metastore: MetastoreFaults,
+    pub admission_bytes: u64,
+    pub backlog_flights: u32,
+    pub tail_cache_bytes: u64,
+    pub read_bytes: u64,
+    pub flight_max_bytes: u64,
+    pub flight_linger: Duration,
+    pub flight_max_inflight: u32,
+    pub retry: RetryPolicy,
+}
+
+/// One incarnation of the star, from its start to its end.
+#[derive(Debug, Clone)]
+pub struct Life {
+    /// How long producers and consumers run.
+    pub run_for: Duration,
+    /// How it ends.
+    pub end: End,
+    /// A store outage starting this long into the run, lasting this long.
+    pub outage: Option<(Duration, Duration)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum End {
+    /// Everything dropped at whatever await it was in.
+    Crash,
+    /// `Star::shutdown` with this deadline, then dropped.
+    Shutdown(Duration),
+}
+
+fn ms(entropy: &Entropy, low: u64, high: u64) -> Duration {
+    Duration::from_millis(low + entropy.below(high - low + 1))
+}
+
+fn pick<T: Copy>(entropy: &Entropy, choices: &[T]) -> T {
+    choices[entropy.below(choices.len() as u64) as usize]
+}
+
+impl Plan {
+    pub fn draw(entropy: &Entropy) -> Self {
+        // A fifth of the seeds run without faults, so the plain paths are covered too.
+        let faulty = !entropy.chance(0.2);
+        let p = |max: f64| if faulty { entropy.unit() * max } else { 0.0 };
+        let store = StoreFaults {
+            transient: p(0.2),
+            lost_answer: p(0.1),
+            short_page: p(0.5),
+            latency_ms: (entropy.below(5), 5 + entropy.below(40)),
+        };
+        let metastore = MetastoreFaults {
+            fail: p(0.1),
+            lost_answer: p(0.1),
+            latency_ms: (entropy.below(3), 3 + entropy.below(30)),
+        };
+        let lives = (0..2 + entropy.below(4))
+            .map(|_| {
+                let run_for = ms(entropy, 50, 3000);
+                let end = if entropy.chance(0.7) {
+                    End::Crash
+                } else {
+                    End::Shutdown(ms(entropy, 10, 2000))
+                };
+                let outage = (faulty && entropy.chance(0.3)).then(|| {
+                    (
+                        ms(entropy, 0, run_for.as_millis() as u64),
+                        ms(entropy, 50, 3000),
+                    )
+                });
+                Life {
+                    run_for,
+                    end,
+                    outage,
+                }
+            })
+            .collect();
+        Plan {
+            streams: 1 + entropy.below(3) as usize,
+            window: 1 + entropy.below(4) as usize,
+            batches_per_life: 5 + entropy.below(40) as usize,
+            large: pick(entropy, &[0.0, 0.05, 0.2]),
+            max_records: pick(entropy, &[1, 4, 16]),
+            match_seq: pick(entropy, &[0.0, 0.3]),
+            lives,
+            store,
+            metastore,
+            admission_bytes: pick(entropy, &[3 * MIB, 8 * MIB, 32 * MIB]),
+            backlog_flights: pick(entropy, &[1, 2, 8]),
+            tail_cache_bytes: pick(entropy, &[256 * KIB, 4 * MIB]),
+            read_bytes: pick(entropy, &[512 * KIB, 4 * MIB]),
+            flight_max_bytes: pick(entropy, &[64 * KIB, 512 * KIB, 4 * MIB]),
+            flight_linger: ms(entropy, 1, 20),
+            flight_max_inflight: 1 + entropy.below(4) as u32,
+            retry: RetryPolicy {
+                initial: ms(entropy, 5, 100),
+                max: ms(entropy, 200, 2000),
+            },
+        }
+    }
+
+    pub fn chain_config(&self, entropy: Entropy, clock: nova_core::clock::Clock) -> ChainConfig {
+        ChainConfig {
+            star: STAR.into(),
+            admission_bytes: self.admission_bytes,
+            backlog_flights: self.backlog_flights,
+            tail_cache_bytes: self.tail_cache_bytes,
+            read_bytes: self.read_bytes,
+            flight_max_bytes: self.flight_max_bytes,
+            flight_linger: self.flight_linger,
+            flight_max_inflight: self.flight_max_inflight,
+            max_streams: 100,
+            retry: self.retry,
+            metastore_slow_after: Duration::from_millis(500),
+            clock,
+            entropy,
+        }
+    }
+
+    /// Body lengths for one batch.
+    pub fn batch(&self, entropy: &Entropy) -> Vec<usize> {
+        let large = entropy.chance(self.large);
+        // Two or three large records make a batch of more than one section.
+        let records = if large { 3 } else { self.max_records as u64 };
+        (0..1 + entropy.below(records))
+            .map(|_| {
+                if large {
+                    (200 * KIB + entropy.below(500 * KIB)) as usize
+                } else {
+                    8 + entropy.below(2 * KIB) as usize
+                }
+            })
+            .collect()
+    }
+}

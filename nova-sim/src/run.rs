@@ -1,0 +1,472 @@
+//! One seed: the real star opened, loaded, killed or shut down, and reopened, several times,
+//! on the simulated store and metastore; then a final start without faults that reads every
+//! stream back for the oracle.
+//!
+//! Each incarnation runs on a fresh current-thread tokio runtime started with its clock paused:
+//! time moves only when every task waits, so a run takes the CPU time it needs, not the time
+//! it simulates, and the same seed makes the same choices in the same order. A crash is the
+//! runtime dropped mid-run: every task of the star is dropped at the await it was in, and only
+//! the store and the metastore remain.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use tokio::task::JoinSet;
+
+use nova_chain::Star;
+use nova_chain::admission::encoded_charge;
+use nova_chain::streams::StreamState;
+use nova_core::catalog::StorageClass;
+use nova_core::clock::Clock;
+use nova_core::entropy::Entropy;
+use nova_core::flight::section::encode_chunks;
+use nova_core::limits::MAX_SECTION_BYTES;
+use nova_core::metrics::Metrics;
+use nova_core::record::Record;
+use nova_proto::RequestError;
+
+use crate::metastore::{MetastoreFaults, SimMetastore};
+use crate::oracle::{Oracle, body};
+use crate::plan::{End, Life, Plan};
+use crate::store::{SimStore, StoreFaults};
+
+/// Virtual time a restart may take before the run counts as a star that stays down.
+const RESTART_LIMIT: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub seed: u64,
+    pub lives: usize,
+    pub crashes: usize,
+    pub acked_batches: usize,
+    pub refused_batches: usize,
+    pub unknown_batches: usize,
+    pub acked_records: u64,
+    pub simulated: Duration,
+    /// Identical for two runs of one seed: the proof that it replays.
+    pub digest: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub seed: u64,
+    pub violations: Vec<String>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "seed {} failed:", self.seed)?;
+        for v in &self.violations {
+            writeln!(f, "  - {v}")?;
+        }
+        write!(f, "replay it with: {}", replay_command(self.seed))
+    }
+}
+
+/// The one-line command that replays a seed exactly, with the star's logs.
+pub fn replay_command(seed: u64) -> String {
+    format!("cargo run -p nova-sim -- --seed {seed} --verbose")
+}
+
+/// What outlives a crash.
+struct World {
+    seed: u64,
+    plan: Plan,
+    entropy: Entropy,
+    store: SimStore,
+    metastore: SimMetastore,
+    oracle: Arc<Mutex<Oracle>>,
+    /// Wall time carried from one incarnation to the next.
+    wall: SystemTime,
+    simulated: Duration,
+}
+
+pub fn run_seed(seed: u64) -> Result<Report, Failure> {
+    let entropy = Entropy::seeded(seed);
+    let plan = Plan::draw(&entropy);
+    tracing::info!(?plan, "seed {seed}");
+    let mut world = World {
+        seed,
+        store: SimStore::new(plan.store.clone(), Entropy::seeded(entropy.next_u64())),
+        metastore: SimMetastore::new(plan.metastore.clone(), Entropy::seeded(entropy.next_u64())),
+        plan,
+        entropy,
+        oracle: Arc::default(),
+        wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+        simulated: Duration::ZERO,
+    };
+    let lives = world.plan.lives.clone();
+    let mut crashes = 0;
+    for (index, life) in lives.iter().enumerate() {
+        tracing::info!(seed, life = index, ?life, "incarnation starts");
+        let ended = incarnation(&mut world, index, Some(life));
+        if matches!(life.end, End::Crash) {
+            crashes += 1;
+        }
+        if ended.is_err() || !world.oracle.lock().violations.is_empty() {
+            return Err(world.failure());
+        }
+    }
+    // The last start: no faults, read everything back.
+    world.store.set_faults(StoreFaults::none());
+    world.metastore.set_faults(MetastoreFaults::none());
+    tracing::info!(seed, "final incarnation: reading every stream back");
+    if incarnation(&mut world, lives.len(), None).is_err()
+        || !world.oracle.lock().violations.is_empty()
+    {
+        return Err(world.failure());
+    }
+    let oracle = world.oracle.lock();
+    let (acked_batches, refused_batches, unknown_batches) = oracle.counts();
+    Ok(Report {
+        seed,
+        lives: lives.len(),
+        crashes,
+        acked_batches,
+        refused_batches,
+        unknown_batches,
+        acked_records: oracle.acked_records(),
+        simulated: world.simulated,
+        digest: oracle.digest(),
+    })
+}
+
+impl World {
+    fn failure(&self) -> Failure {
+        Failure {
+            seed: self.seed,
+            violations: self.oracle.lock().violations.clone(),
+        }
+    }
+
+    fn violation(&self, message: String) {
+        self.oracle.lock().violation(message);
+    }
+}
+
+/// Runs one incarnation to its end; `None` is the final, fault-free check. `Err` when the
+/// star could not start.
+fn incarnation(world: &mut World, index: usize, life: Option<&Life>) -> Result<(), ()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    let clock = runtime.block_on(async { Clock::simulated(world.wall) });
+    world.store.attach(clock);
+    world.metastore.attach(clock);
+    let started = runtime.block_on(async { clock.now() });
+    let outcome = runtime.block_on(live(world, index, life, clock));
+    world.simulated += runtime.block_on(async { clock.since(started) });
+    world.wall = runtime.block_on(async { clock.wall() });
+    // The crash, or the end of a shutdown: every task still alive is dropped where it waits.
+    drop(runtime);
+    if life.is_some_and(|l| matches!(l.end, End::Crash)) || outcome.is_err() {
+        world.oracle.lock().crash();
+    }
+    outcome
+}
+
+async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) -> Result<(), ()> {
+    let config = world
+        .plan
+        .chain_config(Entropy::seeded(world.entropy.next_u64()), clock);
+    let open = Star::open(
+        config,
+        Arc::new(world.store.clone()),
+        Arc::new(world.metastore.clone()),
+        Arc::new(Metrics::new()),
+    );
+    let star = match clock.timeout(RESTART_LIMIT, open).await {
+        Ok(Ok(star)) => Arc::new(star),
+        Ok(Err(err)) => {
+            world.violation(format!(
+                "incarnation {index}: the star could not start: {err}"
+            ));
+            return Err(());
+        }
+        Err(_) => {
+            world.violation(format!(
+                "incarnation {index}: the star was still starting after {RESTART_LIMIT:?}"
+            ));
+            return Err(());
+        }
+    };
+    let streams = open_streams(world, &star, clock).await?;
+    for (i, stream) in streams.iter().enumerate() {
+        world
+            .oracle
+            .lock()
+            .tail(i, stream.tail(), true, &format!("restart {index}"));
+    }
+    let Some(life) = life else {
+        read_back(world, &star, &streams).await;
+        let _ = star.shutdown(Duration::from_secs(10)).await;
+        return Ok(());
+    };
+    let mut tasks = JoinSet::new();
+    for (i, stream) in streams.iter().enumerate() {
+        tasks.spawn(produce(world.context(&star, clock), i, stream.clone()));
+        tasks.spawn(consume(world.context(&star, clock), i, stream.clone()));
+    }
+    tasks.spawn(watch_budgets(world.context(&star, clock)));
+    if let Some((after, lasting)) = life.outage {
+        let store = world.store.clone();
+        tasks.spawn(async move {
+            clock.sleep(after).await;
+            tracing::info!(?lasting, "store outage begins");
+            store.outage(lasting);
+        });
+    }
+    tokio::select! {
+        biased;
+        why = star.failed() => {
+            world.violation(format!("incarnation {index}: the star failed while running: {why}"));
+            return Err(());
+        }
+        _ = clock.sleep(life.run_for) => {}
+    }
+    match life.end {
+        End::Crash => tracing::info!("crash"),
+        End::Shutdown(deadline) => {
+            tracing::info!(?deadline, "shutdown");
+            let result = star.shutdown(deadline).await;
+            tracing::info!(?result, "shutdown ended");
+            // Let the producers take their last answers before the process goes.
+            clock.sleep(Duration::from_millis(1)).await;
+            tasks.abort_all();
+        }
+    }
+    Ok(())
+}
+
+/// Creates the streams on the first start (retrying through faults) and finds them after.
+async fn open_streams(
+    world: &World,
+    star: &Star,
+    clock: Clock,
+) -> Result<Vec<Arc<StreamState>>, ()> {
+    let mut streams = Vec::new();
+    for i in 0..world.plan.streams {
+        let name = format!("s{i}");
+        let mut attempts = 0;
+        let stream = loop {
+            if let Some(stream) = star.streams().get(&name) {
+                break stream;
+            }
+            match star.streams().create(&name, StorageClass::Standard).await {
+                Ok(stream) => break stream,
+                Err(RequestError::StreamExists(_)) => continue,
+                Err(err) if attempts < 1000 => {
+                    attempts += 1;
+                    tracing::debug!("creating {name}: {err}");
+                    clock.sleep(Duration::from_millis(50)).await;
+                }
+                Err(err) => {
+                    world.violation(format!("stream {name} could not be created: {err}"));
+                    return Err(());
+                }
+            }
+        };
+        streams.push(stream);
+    }
+    Ok(streams)
+}
+
+/// What a client task needs.
+#[derive(Clone)]
+struct Context {
+    star: Arc<Star>,
+    oracle: Arc<Mutex<Oracle>>,
+    plan: Plan,
+    entropy: Entropy,
+    clock: Clock,
+}
+
+impl World {
+    fn context(&self, star: &Arc<Star>, clock: Clock) -> Context {
+        Context {
+            star: star.clone(),
+            oracle: self.oracle.clone(),
+            plan: self.plan.clone(),
+            entropy: Entropy::seeded(self.entropy.next_u64()),
+            clock,
+        }
+    }
+}
+
+/// One producer per stream: batches of the plan's shape, up to `window` unanswered.
+async fn produce(cx: Context, stream_index: usize, stream: Arc<StreamState>) {
+    let mut waiting = JoinSet::new();
+    for _ in 0..cx.plan.batches_per_life {
+        while waiting.len() >= cx.plan.window {
+            if let Some(Ok((batch, reply))) = waiting.join_next().await {
+                take_reply(&cx, batch, reply);
+            }
+        }
+        let lens = cx.plan.batch(&cx.entropy);
+        let (batch, ids) = cx.oracle.lock().new_batch(stream_index, &lens);
+        let records: Vec<Record> = ids
+            .iter()
+            .zip(&lens)
+            .map(|(&id, &len)| Record {
+                timestamp: cx.clock.unix_ms(),
+                headers: vec![],
+                body: body(id, len),
+            })
+            .collect();
+        let content: u64 = records.iter().map(|r| r.body.len() as u64).sum();
+        // With nothing unanswered and a known tail, sometimes say where the batch must land:
+        // a retry that meets its own earlier attempt is refused, not duplicated.
+        let match_seq_num = {
+            let oracle = cx.oracle.lock();
+            (waiting.is_empty()
+                && oracle.settled(stream_index)
+                && cx.entropy.chance(cx.plan.match_seq))
+            .then(|| oracle.acked_end(stream_index))
+        };
+        let admitted = cx
+            .star
+            .admission()
+            .admit(encoded_charge(records.len() as u64, 0, content))
+            .await;
+        let chunks = encode_chunks(&records, MAX_SECTION_BYTES as usize);
+        match cx
+            .star
+            .submit(stream.clone(), chunks, content, match_seq_num, admitted)
+            .await
+        {
+            Ok(receiver) => {
+                waiting.spawn(async move { (batch, receiver.await) });
+            }
+            Err(err) => cx.oracle.lock().refused(batch, &err.to_string()),
+        }
+        let pause = cx.entropy.below(10);
+        cx.clock.sleep(Duration::from_millis(pause)).await;
+    }
+    while let Some(done) = waiting.join_next().await {
+        if let Ok((batch, reply)) = done {
+            take_reply(&cx, batch, reply);
+        }
+    }
+}
+
+fn take_reply(
+    cx: &Context,
+    batch: usize,
+    reply: Result<nova_chain::AppendReply, tokio::sync::oneshot::error::RecvError>,
+) {
+    let mut oracle = cx.oracle.lock();
+    match reply {
+        Ok(Ok(range)) => oracle.acked(batch, range.start, range.end),
+        Ok(Err(RequestError::OutcomeUnknown(_))) | Err(_) => oracle.maybe(batch),
+        Ok(Err(err)) => oracle.refused(batch, &err.to_string()),
+    }
+}
+
+/// One consumer per stream, following it from the start.
+async fn consume(cx: Context, stream_index: usize, stream: Arc<StreamState>) {
+    let mut next = 0;
+    loop {
+        match cx.star.read(&stream, next, 100, 256 * 1024).await {
+            Ok(page) => {
+                {
+                    let mut oracle = cx.oracle.lock();
+                    let mut expect = next;
+                    for record in &page.records {
+                        if record.seq != expect {
+                            oracle.violation(format!(
+                            "stream {stream_index}: a read from {next} returned seq {} where {expect} belonged",
+                            record.seq
+                        ));
+                        }
+                        oracle.read(stream_index, record.seq, &record.record.body);
+                        expect = record.seq + 1;
+                    }
+                    oracle.tail(stream_index, page.tail_seq, false, "a read");
+                }
+                next = page.next_seq;
+                if next >= page.tail_seq {
+                    cx.clock.sleep(Duration::from_millis(20)).await;
+                }
+            }
+            Err(RequestError::DataLoss(why)) => {
+                cx.oracle
+                    .lock()
+                    .violation(format!("stream {stream_index}: data loss at {next}: {why}"));
+                return;
+            }
+            Err(_) => cx.clock.sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// Samples the star's budgets: none may hold more than its limit.
+async fn watch_budgets(cx: Context) {
+    let mut ticker = cx.clock.interval(Duration::from_millis(10));
+    loop {
+        ticker.tick().await;
+        let star = &cx.star;
+        let checks = [
+            (
+                "admission buffer",
+                star.admission().budget().in_use(),
+                star.config().admission_bytes,
+            ),
+            (
+                "tail window cache",
+                star.tail_cache().used(),
+                star.tail_cache().capacity(),
+            ),
+        ];
+        for (what, used, limit) in checks {
+            if used > limit {
+                cx.oracle
+                    .lock()
+                    .violation(format!("the {what} holds {used} bytes, over its {limit}"));
+            }
+        }
+    }
+}
+
+/// The final check: every stream read from 0 to its tail.
+async fn read_back(world: &World, star: &Star, streams: &[Arc<StreamState>]) {
+    let mut read_ids = HashSet::new();
+    for (i, stream) in streams.iter().enumerate() {
+        let tail = stream.tail();
+        let mut next = 0;
+        while next < tail {
+            let page = match star.read(stream, next, 1000, 4 << 20).await {
+                Ok(page) => page,
+                Err(err) => {
+                    world.violation(format!("final read of stream {i} at {next}: {err}"));
+                    return;
+                }
+            };
+            let mut oracle = world.oracle.lock();
+            for record in &page.records {
+                if record.seq != next {
+                    oracle.violation(format!(
+                        "final read of stream {i}: seq {} where {next} belonged",
+                        record.seq
+                    ));
+                    return;
+                }
+                oracle.read(i, record.seq, &record.record.body);
+                read_ids.insert(u64::from_le_bytes(
+                    record.record.body[..8].try_into().unwrap_or_default(),
+                ));
+                next += 1;
+            }
+            if page.records.is_empty() {
+                oracle.violation(format!(
+                    "final read of stream {i} at {next} returned nothing"
+                ));
+                return;
+            }
+        }
+    }
+    world.oracle.lock().settle(&read_ids);
+}

@@ -1,0 +1,267 @@
+//! An in-memory object store whose every answer is decided by the seed: latency, 503s, outages,
+//! writes that land but lose their answer, and short list pages. It keeps its objects when a
+//! star crashes, as a bucket would.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use nova_core::clock::{Clock, Instant};
+use nova_core::entropy::Entropy;
+use nova_core::object_store::{
+    CreateOutcome, GetRange, GetResult, ListPage, MAX_LIST_KEYS, ObjectMeta, ObjectStore, Op,
+    PutPayload, StoreError,
+};
+
+/// How often each fault happens, drawn once per seed.
+#[derive(Debug, Clone)]
+pub struct StoreFaults {
+    /// Probability that a request fails with a retryable error before it does anything.
+    pub transient: f64,
+    /// Probability that a write lands and its answer is lost (a timeout after the PUT landed).
+    pub lost_answer: f64,
+    /// Probability that a list page is shorter than asked for (still correct, as S3 allows).
+    pub short_page: f64,
+    /// Latency of each half of a request (before it applies, after it applies), in ms.
+    pub latency_ms: (u64, u64),
+}
+
+impl StoreFaults {
+    pub fn none() -> Self {
+        Self {
+            transient: 0.0,
+            lost_answer: 0.0,
+            short_page: 0.0,
+            latency_ms: (1, 2),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SimStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    objects: Mutex<BTreeMap<String, Bytes>>,
+    faults: Mutex<StoreFaults>,
+    entropy: Entropy,
+    /// The clock of the incarnation running now; replaced at each restart.
+    clock: Mutex<Clock>,
+    /// Every request fails as unavailable until then.
+    down_until: Mutex<Option<Instant>>,
+}
+
+impl SimStore {
+    pub fn new(faults: StoreFaults, entropy: Entropy) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                objects: Mutex::default(),
+                faults: Mutex::new(faults),
+                entropy,
+                clock: Mutex::new(Clock::system()),
+                down_until: Mutex::default(),
+            }),
+        }
+    }
+
+    /// Points the store at a new incarnation's clock (and ends any outage of the last one).
+    pub fn attach(&self, clock: Clock) {
+        *self.inner.clock.lock() = clock;
+        *self.inner.down_until.lock() = None;
+    }
+
+    pub fn set_faults(&self, faults: StoreFaults) {
+        *self.inner.faults.lock() = faults;
+    }
+
+    /// Fails every request for `duration` from now.
+    pub fn outage(&self, duration: Duration) {
+        let clock = *self.inner.clock.lock();
+        *self.inner.down_until.lock() = Some(clock.now() + duration);
+    }
+
+    /// A copy of what the store holds, for checks.
+    pub fn snapshot(&self) -> BTreeMap<String, Bytes> {
+        self.inner.objects.lock().clone()
+    }
+
+    fn clock(&self) -> Clock {
+        *self.inner.clock.lock()
+    }
+
+    async fn latency(&self) {
+        let (low, high) = self.inner.faults.lock().latency_ms;
+        let ms = low + self.inner.entropy.below(high.saturating_sub(low) + 1);
+        self.clock().sleep(Duration::from_millis(ms)).await;
+    }
+
+    /// The first half of a request: its latency, then an outage or an injected 503.
+    async fn arrive(&self, op: Op, key: &str) -> Result<(), StoreError> {
+        self.latency().await;
+        let down = self
+            .inner
+            .down_until
+            .lock()
+            .is_some_and(|until| self.clock().now() < until);
+        let transient = self.inner.faults.lock().transient;
+        if down || self.inner.entropy.chance(transient) {
+            return Err(StoreError::Transient {
+                op,
+                key: key.to_owned(),
+                message: if down {
+                    "simulated outage".into()
+                } else {
+                    "simulated 503 Slow Down".into()
+                },
+            });
+        }
+        Ok(())
+    }
+
+    /// The second half of a write that has landed: latency, then maybe a lost answer.
+    async fn answer(&self, op: Op, key: &str) -> Result<(), StoreError> {
+        self.latency().await;
+        let lost = self.inner.faults.lock().lost_answer;
+        if self.inner.entropy.chance(lost) {
+            return Err(StoreError::Transient {
+                op,
+                key: key.to_owned(),
+                message: "simulated timeout after the write landed".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn join(payload: &PutPayload) -> Bytes {
+    let mut out = Vec::with_capacity(payload.len() as usize);
+    for part in payload.parts() {
+        out.extend_from_slice(part);
+    }
+    Bytes::from(out)
+}
+
+#[async_trait]
+impl ObjectStore for SimStore {
+    fn describe(&self) -> String {
+        "simulated object store".into()
+    }
+
+    async fn put_if_absent(
+        &self,
+        key: &str,
+        payload: PutPayload,
+    ) -> Result<CreateOutcome, StoreError> {
+        self.arrive(Op::PutIfAbsent, key).await?;
+        let outcome = {
+            let mut objects = self.inner.objects.lock();
+            if objects.contains_key(key) {
+                CreateOutcome::AlreadyExists
+            } else {
+                objects.insert(key.to_owned(), join(&payload));
+                CreateOutcome::Created
+            }
+        };
+        self.answer(Op::PutIfAbsent, key).await?;
+        Ok(outcome)
+    }
+
+    async fn put(&self, key: &str, payload: PutPayload) -> Result<(), StoreError> {
+        self.arrive(Op::Put, key).await?;
+        self.inner
+            .objects
+            .lock()
+            .insert(key.to_owned(), join(&payload));
+        self.answer(Op::Put, key).await
+    }
+
+    async fn get(&self, key: &str, range: GetRange) -> Result<GetResult, StoreError> {
+        self.arrive(Op::Get, key).await?;
+        let object = self.inner.objects.lock().get(key).cloned();
+        self.latency().await;
+        let object = object.ok_or_else(|| StoreError::NotFound {
+            key: key.to_owned(),
+        })?;
+        let size = object.len() as u64;
+        let bytes = match &range {
+            GetRange::All => object,
+            GetRange::Bounded(r) if r.start < size && r.start < r.end => {
+                object.slice(r.start as usize..r.end.min(size) as usize)
+            }
+            GetRange::Bounded(_) => {
+                return Err(StoreError::InvalidRange {
+                    key: key.to_owned(),
+                    range,
+                });
+            }
+            GetRange::Suffix(n) => object.slice(size.saturating_sub(*n) as usize..),
+        };
+        Ok(GetResult {
+            bytes,
+            object_size: size,
+        })
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        self.arrive(Op::Head, key).await?;
+        let size = self.inner.objects.lock().get(key).map(|o| o.len() as u64);
+        size.map(|size| ObjectMeta {
+            key: key.to_owned(),
+            size,
+        })
+        .ok_or_else(|| StoreError::NotFound {
+            key: key.to_owned(),
+        })
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        max_keys: usize,
+    ) -> Result<ListPage, StoreError> {
+        self.arrive(Op::List, prefix).await?;
+        let mut max = max_keys.clamp(1, MAX_LIST_KEYS);
+        if self
+            .inner
+            .entropy
+            .chance(self.inner.faults.lock().short_page)
+        {
+            max = 1 + self.inner.entropy.below(max as u64) as usize;
+        }
+        let objects = self.inner.objects.lock();
+        let mut page = ListPage::default();
+        let after = start_after.unwrap_or("");
+        for (key, object) in
+            objects.range::<str, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+        {
+            if !key.starts_with(prefix) {
+                if key.as_str() > prefix {
+                    break;
+                }
+                continue;
+            }
+            if page.objects.len() == max {
+                page.next_start_after = page.objects.last().map(|o| o.key.clone());
+                break;
+            }
+            page.objects.push(ObjectMeta {
+                key: key.clone(),
+                size: object.len() as u64,
+            });
+        }
+        Ok(page)
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.arrive(Op::Delete, key).await?;
+        self.inner.objects.lock().remove(key);
+        self.answer(Op::Delete, key).await
+    }
+}
