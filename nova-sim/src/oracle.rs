@@ -254,6 +254,14 @@ impl Oracle {
             .sum()
     }
 
+    /// Whether the record with this body was acknowledged.
+    pub fn is_acked(&self, body: &[u8]) -> bool {
+        body.get(..8)
+            .and_then(|id| Some(u64::from_le_bytes(id.try_into().ok()?)))
+            .and_then(|id| self.records.get(&id))
+            .is_some_and(|&(batch, _)| matches!(self.batches[batch].fate, Fate::Acked { .. }))
+    }
+
     pub fn acked_end(&self, stream: usize) -> u64 {
         self.acked_end.get(&stream).copied().unwrap_or(0)
     }

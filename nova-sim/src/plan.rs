@@ -74,6 +74,7 @@ impl Plan {
         let store = StoreFaults {
             transient: p(0.2),
             lost_answer: p(0.1),
+            stuck: p(0.2),
             short_page: p(0.5),
             latency_ms: (entropy.below(5), 5 + entropy.below(40)),
         };

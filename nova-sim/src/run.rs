@@ -8,10 +8,11 @@
 //! runtime dropped mid-run: every task of the star is dropped at the await it was in, and only
 //! the store and the metastore remain.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::task::JoinSet;
 
@@ -21,7 +22,9 @@ use nova_chain::streams::StreamState;
 use nova_core::catalog::StorageClass;
 use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
-use nova_core::flight::section::encode_chunks;
+use nova_core::flight::section::{RecordIter, encode_chunks};
+use nova_core::flight::{ObjectFooter, parse_object};
+use nova_core::keys::chain_root;
 use nova_core::limits::MAX_SECTION_BYTES;
 use nova_core::metrics::Metrics;
 use nova_core::record::Record;
@@ -29,7 +32,7 @@ use nova_proto::RequestError;
 
 use crate::metastore::{MetastoreFaults, SimMetastore};
 use crate::oracle::{Oracle, body};
-use crate::plan::{End, Life, Plan};
+use crate::plan::{End, Life, Plan, STAR};
 use crate::store::{SimStore, StoreFaults};
 
 /// Virtual time a restart may take before the run counts as a star that stays down.
@@ -166,7 +169,55 @@ fn incarnation(world: &mut World, index: usize, life: Option<&Life>) -> Result<(
     if life.is_some_and(|l| matches!(l.end, End::Crash)) || outcome.is_err() {
         world.oracle.lock().crash();
     }
+    check_chain(world);
     outcome
+}
+
+/// Nothing is acknowledged past a slot that did not land: in each epoch of the chain, every
+/// flight after the first missing slot holds only records nobody was told are durable (the
+/// next start ends the chain at the gap, so those flights are never read).
+fn check_chain(world: &World) {
+    let root = chain_root(STAR);
+    let objects = world.store.snapshot();
+    let mut epochs: BTreeMap<u64, BTreeMap<u64, Bytes>> = BTreeMap::new();
+    for (key, object) in objects.range(root.clone()..) {
+        let Some(rest) = key.strip_prefix(&root) else {
+            break;
+        };
+        let Some((epoch, slot)) = rest.split_once('/') else {
+            continue;
+        };
+        if let (Ok(epoch), Ok(slot)) = (epoch.parse(), slot.parse()) {
+            epochs
+                .entry(epoch)
+                .or_default()
+                .insert(slot, object.clone());
+        }
+    }
+    let mut oracle = world.oracle.lock();
+    for (epoch, slots) in epochs {
+        let Some(gap) = (0..).find(|slot| !slots.contains_key(slot)) else {
+            continue;
+        };
+        for (slot, object) in slots.range(gap..) {
+            let Ok(ObjectFooter::Flight(flight)) = parse_object(object) else {
+                continue;
+            };
+            for section in &flight.sections {
+                let range = section.offset as usize..(section.offset + section.len) as usize;
+                let acked = RecordIter::new(object.slice(range))
+                    .filter_map(Result::ok)
+                    .filter(|record| oracle.is_acked(&record.body))
+                    .count();
+                if acked > 0 {
+                    oracle.violation(format!(
+                        "epoch {epoch} slot {slot} holds {acked} acknowledged records of stream {} (seqs {}..{}), past slot {gap} that never landed",
+                        section.stream, section.start_seq, section.end_seq
+                    ));
+                }
+            }
+        }
+    }
 }
 
 async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) -> Result<(), ()> {

@@ -24,6 +24,9 @@ pub struct StoreFaults {
     pub transient: f64,
     /// Probability that a write lands and its answer is lost (a timeout after the PUT landed).
     pub lost_answer: f64,
+    /// Probability that a key is stuck when first written: every write of it fails for a
+    /// while (a hot partition), while writes of other keys land.
+    pub stuck: f64,
     /// Probability that a list page is shorter than asked for (still correct, as S3 allows).
     pub short_page: f64,
     /// Latency of each half of a request (before it applies, after it applies), in ms.
@@ -35,6 +38,7 @@ impl StoreFaults {
         Self {
             transient: 0.0,
             lost_answer: 0.0,
+            stuck: 0.0,
             short_page: 0.0,
             latency_ms: (1, 2),
         }
@@ -55,6 +59,8 @@ struct Inner {
     clock: Mutex<Clock>,
     /// Every request fails as unavailable until then.
     down_until: Mutex<Option<Instant>>,
+    /// Keys whose writes fail until then.
+    stuck_until: Mutex<std::collections::HashMap<String, Instant>>,
 }
 
 impl SimStore {
@@ -66,6 +72,7 @@ impl SimStore {
                 entropy,
                 clock: Mutex::new(Clock::system()),
                 down_until: Mutex::default(),
+                stuck_until: Mutex::default(),
             }),
         }
     }
@@ -74,6 +81,8 @@ impl SimStore {
     pub fn attach(&self, clock: Clock) {
         *self.inner.clock.lock() = clock;
         *self.inner.down_until.lock() = None;
+        // Instants of the last incarnation mean nothing on the new clock.
+        self.inner.stuck_until.lock().clear();
     }
 
     pub fn set_faults(&self, faults: StoreFaults) {
@@ -109,8 +118,26 @@ impl SimStore {
             .down_until
             .lock()
             .is_some_and(|until| self.clock().now() < until);
-        let transient = self.inner.faults.lock().transient;
-        if down || self.inner.entropy.chance(transient) {
+        let (transient, stuck) = {
+            let faults = self.inner.faults.lock();
+            (faults.transient, faults.stuck)
+        };
+        let now = self.clock().now();
+        let stuck = matches!(op, Op::Put | Op::PutIfAbsent)
+            && *self
+                .inner
+                .stuck_until
+                .lock()
+                .entry(key.to_owned())
+                .or_insert_with(|| {
+                    if self.inner.entropy.chance(stuck) {
+                        now + Duration::from_millis(100 + self.inner.entropy.below(3000))
+                    } else {
+                        now
+                    }
+                })
+                > now;
+        if down || stuck || self.inner.entropy.chance(transient) {
             return Err(StoreError::Transient {
                 op,
                 key: key.to_owned(),

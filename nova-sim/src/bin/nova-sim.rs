@@ -23,6 +23,9 @@ struct Args {
     /// Print the star's logs (useful with --seed).
     #[arg(long)]
     verbose: bool,
+    /// Run every seed of the range, failing or not, and list the failing ones at the end.
+    #[arg(long)]
+    keep_going: bool,
 }
 
 fn main() {
@@ -41,6 +44,7 @@ fn main() {
     };
     let started = Instant::now();
     let (mut runs, mut records, mut crashes, mut simulated) = (0u64, 0u64, 0usize, 0f64);
+    let mut failed = Vec::new();
     for seed in seeds {
         match nova_sim::run_seed(seed) {
             Ok(report) => {
@@ -54,9 +58,16 @@ fn main() {
             }
             Err(failure) => {
                 eprintln!("{failure}");
-                std::process::exit(1);
+                if !args.keep_going {
+                    std::process::exit(1);
+                }
+                failed.push(seed);
             }
         }
+    }
+    if !failed.is_empty() {
+        eprintln!("{} seeds failed: {failed:?}", failed.len());
+        std::process::exit(1);
     }
     println!(
         "{runs} seeds clean: {records} acknowledged records, {crashes} crashes, \
