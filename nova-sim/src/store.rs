@@ -292,3 +292,32 @@ impl ObjectStore for SimStore {
         self.answer(Op::Delete, key).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without faults, the simulated store keeps the contract the real backends keep.
+    #[tokio::test(start_paused = true)]
+    async fn passes_the_object_store_conformance_suite() {
+        let store = SimStore::new(StoreFaults::none(), Entropy::seeded(1));
+        store.attach(Clock::simulated(std::time::UNIX_EPOCH));
+        nova_core::object_store::conformance::run_all(Arc::new(store), "conformance/").await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_answer_still_lands_the_write() {
+        let faults = StoreFaults {
+            lost_answer: 1.0,
+            ..StoreFaults::none()
+        };
+        let store = SimStore::new(faults, Entropy::seeded(1));
+        store.attach(Clock::simulated(std::time::UNIX_EPOCH));
+        let put = store.put_if_absent("k", Bytes::from_static(b"x").into()).await;
+        assert!(matches!(put, Err(StoreError::Transient { .. })));
+        assert_eq!(store.snapshot().get("k").unwrap().as_ref(), b"x");
+        let again = store.put_if_absent("k", Bytes::from_static(b"y").into()).await;
+        assert!(matches!(again, Err(StoreError::Transient { .. })), "{again:?}");
+        assert_eq!(store.snapshot().get("k").unwrap().as_ref(), b"x");
+    }
+}
