@@ -76,7 +76,7 @@ pub struct Recovered {
 
 /// Retries an operation whose failures are outages (object store or metastore unreachable)
 /// until it succeeds, logging clearly so an operator sees why the star is not up yet.
-async fn patiently<T, E, F, Fut>(what: &str, retry: &Backoff, mut op: F) -> Result<T, E>
+pub(crate) async fn patiently<T, E, F, Fut>(what: &str, retry: &Backoff, mut op: F) -> Result<T, E>
 where
     E: std::fmt::Display + Retryable,
     F: FnMut() -> Fut,
@@ -139,7 +139,7 @@ async fn commit_patiently(
     .map_err(RecoveryError::Catalog)
 }
 
-trait Retryable {
+pub(crate) trait Retryable {
     fn outage(&self) -> bool;
 }
 
@@ -166,6 +166,16 @@ impl Retryable for FetchError {
 impl Retryable for CatalogError {
     fn outage(&self) -> bool {
         matches!(self, CatalogError::Metastore(_))
+    }
+}
+
+impl Retryable for crate::streams::LoadError {
+    fn outage(&self) -> bool {
+        match self {
+            crate::streams::LoadError::Catalog(e) => e.outage(),
+            crate::streams::LoadError::Manifests(e) => e.outage(),
+            crate::streams::LoadError::RestoreInterrupted => false,
+        }
     }
 }
 

@@ -22,7 +22,7 @@ use crate::config::ChainConfig;
 use crate::monitor::run_monitor;
 use crate::packer::{AppendReply, Packer, Submission};
 use crate::reader::{self, Page};
-use crate::recovery::{Recovered, RecoveryError, probe_store, recover};
+use crate::recovery::{Recovered, RecoveryError, patiently, probe_store, recover};
 use crate::resolver::run_resolver;
 use crate::shared::Shared;
 use crate::streams::{StreamRegistry, StreamState};
@@ -116,18 +116,22 @@ impl Star {
             config.clock,
         ));
         let catalog = Catalog::new(metastore);
+        let backoff = config.backoff();
+        // Like recovery, loading waits out outages: a metastore that blinks at start-up should
+        // delay the star, not stop it. (Found by the simulation.)
         let streams = Arc::new(
-            StreamRegistry::load(
-                catalog.clone(),
-                store.clone(),
-                &config.star,
-                metrics.clone(),
-                config.clock,
-                config.max_streams,
-            )
+            patiently("loading the catalog", &backoff, || {
+                StreamRegistry::load(
+                    catalog.clone(),
+                    store.clone(),
+                    &config.star,
+                    metrics.clone(),
+                    config.clock,
+                    config.max_streams,
+                )
+            })
             .await?,
         );
-        let backoff = config.backoff();
         probe_store(&config.star, &store, &backoff).await?;
         let recovered = recover(&config.star, &store, &catalog, &streams, &backoff).await?;
         let tails: HashMap<_, _> = streams
@@ -206,7 +210,7 @@ impl Star {
         })
     }
 
-    pub fn streams(&self) -> &StreamRegistry {
+    pub fn streams(&self) -> &Arc<StreamRegistry> {
         &self.shared.streams
     }
 

@@ -123,7 +123,13 @@ pub struct StreamRegistry {
     /// deletes between two absorbs (admin calls, one at a time).
     deleted: parking_lot::Mutex<Vec<u64>>,
     admin: tokio::sync::Mutex<()>,
+    /// Creates and deletes in progress, each in a task of its own (see `to_the_end`).
+    admin_calls: Arc<tokio::sync::Semaphore>,
 }
+
+/// Stream creates and deletes in progress at once; more are refused with a retry hint. They
+/// run one at a time, so this only bounds the queue of callers.
+const ADMIN_CALLS: usize = 64;
 
 fn catalog_error(err: CatalogError) -> RequestError {
     match err {
@@ -173,6 +179,7 @@ impl StreamRegistry {
             by_id: RwLock::default(),
             deleted: parking_lot::Mutex::default(),
             admin: tokio::sync::Mutex::new(()),
+            admin_calls: Arc::new(tokio::sync::Semaphore::new(ADMIN_CALLS)),
         };
         for (meta, tail) in catalog.load_streams().await? {
             registry.insert(Arc::new(StreamState::new(meta, tail)));
@@ -238,11 +245,50 @@ impl StreamRegistry {
     }
 
     pub async fn create(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         class: StorageClass,
     ) -> Result<Arc<StreamState>, RequestError> {
         validate_stream_name(name)?;
+        let name = name.to_owned();
+        self.to_the_end(move |registry| async move { registry.create_now(&name, class).await })
+            .await
+    }
+
+    /// Runs an admin call in a task of its own, so that it ends as it began even if the caller
+    /// stops waiting: a delete that lands in the catalog while this star still serves the
+    /// stream would acknowledge appends that no restart can find.
+    async fn to_the_end<T, F, Fut>(self: &Arc<Self>, call: F) -> Result<T, RequestError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Self>) -> Fut,
+        Fut: Future<Output = Result<T, RequestError>> + Send + 'static,
+    {
+        let Ok(slot) = self.admin_calls.clone().try_acquire_owned() else {
+            return Err(RequestError::LimitReached {
+                cap: "stream creates and deletes in progress",
+                limit: ADMIN_CALLS as u64,
+                what: "retry once the ones in progress have finished",
+            });
+        };
+        let call = call(self.clone());
+        tokio::spawn(async move {
+            let _slot = slot;
+            call.await
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(RequestError::Internal(format!(
+                "a stream admin call failed: {e}"
+            )))
+        })
+    }
+
+    async fn create_now(
+        &self,
+        name: &str,
+        class: StorageClass,
+    ) -> Result<Arc<StreamState>, RequestError> {
         let _one_at_a_time = self.admin.lock().await;
         if self.get(name).is_some() {
             return Err(RequestError::StreamExists(name.to_owned()));
@@ -278,33 +324,32 @@ impl StreamRegistry {
         })?;
         match self.catalog.insert_stream(&meta).await {
             Ok(()) => {}
-            // The answer was lost, not necessarily the commit: ask the catalog which it was.
-            // Found by the simulation: treating a landed create as failed left a stream that
-            // the catalog had and this star refused to serve or create, with its manifest
-            // marked deleted.
-            Err(CatalogError::Metastore(err)) => match self.catalog.stream(name).await {
-                Ok(Some(found)) if found.id == meta.id => {}
-                Ok(_) => {
-                    self.abandon_manifest(&meta).await;
-                    return Err(catalog_error(CatalogError::Metastore(err)));
+            // A lost answer (the commit may have landed), or a name the catalog already has
+            // (this very create, retried inside a metastore client, or an earlier create whose
+            // outcome was unknown): the catalog says which. Found by the simulation: taking a
+            // landed create for a failed one left a stream that the catalog had and this star
+            // refused to serve or create, with its manifest marked deleted.
+            Err(err @ (CatalogError::Metastore(_) | CatalogError::AlreadyExists(_))) => {
+                match self.catalog.stream(name).await {
+                    Ok(Some(found)) if found.id == meta.id => {}
+                    Ok(Some(found)) => {
+                        self.abandon_manifest(&meta).await;
+                        self.adopt(found).await;
+                        return Err(RequestError::StreamExists(name.to_owned()));
+                    }
+                    Ok(None) => {
+                        self.abandon_manifest(&meta).await;
+                        return Err(catalog_error(err));
+                    }
+                    // Still cannot tell: leave the manifest live (a rebuild restoring an empty
+                    // stream is harmless) and say so.
+                    Err(_) => {
+                        return Err(RequestError::OutcomeUnknown(format!(
+                            "creating stream {name:?}: {err}; create it again: if this create \
+                             landed, the answer is that the stream exists"
+                        )));
+                    }
                 }
-                // Still cannot tell: leave the manifest live (a rebuild restoring an empty
-                // stream is harmless) and say the outcome is unknown.
-                Err(_) => {
-                    return Err(RequestError::OutcomeUnknown(format!(
-                        "creating stream {name:?}: {err}; describe it before creating it again"
-                    )));
-                }
-            },
-            Err(CatalogError::AlreadyExists(_)) => {
-                self.abandon_manifest(&meta).await;
-                // The catalog has a stream of that name that this star does not serve: one
-                // whose create outcome was unknown. Serve it from now on.
-                if let Ok(Some(found)) = self.catalog.stream(name).await {
-                    let tail = self.catalog.stream_tail(found.id).await.unwrap_or_default();
-                    self.insert(Arc::new(StreamState::new(found, tail)));
-                }
-                return Err(RequestError::StreamExists(name.to_owned()));
             }
             Err(err) => {
                 self.abandon_manifest(&meta).await;
@@ -316,28 +361,86 @@ impl StreamRegistry {
         Ok(state)
     }
 
+    /// Starts serving a stream the catalog has and this star did not know: one whose create
+    /// outcome was unknown here. Only in a metastore of its own: in a shared one, the name may
+    /// belong to another star.
+    async fn adopt(&self, meta: StreamMeta) {
+        if self.catalog.store().capabilities().shared || self.get_by_id(meta.id).is_some() {
+            return;
+        }
+        match self.catalog.stream_tail(meta.id).await {
+            Ok(tail) => {
+                tracing::info!(
+                    stream = meta.name,
+                    id = meta.id,
+                    "serving a stream whose create outcome was unknown"
+                );
+                self.insert(Arc::new(StreamState::new(meta, tail)));
+            }
+            Err(err) => tracing::warn!(
+                stream = meta.name,
+                "reading the tail of a stream to serve: {err}"
+            ),
+        }
+    }
+
     /// Marks the manifest of a stream that was never created deleted: a rebuild would
     /// otherwise restore it empty (a retried create gets a fresh id that outranks it anyway).
     async fn abandon_manifest(&self, meta: &StreamMeta) {
         let _ = self.write_manifest(meta, true).await;
     }
 
-    pub async fn delete(&self, name: &str) -> Result<(), RequestError> {
+    pub async fn delete(self: &Arc<Self>, name: &str) -> Result<(), RequestError> {
         validate_stream_name(name)?;
+        let name = name.to_owned();
+        self.to_the_end(move |registry| async move { registry.delete_now(&name).await })
+            .await
+    }
+
+    async fn delete_now(&self, name: &str) -> Result<(), RequestError> {
         let _one_at_a_time = self.admin.lock().await;
-        let Some(state) = self.get(name) else {
-            return Err(RequestError::StreamNotFound(name.to_owned()));
-        };
-        match self.catalog.delete_stream(name).await {
-            Ok(_) => {}
+        let state = self.get(name);
+        let meta = match self.catalog.delete_stream(name).await {
+            Ok(meta) => meta,
+            // The catalog no longer has it: an earlier delete landed without its answer.
+            Err(CatalogError::NotFound(_)) => match &state {
+                Some(state) => state.meta.clone(),
+                None => return Err(RequestError::StreamNotFound(name.to_owned())),
+            },
             // The answer was lost: the delete may have landed. Serving a stream the catalog no
-            // longer has would acknowledge records no restart can find.
+            // longer has would acknowledge records no restart can find, so unless the catalog
+            // says it still has the stream, this star stops serving it. (If it does after all,
+            // the next start serves it again, with everything acknowledged before.)
             Err(CatalogError::Metastore(err)) => match self.catalog.stream_exists(name).await {
-                Ok(false) => {}
-                _ => return Err(catalog_error(CatalogError::Metastore(err))),
+                Ok(false) => match &state {
+                    Some(state) => state.meta.clone(),
+                    None => return Err(RequestError::StreamNotFound(name.to_owned())),
+                },
+                Ok(true) => return Err(catalog_error(CatalogError::Metastore(err))),
+                Err(_) => {
+                    if let Some(state) = &state {
+                        self.forget(state);
+                    }
+                    return Err(RequestError::OutcomeUnknown(format!(
+                        "deleting stream {name:?}: {err}; delete it again to be sure"
+                    )));
+                }
             },
             Err(err) => return Err(catalog_error(err)),
+        };
+        match &state {
+            Some(state) => self.forget(state),
+            // Forgotten after an earlier delete's unknown outcome; the absorber may still
+            // hold its tail.
+            None => self.deleted.lock().push(meta.id),
         }
+        self.mark_deleted(&meta).await;
+        Ok(())
+    }
+
+    /// Stops serving a stream: appends and reads in progress see it deleted.
+    fn forget(&self, state: &Arc<StreamState>) {
+        let name = state.name();
         self.by_name.write().remove(name);
         state.deleted.store(true, Ordering::Release);
         self.by_id.write().remove(&state.id());
@@ -345,8 +448,6 @@ impl StreamRegistry {
         self.deleted.lock().push(state.id());
         self.metrics.streams.set(self.len() as i64);
         self.metrics.forget_stream(name);
-        self.mark_deleted(&state.meta).await;
-        Ok(())
     }
 
     /// Marks a deleted stream's manifest deleted, then forgets the catalog's pending

@@ -21,6 +21,8 @@ pub struct MetastoreFaults {
     pub fail: f64,
     /// Probability that a commit applies and its answer is lost.
     pub lost_answer: f64,
+    /// Probability that a read (get or scan) fails.
+    pub read_fail: f64,
     /// Commit latency range in ms; reads take the low end.
     pub latency_ms: (u64, u64),
 }
@@ -30,6 +32,7 @@ impl MetastoreFaults {
         Self {
             fail: 0.0,
             lost_answer: 0.0,
+            read_fail: 0.0,
             latency_ms: (0, 1),
         }
     }
@@ -87,6 +90,16 @@ impl SimMetastore {
     }
 }
 
+impl SimMetastore {
+    fn read_fault(&self) -> Result<(), MetastoreError> {
+        let p = self.inner.faults.lock().read_fail;
+        if self.inner.entropy.chance(p) {
+            return Err(unavailable("read failed"));
+        }
+        Ok(())
+    }
+}
+
 fn unavailable(what: &str) -> MetastoreError {
     MetastoreError::Unavailable(format!("simulated: {what}"))
 }
@@ -106,6 +119,7 @@ impl Metastore for SimMetastore {
 
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError> {
         self.delay(false).await;
+        self.read_fault()?;
         Ok(self
             .inner
             .data
@@ -126,6 +140,7 @@ impl Metastore for SimMetastore {
         limit: usize,
     ) -> Result<Vec<KeyValue>, MetastoreError> {
         self.delay(false).await;
+        self.read_fault()?;
         let limit = limit.clamp(1, MAX_SCAN);
         let data = self.inner.data.lock();
         Ok(data

@@ -43,6 +43,11 @@ pub struct Oracle {
     /// Per stream: the end of the highest acknowledgement and the highest tail a read reported.
     acked_end: BTreeMap<usize, u64>,
     read_tail: BTreeMap<usize, u64>,
+    /// Admission charges of the batches admitted and not yet answered, and their sum.
+    charges: HashMap<usize, u64>,
+    charged: u64,
+    /// Streams deleted: their records may vanish.
+    deleted: std::collections::BTreeSet<usize>,
     /// A running digest of every event, to prove a seed replays exactly.
     digest: Fnv,
     pub violations: Vec<String>,
@@ -82,8 +87,39 @@ impl Oracle {
         (index, ids)
     }
 
+    /// A batch took `charge` of an admission buffer of `capacity`.
+    pub fn admitted(&mut self, batch: usize, charge: u64, capacity: u64) {
+        let charge = charge.min(capacity);
+        self.charges.insert(batch, charge);
+        self.charged += charge;
+    }
+
+    /// What admitted batches hold until they are answered may never exceed the buffer. Checked
+    /// when every task that can run has run: an answer sent but not yet taken by its client
+    /// would otherwise count twice.
+    pub fn check_charges(&mut self, capacity: u64) {
+        if self.charged > capacity {
+            self.violation(format!(
+                "batches admitted and not yet answered hold {} bytes of charge, over the {capacity}-byte admission buffer",
+                self.charged
+            ));
+        }
+    }
+
+    fn answered(&mut self, batch: usize) {
+        if let Some(charge) = self.charges.remove(&batch) {
+            self.charged -= charge;
+        }
+    }
+
+    pub fn delete_stream(&mut self, stream: usize) {
+        self.event(&[7, stream as u64]);
+        self.deleted.insert(stream);
+    }
+
     pub fn acked(&mut self, batch: usize, start: u64, end: u64) {
         self.event(&[2, batch as u64, start, end]);
+        self.answered(batch);
         let (stream, first_id, len) = {
             let b = &self.batches[batch];
             (b.stream, b.first_id, b.len)
@@ -103,6 +139,7 @@ impl Oracle {
 
     pub fn refused(&mut self, batch: usize, why: &str) {
         self.event(&[3, batch as u64]);
+        self.answered(batch);
         self.batches[batch].fate = Fate::Refused;
         if let Some((at, id)) = self.seen_in(batch) {
             self.violation(format!(
@@ -113,12 +150,16 @@ impl Oracle {
 
     pub fn maybe(&mut self, batch: usize) {
         self.event(&[4, batch as u64]);
+        self.answered(batch);
         self.batches[batch].fate = Fate::Maybe;
     }
 
-    /// A crash: every batch still waiting for its answer may or may not have landed.
-    pub fn crash(&mut self) {
+    /// The process ended (a crash, or a shutdown): every batch still waiting for its answer
+    /// may or may not have landed, and nothing holds admission charges any more.
+    pub fn process_ended(&mut self) {
         self.event(&[5]);
+        self.charges.clear();
+        self.charged = 0;
         for batch in &mut self.batches {
             if batch.fate == Fate::Pending {
                 batch.fate = Fate::Maybe;
@@ -213,6 +254,9 @@ impl Oracle {
                 let b = &self.batches[index];
                 (b.first_id, b.len, b.fate)
             };
+            if self.deleted.contains(&self.batches[index].stream) {
+                continue;
+            }
             let present = (first_id..first_id + len)
                 .filter(|id| read_ids.contains(id))
                 .count() as u64;

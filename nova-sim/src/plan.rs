@@ -26,6 +26,8 @@ pub struct Plan {
     pub max_records: usize,
     /// Probability that a producer with a known tail sends `match_seq_num`.
     pub match_seq: f64,
+    /// Probability that a restart begins by deleting a stream (and creating a new one).
+    pub delete: f64,
     pub lives: Vec<Life>,
     pub store: StoreFaults,
     pub metastore: MetastoreFaults,
@@ -74,6 +76,7 @@ impl Plan {
         let store = StoreFaults {
             transient: p(0.2),
             lost_answer: p(0.1),
+            late: p(0.05),
             stuck: p(0.2),
             short_page: p(0.5),
             latency_ms: (entropy.below(5), 5 + entropy.below(40)),
@@ -81,6 +84,7 @@ impl Plan {
         let metastore = MetastoreFaults {
             fail: p(0.1),
             lost_answer: p(0.1),
+            read_fail: p(0.05),
             latency_ms: (entropy.below(3), 3 + entropy.below(30)),
         };
         let lives = (0..2 + entropy.below(4))
@@ -111,6 +115,7 @@ impl Plan {
             large: pick(entropy, &[0.0, 0.05, 0.2]),
             max_records: pick(entropy, &[1, 4, 16]),
             match_seq: pick(entropy, &[0.0, 0.3]),
+            delete: pick(entropy, &[0.0, 0.2]),
             lives,
             store,
             metastore,

@@ -83,6 +83,8 @@ struct World {
     oracle: Arc<Mutex<Oracle>>,
     /// Wall time carried from one incarnation to the next.
     wall: SystemTime,
+    /// The streams in use (stream `i` is named `s{i}`), and the next index to give out.
+    live_streams: Mutex<(Vec<usize>, usize)>,
     simulated: Duration,
 }
 
@@ -99,7 +101,9 @@ pub fn run_seed(seed: u64) -> Result<Report, Failure> {
         oracle: Arc::default(),
         wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
         simulated: Duration::ZERO,
+        live_streams: Mutex::default(),
     };
+    *world.live_streams.lock() = ((0..world.plan.streams).collect(), world.plan.streams);
     let lives = world.plan.lives.clone();
     let mut crashes = 0;
     for (index, life) in lives.iter().enumerate() {
@@ -166,8 +170,13 @@ fn incarnation(world: &mut World, index: usize, life: Option<&Life>) -> Result<(
     world.wall = runtime.block_on(async { clock.wall() });
     // The crash, or the end of a shutdown: every task still alive is dropped where it waits.
     drop(runtime);
-    if life.is_some_and(|l| matches!(l.end, End::Crash)) || outcome.is_err() {
-        world.oracle.lock().crash();
+    world.oracle.lock().process_ended();
+    let most = world.store.most_chain_writes();
+    if most > world.plan.flight_max_inflight as usize {
+        world.violation(format!(
+            "incarnation {index}: {most} chain writes ran at once, over --flight-max-inflight={}",
+            world.plan.flight_max_inflight
+        ));
     }
     check_chain(world);
     outcome
@@ -200,8 +209,13 @@ fn check_chain(world: &World) {
             continue;
         };
         for (slot, object) in slots.range(gap..) {
-            let Ok(ObjectFooter::Flight(flight)) = parse_object(object) else {
-                continue;
+            let flight = match parse_object(object) {
+                Ok(ObjectFooter::Flight(flight)) => flight,
+                Ok(ObjectFooter::Fence(_)) => continue,
+                Err(err) => {
+                    oracle.violation(format!("epoch {epoch} slot {slot} does not parse: {err}"));
+                    continue;
+                }
             };
             for section in &flight.sections {
                 let range = section.offset as usize..(section.offset + section.len) as usize;
@@ -245,8 +259,11 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
             return Err(());
         }
     };
+    if life.is_some() && world.entropy.chance(world.plan.delete) {
+        delete_a_stream(world, &star, clock).await?;
+    }
     let streams = open_streams(world, &star, clock).await?;
-    for (i, stream) in streams.iter().enumerate() {
+    for (i, stream) in streams.iter().cloned() {
         world
             .oracle
             .lock()
@@ -258,7 +275,7 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
         return Ok(());
     };
     let mut tasks = JoinSet::new();
-    for (i, stream) in streams.iter().enumerate() {
+    for (i, stream) in streams.iter().cloned() {
         tasks.spawn(produce(world.context(&star, clock), i, stream.clone()));
         tasks.spawn(consume(world.context(&star, clock), i, stream.clone()));
     }
@@ -298,9 +315,10 @@ async fn open_streams(
     world: &World,
     star: &Star,
     clock: Clock,
-) -> Result<Vec<Arc<StreamState>>, ()> {
+) -> Result<Vec<(usize, Arc<StreamState>)>, ()> {
     let mut streams = Vec::new();
-    for i in 0..world.plan.streams {
+    let live = world.live_streams.lock().0.clone();
+    for i in live {
         let name = format!("s{i}");
         let mut attempts = 0;
         let stream = loop {
@@ -309,7 +327,6 @@ async fn open_streams(
             }
             match star.streams().create(&name, StorageClass::Standard).await {
                 Ok(stream) => break stream,
-                Err(RequestError::StreamExists(_)) => continue,
                 Err(err) if attempts < 1000 => {
                     attempts += 1;
                     tracing::debug!("creating {name}: {err}");
@@ -321,9 +338,42 @@ async fn open_streams(
                 }
             }
         };
-        streams.push(stream);
+        streams.push((i, stream));
     }
     Ok(streams)
+}
+
+/// Deletes one of the streams in use (retrying through faults until the star says it is
+/// gone) and puts a new one in its place. The deleted stream's records may vanish from then on.
+async fn delete_a_stream(world: &World, star: &Star, clock: Clock) -> Result<(), ()> {
+    let victim = {
+        let live = world.live_streams.lock();
+        live.0[world.entropy.below(live.0.len() as u64) as usize]
+    };
+    let name = format!("s{victim}");
+    let mut attempts = 0;
+    loop {
+        match star.streams().delete(&name).await {
+            Ok(()) | Err(RequestError::StreamNotFound(_)) => break,
+            Err(err) if attempts < 1000 => {
+                attempts += 1;
+                tracing::debug!("deleting {name}: {err}");
+                clock.sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => {
+                world.violation(format!("stream {name} could not be deleted: {err}"));
+                return Err(());
+            }
+        }
+    }
+    tracing::info!(stream = name, "deleted");
+    world.oracle.lock().delete_stream(victim);
+    let mut live = world.live_streams.lock();
+    let (streams, next) = &mut *live;
+    streams.retain(|&s| s != victim);
+    streams.push(*next);
+    *next += 1;
+    Ok(())
 }
 
 /// What a client task needs.
@@ -353,9 +403,7 @@ async fn produce(cx: Context, stream_index: usize, stream: Arc<StreamState>) {
     let mut waiting = JoinSet::new();
     for _ in 0..cx.plan.batches_per_life {
         while waiting.len() >= cx.plan.window {
-            if let Some(Ok((batch, reply))) = waiting.join_next().await {
-                take_reply(&cx, batch, reply);
-            }
+            waiting.join_next().await;
         }
         let lens = cx.plan.batch(&cx.entropy);
         let (batch, ids) = cx.oracle.lock().new_batch(stream_index, &lens);
@@ -378,11 +426,11 @@ async fn produce(cx: Context, stream_index: usize, stream: Arc<StreamState>) {
                 && cx.entropy.chance(cx.plan.match_seq))
             .then(|| oracle.acked_end(stream_index))
         };
-        let admitted = cx
-            .star
-            .admission()
-            .admit(encoded_charge(records.len() as u64, 0, content))
-            .await;
+        let charge = encoded_charge(records.len() as u64, 0, content);
+        let admitted = cx.star.admission().admit(charge).await;
+        cx.oracle
+            .lock()
+            .admitted(batch, charge, cx.star.config().admission_bytes);
         let chunks = encode_chunks(&records, MAX_SECTION_BYTES as usize);
         match cx
             .star
@@ -390,26 +438,25 @@ async fn produce(cx: Context, stream_index: usize, stream: Arc<StreamState>) {
             .await
         {
             Ok(receiver) => {
-                waiting.spawn(async move { (batch, receiver.await) });
+                // The answer is recorded the moment it arrives, not when the window next
+                // needs room: an ack the client holds when the process dies counts as one.
+                let oracle = cx.oracle.clone();
+                waiting.spawn(async move { take_reply(&oracle, batch, receiver.await) });
             }
             Err(err) => cx.oracle.lock().refused(batch, &err.to_string()),
         }
         let pause = cx.entropy.below(10);
         cx.clock.sleep(Duration::from_millis(pause)).await;
     }
-    while let Some(done) = waiting.join_next().await {
-        if let Ok((batch, reply)) = done {
-            take_reply(&cx, batch, reply);
-        }
-    }
+    while waiting.join_next().await.is_some() {}
 }
 
 fn take_reply(
-    cx: &Context,
+    oracle: &Mutex<Oracle>,
     batch: usize,
     reply: Result<nova_chain::AppendReply, tokio::sync::oneshot::error::RecvError>,
 ) {
-    let mut oracle = cx.oracle.lock();
+    let mut oracle = oracle.lock();
     match reply {
         Ok(Ok(range)) => oracle.acked(batch, range.start, range.end),
         Ok(Err(RequestError::OutcomeUnknown(_))) | Err(_) => oracle.maybe(batch),
@@ -459,6 +506,13 @@ async fn watch_budgets(cx: Context) {
     let mut ticker = cx.clock.interval(Duration::from_millis(10));
     loop {
         ticker.tick().await;
+        // Let every task woken at this instant run first (see `Oracle::check_charges`).
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        cx.oracle
+            .lock()
+            .check_charges(cx.star.config().admission_bytes);
         let star = &cx.star;
         let checks = [
             (
@@ -483,13 +537,13 @@ async fn watch_budgets(cx: Context) {
 }
 
 /// The final check: every stream read from 0 to its tail.
-async fn read_back(world: &World, star: &Star, streams: &[Arc<StreamState>]) {
+async fn read_back(world: &World, star: &Star, streams: &[(usize, Arc<StreamState>)]) {
     let mut read_ids = HashSet::new();
-    for (i, stream) in streams.iter().enumerate() {
+    for (i, stream) in streams.iter().cloned() {
         let tail = stream.tail();
         let mut next = 0;
         while next < tail {
-            let page = match star.read(stream, next, 1000, 4 << 20).await {
+            let page = match star.read(&stream, next, 1000, 4 << 20).await {
                 Ok(page) => page,
                 Err(err) => {
                     world.violation(format!("final read of stream {i} at {next}: {err}"));

@@ -24,6 +24,9 @@ pub struct StoreFaults {
     pub transient: f64,
     /// Probability that a write lands and its answer is lost (a timeout after the PUT landed).
     pub lost_answer: f64,
+    /// Probability that a write answers with a timeout at once and lands later, up to two
+    /// seconds on (or never, if the process dies first).
+    pub late: f64,
     /// Probability that a key is stuck when first written: every write of it fails for a
     /// while (a hot partition), while writes of other keys land.
     pub stuck: f64,
@@ -38,6 +41,7 @@ impl StoreFaults {
         Self {
             transient: 0.0,
             lost_answer: 0.0,
+            late: 0.0,
             stuck: 0.0,
             short_page: 0.0,
             latency_ms: (1, 2),
@@ -61,6 +65,28 @@ struct Inner {
     down_until: Mutex<Option<Instant>>,
     /// Keys whose writes fail until then.
     stuck_until: Mutex<std::collections::HashMap<String, Instant>>,
+    /// Chain slot writes in progress now, and the most at once since the last `attach`.
+    chain_writes: Mutex<(usize, usize)>,
+}
+
+/// Counts a chain write for as long as it runs, however it ends (a crash drops it).
+struct ChainWrite<'a>(&'a Inner);
+
+impl<'a> ChainWrite<'a> {
+    fn begin(inner: &'a Inner, key: &str) -> Option<Self> {
+        key.starts_with("chain/").then(|| {
+            let mut writes = inner.chain_writes.lock();
+            writes.0 += 1;
+            writes.1 = writes.1.max(writes.0);
+            ChainWrite(inner)
+        })
+    }
+}
+
+impl Drop for ChainWrite<'_> {
+    fn drop(&mut self) {
+        self.0.chain_writes.lock().0 -= 1;
+    }
 }
 
 impl SimStore {
@@ -73,6 +99,7 @@ impl SimStore {
                 clock: Mutex::new(Clock::system()),
                 down_until: Mutex::default(),
                 stuck_until: Mutex::default(),
+                chain_writes: Mutex::default(),
             }),
         }
     }
@@ -83,6 +110,42 @@ impl SimStore {
         *self.inner.down_until.lock() = None;
         // Instants of the last incarnation mean nothing on the new clock.
         self.inner.stuck_until.lock().clear();
+        *self.inner.chain_writes.lock() = (0, 0);
+    }
+
+    /// The most chain slot writes that ran at once since the last `attach`.
+    pub fn most_chain_writes(&self) -> usize {
+        self.inner.chain_writes.lock().1
+    }
+
+    /// With the seed's probability, answers a write with a timeout now and lands it later (a
+    /// PUT the client gave up on that the store still completes).
+    fn lands_late(
+        &self,
+        op: Op,
+        key: &str,
+        payload: &PutPayload,
+        exclusive: bool,
+    ) -> Option<StoreError> {
+        if !self.inner.entropy.chance(self.inner.faults.lock().late) {
+            return None;
+        }
+        let store = self.clone();
+        let (landing, object) = (key.to_owned(), join(payload));
+        let after = Duration::from_millis(1 + self.inner.entropy.below(2000));
+        let clock = self.clock();
+        tokio::spawn(async move {
+            clock.sleep(after).await;
+            let mut objects = store.inner.objects.lock();
+            if !exclusive || !objects.contains_key(&landing) {
+                objects.insert(landing, object);
+            }
+        });
+        Some(StoreError::Transient {
+            op,
+            key: key.to_owned(),
+            message: "simulated timeout; the write lands later".into(),
+        })
     }
 
     pub fn set_faults(&self, faults: StoreFaults) {
@@ -185,7 +248,11 @@ impl ObjectStore for SimStore {
         key: &str,
         payload: PutPayload,
     ) -> Result<CreateOutcome, StoreError> {
+        let _counted = ChainWrite::begin(&self.inner, key);
         self.arrive(Op::PutIfAbsent, key).await?;
+        if let Some(timeout) = self.lands_late(Op::PutIfAbsent, key, &payload, true) {
+            return Err(timeout);
+        }
         let outcome = {
             let mut objects = self.inner.objects.lock();
             if objects.contains_key(key) {
@@ -201,6 +268,9 @@ impl ObjectStore for SimStore {
 
     async fn put(&self, key: &str, payload: PutPayload) -> Result<(), StoreError> {
         self.arrive(Op::Put, key).await?;
+        if let Some(timeout) = self.lands_late(Op::Put, key, &payload, false) {
+            return Err(timeout);
+        }
         self.inner
             .objects
             .lock()
@@ -313,11 +383,18 @@ mod tests {
         };
         let store = SimStore::new(faults, Entropy::seeded(1));
         store.attach(Clock::simulated(std::time::UNIX_EPOCH));
-        let put = store.put_if_absent("k", Bytes::from_static(b"x").into()).await;
+        let put = store
+            .put_if_absent("k", Bytes::from_static(b"x").into())
+            .await;
         assert!(matches!(put, Err(StoreError::Transient { .. })));
         assert_eq!(store.snapshot().get("k").unwrap().as_ref(), b"x");
-        let again = store.put_if_absent("k", Bytes::from_static(b"y").into()).await;
-        assert!(matches!(again, Err(StoreError::Transient { .. })), "{again:?}");
+        let again = store
+            .put_if_absent("k", Bytes::from_static(b"y").into())
+            .await;
+        assert!(
+            matches!(again, Err(StoreError::Transient { .. })),
+            "{again:?}"
+        );
         assert_eq!(store.snapshot().get("k").unwrap().as_ref(), b"x");
     }
 }
