@@ -1,6 +1,7 @@
 //! The object store a star writes flights to, and its two backends: a local directory (the
 //! zero-setup default) and S3 through aws-sdk-s3. Both pass the suite in `conformance`.
 
+#[cfg(feature = "s3")]
 mod args;
 pub mod conformance;
 pub mod faulty;
@@ -8,6 +9,7 @@ mod instrumented;
 mod local;
 mod payload;
 mod probe;
+#[cfg(feature = "s3")]
 mod s3;
 
 use std::fmt;
@@ -16,11 +18,13 @@ use std::ops::Range;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+#[cfg(feature = "s3")]
 pub use args::StoreArgs;
 pub use instrumented::Instrumented;
 pub use local::LocalStore;
 pub use payload::PutPayload;
 pub use probe::{ProbeError, probe_conditional_create};
+#[cfg(feature = "s3")]
 pub use s3::{S3Config, S3Store};
 
 /// Which part of an object to read.
