@@ -116,7 +116,10 @@ async fn a_create_whose_answer_was_lost_is_served() {
         .await
         .unwrap();
     let manifest = nova_core::manifest::StreamManifest::decode(&manifest.bytes).unwrap();
-    assert!(!manifest.deleted, "a created stream's manifest says deleted");
+    assert!(
+        !manifest.deleted,
+        "a created stream's manifest says deleted"
+    );
     let star = open(&disk, NameCommits::new(disk.metastore())).await;
     assert_eq!(bodies(&star, "s").await, ["after"]);
 }
@@ -138,9 +141,11 @@ async fn a_delete_the_caller_gave_up_on_still_stops_the_stream() {
     deleting.abort();
     let _ = deleting.await;
     metastore.release.notify_one();
-    eventually(Duration::from_secs(5), "the stream to stop being served", || {
-        star.streams().get("s").is_none()
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the stream to stop being served",
+        || star.streams().get("s").is_none(),
+    )
     .await;
     assert!(matches!(
         star.streams().get_or_not_found("s"),

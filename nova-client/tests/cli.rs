@@ -1,6 +1,11 @@
 //! The `nova` CLI against a real novad: the README's three-line example, and a kill -9 right
 //! after the ack losing nothing.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "drives real novad processes and the nova CLI on the real clock"
+)]
+
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
