@@ -272,10 +272,8 @@ impl Packer {
             let _ = sub.reply.send(Err(RequestError::Unavailable(reason)));
             return;
         }
-        if sub.stream.is_deleted() {
-            let _ = sub.reply.send(Err(RequestError::StreamNotFound(
-                sub.stream.name().to_owned(),
-            )));
+        if let Some(refusal) = sub.stream.refusal() {
+            let _ = sub.reply.send(Err(refusal));
             return;
         }
         let next = sub.stream.next_seq();

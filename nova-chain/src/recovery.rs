@@ -172,7 +172,12 @@ impl Retryable for CatalogError {
 impl Retryable for crate::streams::LoadError {
     fn outage(&self) -> bool {
         match self {
-            crate::streams::LoadError::Catalog(e) => e.outage(),
+            // Only an unreachable metastore is waited out: a corrupt or unwritable one fails
+            // the start with its error.
+            crate::streams::LoadError::Catalog(CatalogError::Metastore(e)) => {
+                matches!(e, nova_core::metastore::MetastoreError::Unavailable(_))
+            }
+            crate::streams::LoadError::Catalog(_) => false,
             crate::streams::LoadError::Manifests(e) => e.outage(),
             crate::streams::LoadError::RestoreInterrupted => false,
         }

@@ -359,6 +359,14 @@ impl Star {
     /// Stops admitting, lands every flight already admitted, absorbs it, and stops the tasks.
     /// Past `deadline` whatever is still unwritten fails unacknowledged.
     pub async fn shutdown(&self, deadline: Duration) -> Result<(), ShutdownError> {
+        let clock = self.shared.config.clock;
+        let started = clock.now();
+        // Creates and deletes in progress finish first (within the deadline): none may land in
+        // the catalog after the star has stopped.
+        let _ = clock
+            .timeout(deadline, self.shared.streams.stop_admin())
+            .await;
+        let deadline = deadline.saturating_sub(clock.since(started));
         self.stop.cancel();
         let tasks = std::mem::take(&mut *self.tasks.lock().await);
         let drain = async {
@@ -372,7 +380,6 @@ impl Star {
             Ok(())
         };
         tokio::pin!(drain);
-        let clock = self.shared.config.clock;
         match clock.timeout(deadline, &mut drain).await {
             Ok(result) => result,
             Err(_) => {

@@ -26,6 +26,9 @@ pub struct StreamState {
     /// Encoded bytes of the acknowledged records.
     stored_bytes: AtomicU64,
     deleted: AtomicBool,
+    /// A delete of this stream has an unknown outcome: appends are refused until a delete
+    /// settles it (or a restart finds what the catalog says).
+    in_doubt: AtomicBool,
     /// Wakes readers waiting at the tail.
     tail_moved: tokio::sync::Notify,
 }
@@ -38,6 +41,7 @@ impl StreamState {
             acked: AtomicU64::new(tail.tail_seq),
             stored_bytes: AtomicU64::new(tail.stored_bytes),
             deleted: AtomicBool::new(false),
+            in_doubt: AtomicBool::new(false),
             tail_moved: tokio::sync::Notify::new(),
         }
     }
@@ -95,6 +99,20 @@ impl StreamState {
 
     pub fn is_deleted(&self) -> bool {
         self.deleted.load(Ordering::Acquire)
+    }
+
+    /// Why an append to this stream is refused now, if it is.
+    pub fn refusal(&self) -> Option<RequestError> {
+        if self.is_deleted() {
+            Some(RequestError::StreamNotFound(self.name().to_owned()))
+        } else if self.in_doubt.load(Ordering::Acquire) {
+            Some(RequestError::Unavailable(format!(
+                "a delete of stream {:?} has an unknown outcome; delete it again to settle it",
+                self.name()
+            )))
+        } else {
+            None
+        }
     }
 
     pub fn tail_snapshot(&self) -> StreamTail {
@@ -255,6 +273,15 @@ impl StreamRegistry {
             .await
     }
 
+    /// Refuses new creates and deletes and waits for those in progress: at shutdown, none may
+    /// land after the star has stopped.
+    pub async fn stop_admin(&self) {
+        if let Ok(all) = self.admin_calls.acquire_many(ADMIN_CALLS as u32).await {
+            all.forget();
+        }
+        self.admin_calls.close();
+    }
+
     /// Runs an admin call in a task of its own, so that it ends as it began even if the caller
     /// stops waiting: a delete that lands in the catalog while this star still serves the
     /// stream would acknowledge appends that no restart can find.
@@ -264,12 +291,20 @@ impl StreamRegistry {
         F: FnOnce(Arc<Self>) -> Fut,
         Fut: Future<Output = Result<T, RequestError>> + Send + 'static,
     {
-        let Ok(slot) = self.admin_calls.clone().try_acquire_owned() else {
-            return Err(RequestError::LimitReached {
-                cap: "stream creates and deletes in progress",
-                limit: ADMIN_CALLS as u64,
-                what: "retry once the ones in progress have finished",
-            });
+        let slot = match self.admin_calls.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(tokio::sync::TryAcquireError::Closed) => {
+                return Err(RequestError::Unavailable(
+                    "the star is shutting down; retry against its successor".into(),
+                ));
+            }
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                return Err(RequestError::LimitReached {
+                    cap: "stream creates and deletes in progress",
+                    limit: ADMIN_CALLS as u64,
+                    what: "retry once the ones in progress have finished",
+                });
+            }
         };
         let call = call(self.clone());
         tokio::spawn(async move {
@@ -408,9 +443,9 @@ impl StreamRegistry {
                 None => return Err(RequestError::StreamNotFound(name.to_owned())),
             },
             // The answer was lost: the delete may have landed. Serving a stream the catalog no
-            // longer has would acknowledge records no restart can find, so unless the catalog
-            // says it still has the stream, this star stops serving it. (If it does after all,
-            // the next start serves it again, with everything acknowledged before.)
+            // longer has would acknowledge records no restart can find; forgetting one it still
+            // has would drop its unabsorbed records. Until the catalog says which, the stream
+            // stays known (its flights keep being absorbed) but refuses appends.
             Err(CatalogError::Metastore(err)) => match self.catalog.stream_exists(name).await {
                 Ok(false) => match &state {
                     Some(state) => state.meta.clone(),
@@ -419,10 +454,11 @@ impl StreamRegistry {
                 Ok(true) => return Err(catalog_error(CatalogError::Metastore(err))),
                 Err(_) => {
                     if let Some(state) = &state {
-                        self.forget(state);
+                        state.in_doubt.store(true, Ordering::Release);
                     }
                     return Err(RequestError::OutcomeUnknown(format!(
-                        "deleting stream {name:?}: {err}; delete it again to be sure"
+                        "deleting stream {name:?}: {err}; delete it again to settle it (until \
+                         then it refuses appends)"
                     )));
                 }
             },

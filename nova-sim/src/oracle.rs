@@ -202,6 +202,9 @@ impl Oracle {
     /// oracle has seen (a restart's), rather than at some point during a read that other
     /// answers may have overtaken.
     pub fn tail(&mut self, stream: usize, tail: u64, now: bool, source: &str) {
+        if self.deleted.contains(&stream) {
+            return;
+        }
         let acked = self.acked_end.get(&stream).copied().unwrap_or(0);
         let read = self.read_tail.get(&stream).copied().unwrap_or(0);
         if now && tail < acked {

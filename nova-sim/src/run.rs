@@ -235,6 +235,8 @@ fn check_chain(world: &World) {
 }
 
 async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) -> Result<(), ()> {
+    // Writes the last incarnation left landing late may land during this one's recovery.
+    world.store.resume_late_writes();
     let config = world
         .plan
         .chain_config(Entropy::seeded(world.entropy.next_u64()), clock);
@@ -259,9 +261,6 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
             return Err(());
         }
     };
-    if life.is_some() && world.entropy.chance(world.plan.delete) {
-        delete_a_stream(world, &star, clock).await?;
-    }
     let streams = open_streams(world, &star, clock).await?;
     for (i, stream) in streams.iter().cloned() {
         world
@@ -280,6 +279,12 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
         tasks.spawn(consume(world.context(&star, clock), i, stream.clone()));
     }
     tasks.spawn(watch_budgets(world.context(&star, clock)));
+    if world.entropy.chance(world.plan.delete) {
+        // A delete in the middle of the run, while its stream is being appended to and read.
+        let victim = world.retire_a_stream();
+        let after = Duration::from_millis(world.entropy.below(life.run_for.as_millis() as u64));
+        tasks.spawn(delete_stream(world.context(&star, clock), victim, after));
+    }
     if let Some((after, lasting)) = life.outage {
         let store = world.store.clone();
         tasks.spawn(async move {
@@ -343,37 +348,41 @@ async fn open_streams(
     Ok(streams)
 }
 
-/// Deletes one of the streams in use (retrying through faults until the star says it is
-/// gone) and puts a new one in its place. The deleted stream's records may vanish from then on.
-async fn delete_a_stream(world: &World, star: &Star, clock: Clock) -> Result<(), ()> {
-    let victim = {
-        let live = world.live_streams.lock();
-        live.0[world.entropy.below(live.0.len() as u64) as usize]
-    };
+impl World {
+    /// Picks a stream to delete and puts a new one in its place from the next start on. From
+    /// now on the old stream's records may vanish, whether or not its delete lands.
+    fn retire_a_stream(&self) -> usize {
+        let mut live = self.live_streams.lock();
+        let (streams, next) = &mut *live;
+        let victim = streams[self.entropy.below(streams.len() as u64) as usize];
+        streams.retain(|&s| s != victim);
+        streams.push(*next);
+        *next += 1;
+        self.oracle.lock().delete_stream(victim);
+        victim
+    }
+}
+
+/// Deletes stream `victim` after a while, retrying through faults until the star says it is
+/// gone (the process may die first).
+async fn delete_stream(cx: Context, victim: usize, after: Duration) {
+    cx.clock.sleep(after).await;
     let name = format!("s{victim}");
-    let mut attempts = 0;
-    loop {
-        match star.streams().delete(&name).await {
-            Ok(()) | Err(RequestError::StreamNotFound(_)) => break,
-            Err(err) if attempts < 1000 => {
-                attempts += 1;
-                tracing::debug!("deleting {name}: {err}");
-                clock.sleep(Duration::from_millis(50)).await;
+    for _ in 0..1000 {
+        match cx.star.streams().delete(&name).await {
+            Ok(()) | Err(RequestError::StreamNotFound(_)) => {
+                tracing::info!(stream = name, "deleted");
+                return;
             }
             Err(err) => {
-                world.violation(format!("stream {name} could not be deleted: {err}"));
-                return Err(());
+                tracing::debug!("deleting {name}: {err}");
+                cx.clock.sleep(Duration::from_millis(50)).await;
             }
         }
     }
-    tracing::info!(stream = name, "deleted");
-    world.oracle.lock().delete_stream(victim);
-    let mut live = world.live_streams.lock();
-    let (streams, next) = &mut *live;
-    streams.retain(|&s| s != victim);
-    streams.push(*next);
-    *next += 1;
-    Ok(())
+    cx.oracle.lock().violation(format!(
+        "stream {name} could not be deleted in 1,000 attempts"
+    ));
 }
 
 /// What a client task needs.

@@ -65,6 +65,9 @@ struct Inner {
     down_until: Mutex<Option<Instant>>,
     /// Keys whose writes fail until then.
     stuck_until: Mutex<std::collections::HashMap<String, Instant>>,
+    /// Writes that will land late and have not yet: (key, object, exclusive). They outlive
+    /// the process that made them, as a PUT the client gave up on does.
+    late_writes: Mutex<Vec<(String, Bytes, bool)>>,
     /// Chain slot writes in progress now, and the most at once since the last `attach`.
     chain_writes: Mutex<(usize, usize)>,
 }
@@ -100,6 +103,7 @@ impl SimStore {
                 down_until: Mutex::default(),
                 stuck_until: Mutex::default(),
                 chain_writes: Mutex::default(),
+                late_writes: Mutex::default(),
             }),
         }
     }
@@ -111,6 +115,39 @@ impl SimStore {
         // Instants of the last incarnation mean nothing on the new clock.
         self.inner.stuck_until.lock().clear();
         *self.inner.chain_writes.lock() = (0, 0);
+    }
+
+    /// Lands the late write of `key` at a moment the seed picks, up to two seconds on.
+    fn land_later(&self, key: String) {
+        let store = self.clone();
+        let after = Duration::from_millis(1 + self.inner.entropy.below(2000));
+        let clock = self.clock();
+        tokio::spawn(async move {
+            clock.sleep(after).await;
+            let mut late = store.inner.late_writes.lock();
+            let Some(at) = late.iter().position(|(k, _, _)| *k == key) else {
+                return;
+            };
+            let (key, object, exclusive) = late.swap_remove(at);
+            let mut objects = store.inner.objects.lock();
+            if !exclusive || !objects.contains_key(&key) {
+                objects.insert(key, object);
+            }
+        });
+    }
+
+    /// In a new incarnation: the writes the last one left landing late land during this one.
+    pub fn resume_late_writes(&self) {
+        let keys: Vec<String> = self
+            .inner
+            .late_writes
+            .lock()
+            .iter()
+            .map(|(k, _, _)| k.clone())
+            .collect();
+        for key in keys {
+            self.land_later(key);
+        }
     }
 
     /// The most chain slot writes that ran at once since the last `attach`.
@@ -130,17 +167,11 @@ impl SimStore {
         if !self.inner.entropy.chance(self.inner.faults.lock().late) {
             return None;
         }
-        let store = self.clone();
-        let (landing, object) = (key.to_owned(), join(payload));
-        let after = Duration::from_millis(1 + self.inner.entropy.below(2000));
-        let clock = self.clock();
-        tokio::spawn(async move {
-            clock.sleep(after).await;
-            let mut objects = store.inner.objects.lock();
-            if !exclusive || !objects.contains_key(&landing) {
-                objects.insert(landing, object);
-            }
-        });
+        self.inner
+            .late_writes
+            .lock()
+            .push((key.to_owned(), join(payload), exclusive));
+        self.land_later(key.to_owned());
         Some(StoreError::Transient {
             op,
             key: key.to_owned(),
