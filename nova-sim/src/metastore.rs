@@ -74,6 +74,11 @@ impl SimMetastore {
         *self.inner.clock.lock() = clock;
     }
 
+    /// Loses everything, as a data directory lost with its disk.
+    pub fn wipe(&self) {
+        *self.inner.data.lock() = Data::default();
+    }
+
     pub fn set_faults(&self, faults: MetastoreFaults) {
         *self.inner.faults.lock() = faults;
     }

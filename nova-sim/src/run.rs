@@ -18,7 +18,9 @@ use tokio::task::JoinSet;
 
 use nova_chain::Star;
 use nova_chain::admission::encoded_charge;
+use nova_chain::rebuild::rebuild_catalog;
 use nova_chain::streams::StreamState;
+use nova_core::catalog::Catalog;
 use nova_core::catalog::StorageClass;
 use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
@@ -27,6 +29,7 @@ use nova_core::flight::{ObjectFooter, parse_object};
 use nova_core::keys::chain_root;
 use nova_core::limits::MAX_SECTION_BYTES;
 use nova_core::metrics::Metrics;
+use nova_core::object_store::ObjectStore;
 use nova_core::record::Record;
 use nova_proto::RequestError;
 
@@ -83,6 +86,9 @@ struct World {
     oracle: Arc<Mutex<Oracle>>,
     /// Wall time carried from one incarnation to the next.
     wall: SystemTime,
+    /// Decides when the metastore is lost and the catalog rebuilt from the bucket. Apart from
+    /// `entropy` so that adding this left every other seed's run as it was.
+    rebuilds: Entropy,
     /// The streams in use (stream `i` is named `s{i}`), and the next index to give out.
     live_streams: Mutex<(Vec<usize>, usize)>,
     simulated: Duration,
@@ -102,6 +108,7 @@ pub fn run_seed(seed: u64) -> Result<Report, Failure> {
         wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
         simulated: Duration::ZERO,
         live_streams: Mutex::default(),
+        rebuilds: Entropy::seeded(seed ^ 0x5eed_0f4e_b11d),
     };
     *world.live_streams.lock() = ((0..world.plan.streams).collect(), world.plan.streams);
     let lives = world.plan.lives.clone();
@@ -237,6 +244,9 @@ fn check_chain(world: &World) {
 async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) -> Result<(), ()> {
     // Writes the last incarnation left landing late may land during this one's recovery.
     world.store.resume_late_writes();
+    if index > 0 && world.rebuilds.chance(0.1) {
+        rebuild(world, index, clock).await?;
+    }
     let config = world
         .plan
         .chain_config(Entropy::seeded(world.entropy.next_u64()), clock);
@@ -313,6 +323,33 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
         }
     }
     Ok(())
+}
+
+/// The metastore is lost with its disk; `rebuild_catalog` restores it from the bucket alone,
+/// retried through faults as an operator would, before the star starts on it.
+async fn rebuild(world: &World, index: usize, clock: Clock) -> Result<(), ()> {
+    tracing::info!("the metastore is lost; rebuilding the catalog from the bucket");
+    world.metastore.wipe();
+    let store: Arc<dyn ObjectStore> = Arc::new(world.store.clone());
+    let catalog = Catalog::new(Arc::new(world.metastore.clone()));
+    let mut last = String::new();
+    for _ in 0..100 {
+        match rebuild_catalog(STAR, &store, &catalog, clock).await {
+            Ok(report) => {
+                tracing::info!(?report, "catalog rebuilt");
+                return Ok(());
+            }
+            Err(err) => {
+                last = err.to_string();
+                tracing::debug!("rebuilding the catalog: {err}");
+                clock.sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    world.violation(format!(
+        "incarnation {index}: the catalog could not be rebuilt from the bucket: {last}"
+    ));
+    Err(())
 }
 
 /// Creates the streams on the first start (retrying through faults) and finds them after.
