@@ -328,6 +328,13 @@ impl StreamRegistry {
         if self.get(name).is_some() {
             return Err(RequestError::StreamExists(name.to_owned()));
         }
+        // A create whose outcome was unknown may have landed: ask the catalog before writing a
+        // second manifest for the name. If that one could not be marked abandoned, a rebuild
+        // would take the newer, empty stream for the real one.
+        if let Some(found) = self.catalog.stream(name).await.map_err(catalog_error)? {
+            self.adopt(found).await;
+            return Err(RequestError::StreamExists(name.to_owned()));
+        }
         if self.len() >= self.max_streams {
             self.metrics.sheds.with_label_values(&["max_streams"]).inc();
             tracing::warn!(

@@ -22,6 +22,9 @@ use bytes::{Buf, BufMut};
 
 use crate::metastore::{Compare, KeyValue, MAX_SCAN, Metastore, MetastoreError, Txn, TxnOutcome};
 
+/// Reads back whether a transaction whose answer was lost landed: a read can fail too.
+const READ_BACK_ATTEMPTS: usize = 5;
+
 const FORMAT: u8 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -500,10 +503,16 @@ impl Catalog {
             // The answer was lost: the mark is gone only if this transaction landed. (Found by
             // the simulation: a rebuild whose last answer was lost reported failure, and running
             // it again was refused, because the catalog it had finished was no longer empty.)
-            Err(err) => match self.store.get(RESTORING_KEY).await {
-                Ok(None) => Ok(()),
-                _ => Err(err.into()),
-            },
+            Err(err) => {
+                for _ in 0..READ_BACK_ATTEMPTS {
+                    match self.store.get(RESTORING_KEY).await {
+                        Ok(None) => return Ok(()),
+                        Ok(Some(_)) => break,
+                        Err(_) => continue,
+                    }
+                }
+                Err(err.into())
+            }
         }
     }
 
