@@ -299,6 +299,11 @@ impl StreamRegistry {
                 ));
             }
             Err(tokio::sync::TryAcquireError::NoPermits) => {
+                self.metrics.sheds.with_label_values(&["admin_calls"]).inc();
+                tracing::warn!(
+                    limit = ADMIN_CALLS,
+                    "stream create or delete refused: {ADMIN_CALLS} already in progress"
+                );
                 return Err(RequestError::LimitReached {
                     cap: "stream creates and deletes in progress",
                     limit: ADMIN_CALLS as u64,

@@ -457,6 +457,7 @@ impl Metrics {
         self.sheds.with_label_values(&["max_producer_sessions"]);
         self.sheds.with_label_values(&["max_subscriptions"]);
         self.sheds.with_label_values(&["max_streams"]);
+        self.sheds.with_label_values(&["admin_calls"]);
         for reason in [
             "empty_batch",
             "max_batch_records",

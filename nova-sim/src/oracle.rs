@@ -62,6 +62,11 @@ pub fn body(id: u64, len: usize) -> Bytes {
     buf.freeze()
 }
 
+/// The record id a body starts with.
+pub fn id_of(body: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(body.get(..8)?.try_into().ok()?))
+}
+
 fn filler(id: u64) -> u8 {
     (id.wrapping_mul(31) % 251) as u8
 }
@@ -167,19 +172,19 @@ impl Oracle {
         }
     }
 
-    /// A record a read returned at `seq` of `stream`, with its body.
-    pub fn read(&mut self, stream: usize, seq: u64, body: &[u8]) {
-        if body.len() < 8 {
+    /// A record a read returned at `seq` of `stream`, with its body. Returns the record's id
+    /// when it is one the producers wrote.
+    pub fn read(&mut self, stream: usize, seq: u64, body: &[u8]) -> Option<u64> {
+        let Some(id) = id_of(body) else {
             self.violation(format!(
                 "stream {stream} seq {seq}: a body of {} bytes",
                 body.len()
             ));
-            return;
-        }
-        let id = u64::from_le_bytes(body[..8].try_into().unwrap_or_default());
+            return None;
+        };
         let Some(&(batch, len)) = self.records.get(&id) else {
             self.violation(format!("stream {stream} seq {seq}: unknown record id {id}"));
-            return;
+            return None;
         };
         if body.len() != len || body[8..].iter().any(|&b| b != filler(id)) {
             self.violation(format!("stream {stream} seq {seq}: record {id} is corrupt"));
@@ -196,6 +201,7 @@ impl Oracle {
             ));
         }
         self.place(stream, seq, id, "a read");
+        Some(id)
     }
 
     /// A tail a read or a restart reported. `now` says it was taken after every answer the
@@ -303,8 +309,7 @@ impl Oracle {
 
     /// Whether the record with this body was acknowledged.
     pub fn is_acked(&self, body: &[u8]) -> bool {
-        body.get(..8)
-            .and_then(|id| Some(u64::from_le_bytes(id.try_into().ok()?)))
+        id_of(body)
             .and_then(|id| self.records.get(&id))
             .is_some_and(|&(batch, _)| matches!(self.batches[batch].fate, Fate::Acked { .. }))
     }

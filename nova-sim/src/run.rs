@@ -526,7 +526,7 @@ async fn consume(cx: Context, stream_index: usize, stream: Arc<StreamState>) {
                             record.seq
                         ));
                         }
-                        oracle.read(stream_index, record.seq, &record.record.body);
+                        let _ = oracle.read(stream_index, record.seq, &record.record.body);
                         expect = record.seq + 1;
                     }
                     oracle.tail(stream_index, page.tail_seq, false, "a read");
@@ -605,10 +605,7 @@ async fn read_back(world: &World, star: &Star, streams: &[(usize, Arc<StreamStat
                     ));
                     return;
                 }
-                oracle.read(i, record.seq, &record.record.body);
-                read_ids.insert(u64::from_le_bytes(
-                    record.record.body[..8].try_into().unwrap_or_default(),
-                ));
+                read_ids.extend(oracle.read(i, record.seq, &record.record.body));
                 next += 1;
             }
             if page.records.is_empty() {

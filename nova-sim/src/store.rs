@@ -170,7 +170,7 @@ impl SimStore {
         self.inner
             .late_writes
             .lock()
-            .push((key.to_owned(), join(payload), exclusive));
+            .push((key.to_owned(), payload.to_bytes(), exclusive));
         self.land_later(key.to_owned());
         Some(StoreError::Transient {
             op,
@@ -260,14 +260,6 @@ impl SimStore {
     }
 }
 
-fn join(payload: &PutPayload) -> Bytes {
-    let mut out = Vec::with_capacity(payload.len() as usize);
-    for part in payload.parts() {
-        out.extend_from_slice(part);
-    }
-    Bytes::from(out)
-}
-
 #[async_trait]
 impl ObjectStore for SimStore {
     fn describe(&self) -> String {
@@ -289,7 +281,7 @@ impl ObjectStore for SimStore {
             if objects.contains_key(key) {
                 CreateOutcome::AlreadyExists
             } else {
-                objects.insert(key.to_owned(), join(&payload));
+                objects.insert(key.to_owned(), payload.to_bytes());
                 CreateOutcome::Created
             }
         };
@@ -305,7 +297,7 @@ impl ObjectStore for SimStore {
         self.inner
             .objects
             .lock()
-            .insert(key.to_owned(), join(&payload));
+            .insert(key.to_owned(), payload.to_bytes());
         self.answer(Op::Put, key).await
     }
 

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::{Capabilities, KeyValue, Metastore, MetastoreError, Txn, TxnOutcome};
+use super::{Capabilities, KeyValue, Metastore, MetastoreError, Mutation, Txn, TxnOutcome};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommitFault {
@@ -20,14 +20,17 @@ pub enum CommitFault {
     LoseAnswer,
 }
 
-/// Faults queued for the next commits, each with how many commits it applies to.
-type Queue = Vec<(CommitFault, Option<u32>)>;
+/// Faults queued for the next commits, each with how many commits it applies to and, if set,
+/// the key prefix a commit must write or delete to meet it.
+type Queue = Vec<(CommitFault, Option<u32>, Option<Vec<u8>>)>;
 
 #[derive(Debug, Clone)]
 pub struct FaultyMetastore {
     inner: Arc<dyn Metastore>,
     faults: Arc<Mutex<Queue>>,
     released: Arc<watch::Sender<u64>>,
+    /// Commits that have started waiting on a `Hold`, ever.
+    held: Arc<watch::Sender<u64>>,
 }
 
 impl FaultyMetastore {
@@ -36,12 +39,27 @@ impl FaultyMetastore {
             inner,
             faults: Arc::default(),
             released: Arc::new(watch::channel(0).0),
+            held: Arc::new(watch::channel(0).0),
         }
     }
 
     /// Applies `fault` to the next `times` commits (`None`: every commit until cleared).
     pub fn inject(&self, fault: CommitFault, times: Option<u32>) {
-        self.faults.lock().push((fault, times));
+        self.faults.lock().push((fault, times, None));
+    }
+
+    /// Like `inject`, for commits that write or delete a key starting with `prefix` only;
+    /// other commits pass untouched.
+    pub fn inject_for_keys(&self, fault: CommitFault, times: Option<u32>, prefix: &[u8]) {
+        self.faults
+            .lock()
+            .push((fault, times, Some(prefix.to_vec())));
+    }
+
+    /// Waits until some commit is held by a `Hold` fault.
+    pub async fn wait_held(&self) {
+        let mut held = self.held.subscribe();
+        let _ = held.wait_for(|n| *n > 0).await;
     }
 
     pub fn clear(&self) {
@@ -49,9 +67,17 @@ impl FaultyMetastore {
         self.released.send_modify(|n| *n += 1);
     }
 
-    fn next_fault(&self) -> Option<CommitFault> {
+    fn next_fault(&self, txn: &Txn) -> Option<CommitFault> {
         let mut faults = self.faults.lock();
-        let (fault, remaining) = faults.first_mut()?;
+        let (fault, remaining, prefix) = faults.first_mut()?;
+        if let Some(prefix) = prefix {
+            let touches = txn.mutations.iter().any(|m| match m {
+                Mutation::Put(key, _) | Mutation::Delete(key) => key.starts_with(prefix),
+            });
+            if !touches {
+                return None;
+            }
+        }
         let fault = *fault;
         if let Some(remaining) = remaining {
             *remaining -= 1;
@@ -92,9 +118,10 @@ impl Metastore for FaultyMetastore {
 
     async fn commit(&self, txn: Txn) -> Result<TxnOutcome, MetastoreError> {
         let mut released = self.released.subscribe();
-        match self.next_fault() {
+        match self.next_fault(&txn) {
             None => self.inner.commit(txn).await,
             Some(CommitFault::Hold) => {
+                self.held.send_modify(|n| *n += 1);
                 let _ = released.changed().await;
                 self.inner.commit(txn).await
             }
