@@ -30,6 +30,8 @@ use nova_core::keys::{
 use nova_core::manifest::{ManifestError, StreamManifest};
 use nova_core::object_store::{GetRange, ListPage, MAX_LIST_KEYS, ObjectStore, StoreError};
 
+use crate::recovery::Retryable;
+
 /// Index entries written per batch while the chain is read.
 const ENTRY_BATCH: usize = 1000;
 /// Attempts at one object-store request that fails with a retryable error.
@@ -88,34 +90,18 @@ struct Stream {
     tail: StreamTail,
 }
 
-/// An error a rebuild retries a few times before giving up on it.
-trait Transient: std::fmt::Display {
-    fn transient(&self) -> bool;
-}
-
-impl Transient for StoreError {
-    fn transient(&self) -> bool {
-        self.is_retryable()
-    }
-}
-
-impl Transient for FetchError {
-    fn transient(&self) -> bool {
-        matches!(self, FetchError::Store(err) if err.is_retryable())
-    }
-}
-
-/// Retries `op` while it fails with a retryable error, a few times with backoff.
+/// Retries `op` while it fails with an outage (the same errors recovery waits out), a few times
+/// with backoff: a rebuild is run by hand, so it gives up and says why rather than wait.
 async fn retrying<T, E, F, Fut>(clock: Clock, mut op: F) -> Result<T, E>
 where
-    E: Transient,
+    E: Retryable + std::fmt::Display,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
     let mut attempt = 1;
     loop {
         match op().await {
-            Err(err) if err.transient() && attempt < ATTEMPTS => {
+            Err(err) if err.outage() && attempt < ATTEMPTS => {
                 tracing::warn!(attempt, "rebuild: retrying: {err}");
                 clock
                     .sleep(Duration::from_millis(100 << attempt.min(6)))

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use nova_chain::{ChainConfig, RetryPolicy};
+use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
 
 use crate::metastore::MetastoreFaults;
@@ -26,19 +27,13 @@ pub struct Plan {
     pub max_records: usize,
     /// Probability that a producer with a known tail sends `match_seq_num`.
     pub match_seq: f64,
-    /// Probability that a restart begins by deleting a stream (and creating a new one).
+    /// Probability that a life deletes a stream mid-run (and the next one uses a new one).
     pub delete: f64,
     pub lives: Vec<Life>,
     pub store: StoreFaults,
     pub metastore: MetastoreFaults,
-    pub admission_bytes: u64,
-    pub backlog_flights: u32,
-    pub tail_cache_bytes: u64,
-    pub read_bytes: u64,
-    pub flight_max_bytes: u64,
-    pub flight_linger: Duration,
-    pub flight_max_inflight: u32,
-    pub retry: RetryPolicy,
+    /// The star's settings; each incarnation gets its own clock and entropy.
+    pub chain: ChainConfig,
 }
 
 /// One incarnation of the star, from its start to its end.
@@ -119,35 +114,33 @@ impl Plan {
             lives,
             store,
             metastore,
-            admission_bytes: pick(entropy, &[3 * MIB, 8 * MIB, 32 * MIB]),
-            backlog_flights: pick(entropy, &[1, 2, 8]),
-            tail_cache_bytes: pick(entropy, &[256 * KIB, 4 * MIB]),
-            read_bytes: pick(entropy, &[512 * KIB, 4 * MIB]),
-            flight_max_bytes: pick(entropy, &[64 * KIB, 512 * KIB, 4 * MIB]),
-            flight_linger: ms(entropy, 1, 20),
-            flight_max_inflight: 1 + entropy.below(4) as u32,
-            retry: RetryPolicy {
-                initial: ms(entropy, 5, 100),
-                max: ms(entropy, 200, 2000),
+            // In the order the seed has always drawn them.
+            chain: ChainConfig {
+                star: STAR.into(),
+                admission_bytes: pick(entropy, &[3 * MIB, 8 * MIB, 32 * MIB]),
+                backlog_flights: pick(entropy, &[1, 2, 8]),
+                tail_cache_bytes: pick(entropy, &[256 * KIB, 4 * MIB]),
+                read_bytes: pick(entropy, &[512 * KIB, 4 * MIB]),
+                flight_max_bytes: pick(entropy, &[64 * KIB, 512 * KIB, 4 * MIB]),
+                flight_linger: ms(entropy, 1, 20),
+                flight_max_inflight: 1 + entropy.below(4) as u32,
+                max_streams: 100,
+                retry: RetryPolicy {
+                    initial: ms(entropy, 5, 100),
+                    max: ms(entropy, 200, 2000),
+                },
+                metastore_slow_after: Duration::from_millis(500),
+                clock: Clock::system(),
+                entropy: Entropy::seeded(0),
             },
         }
     }
 
-    pub fn chain_config(&self, entropy: Entropy, clock: nova_core::clock::Clock) -> ChainConfig {
+    pub fn chain_config(&self, entropy: Entropy, clock: Clock) -> ChainConfig {
         ChainConfig {
-            star: STAR.into(),
-            admission_bytes: self.admission_bytes,
-            backlog_flights: self.backlog_flights,
-            tail_cache_bytes: self.tail_cache_bytes,
-            read_bytes: self.read_bytes,
-            flight_max_bytes: self.flight_max_bytes,
-            flight_linger: self.flight_linger,
-            flight_max_inflight: self.flight_max_inflight,
-            max_streams: 100,
-            retry: self.retry,
-            metastore_slow_after: Duration::from_millis(500),
             clock,
             entropy,
+            ..self.chain.clone()
         }
     }
 

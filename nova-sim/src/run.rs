@@ -179,10 +179,10 @@ fn incarnation(world: &mut World, index: usize, life: Option<&Life>) -> Result<(
     drop(runtime);
     world.oracle.lock().process_ended();
     let most = world.store.most_chain_writes();
-    if most > world.plan.flight_max_inflight as usize {
+    if most > world.plan.chain.flight_max_inflight as usize {
         world.violation(format!(
             "incarnation {index}: {most} chain writes ran at once, over --flight-max-inflight={}",
-            world.plan.flight_max_inflight
+            world.plan.chain.flight_max_inflight
         ));
     }
     check_chain(world);
