@@ -143,6 +143,8 @@ pub struct StreamRegistry {
     admin: tokio::sync::Mutex<()>,
     /// Creates and deletes in progress, each in a task of its own (see `to_the_end`).
     admin_calls: Arc<tokio::sync::Semaphore>,
+    /// Set at shutdown: creates and deletes are refused as the star stopping, not as a shed.
+    admin_stopping: AtomicBool,
 }
 
 /// Stream creates and deletes in progress at once; more are refused with a retry hint. They
@@ -198,6 +200,7 @@ impl StreamRegistry {
             deleted: parking_lot::Mutex::default(),
             admin: tokio::sync::Mutex::new(()),
             admin_calls: Arc::new(tokio::sync::Semaphore::new(ADMIN_CALLS)),
+            admin_stopping: AtomicBool::new(false),
         };
         for (meta, tail) in catalog.load_streams().await? {
             registry.insert(Arc::new(StreamState::new(meta, tail)));
@@ -276,6 +279,7 @@ impl StreamRegistry {
     /// Refuses new creates and deletes and waits for those in progress: at shutdown, none may
     /// land after the star has stopped.
     pub async fn stop_admin(&self) {
+        self.admin_stopping.store(true, Ordering::Release);
         if let Ok(all) = self.admin_calls.acquire_many(ADMIN_CALLS as u32).await {
             all.forget();
         }
@@ -291,13 +295,17 @@ impl StreamRegistry {
         F: FnOnce(Arc<Self>) -> Fut,
         Fut: Future<Output = Result<T, RequestError>> + Send + 'static,
     {
+        let shutting_down = || {
+            RequestError::Unavailable(
+                "the star is shutting down; retry against its successor".into(),
+            )
+        };
+        if self.admin_stopping.load(Ordering::Acquire) {
+            return Err(shutting_down());
+        }
         let slot = match self.admin_calls.clone().try_acquire_owned() {
             Ok(slot) => slot,
-            Err(tokio::sync::TryAcquireError::Closed) => {
-                return Err(RequestError::Unavailable(
-                    "the star is shutting down; retry against its successor".into(),
-                ));
-            }
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(shutting_down()),
             Err(tokio::sync::TryAcquireError::NoPermits) => {
                 self.metrics.sheds.with_label_values(&["admin_calls"]).inc();
                 tracing::warn!(

@@ -49,7 +49,8 @@ impl FaultyMetastore {
     }
 
     /// Like `inject`, for commits that write or delete a key starting with `prefix` only;
-    /// other commits pass untouched.
+    /// other commits pass untouched. Faults apply in order: while this one is first in the
+    /// queue, faults queued after it wait too.
     pub fn inject_for_keys(&self, fault: CommitFault, times: Option<u32>, prefix: &[u8]) {
         self.faults
             .lock()
