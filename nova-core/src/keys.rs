@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! chain/{star}/{epoch:010}/{slot:020}     one flight (or a fence) per slot
+//! chain/{star}/{epoch:010}/settled       how far the auditor has settled the epoch
+//! data/{star}/{id:020}/{start:020}-{end:020}   one stream's records start..end, settled
 //! streams/{star}/{id:020}                 a stream's manifest (name, settings, deleted)
 //! probe/{star}/{nonce}                    a start-up probe, deleted right after
 //! ```
@@ -50,6 +52,54 @@ pub fn parse_slot(prefix: &str, key: &str) -> Option<u64> {
     rest.parse().ok()
 }
 
+/// Where the auditor records how far it has settled one epoch of a star's chain. Not a slot
+/// key (`parse_slot` skips it), so it lives beside the slots it describes.
+pub fn settle_marker_key(star: &str, epoch: u64) -> String {
+    format!("{}settled", chain_prefix(star, epoch))
+}
+
+/// The prefix of every settled object of a star's streams.
+pub fn data_root(star: &str) -> String {
+    format!("data/{star}/")
+}
+
+/// The prefix of one stream's settled objects.
+pub fn data_prefix(star: &str, stream_id: u64) -> String {
+    format!("{}{stream_id:020}/", data_root(star))
+}
+
+/// A settled object holding records `start..end` of one stream. The key names its content, so
+/// writing it again (a settle redone after a crash) writes the same bytes, and the one index
+/// entry that may reference it is the stream's entry ending at `end`.
+pub fn data_key(star: &str, stream_id: u64, start: u64, end: u64) -> String {
+    format!("{}{start:020}-{end:020}", data_prefix(star, stream_id))
+}
+
+/// A settled object's stream and record range, from a key under `data_root(star)`.
+pub fn parse_data_key(root: &str, key: &str) -> Option<DataKey> {
+    let rest = key.strip_prefix(root)?;
+    let (id, range) = rest.split_once('/')?;
+    let (start, end) = range.split_once('-')?;
+    let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(id, 20) || !digits(start, 20) || !digits(end, 20) {
+        return None;
+    }
+    let parsed = DataKey {
+        stream_id: id.parse().ok()?,
+        start: start.parse().ok()?,
+        end: end.parse().ok()?,
+    };
+    (parsed.start < parsed.end).then_some(parsed)
+}
+
+/// What a settled object's key says it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataKey {
+    pub stream_id: u64,
+    pub start: u64,
+    pub end: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +115,30 @@ mod tests {
             None
         );
         assert_eq!(parse_slot(&chain_prefix("s", 2), &b), None);
+        assert_eq!(
+            parse_slot(&chain_prefix("s", 1), &settle_marker_key("s", 1)),
+            None
+        );
+    }
+
+    #[test]
+    fn data_keys_sort_by_stream_then_start_and_parse_back() {
+        let a = data_key("s", 7, 10, 20);
+        let b = data_key("s", 7, 10, 300);
+        let c = data_key("s", 7, 20, 30);
+        let d = data_key("s", 8, 0, 5);
+        assert!(a < b && b < c && c < d);
+        let root = data_root("s");
+        assert_eq!(
+            parse_data_key(&root, &b),
+            Some(DataKey {
+                stream_id: 7,
+                start: 10,
+                end: 300
+            })
+        );
+        assert_eq!(parse_data_key(&root, "data/s/junk"), None);
+        assert_eq!(parse_data_key(&data_root("t"), &a), None);
+        assert_eq!(parse_data_key(&root, &data_key("s", 7, 5, 5)), None);
     }
 }

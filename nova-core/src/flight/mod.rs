@@ -16,10 +16,12 @@
 
 mod fetch;
 mod layout;
+mod marker;
 pub mod page;
 pub mod section;
 
 pub use fetch::{FetchError, fetch_footer, fetch_section};
+pub use marker::SettleMarker;
 
 pub use layout::{
     FenceInfo, FlightFooter, FlightMeta, HEADER_LEN, ObjectFooter, SUGGESTED_TAIL_READ,

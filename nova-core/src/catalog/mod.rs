@@ -10,6 +10,9 @@
 //! m/manifests                     set once every stream has a manifest in the object store
 //! m/restoring                     set while a rebuild from the object store is under way
 //! d/{id:be64}                     a deleted stream whose manifest is not yet marked deleted
+//! x/{id:be64}                     a deleted stream whose index entries the auditor still drops
+//! a/{star}                        the auditor's settle cursor over the star's chain
+//! g/{due_ms:be64}{what}           garbage: objects (or a run of chain slots) to delete once due
 //! ```
 //!
 //! Index entries are keyed by their *exclusive end*, so the entry holding sequence number `s` is
@@ -21,6 +24,9 @@ use std::sync::Arc;
 use bytes::{Buf, BufMut};
 
 use crate::metastore::{Compare, KeyValue, MAX_SCAN, Metastore, MetastoreError, Txn, TxnOutcome};
+
+mod audit;
+pub use audit::{Garbage, QueuedGarbage, SettleCursor, VersionedCursor};
 
 /// Reads back whether a transaction whose answer was lost landed: a read can fail too.
 const READ_BACK_ATTEMPTS: usize = 5;
@@ -321,6 +327,8 @@ pub fn decode_every_kind(key: &[u8], value: &[u8]) -> usize {
         decode_tail(value).is_ok(),
         decode_entry(key, value).is_ok(),
         decode_chain(value).is_ok(),
+        audit::decode_cursor(value).is_ok(),
+        audit::decode_garbage(key, value).is_ok(),
     ]
     .into_iter()
     .filter(|ok| *ok)
@@ -517,8 +525,8 @@ impl Catalog {
     }
 
     /// Removes a stream's name and tail, and records a pending tombstone (`d/`) until its
-    /// manifest is marked deleted. Its index entries stay until collected; nothing can reach
-    /// them once the name is gone.
+    /// manifest is marked deleted. Its index entries stay until the auditor drops them (`x/`
+    /// says it should); nothing can reach them once the name is gone.
     pub async fn delete_stream(&self, name: &str) -> Result<StreamMeta, CatalogError> {
         let kv = self
             .store
@@ -534,7 +542,8 @@ impl Catalog {
             .compare(Compare::Version(name_key(name), kv.version))
             .delete(name_key(name))
             .delete(tail_key(meta.id))
-            .put(tombstone_key(meta.id), tombstone);
+            .put(tombstone_key(meta.id), tombstone)
+            .put(audit::dropping_key(meta.id), vec![FORMAT]);
         match self.store.commit(txn).await? {
             TxnOutcome::Committed { .. } => Ok(meta),
             TxnOutcome::Conflict => Err(CatalogError::Conflict(format!(

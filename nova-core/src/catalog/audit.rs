@@ -1,0 +1,594 @@
+//! What the auditor keeps in the catalog: its settle cursor over a star's chain, the garbage
+//! queue, and the deleted streams whose index entries it still has to drop.
+//!
+//! The garbage queue is keyed by due time, so the oldest due item is the first key of a scan and
+//! a collector pages through what is due in order, never holding the queue in memory. An item
+//! is queued in the same transaction that stops the catalog referencing its object (an index
+//! swap, the settle cursor passing a run of chain slots), or before the object is written (an
+//! *intent*: the transaction that starts referencing it removes the intent again), so an object
+//! is either referenced or queued, whatever crashes in between.
+
+use super::*;
+use crate::keys::slot_key;
+
+const CURSOR_PREFIX: &[u8] = b"a/";
+const GARBAGE_PREFIX: &[u8] = b"g/";
+const DROPPING_PREFIX: &[u8] = b"x/";
+
+const TAG_OBJECT: u8 = 1;
+const TAG_CHAIN_SLOTS: u8 = 2;
+
+/// Index entries dropped per transaction for a deleted stream, with one queued object each at
+/// most: well under what any metastore accepts in one transaction.
+pub const DROP_BATCH: usize = 50;
+
+pub(super) fn dropping_key(id: u64) -> Vec<u8> {
+    let mut key = DROPPING_PREFIX.to_vec();
+    key.extend_from_slice(&id.to_be_bytes());
+    key
+}
+
+fn cursor_key(star: &str) -> Vec<u8> {
+    let mut key = CURSOR_PREFIX.to_vec();
+    key.extend_from_slice(star.as_bytes());
+    key
+}
+
+/// Where the settle duty stands in one star's chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SettleCursor {
+    pub epoch: u64,
+    /// The first slot of `epoch` not yet settled.
+    pub next_slot: u64,
+    /// The latest due time given to a run of chain slots. Runs are queued with due times that
+    /// never go back (even if the wall clock does), so chain slots are deleted in slot order and
+    /// the slots left in an epoch are always a suffix of it.
+    pub last_due_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VersionedCursor {
+    pub cursor: SettleCursor,
+    pub version: u64,
+}
+
+/// Something to delete once its grace period is over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Garbage {
+    /// One object of `bytes` bytes (zero when unknown).
+    Object { key: String, bytes: u64 },
+    /// Slots `from..=to` of one epoch of a star's chain, deleted in slot order.
+    ChainSlots {
+        star: String,
+        epoch: u64,
+        from: u64,
+        to: u64,
+        bytes: u64,
+    },
+}
+
+impl Garbage {
+    fn label(&self) -> String {
+        match self {
+            Garbage::Object { key, .. } => key.clone(),
+            Garbage::ChainSlots {
+                star, epoch, from, ..
+            } => slot_key(star, *epoch, *from),
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        match self {
+            Garbage::Object { bytes, .. } | Garbage::ChainSlots { bytes, .. } => *bytes,
+        }
+    }
+}
+
+/// An item of the garbage queue, with the key that removes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedGarbage {
+    pub key: Vec<u8>,
+    pub due_ms: u64,
+    pub item: Garbage,
+}
+
+/// The queue key of `item` due at `due_ms`.
+pub fn garbage_key(due_ms: u64, item: &Garbage) -> Vec<u8> {
+    let mut key = GARBAGE_PREFIX.to_vec();
+    key.extend_from_slice(&due_ms.to_be_bytes());
+    key.extend_from_slice(item.label().as_bytes());
+    key
+}
+
+fn put_string(buf: &mut Vec<u8>, s: &str) {
+    buf.put_u32_le(s.len() as u32);
+    buf.put_slice(s.as_bytes());
+}
+
+fn encode_garbage(item: &Garbage) -> Vec<u8> {
+    let mut buf = vec![FORMAT];
+    match item {
+        Garbage::Object { key, bytes } => {
+            buf.put_u8(TAG_OBJECT);
+            put_string(&mut buf, key);
+            buf.put_u64_le(*bytes);
+        }
+        Garbage::ChainSlots {
+            star,
+            epoch,
+            from,
+            to,
+            bytes,
+        } => {
+            buf.put_u8(TAG_CHAIN_SLOTS);
+            put_string(&mut buf, star);
+            buf.put_u64_le(*epoch);
+            buf.put_u64_le(*from);
+            buf.put_u64_le(*to);
+            buf.put_u64_le(*bytes);
+        }
+    }
+    buf
+}
+
+pub(super) fn decode_garbage(key: &[u8], value: &[u8]) -> Result<QueuedGarbage, CatalogError> {
+    let Some(mut rest) = key.strip_prefix(GARBAGE_PREFIX) else {
+        return Err(CatalogError::Corrupt(
+            "garbage key without its prefix".into(),
+        ));
+    };
+    if rest.len() < 8 {
+        return Err(CatalogError::Corrupt("garbage key too short".into()));
+    }
+    let due_ms = rest.get_u64();
+    let mut r = Reader::start(value)?;
+    let item = match r.u8()? {
+        TAG_OBJECT => Garbage::Object {
+            key: r.string()?,
+            bytes: r.u64()?,
+        },
+        TAG_CHAIN_SLOTS => {
+            let item = Garbage::ChainSlots {
+                star: r.string()?,
+                epoch: r.u64()?,
+                from: r.u64()?,
+                to: r.u64()?,
+                bytes: r.u64()?,
+            };
+            if let Garbage::ChainSlots { from, to, .. } = item
+                && from > to
+            {
+                return Err(CatalogError::Corrupt(format!(
+                    "garbage slot run {from}..={to} is empty"
+                )));
+            }
+            item
+        }
+        other => {
+            return Err(CatalogError::Corrupt(format!(
+                "unknown garbage kind {other}"
+            )));
+        }
+    };
+    Ok(QueuedGarbage {
+        key: key.to_vec(),
+        due_ms,
+        item,
+    })
+}
+
+fn encode_cursor(cursor: &SettleCursor) -> Vec<u8> {
+    let mut buf = vec![FORMAT];
+    buf.put_u64_le(cursor.epoch);
+    buf.put_u64_le(cursor.next_slot);
+    buf.put_u64_le(cursor.last_due_ms);
+    buf
+}
+
+pub(super) fn decode_cursor(value: &[u8]) -> Result<SettleCursor, CatalogError> {
+    let mut r = Reader::start(value)?;
+    Ok(SettleCursor {
+        epoch: r.u64()?,
+        next_slot: r.u64()?,
+        last_due_ms: r.u64()?,
+    })
+}
+
+fn queue(mut txn: Txn, items: &[(u64, Garbage)]) -> Txn {
+    for (due_ms, item) in items {
+        txn = txn.put(garbage_key(*due_ms, item), encode_garbage(item));
+    }
+    txn
+}
+
+impl Catalog {
+    pub async fn settle_cursor(&self, star: &str) -> Result<Option<VersionedCursor>, CatalogError> {
+        match self.store.get(&cursor_key(star)).await? {
+            Some(kv) => Ok(Some(VersionedCursor {
+                cursor: decode_cursor(&kv.value)?,
+                version: kv.version,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    /// Moves the settle cursor to `next` if it is still at version `expected` (`None`: it must
+    /// not exist yet), queuing `garbage` in the same transaction. `false` if it moved meanwhile.
+    pub async fn advance_settle(
+        &self,
+        star: &str,
+        expected: Option<u64>,
+        next: SettleCursor,
+        garbage: &[(u64, Garbage)],
+    ) -> Result<bool, CatalogError> {
+        let key = cursor_key(star);
+        let compare = match expected {
+            Some(version) => Compare::Version(key.clone(), version),
+            None => Compare::Missing(key.clone()),
+        };
+        let txn = queue(
+            Txn::new().compare(compare).put(key, encode_cursor(&next)),
+            garbage,
+        );
+        Ok(matches!(
+            self.store.commit(txn).await?,
+            TxnOutcome::Committed { .. }
+        ))
+    }
+
+    /// Queues garbage on its own: intents, written before the objects they name. Returns each
+    /// item's queue key, which the transaction that starts referencing the object removes.
+    pub async fn queue_garbage(
+        &self,
+        items: &[(u64, Garbage)],
+    ) -> Result<Vec<Vec<u8>>, CatalogError> {
+        let mut keys = Vec::with_capacity(items.len());
+        for chunk in items.chunks(MAX_RESTORE_TXN) {
+            self.store.commit(queue(Txn::new(), chunk)).await?;
+            keys.extend(chunk.iter().map(|(due, item)| garbage_key(*due, item)));
+        }
+        Ok(keys)
+    }
+
+    /// The first `limit` items of the garbage queue, earliest due first.
+    pub async fn garbage_page(&self, limit: usize) -> Result<Vec<QueuedGarbage>, CatalogError> {
+        self.store
+            .scan(GARBAGE_PREFIX, None, limit)
+            .await?
+            .iter()
+            .map(|kv| decode_garbage(&kv.key, &kv.value))
+            .collect()
+    }
+
+    pub async fn forget_garbage(&self, key: &[u8]) -> Result<(), CatalogError> {
+        self.store.commit(Txn::new().delete(key.to_vec())).await?;
+        Ok(())
+    }
+
+    /// The index entry of stream `id` ending at `end_seq`, with its version.
+    pub async fn index_entry(
+        &self,
+        id: u64,
+        end_seq: u64,
+    ) -> Result<Option<(IndexEntry, u64)>, CatalogError> {
+        let key = index_key(id, end_seq);
+        match self.store.get(&key).await? {
+            Some(kv) => Ok(Some((decode_entry(&kv.key, &kv.value)?, kv.version))),
+            None => Ok(None),
+        }
+    }
+
+    /// Replaces `old` (consecutive entries of one stream, each still at the version it was read
+    /// at) with `new`, which covers exactly their records, removes `intent` from the garbage
+    /// queue and queues `retire`, atomically. `false` if any old entry changed meanwhile.
+    pub async fn swap_entries(
+        &self,
+        old: &[(IndexEntry, u64)],
+        new: &IndexEntry,
+        intent: Option<&[u8]>,
+        retire: &[(u64, Garbage)],
+    ) -> Result<bool, CatalogError> {
+        let (Some((first, _)), Some((last, _))) = (old.first(), old.last()) else {
+            return Err(CatalogError::Conflict(
+                "a swap needs entries to replace".into(),
+            ));
+        };
+        if first.start_seq != new.start_seq
+            || last.end_seq != new.end_seq
+            || old.iter().any(|(e, _)| e.stream_id != new.stream_id)
+            || old.windows(2).any(|w| w[0].0.end_seq != w[1].0.start_seq)
+        {
+            return Err(CatalogError::Conflict(format!(
+                "entries {}..{} of stream {} do not tile {}..{}",
+                first.start_seq, last.end_seq, new.stream_id, new.start_seq, new.end_seq
+            )));
+        }
+        let mut txn = Txn::new();
+        for (entry, version) in old {
+            let key = index_key(entry.stream_id, entry.end_seq);
+            txn = txn.compare(Compare::Version(key.clone(), *version));
+            // The last one's key is the new entry's: the put below replaces it.
+            if entry.end_seq != new.end_seq {
+                txn = txn.delete(key);
+            }
+        }
+        txn = txn.put(index_key(new.stream_id, new.end_seq), encode_entry(new));
+        if let Some(intent) = intent {
+            txn = txn.delete(intent.to_vec());
+        }
+        let txn = queue(txn, retire);
+        Ok(matches!(
+            self.store.commit(txn).await?,
+            TxnOutcome::Committed { .. }
+        ))
+    }
+
+    /// Whether stream `id` is live: it has a tail until it is deleted.
+    pub async fn stream_live(&self, id: u64) -> Result<bool, CatalogError> {
+        Ok(self.store.get(&tail_key(id)).await?.is_some())
+    }
+
+    /// Deleted streams whose index entries are still to be dropped, at most `limit`.
+    pub async fn dropping_streams(&self, limit: usize) -> Result<Vec<u64>, CatalogError> {
+        self.store
+            .scan(DROPPING_PREFIX, None, limit)
+            .await?
+            .iter()
+            .map(|kv| {
+                let mut id = kv.key.get(2..10).ok_or_else(|| {
+                    CatalogError::Corrupt("deleted-stream key has the wrong length".into())
+                })?;
+                Ok(id.get_u64())
+            })
+            .collect()
+    }
+
+    /// Drops up to `DROP_BATCH` index entries of deleted stream `id`, queuing (due at `due_ms`)
+    /// the objects `owned` says belong to the stream alone. Once none are left, the stream is
+    /// forgotten. Returns the entries dropped; zero means the stream is done.
+    pub async fn drop_entries(
+        &self,
+        id: u64,
+        due_ms: u64,
+        owned: impl Fn(&IndexEntry) -> bool,
+    ) -> Result<usize, CatalogError> {
+        if self.stream_live(id).await? {
+            return Err(CatalogError::Conflict(format!(
+                "stream {id} is live; only a deleted stream's entries are dropped"
+            )));
+        }
+        let page = self.store.scan(&index_prefix(id), None, DROP_BATCH).await?;
+        if page.is_empty() {
+            self.store
+                .commit(Txn::new().delete(dropping_key(id)))
+                .await?;
+            return Ok(0);
+        }
+        let mut txn = Txn::new();
+        let mut garbage = Vec::new();
+        for kv in &page {
+            let entry = decode_entry(&kv.key, &kv.value)?;
+            txn = txn.compare(Compare::Version(kv.key.clone(), kv.version));
+            txn = txn.delete(kv.key.clone());
+            if owned(&entry) {
+                garbage.push((
+                    due_ms,
+                    Garbage::Object {
+                        key: entry.object_key,
+                        bytes: 0,
+                    },
+                ));
+            }
+        }
+        self.store.commit(queue(txn, &garbage)).await?;
+        Ok(page.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metastore::EmbeddedMetastore;
+
+    fn catalog() -> (tempfile::TempDir, Catalog) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedMetastore::open(dir.path().join("m.redb")).unwrap();
+        (dir, Catalog::new(Arc::new(store)))
+    }
+
+    fn entry(id: u64, start: u64, end: u64, key: &str) -> IndexEntry {
+        IndexEntry {
+            stream_id: id,
+            start_seq: start,
+            end_seq: end,
+            object_key: key.into(),
+            offset: 16,
+            len: end - start,
+            crc32c: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn garbage_pages_in_due_order_and_round_trips() {
+        let (_dir, catalog) = catalog();
+        let slots = Garbage::ChainSlots {
+            star: "s".into(),
+            epoch: 2,
+            from: 3,
+            to: 9,
+            bytes: 70,
+        };
+        let object = Garbage::Object {
+            key: "data/s/x".into(),
+            bytes: 5,
+        };
+        catalog
+            .queue_garbage(&[(200, object.clone()), (100, slots.clone())])
+            .await
+            .unwrap();
+        let page = catalog.garbage_page(10).await.unwrap();
+        let items: Vec<_> = page.iter().map(|g| (g.due_ms, g.item.clone())).collect();
+        assert_eq!(items, [(100, slots), (200, object)]);
+        catalog.forget_garbage(&page[0].key).await.unwrap();
+        assert_eq!(catalog.garbage_page(10).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_swap_replaces_unchanged_entries_and_refuses_changed_ones() {
+        let (_dir, catalog) = catalog();
+        let s = catalog
+            .create_stream("s", StorageClass::Standard, 1)
+            .await
+            .unwrap();
+        let chain = catalog
+            .set_chain(
+                "star",
+                None,
+                ChainState {
+                    epoch: 1,
+                    checkpoint: None,
+                },
+            )
+            .await
+            .unwrap();
+        let batch = AbsorbBatch {
+            entries: vec![entry(s.id, 0, 5, "f0"), entry(s.id, 5, 9, "f1")],
+            ..AbsorbBatch::default()
+        };
+        let next = ChainState {
+            epoch: 1,
+            checkpoint: Some(1),
+        };
+        catalog
+            .absorb("star", Some(chain.version), next, batch)
+            .await
+            .unwrap();
+        let a = catalog.index_entry(s.id, 5).await.unwrap().unwrap();
+        let b = catalog.index_entry(s.id, 9).await.unwrap().unwrap();
+        let merged = entry(s.id, 0, 9, "data/star/merged");
+        let intent = catalog
+            .queue_garbage(&[(
+                50,
+                Garbage::Object {
+                    key: merged.object_key.clone(),
+                    bytes: 9,
+                },
+            )])
+            .await
+            .unwrap();
+        // An entry read at an older version refuses the swap.
+        let stale = [(a.0.clone(), a.1 + 100), b.clone()];
+        assert!(
+            !catalog
+                .swap_entries(&stale, &merged, Some(&intent[0]), &[])
+                .await
+                .unwrap()
+        );
+        assert!(
+            catalog
+                .swap_entries(&[a, b], &merged, Some(&intent[0]), &[])
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            catalog.index_entries(s.id, 0, 10).await.unwrap(),
+            [merged.clone()]
+        );
+        assert!(
+            catalog.garbage_page(10).await.unwrap().is_empty(),
+            "intent cleared"
+        );
+        // Entries that do not tile the new one are refused outright.
+        let c = catalog.index_entry(s.id, 9).await.unwrap().unwrap();
+        assert!(
+            catalog
+                .swap_entries(&[c], &entry(s.id, 1, 9, "x"), None, &[])
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_deleted_streams_entries_are_dropped_and_its_objects_queued() {
+        let (_dir, catalog) = catalog();
+        let s = catalog
+            .create_stream("s", StorageClass::Standard, 1)
+            .await
+            .unwrap();
+        let entries: Vec<_> = (0..DROP_BATCH as u64 + 3)
+            .map(|i| entry(s.id, i, i + 1, &format!("data/star/{i}")))
+            .collect();
+        catalog.restore_entries(&entries).await.unwrap();
+        assert!(
+            catalog.drop_entries(s.id, 7, |_| true).await.is_err(),
+            "live"
+        );
+        assert!(catalog.dropping_streams(10).await.unwrap().is_empty());
+        catalog.delete_stream("s").await.unwrap();
+        assert_eq!(catalog.dropping_streams(10).await.unwrap(), [s.id]);
+        let owned = |e: &IndexEntry| e.start_seq % 2 == 0;
+        assert_eq!(
+            catalog.drop_entries(s.id, 7, owned).await.unwrap(),
+            DROP_BATCH
+        );
+        assert_eq!(catalog.drop_entries(s.id, 7, owned).await.unwrap(), 3);
+        assert_eq!(catalog.drop_entries(s.id, 7, owned).await.unwrap(), 0);
+        assert!(catalog.dropping_streams(10).await.unwrap().is_empty());
+        assert!(
+            catalog
+                .index_entries(s.id, 0, 100)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let queued = catalog.garbage_page(1000).await.unwrap();
+        assert_eq!(queued.len(), (DROP_BATCH + 3).div_ceil(2));
+    }
+
+    #[tokio::test]
+    async fn the_cursor_moves_only_from_the_version_it_was_read_at() {
+        let (_dir, catalog) = catalog();
+        assert_eq!(catalog.settle_cursor("star").await.unwrap(), None);
+        let first = SettleCursor {
+            epoch: 1,
+            next_slot: 0,
+            last_due_ms: 0,
+        };
+        assert!(
+            catalog
+                .advance_settle("star", None, first, &[])
+                .await
+                .unwrap()
+        );
+        assert!(
+            !catalog
+                .advance_settle("star", None, first, &[])
+                .await
+                .unwrap()
+        );
+        let at = catalog.settle_cursor("star").await.unwrap().unwrap();
+        let next = SettleCursor {
+            next_slot: 10,
+            last_due_ms: 5,
+            ..first
+        };
+        let run = Garbage::ChainSlots {
+            star: "star".into(),
+            epoch: 1,
+            from: 0,
+            to: 9,
+            bytes: 0,
+        };
+        assert!(
+            catalog
+                .advance_settle("star", Some(at.version), next, &[(5, run.clone())])
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            catalog.settle_cursor("star").await.unwrap().unwrap().cursor,
+            next
+        );
+        assert_eq!(catalog.garbage_page(10).await.unwrap()[0].item, run);
+    }
+}
