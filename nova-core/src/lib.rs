@@ -14,5 +14,6 @@ pub mod metastore;
 pub mod metrics;
 pub mod object_store;
 pub mod process;
+pub mod rate;
 pub mod record;
 pub mod shed;

@@ -9,6 +9,7 @@ mod instrumented;
 mod local;
 mod payload;
 mod probe;
+mod rate_limited;
 #[cfg(feature = "s3")]
 mod s3;
 
@@ -24,6 +25,7 @@ pub use instrumented::Instrumented;
 pub use local::LocalStore;
 pub use payload::PutPayload;
 pub use probe::{ProbeError, probe_conditional_create};
+pub use rate_limited::{RateLimited, RateLimitedMetrics};
 #[cfg(feature = "s3")]
 pub use s3::{S3Config, S3Store};
 
