@@ -3,7 +3,7 @@
 //! ```text
 //! chain/{star}/{epoch:010}/{slot:020}     one flight (or a fence) per slot
 //! chain/{star}/{epoch:010}/settled       how far the auditor has settled the epoch
-//! data/{star}/{id:020}/{start:020}-{end:020}   one stream's records start..end, settled
+//! data/{star}/{id:020}/{start:020}-{end:020}-{nonce:016x}   records start..end of one stream
 //! streams/{star}/{id:020}                 a stream's manifest (name, settings, deleted)
 //! probe/{star}/{nonce}                    a start-up probe, deleted right after
 //! ```
@@ -68,20 +68,27 @@ pub fn data_prefix(star: &str, stream_id: u64) -> String {
     format!("{}{stream_id:020}/", data_root(star))
 }
 
-/// A settled object holding records `start..end` of one stream. The key names its content, so
-/// writing it again (a settle redone after a crash) writes the same bytes, and the one index
-/// entry that may reference it is the stream's entry ending at `end`.
-pub fn data_key(star: &str, stream_id: u64, start: u64, end: u64) -> String {
-    format!("{}{start:020}-{end:020}", data_prefix(star, stream_id))
+/// A settled object holding records `start..end` of one stream. Every write gets a fresh
+/// `nonce`, so a key is written once and never reused: a settle redone after a crash writes a
+/// new object instead of one an older attempt's garbage record still names, and caches keyed by
+/// object never go stale. The one index entry that may reference it is the stream's entry
+/// ending at `end`.
+pub fn data_key(star: &str, stream_id: u64, start: u64, end: u64, nonce: u64) -> String {
+    format!(
+        "{}{start:020}-{end:020}-{nonce:016x}",
+        data_prefix(star, stream_id)
+    )
 }
 
 /// A settled object's stream and record range, from a key under `data_root(star)`.
 pub fn parse_data_key(root: &str, key: &str) -> Option<DataKey> {
     let rest = key.strip_prefix(root)?;
     let (id, range) = rest.split_once('/')?;
-    let (start, end) = range.split_once('-')?;
+    let mut parts = range.split('-');
+    let (start, end, nonce) = (parts.next()?, parts.next()?, parts.next()?);
     let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(id, 20) || !digits(start, 20) || !digits(end, 20) {
+    let hex = nonce.len() == 16 && nonce.bytes().all(|b| b.is_ascii_hexdigit());
+    if parts.next().is_some() || !digits(id, 20) || !digits(start, 20) || !digits(end, 20) || !hex {
         return None;
     }
     let parsed = DataKey {
@@ -123,10 +130,10 @@ mod tests {
 
     #[test]
     fn data_keys_sort_by_stream_then_start_and_parse_back() {
-        let a = data_key("s", 7, 10, 20);
-        let b = data_key("s", 7, 10, 300);
-        let c = data_key("s", 7, 20, 30);
-        let d = data_key("s", 8, 0, 5);
+        let a = data_key("s", 7, 10, 20, u64::MAX);
+        let b = data_key("s", 7, 10, 300, 0);
+        let c = data_key("s", 7, 20, 30, 1);
+        let d = data_key("s", 8, 0, 5, 2);
         assert!(a < b && b < c && c < d);
         let root = data_root("s");
         assert_eq!(
@@ -139,6 +146,7 @@ mod tests {
         );
         assert_eq!(parse_data_key(&root, "data/s/junk"), None);
         assert_eq!(parse_data_key(&data_root("t"), &a), None);
-        assert_eq!(parse_data_key(&root, &data_key("s", 7, 5, 5)), None);
+        assert_eq!(parse_data_key(&root, &data_key("s", 7, 5, 5, 0)), None);
+        assert_eq!(parse_data_key(&root, &format!("{a}-0")), None);
     }
 }

@@ -7,6 +7,10 @@
 //! swap, the settle cursor passing a run of chain slots), or before the object is written (an
 //! *intent*: the transaction that starts referencing it removes the intent again), so an object
 //! is either referenced or queued, whatever crashes in between.
+//!
+//! A collector *claims* an item (rewrites it, changing its version) before it deletes anything,
+//! and a swap only lands if its intent is still at the version it was queued at: so an object
+//! whose intent came due while its writer was slow is either deleted or referenced, never both.
 
 use super::*;
 use crate::keys::slot_key;
@@ -88,6 +92,7 @@ impl Garbage {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueuedGarbage {
     pub key: Vec<u8>,
+    pub version: u64,
     pub due_ms: u64,
     pub item: Garbage,
 }
@@ -132,6 +137,10 @@ fn encode_garbage(item: &Garbage) -> Vec<u8> {
 }
 
 pub(super) fn decode_garbage(key: &[u8], value: &[u8]) -> Result<QueuedGarbage, CatalogError> {
+    decode_queued(key, value, 0)
+}
+
+fn decode_queued(key: &[u8], value: &[u8], version: u64) -> Result<QueuedGarbage, CatalogError> {
     let Some(mut rest) = key.strip_prefix(GARBAGE_PREFIX) else {
         return Err(CatalogError::Corrupt(
             "garbage key without its prefix".into(),
@@ -172,6 +181,7 @@ pub(super) fn decode_garbage(key: &[u8], value: &[u8]) -> Result<QueuedGarbage, 
     };
     Ok(QueuedGarbage {
         key: key.to_vec(),
+        version,
         due_ms,
         item,
     })
@@ -237,17 +247,39 @@ impl Catalog {
     }
 
     /// Queues garbage on its own: intents, written before the objects they name. Returns each
-    /// item's queue key, which the transaction that starts referencing the object removes.
+    /// item's queue key and version, which the transaction that starts referencing the object
+    /// checks and removes.
     pub async fn queue_garbage(
         &self,
         items: &[(u64, Garbage)],
-    ) -> Result<Vec<Vec<u8>>, CatalogError> {
+    ) -> Result<Vec<(Vec<u8>, u64)>, CatalogError> {
         let mut keys = Vec::with_capacity(items.len());
         for chunk in items.chunks(MAX_RESTORE_TXN) {
-            self.store.commit(queue(Txn::new(), chunk)).await?;
-            keys.extend(chunk.iter().map(|(due, item)| garbage_key(*due, item)));
+            let revision = match self.store.commit(queue(Txn::new(), chunk)).await? {
+                TxnOutcome::Committed { revision } => revision,
+                TxnOutcome::Conflict => {
+                    return Err(CatalogError::Conflict("queuing garbage".into()));
+                }
+            };
+            keys.extend(
+                chunk
+                    .iter()
+                    .map(|(due, item)| (garbage_key(*due, item), revision)),
+            );
         }
         Ok(keys)
+    }
+
+    /// Claims a queued item for deletion: afterwards no swap whose intent it is can land. `false`
+    /// if it changed or went meanwhile (its swap landed, or another collector has it).
+    pub async fn claim_garbage(&self, item: &QueuedGarbage) -> Result<bool, CatalogError> {
+        let txn = Txn::new()
+            .compare(Compare::Version(item.key.clone(), item.version))
+            .put(item.key.clone(), encode_garbage(&item.item));
+        Ok(matches!(
+            self.store.commit(txn).await?,
+            TxnOutcome::Committed { .. }
+        ))
     }
 
     /// The first `limit` items of the garbage queue, earliest due first.
@@ -256,7 +288,7 @@ impl Catalog {
             .scan(GARBAGE_PREFIX, None, limit)
             .await?
             .iter()
-            .map(|kv| decode_garbage(&kv.key, &kv.value))
+            .map(|kv| decode_queued(&kv.key, &kv.value, kv.version))
             .collect()
     }
 
@@ -279,13 +311,14 @@ impl Catalog {
     }
 
     /// Replaces `old` (consecutive entries of one stream, each still at the version it was read
-    /// at) with `new`, which covers exactly their records, removes `intent` from the garbage
-    /// queue and queues `retire`, atomically. `false` if any old entry changed meanwhile.
+    /// at) with `new`, which covers exactly their records, removes `intent` (the new object's,
+    /// still at its version) from the garbage queue and queues `retire`, atomically. `false` if
+    /// any old entry or the intent changed meanwhile.
     pub async fn swap_entries(
         &self,
         old: &[(IndexEntry, u64)],
         new: &IndexEntry,
-        intent: Option<&[u8]>,
+        intent: Option<&(Vec<u8>, u64)>,
         retire: &[(u64, Garbage)],
     ) -> Result<bool, CatalogError> {
         let (Some((first, _)), Some((last, _))) = (old.first(), old.last()) else {
@@ -313,8 +346,10 @@ impl Catalog {
             }
         }
         txn = txn.put(index_key(new.stream_id, new.end_seq), encode_entry(new));
-        if let Some(intent) = intent {
-            txn = txn.delete(intent.to_vec());
+        if let Some((key, version)) = intent {
+            txn = txn
+                .compare(Compare::Version(key.clone(), *version))
+                .delete(key.clone());
         }
         let txn = queue(txn, retire);
         Ok(matches!(
@@ -374,8 +409,8 @@ impl Catalog {
                 garbage.push((
                     due_ms,
                     Garbage::Object {
+                        bytes: entry.len,
                         key: entry.object_key,
-                        bytes: 0,
                     },
                 ));
             }
@@ -484,6 +519,21 @@ mod tests {
                 .await
                 .unwrap()
         );
+        // An intent a collector has claimed refuses the swap too.
+        let claimed = catalog.garbage_page(1).await.unwrap().remove(0);
+        assert!(catalog.claim_garbage(&claimed).await.unwrap());
+        assert!(
+            !catalog.claim_garbage(&claimed).await.unwrap(),
+            "claimed once"
+        );
+        assert!(
+            !catalog
+                .swap_entries(&[a.clone(), b.clone()], &merged, Some(&intent[0]), &[])
+                .await
+                .unwrap()
+        );
+        let requeued = catalog.garbage_page(1).await.unwrap().remove(0);
+        let intent = [(requeued.key, requeued.version)];
         assert!(
             catalog
                 .swap_entries(&[a, b], &merged, Some(&intent[0]), &[])
