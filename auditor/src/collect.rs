@@ -1,0 +1,83 @@
+//! Collect: deletes what the garbage queue holds once it is due, earliest first.
+//!
+//! Items come due a grace period (`--auditor-collect-grace-secs`) after the catalog stopped
+//! referencing them, so a reader that resolved a ref just before can still fetch it. An object
+//! item is claimed before anything is deleted, which refuses a swap whose intent it is; a
+//! settled object is also checked against the one index entry that could reference it, so an
+//! object a later attempt re-referenced is kept. Runs of chain slots are deleted in slot order
+//! and the queue is worked strictly in order, stopping at the first failure, so what is left of
+//! an epoch is always a suffix of it (a rebuild relies on that).
+
+use nova_core::catalog::{Garbage, QueuedGarbage};
+use nova_core::keys::{data_root, parse_data_key, slot_key};
+
+use crate::{AuditError, Ctx, Duty, Step};
+
+/// Queue items read per job.
+const PAGE: usize = 100;
+
+pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
+    let page = ctx.catalog.garbage_page(PAGE).await?;
+    let now = ctx.config.clock.unix_ms();
+    match page.first() {
+        Some(first) if first.due_ms <= now => ctx.set_due(Duty::Collect, Some(first.due_ms)),
+        _ => {
+            ctx.set_due(Duty::Collect, None);
+            return Ok(Step::Idle);
+        }
+    }
+    for item in page.iter().take_while(|item| item.due_ms <= now) {
+        collect(ctx, item).await?;
+    }
+    Ok(Step::Done)
+}
+
+async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {
+    match &queued.item {
+        Garbage::Object { key, bytes } => {
+            if !ctx.catalog.claim_garbage(queued).await? {
+                // Its swap landed (the object is referenced now), or another collector has it.
+                return Ok(());
+            }
+            let root = data_root(&ctx.config.star);
+            let settled = parse_data_key(&root, key);
+            if let Some(data) = settled {
+                let referenced = ctx
+                    .catalog
+                    .index_entry(data.stream_id, data.end)
+                    .await?
+                    .is_some_and(|(entry, _)| entry.object_key == *key);
+                if referenced {
+                    ctx.catalog.forget_garbage(&queued.key).await?;
+                    return Ok(());
+                }
+            }
+            ctx.store.delete(key).await?;
+            let kind = if settled.is_some() {
+                "settled"
+            } else {
+                "orphan"
+            };
+            ctx.metrics.deleted_objects.with_label_values(&[kind]).inc();
+            ctx.metrics.reclaimed_bytes.inc_by(*bytes);
+        }
+        Garbage::ChainSlots {
+            star,
+            epoch,
+            from,
+            to,
+            bytes,
+        } => {
+            for slot in *from..=*to {
+                ctx.store.delete(&slot_key(star, *epoch, slot)).await?;
+            }
+            ctx.metrics
+                .deleted_objects
+                .with_label_values(&["chain_slot"])
+                .inc_by(to - from + 1);
+            ctx.metrics.reclaimed_bytes.inc_by(*bytes);
+        }
+    }
+    ctx.catalog.forget_garbage(&queued.key).await?;
+    Ok(())
+}

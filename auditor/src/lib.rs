@@ -1,0 +1,351 @@
+//! The auditor: a star's background duties, each run as small jobs under explicit budgets.
+//!
+//! - **settle** moves each stream's sections out of the chain's multi-stream flights into
+//!   per-stream objects and swaps the index entries over (`settle`);
+//! - **collect** deletes what nothing references any more once its grace period is over: settled
+//!   flights, objects replaced or orphaned, the objects of deleted streams (`collect`);
+//! - **drop_deleted** removes a deleted stream's index entries and queues its objects (`drop`).
+//!
+//! Nothing waits in memory: what is due is read from the catalog each time (the settle cursor
+//! against the chain's checkpoint, the garbage queue in due order, the deleted-stream records),
+//! a page at a time. Every job is idempotent and may be cut off at any await: a crash, a
+//! shutdown or a lost answer leaves the catalog consistent, and the next job picks up from it.
+//!
+//! Budgets: object-store requests per second (`RateLimited` wraps the store the auditor uses),
+//! bytes per second assembled and written (`rewrite`), jobs at once (`workers`), and the fetch
+//! cache's disk bytes. A job at a budget waits; the backlog that builds shows as the age of the
+//! oldest due duty, `nova_auditor_oldest_due_age_seconds`.
+//!
+//! The auditor reaches the star only through the object store and the catalog, so it could run
+//! in a process of its own.
+
+mod collect;
+mod drop;
+mod fetch_cache;
+pub mod metrics;
+mod settle;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use nova_core::catalog::{Catalog, CatalogError};
+use nova_core::clock::Clock;
+use nova_core::entropy::Entropy;
+use nova_core::flight::{FetchError, FormatError};
+use nova_core::limits::{KIB, MIB};
+use nova_core::object_store::{ObjectStore, RateLimited, StoreError};
+use nova_core::rate::RateBudget;
+
+use crate::fetch_cache::{CacheError, FetchCache};
+use crate::metrics::AuditorMetrics;
+
+/// The defaults of the auditor's flags.
+pub mod defaults {
+    pub const S3_BUDGET: u32 = 50;
+    pub const REWRITE_MIB: u32 = 64;
+    pub const WORKERS: u32 = 2;
+    pub const FETCH_CACHE_MIB: u64 = 40_960;
+    pub const COLLECT_GRACE_SECS: u64 = 600;
+    pub const IDLE_MS: u64 = 1000;
+}
+
+#[derive(Debug, Clone)]
+pub struct AuditorConfig {
+    /// The star whose chain and streams this auditor looks after.
+    pub star: String,
+    /// Object-store requests per second (`--auditor-s3-budget`).
+    pub s3_budget: u32,
+    /// MiB per second assembled and written (`--auditor-rewrite-mib`).
+    pub rewrite_mib: u32,
+    /// Jobs at once (`--auditor-workers`).
+    pub workers: u32,
+    /// Disk bytes of the fetch cache (`--auditor-fetch-cache-mib`).
+    pub fetch_cache_bytes: u64,
+    /// Scratch directory of the fetch cache; emptied at start.
+    pub fetch_cache_dir: PathBuf,
+    /// How long an object stays after nothing references it (`--auditor-collect-grace-secs`).
+    pub collect_grace: Duration,
+    /// How long a duty with nothing due sleeps before it looks again.
+    pub idle: Duration,
+    pub clock: Clock,
+    pub entropy: Entropy,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("object store: {0}")]
+    Store(#[from] StoreError),
+    #[error("catalog: {0}")]
+    Catalog(#[from] CatalogError),
+    #[error("{0}")]
+    Fetch(#[from] FetchError),
+    #[error("{key}: {source}")]
+    Format { key: String, source: FormatError },
+    #[error("{0}")]
+    Cache(#[from] CacheError),
+    /// The store and the catalog disagree in a way no crash explains; the duty stops short of
+    /// doing anything it cannot undo and retries later.
+    #[error("{0}")]
+    Inconsistent(String),
+}
+
+/// What a job found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Nothing was due.
+    Idle,
+    /// It did a job (or part of one); look again at once.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Duty {
+    Settle,
+    Collect,
+    DropDeleted,
+}
+
+impl Duty {
+    fn as_str(self) -> &'static str {
+        match self {
+            Duty::Settle => "settle",
+            Duty::Collect => "collect",
+            Duty::DropDeleted => "drop_deleted",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Duty::Settle => 0,
+            Duty::Collect => 1,
+            Duty::DropDeleted => 2,
+        }
+    }
+}
+
+/// What every job shares.
+pub(crate) struct Ctx {
+    pub config: AuditorConfig,
+    /// The object store behind the request budget: everything the auditor asks goes through it.
+    pub store: Arc<dyn ObjectStore>,
+    pub catalog: Catalog,
+    pub metrics: AuditorMetrics,
+    pub cache: FetchCache,
+    rewrite: RateBudget,
+    workers: Arc<Semaphore>,
+    /// Since when (unix ms) each duty has had work due; `None` while it has none.
+    due_since: Mutex<[Option<u64>; 3]>,
+}
+
+/// Units of the rewrite budget: 64 KiB, so small objects are charged fairly and a second's
+/// burst at the default is 1024 units.
+const REWRITE_UNIT: u64 = 64 * KIB;
+
+impl Ctx {
+    /// When garbage queued now comes due.
+    pub fn due_at(&self) -> u64 {
+        self.config
+            .clock
+            .unix_ms()
+            .saturating_add(self.config.collect_grace.as_millis() as u64)
+    }
+
+    /// Waits until `bytes` more may be assembled and written.
+    pub async fn charge_rewrite(&self, bytes: u64) {
+        let waited = self.rewrite.take(bytes.div_ceil(REWRITE_UNIT)).await;
+        self.metrics
+            .budget_wait_seconds
+            .with_label_values(&["rewrite_bytes"])
+            .inc_by(waited.as_secs_f64());
+    }
+
+    /// Records whether `duty` has work due, and since when (the earliest known moment).
+    pub fn set_due(&self, duty: Duty, since_ms: Option<u64>) {
+        self.due_since.lock()[duty.index()] = since_ms;
+    }
+
+    /// Marks `duty` as having work due from now on, unless it already had.
+    pub fn mark_due(&self, duty: Duty) {
+        let now = self.config.clock.unix_ms();
+        self.due_since.lock()[duty.index()].get_or_insert(now);
+    }
+
+    /// Moves the due mark of `duty` later (its oldest due work was done) or earlier.
+    pub fn due_from(&self, duty: Duty, since_ms: u64) {
+        let now = self.config.clock.unix_ms();
+        self.due_since.lock()[duty.index()] = Some(since_ms.min(now));
+    }
+
+    fn publish_due(&self) {
+        let now = self.config.clock.unix_ms();
+        let due = *self.due_since.lock();
+        let mut oldest = 0.0f64;
+        for duty in [Duty::Settle, Duty::Collect, Duty::DropDeleted] {
+            let age =
+                due[duty.index()].map_or(0.0, |since| now.saturating_sub(since) as f64 / 1000.0);
+            self.metrics
+                .due_age
+                .with_label_values(&[duty.as_str()])
+                .set(age);
+            oldest = oldest.max(age);
+        }
+        self.metrics.oldest_due_age.set(oldest);
+    }
+
+    async fn worker(&self) -> Option<OwnedSemaphorePermit> {
+        let started = self.config.clock.now();
+        let permit = self.workers.clone().acquire_owned().await.ok()?;
+        self.metrics
+            .budget_wait_seconds
+            .with_label_values(&["workers"])
+            .inc_by(self.config.clock.since(started).as_secs_f64());
+        Some(permit)
+    }
+}
+
+/// A running auditor; `stop` ends it.
+pub struct Auditor {
+    ctx: Arc<Ctx>,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Auditor {
+    /// Starts every duty. `store` is the star's store; the auditor puts its own request budget in
+    /// front of it.
+    pub fn start(
+        config: AuditorConfig,
+        store: Arc<dyn ObjectStore>,
+        catalog: Catalog,
+        registry: &prometheus::Registry,
+    ) -> std::io::Result<Self> {
+        let metrics = AuditorMetrics::register(registry);
+        let budget = RateBudget::new(config.s3_budget, config.clock);
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(RateLimited::new(store, budget, metrics.store.clone()));
+        let cache = FetchCache::open(
+            &config.fetch_cache_dir,
+            config.fetch_cache_bytes,
+            metrics.clone(),
+        )?;
+        let workers = config.workers.max(1);
+        metrics.workers.set(workers as i64);
+        let rewrite_units =
+            (config.rewrite_mib.max(1) as u64 * MIB / REWRITE_UNIT).min(u32::MAX as u64) as u32;
+        let ctx = Arc::new(Ctx {
+            rewrite: RateBudget::new(rewrite_units, config.clock),
+            workers: Arc::new(Semaphore::new(workers as usize)),
+            due_since: Mutex::new([None; 3]),
+            config,
+            store,
+            catalog,
+            metrics,
+            cache,
+        });
+        tracing::info!(
+            s3_budget = ctx.config.s3_budget,
+            rewrite_mib = ctx.config.rewrite_mib,
+            workers,
+            fetch_cache_bytes = ctx.config.fetch_cache_bytes,
+            collect_grace_secs = ctx.config.collect_grace.as_secs(),
+            "auditor started"
+        );
+        let stop = CancellationToken::new();
+        let tasks = [Duty::Settle, Duty::Collect, Duty::DropDeleted]
+            .into_iter()
+            .map(|duty| tokio::spawn(run_duty(ctx.clone(), duty, stop.clone())))
+            .collect();
+        Ok(Self { ctx, stop, tasks })
+    }
+
+    pub fn metrics(&self) -> &AuditorMetrics {
+        &self.ctx.metrics
+    }
+
+    /// Stops every duty where it is: each is safe to cut off mid-job.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+async fn run_duty(ctx: Arc<Ctx>, duty: Duty, stop: CancellationToken) {
+    let mut failures: u32 = 0;
+    loop {
+        let permit = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            permit = ctx.worker() => match permit {
+                Some(permit) => permit,
+                None => return,
+            },
+        };
+        ctx.metrics.workers_busy.inc();
+        let result = tokio::select! {
+            biased;
+            _ = stop.cancelled() => None,
+            result = step(&ctx, duty) => Some(result),
+        };
+        ctx.metrics.workers_busy.dec();
+        drop(permit);
+        let Some(result) = result else { return };
+        let pause = match result {
+            Ok(Step::Done) => {
+                failures = 0;
+                ctx.metrics
+                    .jobs
+                    .with_label_values(&[duty.as_str(), "done"])
+                    .inc();
+                Duration::ZERO
+            }
+            Ok(Step::Idle) => {
+                failures = 0;
+                ctx.metrics
+                    .jobs
+                    .with_label_values(&[duty.as_str(), "idle"])
+                    .inc();
+                ctx.config.idle
+            }
+            Err(err) => {
+                failures = failures.saturating_add(1);
+                ctx.metrics
+                    .jobs
+                    .with_label_values(&[duty.as_str(), "failed"])
+                    .inc();
+                let pause = (ctx.config.idle * 2u32.saturating_pow(failures.min(6)))
+                    .min(Duration::from_secs(60));
+                tracing::warn!(
+                    duty = duty.as_str(),
+                    failures,
+                    retry_in_ms = pause.as_millis() as u64,
+                    "auditor job failed; the work stays due: {err}"
+                );
+                pause
+            }
+        };
+        ctx.publish_due();
+        if !pause.is_zero() {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                _ = ctx.config.clock.sleep(pause) => {}
+            }
+        }
+    }
+}
+
+async fn step(ctx: &Ctx, duty: Duty) -> Result<Step, AuditError> {
+    match duty {
+        Duty::Settle => settle::step(ctx).await,
+        Duty::Collect => collect::step(ctx).await,
+        Duty::DropDeleted => drop::step(ctx).await,
+    }
+}

@@ -1,0 +1,193 @@
+//! The auditor's series, registered in the process's registry beside the star's.
+
+use prometheus::{
+    Counter, CounterVec, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
+
+use nova_core::metrics::register;
+use nova_core::object_store::RateLimitedMetrics;
+
+/// The duties, as the `duty` label spells them.
+pub const DUTIES: [&str; 3] = ["settle", "collect", "drop_deleted"];
+
+#[derive(Debug, Clone)]
+pub struct AuditorMetrics {
+    /// The age of the oldest due duty, across duties: what operators alert on.
+    pub oldest_due_age: Gauge,
+    pub due_age: GaugeVec,
+    pub store: RateLimitedMetrics,
+    /// Seconds spent waiting at each budget (`s3_requests`, `rewrite_bytes`, `workers`).
+    pub budget_wait_seconds: CounterVec,
+    pub jobs: IntCounterVec,
+    pub workers: IntGauge,
+    pub workers_busy: IntGauge,
+    /// Bytes assembled through the star and written, by duty.
+    pub written_bytes: IntCounterVec,
+    pub written_objects: IntCounterVec,
+    pub settled_flights: IntCounter,
+    pub deleted_objects: IntCounterVec,
+    pub reclaimed_bytes: IntCounter,
+    pub dropped_entries: IntCounter,
+    pub cache_hits: IntCounter,
+    pub cache_misses: IntCounter,
+    /// Objects read with ranged GETs because the fetch cache could not admit them whole.
+    pub cache_fallbacks: IntCounter,
+    pub cache_resident: IntGauge,
+    pub cache_capacity: IntGauge,
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
+    register(r, IntCounter::new(name, help).expect("valid metric"))
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(
+        r,
+        IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+    register(r, IntGauge::new(name, help).expect("valid metric"))
+}
+
+impl AuditorMetrics {
+    pub fn register(r: &Registry) -> Self {
+        let m = AuditorMetrics {
+            oldest_due_age: register(
+                r,
+                Gauge::new(
+                    "nova_auditor_oldest_due_age_seconds",
+                    "Age of the oldest duty the auditor has due and not yet done (0 when none).",
+                )
+                .expect("valid metric"),
+            ),
+            due_age: register(
+                r,
+                GaugeVec::new(
+                    Opts::new(
+                        "nova_auditor_due_age_seconds",
+                        "Age of the oldest due work of each duty (0 when none).",
+                    ),
+                    &["duty"],
+                )
+                .expect("valid metric"),
+            ),
+            store: RateLimitedMetrics {
+                issued: counter_vec(
+                    r,
+                    "nova_auditor_requests_total",
+                    "Object-store requests the auditor issued, by operation.",
+                    &["op"],
+                ),
+                waited_seconds: register(
+                    r,
+                    Counter::new(
+                        "nova_auditor_request_budget_wait_seconds_total",
+                        "Seconds auditor requests waited for --auditor-s3-budget.",
+                    )
+                    .expect("valid metric"),
+                ),
+            },
+            budget_wait_seconds: register(
+                r,
+                CounterVec::new(
+                    Opts::new(
+                        "nova_auditor_budget_wait_seconds_total",
+                        "Seconds auditor work waited at each budget.",
+                    ),
+                    &["budget"],
+                )
+                .expect("valid metric"),
+            ),
+            jobs: counter_vec(
+                r,
+                "nova_auditor_jobs_total",
+                "Auditor jobs run, by duty and outcome.",
+                &["duty", "outcome"],
+            ),
+            workers: gauge(
+                r,
+                "nova_auditor_workers",
+                "Jobs the auditor may run at once (--auditor-workers).",
+            ),
+            workers_busy: gauge(r, "nova_auditor_workers_busy", "Auditor jobs running now."),
+            written_bytes: counter_vec(
+                r,
+                "nova_auditor_written_bytes_total",
+                "Bytes the auditor assembled and wrote, by duty.",
+                &["duty"],
+            ),
+            written_objects: counter_vec(
+                r,
+                "nova_auditor_written_objects_total",
+                "Objects the auditor wrote, by duty.",
+                &["duty"],
+            ),
+            settled_flights: counter(
+                r,
+                "nova_auditor_settled_flights_total",
+                "Chain slots whose streams' records were moved to settled objects.",
+            ),
+            deleted_objects: counter_vec(
+                r,
+                "nova_auditor_deleted_objects_total",
+                "Objects the auditor deleted, by kind (chain_slot, settled, orphan).",
+                &["kind"],
+            ),
+            reclaimed_bytes: counter(
+                r,
+                "nova_auditor_reclaimed_bytes_total",
+                "Bytes of the objects the auditor deleted.",
+            ),
+            dropped_entries: counter(
+                r,
+                "nova_auditor_dropped_entries_total",
+                "Index entries of deleted streams the auditor removed.",
+            ),
+            cache_hits: counter(
+                r,
+                "nova_auditor_fetch_cache_hits_total",
+                "Whole-object reads served by the fetch cache.",
+            ),
+            cache_misses: counter(
+                r,
+                "nova_auditor_fetch_cache_misses_total",
+                "Whole-object reads the fetch cache did not hold.",
+            ),
+            cache_fallbacks: counter(
+                r,
+                "nova_auditor_fetch_cache_fallbacks_total",
+                "Objects read with ranged GETs because the fetch cache could not admit them.",
+            ),
+            cache_resident: gauge(
+                r,
+                "nova_auditor_fetch_cache_resident_bytes",
+                "Bytes the fetch cache holds on disk.",
+            ),
+            cache_capacity: gauge(
+                r,
+                "nova_auditor_fetch_cache_capacity_bytes",
+                "The fetch cache's budget (--auditor-fetch-cache-mib).",
+            ),
+        };
+        for duty in DUTIES {
+            m.due_age.with_label_values(&[duty]);
+            m.written_bytes.with_label_values(&[duty]);
+            m.written_objects.with_label_values(&[duty]);
+            for outcome in ["done", "idle", "failed"] {
+                m.jobs.with_label_values(&[duty, outcome]);
+            }
+        }
+        for op in ["put", "put_if_absent", "get", "head", "list", "delete"] {
+            m.store.issued.with_label_values(&[op]);
+        }
+        for budget in ["s3_requests", "rewrite_bytes", "workers"] {
+            m.budget_wait_seconds.with_label_values(&[budget]);
+        }
+        for kind in ["chain_slot", "settled", "orphan"] {
+            m.deleted_objects.with_label_values(&[kind]);
+        }
+        m
+    }
+}

@@ -1,0 +1,552 @@
+//! Settle: moves each stream's records out of the chain's multi-stream flights into objects of
+//! its own, so a stream's history is read from few objects and a flight can go once every
+//! stream in it has moved out.
+//!
+//! A job takes a *window* of absorbed slots after the settle cursor (at most `WINDOW_SLOTS`
+//! flights, `WINDOW_BYTES` of them and `WINDOW_SECTIONS` sections), reads each flight whole
+//! through the fetch cache, and for every live stream writes its sections from the window, laid
+//! end to end, as one settled object (split at `OBJECT_MAX_BYTES` and `OBJECT_MAX_SECTIONS`).
+//! Each object goes through three steps:
+//!
+//! 1. an intent in the garbage queue, so the object is collected if nothing ever references it;
+//! 2. the object itself, under a fresh key;
+//! 3. one metastore transaction that checks the stream's old entries are exactly as read,
+//!    replaces them with one entry for the new object, and removes the intent.
+//!
+//! Once every live stream of the window has moved, the epoch's settle marker is written to the
+//! bucket (a rebuild reads each epoch from there on), and the cursor moves past the window in a
+//! transaction that queues the window's slots for collection. A job cut off anywhere leaves
+//! either entries still on the flights (the next job redoes them) or on the new object; an
+//! object written but never referenced is collected through its intent.
+//!
+//! The target object size: a window holds up to 64 MiB of flights, so a busy stream's settled
+//! objects reach `OBJECT_MAX_BYTES` (16 MiB) and a quiet one's hold everything it wrote in the
+//! window. 16 MiB is well past S3's 5 MiB multipart minimum, so larger objects can later be
+//! assembled from settled ones by server-side copy, and one GET of a settled object costs a
+//! reader about as much time to first byte as it takes to transfer it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use nova_core::catalog::{Garbage, IndexEntry, SettleCursor};
+use nova_core::flight::section::Fragment;
+use nova_core::flight::{
+    FlightFooter, FlightMeta, ObjectFooter, SectionEntry, SectionInput, SettleMarker, TailParse,
+    assemble_flight, fetch_footer, fetch_section, parse_tail, verify_section,
+};
+use nova_core::keys::{
+    chain_prefix, chain_root, data_key, parse_slot, settle_marker_key, slot_key,
+};
+use nova_core::limits::MIB;
+use nova_core::object_store::MAX_LIST_KEYS;
+
+use crate::fetch_cache::CachedObject;
+use crate::{AuditError, Ctx, Duty, Step};
+
+const WINDOW_SLOTS: usize = 256;
+const WINDOW_BYTES: u64 = 64 * MIB;
+const WINDOW_SECTIONS: usize = 16_384;
+pub(crate) const OBJECT_MAX_BYTES: u64 = 16 * MIB;
+/// Old entries one swap replaces: each costs a compare and a delete, and a transaction stays
+/// well inside etcd's default of 128 operations.
+pub(crate) const OBJECT_MAX_SECTIONS: usize = 48;
+
+/// One flight of the window.
+struct Flight {
+    slot: u64,
+    key: Arc<str>,
+    size: u64,
+    /// On disk in the fetch cache, or `None`: read with ranged GETs.
+    disk: Option<Arc<CachedObject>>,
+    footer: FlightFooter,
+}
+
+enum WindowEnd {
+    /// More slots may follow in this epoch.
+    More,
+    /// The epoch ends after the window: at a fence (its slot), or with nothing more written.
+    EpochEnd { fence: Option<u64> },
+}
+
+struct Window {
+    flights: Vec<Flight>,
+    end: WindowEnd,
+}
+
+pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
+    let star = ctx.config.star.as_str();
+    let Some(chain) = ctx.catalog.chain(star).await? else {
+        ctx.set_due(Duty::Settle, None);
+        return Ok(Step::Idle);
+    };
+    let Some(at) = ctx.catalog.settle_cursor(star).await? else {
+        // The first job: start at the chain's oldest epoch in the bucket.
+        let epoch = first_epoch(ctx).await?.unwrap_or(chain.state.epoch);
+        let cursor = SettleCursor {
+            epoch,
+            next_slot: 0,
+            last_due_ms: 0,
+        };
+        ctx.catalog.advance_settle(star, None, cursor, &[]).await?;
+        return Ok(Step::Done);
+    };
+    let cursor = at.cursor;
+    if cursor.epoch > chain.state.epoch {
+        return Err(AuditError::Inconsistent(format!(
+            "the settle cursor is at epoch {}, past the chain's epoch {}",
+            cursor.epoch, chain.state.epoch
+        )));
+    }
+    // In the epoch the star writes now, only absorbed slots are settled; an older epoch is
+    // settled to its end.
+    let limit = if cursor.epoch == chain.state.epoch {
+        match chain.state.checkpoint {
+            Some(checkpoint) if checkpoint >= cursor.next_slot => Some(checkpoint),
+            _ => {
+                ctx.set_due(Duty::Settle, None);
+                return Ok(Step::Idle);
+            }
+        }
+    } else {
+        None
+    };
+    ctx.mark_due(Duty::Settle);
+    let window = load_window(ctx, cursor, limit).await?;
+    if let Some(first) = window.flights.first() {
+        ctx.due_from(Duty::Settle, first.footer.meta.created_at_ms);
+    }
+
+    let mut complete = true;
+    for (stream_id, pieces) in group_by_stream(&window) {
+        if !ctx.catalog.stream_live(stream_id).await? {
+            // Deleted: its entries are dropped by their own duty, its sections go with the
+            // flights.
+            continue;
+        }
+        complete &= settle_stream(ctx, &window, cursor.epoch, stream_id, &pieces).await?;
+    }
+    if !complete {
+        // Something changed under a swap; the next job reads the window again and redoes only
+        // what still points at its flights.
+        return Ok(Step::Done);
+    }
+    finish(ctx, at.version, cursor, window).await?;
+    Ok(Step::Done)
+}
+
+/// The oldest epoch with objects in the bucket.
+async fn first_epoch(ctx: &Ctx) -> Result<Option<u64>, AuditError> {
+    let root = chain_root(&ctx.config.star);
+    let page = ctx.store.list(&root, None, 1).await?;
+    Ok(page.objects.first().and_then(|o| {
+        o.key
+            .strip_prefix(&root)?
+            .split('/')
+            .next()?
+            .parse::<u64>()
+            .ok()
+    }))
+}
+
+async fn load_window(
+    ctx: &Ctx,
+    cursor: SettleCursor,
+    limit: Option<u64>,
+) -> Result<Window, AuditError> {
+    let star = ctx.config.star.as_str();
+    let prefix = chain_prefix(star, cursor.epoch);
+    let after = cursor
+        .next_slot
+        .checked_sub(1)
+        .map(|slot| slot_key(star, cursor.epoch, slot));
+    let page = ctx
+        .store
+        .list(
+            &prefix,
+            after.as_deref(),
+            MAX_LIST_KEYS.min(WINDOW_SLOTS + 1),
+        )
+        .await?;
+    let mut flights: Vec<Flight> = Vec::new();
+    let (mut bytes, mut sections) = (0u64, 0usize);
+    let mut expected = cursor.next_slot;
+    let mut full = false;
+    let mut gap = false;
+    for object in &page.objects {
+        let Some(slot) = parse_slot(&prefix, &object.key) else {
+            continue;
+        };
+        if slot != expected {
+            gap = true;
+            break;
+        }
+        if limit.is_some_and(|limit| slot > limit) {
+            full = true;
+            break;
+        }
+        if !flights.is_empty()
+            && (flights.len() >= WINDOW_SLOTS
+                || bytes + object.size > WINDOW_BYTES
+                || sections >= WINDOW_SECTIONS)
+        {
+            full = true;
+            break;
+        }
+        let key: Arc<str> = Arc::from(object.key.as_str());
+        let disk = ctx
+            .cache
+            .load(ctx.store.as_ref(), &key, object.size)
+            .await?;
+        let footer = match &disk {
+            Some(disk) => footer_from_disk(disk, &key).await?,
+            None => fetch_footer(ctx.store.as_ref(), &key).await?,
+        };
+        let footer = match footer {
+            ObjectFooter::Flight(footer) => footer,
+            ObjectFooter::Fence(_) if limit.is_none() => {
+                return Ok(Window {
+                    flights,
+                    end: WindowEnd::EpochEnd { fence: Some(slot) },
+                });
+            }
+            ObjectFooter::Fence(_) => {
+                return Err(AuditError::Inconsistent(format!(
+                    "{key} is a fence below the checkpoint of the chain's current epoch"
+                )));
+            }
+        };
+        let meta = &footer.meta;
+        if (meta.star.as_str(), meta.epoch, meta.slot) != (star, cursor.epoch, slot) {
+            return Err(AuditError::Inconsistent(format!(
+                "{key} says it is slot {} of epoch {} of star {:?}",
+                meta.slot, meta.epoch, meta.star
+            )));
+        }
+        bytes += object.size;
+        sections += footer.sections.len();
+        flights.push(Flight {
+            slot,
+            key,
+            size: object.size,
+            disk,
+            footer,
+        });
+        expected += 1;
+    }
+    let listed_all = page.next_start_after.is_none();
+    let end = match limit {
+        // The current epoch: every slot up to the checkpoint is in the bucket.
+        Some(limit) => {
+            if flights.is_empty() || (!full && expected <= limit && (gap || listed_all)) {
+                return Err(AuditError::Inconsistent(format!(
+                    "slot {expected} of epoch {} is absorbed but not in the bucket",
+                    cursor.epoch
+                )));
+            }
+            WindowEnd::More
+        }
+        // An older epoch ends at its first gap: nothing past it was acknowledged.
+        None if !full && (gap || listed_all) => WindowEnd::EpochEnd { fence: None },
+        None => WindowEnd::More,
+    };
+    Ok(Window { flights, end })
+}
+
+async fn footer_from_disk(disk: &Arc<CachedObject>, key: &str) -> Result<ObjectFooter, AuditError> {
+    let format = |source| AuditError::Format {
+        key: key.to_owned(),
+        source,
+    };
+    let whole = disk.read(0, disk.size).await?;
+    match parse_tail(&whole, disk.size).map_err(format)? {
+        TailParse::Footer(footer) => Ok(footer),
+        TailParse::NeedFrom(_) => Err(format(nova_core::flight::FormatError::Corrupt(
+            "footer not within the object".into(),
+        ))),
+    }
+}
+
+/// One stream's section in one flight of the window.
+struct Piece {
+    flight: usize,
+    entry: SectionEntry,
+}
+
+fn group_by_stream(window: &Window) -> BTreeMap<u64, Vec<Piece>> {
+    let mut streams: BTreeMap<u64, Vec<Piece>> = BTreeMap::new();
+    for (flight, f) in window.flights.iter().enumerate() {
+        for entry in &f.footer.sections {
+            streams.entry(entry.stream_id).or_default().push(Piece {
+                flight,
+                entry: entry.clone(),
+            });
+        }
+    }
+    streams
+}
+
+/// Settles one stream's pieces, in runs of consecutive pieces whose entries still point at
+/// their flights. `false` if a swap found the entries changed.
+async fn settle_stream(
+    ctx: &Ctx,
+    window: &Window,
+    epoch: u64,
+    stream_id: u64,
+    pieces: &[Piece],
+) -> Result<bool, AuditError> {
+    let mut complete = true;
+    let mut run: Vec<(&Piece, (IndexEntry, u64))> = Vec::new();
+    let mut run_bytes = 0u64;
+    for piece in pieces {
+        let flight = &window.flights[piece.flight];
+        let current = ctx
+            .catalog
+            .index_entry(stream_id, piece.entry.end_seq)
+            .await?;
+        let still_here = current.filter(|(entry, _)| {
+            *entry.object_key == *flight.key
+                && entry.start_seq == piece.entry.start_seq
+                && entry.offset == piece.entry.offset
+        });
+        let Some(current) = still_here else {
+            // Settled already, or trimmed: nothing to move.
+            complete &= write_run(ctx, window, epoch, &run).await?;
+            run.clear();
+            run_bytes = 0;
+            continue;
+        };
+        let continues = run
+            .last()
+            .is_some_and(|(last, _)| last.entry.end_seq == piece.entry.start_seq);
+        if !run.is_empty()
+            && (!continues
+                || run.len() >= OBJECT_MAX_SECTIONS
+                || run_bytes + piece.entry.len > OBJECT_MAX_BYTES)
+        {
+            complete &= write_run(ctx, window, epoch, &run).await?;
+            run.clear();
+            run_bytes = 0;
+        }
+        run_bytes += piece.entry.len;
+        run.push((piece, current));
+    }
+    complete &= write_run(ctx, window, epoch, &run).await?;
+    Ok(complete)
+}
+
+async fn read_piece(ctx: &Ctx, flight: &Flight, entry: &SectionEntry) -> Result<Bytes, AuditError> {
+    match &flight.disk {
+        Some(disk) => {
+            let bytes = disk.read(entry.offset, entry.len).await?;
+            verify_section(&bytes, entry).map_err(|source| AuditError::Format {
+                key: flight.key.to_string(),
+                source,
+            })?;
+            Ok(bytes)
+        }
+        None => Ok(fetch_section(
+            ctx.store.as_ref(),
+            &flight.key,
+            entry.offset,
+            entry.len,
+            entry.crc32c,
+        )
+        .await?),
+    }
+}
+
+/// Writes one settled object for `run` and swaps its entries over. `false` if they changed.
+async fn write_run(
+    ctx: &Ctx,
+    window: &Window,
+    epoch: u64,
+    run: &[(&Piece, (IndexEntry, u64))],
+) -> Result<bool, AuditError> {
+    let (Some((first, _)), Some((last, _))) = (run.first(), run.last()) else {
+        return Ok(true);
+    };
+    let star = ctx.config.star.as_str();
+    let stream_id = first.entry.stream_id;
+    let mut fragments = Vec::with_capacity(run.len());
+    let mut created_at_ms = 0;
+    for (piece, _) in run {
+        let flight = &window.flights[piece.flight];
+        created_at_ms = created_at_ms.max(flight.footer.meta.created_at_ms);
+        fragments.push(Fragment {
+            bytes: read_piece(ctx, flight, &piece.entry).await?,
+            records: piece.entry.end_seq - piece.entry.start_seq,
+        });
+    }
+    let (start, end) = (first.entry.start_seq, last.entry.end_seq);
+    // The footer names the epoch and the last slot the records came from.
+    let meta = FlightMeta {
+        star: star.to_owned(),
+        epoch,
+        slot: window.flights[last.flight].slot,
+        created_at_ms,
+    };
+    let (payload, footer) = assemble_flight(
+        meta,
+        vec![SectionInput {
+            stream_id,
+            stream: first.entry.stream.clone(),
+            start_seq: start,
+            fragments,
+        }],
+    );
+    let key = data_key(star, stream_id, start, end, ctx.config.entropy.next_u64());
+    let size = payload.len();
+    let intent = ctx
+        .catalog
+        .queue_garbage(&[(
+            ctx.due_at(),
+            Garbage::Object {
+                key: key.clone(),
+                bytes: size,
+            },
+        )])
+        .await?;
+    ctx.charge_rewrite(size).await;
+    ctx.store.put(&key, payload).await?;
+    let section = &footer.sections[0];
+    let new = IndexEntry {
+        stream_id,
+        start_seq: start,
+        end_seq: end,
+        object_key: key,
+        offset: section.offset,
+        len: section.len,
+        crc32c: section.crc32c,
+    };
+    let old: Vec<(IndexEntry, u64)> = run.iter().map(|(_, current)| current.clone()).collect();
+    let swapped = ctx
+        .catalog
+        .swap_entries(&old, &new, intent.first(), &[])
+        .await?;
+    if swapped {
+        ctx.metrics
+            .written_bytes
+            .with_label_values(&["settle"])
+            .inc_by(size);
+        ctx.metrics
+            .written_objects
+            .with_label_values(&["settle"])
+            .inc();
+    } else {
+        tracing::debug!(
+            stream_id,
+            start,
+            end,
+            "settle: the entries changed under the swap; the object will be collected"
+        );
+    }
+    Ok(swapped)
+}
+
+/// Every live stream of the window has moved: record it in the bucket, then move the cursor
+/// and queue the window's slots (and, at a fenced epoch's end, the orphans past the fence).
+async fn finish(
+    ctx: &Ctx,
+    version: u64,
+    cursor: SettleCursor,
+    window: Window,
+) -> Result<(), AuditError> {
+    let star = ctx.config.star.as_str();
+    let due = ctx.due_at().max(cursor.last_due_ms);
+    let mut garbage = Vec::new();
+    let mut next_slot = cursor.next_slot;
+    if let Some(last) = window.flights.last() {
+        let marker = SettleMarker {
+            epoch: cursor.epoch,
+            settled_through: last.slot,
+        };
+        ctx.store
+            .put(
+                &settle_marker_key(star, cursor.epoch),
+                marker.encode().into(),
+            )
+            .await?;
+        garbage.push((
+            due,
+            Garbage::ChainSlots {
+                star: star.to_owned(),
+                epoch: cursor.epoch,
+                from: cursor.next_slot,
+                to: last.slot,
+                bytes: window.flights.iter().map(|f| f.size).sum(),
+            },
+        ));
+        next_slot = last.slot + 1;
+    }
+    let next = match window.end {
+        WindowEnd::More => SettleCursor {
+            epoch: cursor.epoch,
+            next_slot,
+            last_due_ms: due,
+        },
+        WindowEnd::EpochEnd { fence } => {
+            if let Some(fence) = fence {
+                queue_orphans(ctx, cursor.epoch, fence, due).await?;
+            }
+            SettleCursor {
+                epoch: cursor.epoch + 1,
+                next_slot: 0,
+                last_due_ms: due,
+            }
+        }
+    };
+    let settled = window.flights.len() as u64;
+    if ctx
+        .catalog
+        .advance_settle(star, Some(version), next, &garbage)
+        .await?
+    {
+        ctx.metrics.settled_flights.inc_by(settled);
+        if next.epoch == cursor.epoch {
+            ctx.mark_due(Duty::Settle);
+        } else {
+            tracing::info!(epoch = cursor.epoch, "auditor: epoch settled");
+        }
+    }
+    Ok(())
+}
+
+/// Slots past an epoch's fence were never acknowledged (acks go out in slot order): they are
+/// queued for collection. The fence itself stays, so a paused incarnation of the star can never
+/// land its slot.
+async fn queue_orphans(ctx: &Ctx, epoch: u64, fence: u64, due: u64) -> Result<(), AuditError> {
+    let star = ctx.config.star.as_str();
+    let prefix = chain_prefix(star, epoch);
+    let mut after = slot_key(star, epoch, fence);
+    loop {
+        let page = ctx.store.list(&prefix, Some(&after), MAX_LIST_KEYS).await?;
+        let orphans: Vec<_> = page
+            .objects
+            .iter()
+            .filter(|o| parse_slot(&prefix, &o.key).is_some())
+            .map(|o| {
+                (
+                    due,
+                    Garbage::Object {
+                        key: o.key.clone(),
+                        bytes: o.size,
+                    },
+                )
+            })
+            .collect();
+        if !orphans.is_empty() {
+            tracing::info!(
+                epoch,
+                orphans = orphans.len(),
+                "auditor: collecting slots past a fence"
+            );
+            ctx.catalog.queue_garbage(&orphans).await?;
+        }
+        match page.next_start_after {
+            Some(next) => after = next,
+            None => return Ok(()),
+        }
+    }
+}
