@@ -118,7 +118,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn waits_out_the_rate_and_allows_a_seconds_burst() {
         let clock = Clock::simulated(std::time::SystemTime::UNIX_EPOCH);
-        let budget = RateBudget::new(10, clock.clone());
+        let budget = RateBudget::new(10, clock);
         let start = clock.now();
         // The first second's worth goes at once.
         assert_eq!(budget.take(10).await, Duration::ZERO);

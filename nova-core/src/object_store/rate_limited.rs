@@ -119,7 +119,7 @@ mod tests {
             ),
             waited_seconds: Counter::new("waited", "h").unwrap(),
         };
-        let store = RateLimited::new(local, RateBudget::new(5, clock.clone()), metrics.clone());
+        let store = RateLimited::new(local, RateBudget::new(5, clock), metrics.clone());
         let start = clock.now();
         for i in 0..15 {
             store

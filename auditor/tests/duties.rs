@@ -1,0 +1,319 @@
+//! The auditor's duties against a real star on a local store and the embedded metastore: what
+//! settling and collecting leave behind, that reads see the same records throughout, that a
+//! duty cut off anywhere loses and leaks nothing, and that an idle auditor asks nothing.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a star on a real disk and the real embedded metastore runs on the real clock"
+)]
+
+#[path = "../../nova-chain/tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nova_auditor::{Auditor, AuditorConfig};
+use nova_chain::Star;
+use nova_core::catalog::Catalog;
+use nova_core::clock::Clock;
+use nova_core::entropy::Entropy;
+use nova_core::keys::{data_root, parse_data_key};
+use nova_core::metastore::Metastore;
+use nova_core::metrics::Metrics;
+use nova_core::object_store::ObjectStore;
+use support::*;
+
+/// The disk, and the one handle on its metastore every star and auditor of a test shares (the
+/// embedded metastore is one process's file).
+struct World {
+    disk: Disk,
+    meta: Arc<dyn Metastore>,
+}
+
+impl World {
+    fn new() -> Self {
+        let disk = Disk::new();
+        let meta = disk.metastore();
+        Self { disk, meta }
+    }
+
+    fn catalog(&self) -> Catalog {
+        Catalog::new(self.meta.clone())
+    }
+
+    async fn star(&self) -> Star {
+        Star::open(
+            config(),
+            self.disk.store(),
+            self.meta.clone(),
+            Arc::new(Metrics::new()),
+        )
+        .await
+        .unwrap()
+    }
+}
+
+const STREAMS: usize = 5;
+
+fn auditor_config(disk: &Disk, grace: Duration) -> AuditorConfig {
+    AuditorConfig {
+        star: STAR.into(),
+        s3_budget: 10_000,
+        rewrite_mib: 1024,
+        workers: 2,
+        fetch_cache_bytes: 64 << 20,
+        fetch_cache_dir: disk.dir.path().join("fetch-cache"),
+        collect_grace: grace,
+        idle: Duration::from_millis(20),
+        clock: Clock::system(),
+        entropy: Entropy::from_os(),
+    }
+}
+
+fn start(world: &World, grace: Duration) -> Auditor {
+    Auditor::start(
+        auditor_config(&world.disk, grace),
+        world.disk.store(),
+        world.catalog(),
+        &prometheus::Registry::new(),
+    )
+    .unwrap()
+}
+
+/// Streams s0.. with records appended interleaved, many per flight; returns each stream's
+/// bodies as the writing star served them.
+async fn load(world: &World, rounds: usize) -> BTreeMap<String, Vec<String>> {
+    let star = world.star().await;
+    for i in 0..STREAMS {
+        create(&star, &format!("s{i}")).await;
+    }
+    // Each round's appends share a flight or two; rounds land one after another.
+    for round in 0..rounds {
+        let mut answers = Vec::new();
+        for i in 0..STREAMS {
+            let stream = format!("s{i}");
+            answers.push(append(&star, &stream, &format!("{stream}-{round}")).await);
+        }
+        for reply in answers {
+            answer(reply).await.unwrap();
+        }
+    }
+    let mut before = BTreeMap::new();
+    for i in 0..STREAMS {
+        let stream = format!("s{i}");
+        before.insert(stream.clone(), bodies(&star, &stream).await);
+    }
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
+    before
+}
+
+async fn read_all(star: &Star) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for i in 0..STREAMS {
+        let stream = format!("s{i}");
+        out.insert(stream.clone(), bodies(star, &stream).await);
+    }
+    out
+}
+
+/// Chain objects that are flights (not fences or settle markers).
+async fn flights(store: &dyn ObjectStore) -> Vec<String> {
+    let mut out = Vec::new();
+    for object in store.list("chain/", None, 1000).await.unwrap().objects {
+        if object.key.ends_with("/settled") {
+            continue;
+        }
+        // Collected since the listing: not a flight any more.
+        let Ok(footer) = nova_core::flight::fetch_footer(store, &object.key).await else {
+            continue;
+        };
+        if matches!(footer, nova_core::flight::ObjectFooter::Flight(_)) {
+            out.push(object.key);
+        }
+    }
+    out
+}
+
+async fn data_objects(store: &dyn ObjectStore) -> Vec<String> {
+    store
+        .list(&data_root(STAR), None, 1000)
+        .await
+        .unwrap()
+        .objects
+        .into_iter()
+        .map(|o| o.key)
+        .collect()
+}
+
+/// Every index entry of every stream, checked to point at an object that exists; returns the
+/// objects referenced.
+async fn check_index(catalog: &Catalog, store: &dyn ObjectStore) -> Vec<String> {
+    let mut referenced = Vec::new();
+    for (meta, tail) in catalog.load_streams().await.unwrap() {
+        let entries = catalog.index_entries(meta.id, 0, 10_000).await.unwrap();
+        let mut next = 0;
+        for entry in entries {
+            assert_eq!(entry.start_seq, next, "index of {} has a gap", meta.name);
+            next = entry.end_seq;
+            assert!(
+                store.head(&entry.object_key).await.is_ok(),
+                "{} points at missing {}",
+                meta.name,
+                entry.object_key
+            );
+            referenced.push(entry.object_key);
+        }
+        assert_eq!(next, tail.tail_seq, "index of {} ends short", meta.name);
+    }
+    referenced
+}
+
+async fn wait_settled_and_collected(store: &dyn ObjectStore, catalog: &Catalog) {
+    for _ in 0..1000 {
+        let settled = flights(store).await.is_empty();
+        let collected = catalog.garbage_page(1).await.unwrap().is_empty();
+        if settled && collected {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the auditor did not settle and collect everything within 20 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settled_streams_live_in_objects_of_their_own_and_read_the_same() {
+    let world = World::new();
+    let before = load(&world, 60).await;
+    let store = world.disk.store();
+    assert!(flights(store.as_ref()).await.len() > 1);
+    // A restarted star has nothing in its tail cache: every read comes from the bucket.
+    let star = world.star().await;
+    let auditor = start(&world, Duration::from_millis(100));
+    let catalog = world.catalog();
+    wait_settled_and_collected(store.as_ref(), &catalog).await;
+    assert_eq!(read_all(&star).await, before);
+    // Each stream's records are in objects of its own, every one of them referenced.
+    let referenced = check_index(&catalog, store.as_ref()).await;
+    let mut data = data_objects(store.as_ref()).await;
+    data.sort();
+    let mut referenced_sorted = referenced.clone();
+    referenced_sorted.sort();
+    assert_eq!(data, referenced_sorted, "settled objects nobody references");
+    let streams_seen: std::collections::BTreeSet<u64> = data
+        .iter()
+        .map(|k| parse_data_key(&data_root(STAR), k).unwrap().stream_id)
+        .collect();
+    assert_eq!(streams_seen.len(), STREAMS);
+    assert!(auditor.metrics().settled_flights.get() > 1);
+
+    // Idle now: over half a second the auditor asks the object store nothing.
+    let asked = || -> u64 {
+        ["put", "get", "head", "list", "delete", "put_if_absent"]
+            .iter()
+            .map(|op| {
+                auditor
+                    .metrics()
+                    .store
+                    .issued
+                    .with_label_values(&[op])
+                    .get()
+            })
+            .sum()
+    };
+    let idle_from = asked();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(asked(), idle_from, "an idle auditor issued requests");
+    assert_eq!(auditor.metrics().oldest_due_age.get(), 0.0);
+
+    // Appends after settling are settled too, and reads span both.
+    answer(append(&star, "s0", "late").await).await.unwrap();
+    wait_settled_and_collected(store.as_ref(), &catalog).await;
+    let mut expected = before["s0"].clone();
+    expected.push("late".into());
+    assert_eq!(bodies(&star, "s0").await, expected);
+    auditor.stop().await;
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_streams_objects_are_reclaimed() {
+    let world = World::new();
+    let before = load(&world, 30).await;
+    let star = world.star().await;
+    let store = world.disk.store();
+    let catalog = world.catalog();
+    let auditor = start(&world, Duration::from_millis(50));
+    wait_settled_and_collected(store.as_ref(), &catalog).await;
+    let victim = catalog.stream("s1").await.unwrap().unwrap().id;
+    let owned = |keys: &[String]| {
+        keys.iter()
+            .filter(|k| parse_data_key(&data_root(STAR), k).unwrap().stream_id == victim)
+            .count()
+    };
+    assert!(owned(&data_objects(store.as_ref()).await) > 0);
+    star.streams().delete("s1").await.unwrap();
+    for _ in 0..1000 {
+        if owned(&data_objects(store.as_ref()).await) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        owned(&data_objects(store.as_ref()).await),
+        0,
+        "s1's objects remain"
+    );
+    assert!(
+        catalog
+            .index_entries(victim, 0, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(auditor.metrics().reclaimed_bytes.get() > 0);
+    // The others are untouched.
+    for (name, bodies_before) in &before {
+        if name != "s1" {
+            assert_eq!(&bodies(&star, name).await, bodies_before);
+        }
+    }
+    auditor.stop().await;
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+/// The auditor stopped at arbitrary points of its jobs (any await: a crash, as far as the
+/// catalog and the bucket can tell), again and again until it is done: no record lost, no entry
+/// pointing at a missing object, and once it has finished nothing left over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duties_cut_off_anywhere_lose_and_leak_nothing() {
+    let world = World::new();
+    let before = load(&world, 80).await;
+    let store = world.disk.store();
+    let catalog = world.catalog();
+    let entropy = Entropy::from_os();
+    for round in 0..40u64 {
+        // Grace zero: whatever is queued may go at once, the harshest case for readers of refs.
+        let auditor = start(&world, Duration::ZERO);
+        tokio::time::sleep(Duration::from_micros(200 + entropy.below(6000))).await;
+        auditor.stop().await;
+        check_index(&catalog, store.as_ref()).await;
+        if round % 10 == 9 {
+            let star = world.star().await;
+            assert_eq!(read_all(&star).await, before, "after round {round}");
+            star.shutdown(Duration::from_secs(5)).await.unwrap();
+        }
+    }
+    let auditor = start(&world, Duration::ZERO);
+    wait_settled_and_collected(store.as_ref(), &catalog).await;
+    auditor.stop().await;
+    let mut referenced = check_index(&catalog, store.as_ref()).await;
+    let mut data = data_objects(store.as_ref()).await;
+    referenced.sort();
+    data.sort();
+    assert_eq!(data, referenced, "objects leaked past a completed pass");
+    let star = world.star().await;
+    assert_eq!(read_all(&star).await, before);
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
+}
