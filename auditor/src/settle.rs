@@ -40,7 +40,7 @@ use nova_core::keys::{
     chain_prefix, chain_root, data_key, parse_slot, settle_marker_key, slot_key,
 };
 use nova_core::limits::MIB;
-use nova_core::object_store::MAX_LIST_KEYS;
+use nova_core::object_store::{GetRange, MAX_LIST_KEYS, StoreError};
 
 use crate::fetch_cache::CachedObject;
 use crate::{AuditError, Ctx, Duty, Step};
@@ -113,6 +113,20 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         None
     };
     ctx.mark_due(Duty::Settle);
+    if cursor.next_slot == 0
+        && let Some(marker) = read_marker(ctx, cursor.epoch).await?
+    {
+        // This epoch was settled further before (the catalog was rebuilt from the bucket
+        // since): carry on from there. The slots below are already queued by the rebuild.
+        let next = SettleCursor {
+            next_slot: marker.settled_through + 1,
+            ..cursor
+        };
+        ctx.catalog
+            .advance_settle(star, Some(at.version), next, &[])
+            .await?;
+        return Ok(Step::Done);
+    }
     let window = load_window(ctx, cursor, limit).await?;
     if let Some(first) = window.flights.first() {
         ctx.due_from(Duty::Settle, first.footer.meta.created_at_ms);
@@ -134,6 +148,17 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     }
     finish(ctx, at.version, cursor, window).await?;
     Ok(Step::Done)
+}
+
+async fn read_marker(ctx: &Ctx, epoch: u64) -> Result<Option<SettleMarker>, AuditError> {
+    let key = settle_marker_key(&ctx.config.star, epoch);
+    match ctx.store.get(&key, GetRange::All).await {
+        Ok(got) => SettleMarker::decode(&got.bytes)
+            .map(Some)
+            .map_err(|source| AuditError::Format { key, source }),
+        Err(StoreError::NotFound { .. }) => Ok(None),
+        Err(err) => Err(err.into()),
+    }
 }
 
 /// The oldest epoch with objects in the bucket.
@@ -435,12 +460,15 @@ async fn write_run(
             .with_label_values(&["settle"])
             .inc();
     } else {
+        // Nothing references it and nothing can (its key is new, its intent still queued or
+        // claimed): delete it now rather than only when the intent comes due.
         tracing::debug!(
             stream_id,
             start,
             end,
-            "settle: the entries changed under the swap; the object will be collected"
+            "settle: the entries changed under the swap; deleting the object written for them"
         );
+        ctx.store.delete(&new.object_key).await?;
     }
     Ok(swapped)
 }

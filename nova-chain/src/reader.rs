@@ -13,6 +13,10 @@
 //! taken only if there is room now, and the page ends short otherwise. So a read never waits
 //! while holding budget (no deadlock), and always serves at least one record. The charge lives
 //! with the page until its response is sent.
+//!
+//! The auditor moves records to other objects and, a grace period later, deletes the old ones.
+//! A read that resolved its refs before a move and fetches after the delete finds the object
+//! gone: it resolves again from where it is (up to `STALE_REF_RETRIES` times) and carries on.
 
 use std::sync::Arc;
 
@@ -24,6 +28,7 @@ use nova_core::catalog::IndexEntry;
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, FormatError, fetch_section};
 use nova_core::limits::COLD_READ_REFS;
+use nova_core::object_store::StoreError;
 use nova_core::record::SequencedRecord;
 use nova_proto::RequestError;
 
@@ -82,6 +87,11 @@ impl ReadCharge {
     }
 }
 
+/// How often one read resolves its refs again after finding an object gone. Each time means the
+/// auditor moved the records and collected the old object in between; more than a few in one
+/// read means something else deleted it.
+const STALE_REF_RETRIES: u32 = 3;
+
 /// A failed fetch as the reader sees it (the mapping every server shares), naming the stream.
 fn read_error(stream: &str, err: FetchError) -> RequestError {
     match RequestError::from(err) {
@@ -108,6 +118,7 @@ pub(crate) async fn read(
     let tail = stream.tail();
     let mut page = PageBuilder::new(start_seq, tail, max_records.max(1) as usize, max_bytes);
     let mut charge = ReadCharge::new(shared.read_budget.clone());
+    let mut stale_refs = 0;
     while !page.full() {
         let seq = page.next_seq;
         let room = page.max_bytes.saturating_sub(page.bytes);
@@ -167,7 +178,16 @@ pub(crate) async fn read(
             if page.full() {
                 break;
             }
-            let section = section.map_err(|e| read_error(stream.name(), e))?;
+            let section = match section {
+                Err(FetchError::Store(StoreError::NotFound { key }))
+                    if stale_refs < STALE_REF_RETRIES =>
+                {
+                    stale_refs += 1;
+                    tracing::debug!(%key, stream = stream.name(), "ref went stale; resolving again");
+                    break;
+                }
+                other => other.map_err(|e| read_error(stream.name(), e))?,
+            };
             let before = page.next_seq;
             page.take_from(entry.start_seq, section)
                 .map_err(|e| RequestError::DataLoss(format!("{}: {e}", entry.object_key)))?;

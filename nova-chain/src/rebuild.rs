@@ -1,12 +1,19 @@
 //! Rebuilding the catalog from the object store alone, for a star whose metastore is gone.
 //!
 //! The bucket holds everything needed: stream manifests (`streams/{star}/{id}`) name each
-//! stream, its settings and whether it was deleted, and the chain's flights say which records
-//! of which stream each section holds. Each epoch of the chain is read from slot 0 up to its
-//! first gap or fence, exactly as recovery settles it (acknowledgements go out in slot order, so
-//! nothing past a gap was ever acknowledged), and every section becomes an index entry. The
-//! chain is then recorded where the star's next start settles and fences from, as after any
-//! crash.
+//! stream, its settings and whether it was deleted; settled objects (`data/{star}/{id}/…`) hold
+//! the records the auditor moved out of the chain; and the chain's flights say which records of
+//! which stream each section holds.
+//!
+//! Settled objects come first, each stream's in key order (by first record): starting at its
+//! first, the rebuild takes at each point the object reaching furthest, so objects a rewrite
+//! replaced or an interrupted settle left behind are passed over and queued for collection.
+//! Then each epoch of the chain is read from just past its settle marker (slot 0 without one)
+//! up to its first gap or fence, exactly as recovery settles it (acknowledgements go out in slot
+//! order, so nothing past a gap was ever acknowledged). A section whose records a settled object
+//! already holds is skipped; every other becomes an index entry. Slots below the marker that
+//! are still there are queued for collection. The chain is then recorded where the star's next
+//! start settles and fences from, as after any crash.
 //!
 //! Memory stays bounded by the streams: one entry per stream ever created (the deleted ones as
 //! bare ids), index entries written in small batches as the chain is read, and per epoch only a
@@ -19,13 +26,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nova_core::catalog::{
-    Catalog, CatalogError, ChainState, IndexEntry, Occupancy, Restored, StorageClass, StreamMeta,
-    StreamTail,
+    Catalog, CatalogError, ChainState, Garbage, IndexEntry, Occupancy, Restored, StorageClass,
+    StreamMeta, StreamTail,
 };
 use nova_core::clock::Clock;
-use nova_core::flight::{FetchError, ObjectFooter, fetch_footer};
+use nova_core::flight::{FetchError, ObjectFooter, SettleMarker, fetch_footer};
 use nova_core::keys::{
-    chain_prefix, chain_root, parse_slot, parse_stream_manifest, slot_key, streams_prefix,
+    DataKey, chain_prefix, chain_root, data_root, parse_data_key, parse_slot,
+    parse_stream_manifest, settle_marker_key, slot_key, streams_prefix,
 };
 use nova_core::manifest::{ManifestError, StreamManifest};
 use nova_core::object_store::{GetRange, ListPage, MAX_LIST_KEYS, ObjectStore, StoreError};
@@ -50,6 +58,11 @@ pub enum RebuildError {
     Manifest { key: String, source: ManifestError },
     #[error("flight {key} is unreadable: {source}")]
     Flight { key: String, source: FetchError },
+    #[error("settle marker {key} is unreadable: {source}")]
+    Marker {
+        key: String,
+        source: nova_core::flight::FormatError,
+    },
     #[error(
         "flight {key} does not continue stream {stream:?}: its section starts at {found}, the \
          records before it end at {expected}"
@@ -77,6 +90,11 @@ pub struct RebuildReport {
     /// Streams found in flights without a manifest, restored under the name their flights give.
     pub streams_without_manifest: u64,
     pub epochs: u64,
+    /// Settled objects the index now references.
+    pub settled_objects: u64,
+    /// Objects queued for collection: settled objects another one supersedes or of deleted
+    /// streams, and settled slots the auditor had not deleted yet.
+    pub queued_garbage: u64,
     pub flights: u64,
     pub records: u64,
     /// Slots past a gap or fence: never acknowledged, left for collection.
@@ -88,6 +106,44 @@ pub struct RebuildReport {
 struct Stream {
     meta: StreamMeta,
     tail: StreamTail,
+    /// The records the index holds so far, as disjoint ranges in order. Settled objects are
+    /// unions of whole flight sections, so a section is inside a range or apart from all.
+    cover: Vec<(u64, u64)>,
+}
+
+impl Stream {
+    fn new(meta: StreamMeta) -> Self {
+        Self {
+            meta,
+            tail: StreamTail::default(),
+            cover: Vec::new(),
+        }
+    }
+
+    fn covers(&self, start: u64, end: u64) -> bool {
+        self.cover.iter().any(|&(s, e)| s <= start && end <= e)
+    }
+
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.cover.iter().any(|&(s, e)| start < e && s < end)
+    }
+
+    /// Records `start..end` (apart from everything covered) join the index.
+    fn add(&mut self, start: u64, end: u64, bytes: u64) {
+        let at = self.cover.partition_point(|&(s, _)| s < start);
+        self.cover.insert(at, (start, end));
+        // Merge touching neighbours.
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.cover.len());
+        for &(s, e) in &self.cover {
+            match merged.last_mut() {
+                Some(last) if last.1 == s => last.1 = e,
+                _ => merged.push((s, e)),
+            }
+        }
+        self.cover = merged;
+        self.tail.tail_seq = self.tail.tail_seq.max(end);
+        self.tail.stored_bytes += bytes;
+    }
 }
 
 /// Retries `op` while it fails with an outage (the same errors recovery waits out), a few times
@@ -170,13 +226,7 @@ pub async fn rebuild_catalog(
                 }
             }
             names.insert(manifest.meta.name.clone(), id);
-            streams.insert(
-                id,
-                Stream {
-                    meta: manifest.meta,
-                    tail: StreamTail::default(),
-                },
-            );
+            streams.insert(id, Stream::new(manifest.meta));
         }
         match page.next_start_after {
             Some(next) => after = Some(next),
@@ -185,22 +235,39 @@ pub async fn rebuild_catalog(
     }
     report.deleted_streams = deleted.len() as u64;
 
+    let mut pending: Vec<IndexEntry> = Vec::new();
+    let mut garbage: Vec<(u64, Garbage)> = Vec::new();
+    restore_settled(
+        star,
+        store,
+        catalog,
+        clock,
+        &mut Settled {
+            streams: &mut streams,
+            deleted: &deleted,
+            names: &mut names,
+            max_id: &mut max_id,
+            pending: &mut pending,
+            garbage: &mut garbage,
+            report: &mut report,
+        },
+    )
+    .await?;
+
     let root = chain_root(star);
-    let mut slots_per_epoch: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut epochs: BTreeSet<u64> = BTreeSet::new();
     let mut after: Option<String> = None;
     loop {
         let page = list_page(clock, store, &root, after.as_deref()).await?;
         for object in &page.objects {
-            let Some(epoch) = object
+            // Any object under an epoch's prefix (a slot, a fence, a settle marker) shows it.
+            if let Some(epoch) = object
                 .key
                 .strip_prefix(&root)
                 .and_then(|rest| rest.split('/').next())
                 .and_then(|epoch| epoch.parse::<u64>().ok())
-            else {
-                continue;
-            };
-            if parse_slot(&chain_prefix(star, epoch), &object.key).is_some() {
-                *slots_per_epoch.entry(epoch).or_default() += 1;
+            {
+                epochs.insert(epoch);
             }
         }
         match page.next_start_after {
@@ -209,11 +276,48 @@ pub async fn rebuild_catalog(
         }
     }
 
-    let mut pending: Vec<IndexEntry> = Vec::new();
-    for (&epoch, &slots) in &slots_per_epoch {
+    for &epoch in &epochs {
         report.epochs += 1;
+        let marker_key = settle_marker_key(star, epoch);
+        let marker =
+            match retrying(clock, || store.get(&marker_key, GetRange::All)).await {
+                Ok(got) => Some(SettleMarker::decode(&got.bytes).map_err(|source| {
+                    RebuildError::Marker {
+                        key: marker_key.clone(),
+                        source,
+                    }
+                })?),
+                Err(StoreError::NotFound { .. }) => None,
+                Err(err) => return Err(err.into()),
+            };
+        // Slots up to the marker were settled: their records are in settled objects, and those
+        // the auditor had not deleted yet are queued for it (what is left of them is a run
+        // ending at the marker, since they are deleted in order).
         let mut slot = 0u64;
         let mut last = None;
+        if let Some(marker) = marker {
+            slot = marker.settled_through + 1;
+            last = Some(marker.settled_through);
+            let prefix = chain_prefix(star, epoch);
+            let first = list_page(clock, store, &prefix, None).await?;
+            if let Some(lowest) = first
+                .objects
+                .iter()
+                .find_map(|o| parse_slot(&prefix, &o.key))
+                .filter(|lowest| *lowest <= marker.settled_through)
+            {
+                garbage.push((
+                    clock.unix_ms(),
+                    Garbage::ChainSlots {
+                        star: star.to_owned(),
+                        epoch,
+                        from: lowest,
+                        to: marker.settled_through,
+                        bytes: 0,
+                    },
+                ));
+            }
+        }
         let mut fenced_by = None;
         loop {
             let key = slot_key(star, epoch, slot);
@@ -269,15 +373,12 @@ pub async fn rebuild_catalog(
                         }
                         names.insert(section.stream.clone(), id);
                         report.streams_without_manifest += 1;
-                        entry.insert(Stream {
-                            meta: StreamMeta {
-                                id,
-                                name: section.stream.clone(),
-                                created_at_ms: meta.created_at_ms,
-                                class: StorageClass::Standard,
-                            },
-                            tail: StreamTail::default(),
-                        })
+                        entry.insert(Stream::new(StreamMeta {
+                            id,
+                            name: section.stream.clone(),
+                            created_at_ms: meta.created_at_ms,
+                            class: StorageClass::Standard,
+                        }))
                     }
                 };
                 if stream.meta.name != section.stream {
@@ -289,16 +390,24 @@ pub async fn rebuild_catalog(
                         ),
                     });
                 }
-                if section.start_seq != stream.tail.tail_seq {
+                // A settled object holds these records already (settled, not yet collected).
+                if stream.covers(section.start_seq, section.end_seq) {
+                    continue;
+                }
+                let expected = stream.tail.tail_seq;
+                let follows = section.start_seq == expected
+                    // Or it fills a gap settled objects left (an interrupted settle).
+                    || (section.start_seq < expected
+                        && !stream.overlaps(section.start_seq, section.end_seq));
+                if !follows {
                     return Err(RebuildError::Discontinuous {
                         key,
                         stream: stream.meta.name.clone(),
-                        expected: stream.tail.tail_seq,
+                        expected,
                         found: section.start_seq,
                     });
                 }
-                stream.tail.tail_seq = section.end_seq;
-                stream.tail.stored_bytes += section.len;
+                stream.add(section.start_seq, section.end_seq, section.len);
                 report.records += section.end_seq - section.start_seq;
                 pending.push(IndexEntry {
                     stream_id: id,
@@ -318,7 +427,8 @@ pub async fn rebuild_catalog(
             last = Some(slot);
             slot += 1;
         }
-        report.orphaned_slots += slots.saturating_sub(slot + fenced_by.is_some() as u64);
+        report.orphaned_slots +=
+            count_slots_after(clock, store, star, epoch, slot + fenced_by.is_some() as u64).await?;
         report.chain = Some(match fenced_by {
             // A later epoch fenced this one, though it wrote nothing yet: resume from it, so
             // its number is never handed out twice.
@@ -332,7 +442,20 @@ pub async fn rebuild_catalog(
             },
         });
     }
+    report.queued_garbage = garbage.len() as u64;
+    catalog.queue_garbage(&garbage).await?;
     catalog.restore_entries(&pending).await?;
+    // Every stream's records must run without a gap from its first to its tail.
+    for stream in streams.values() {
+        if let [(_, first_end), (next, _), ..] = stream.cover[..] {
+            return Err(RebuildError::Discontinuous {
+                key: format!("the records of stream {:?}", stream.meta.name),
+                stream: stream.meta.name.clone(),
+                expected: first_end,
+                found: next,
+            });
+        }
+    }
     report.streams = streams.len() as u64;
     let restored = Restored {
         streams: streams.into_values().map(|s| (s.meta, s.tail)).collect(),
@@ -341,4 +464,236 @@ pub async fn rebuild_catalog(
     };
     catalog.restore_streams(&restored).await?;
     Ok(report)
+}
+
+/// Slots of `epoch` numbered `from` or more: past the walk's end, never acknowledged.
+async fn count_slots_after(
+    clock: Clock,
+    store: &dyn ObjectStore,
+    star: &str,
+    epoch: u64,
+    from: u64,
+) -> Result<u64, RebuildError> {
+    let prefix = chain_prefix(star, epoch);
+    let mut after = from.checked_sub(1).map(|slot| slot_key(star, epoch, slot));
+    let mut count = 0;
+    loop {
+        let page = list_page(clock, store, &prefix, after.as_deref()).await?;
+        count += page
+            .objects
+            .iter()
+            .filter(|o| parse_slot(&prefix, &o.key).is_some())
+            .count() as u64;
+        match page.next_start_after {
+            Some(next) => after = Some(next),
+            None => return Ok(count),
+        }
+    }
+}
+
+/// What the settled-object pass reads and fills in.
+struct Settled<'a> {
+    streams: &'a mut BTreeMap<u64, Stream>,
+    deleted: &'a BTreeSet<u64>,
+    names: &'a mut HashMap<String, u64>,
+    max_id: &'a mut u64,
+    pending: &'a mut Vec<IndexEntry>,
+    garbage: &'a mut Vec<(u64, Garbage)>,
+    report: &'a mut RebuildReport,
+}
+
+/// One stream's settled objects, as listed (by first record, then last).
+struct Candidates {
+    stream_id: u64,
+    objects: Vec<(DataKey, nova_core::object_store::ObjectMeta)>,
+}
+
+async fn restore_settled(
+    star: &str,
+    store: &dyn ObjectStore,
+    catalog: &Catalog,
+    clock: Clock,
+    out: &mut Settled<'_>,
+) -> Result<(), RebuildError> {
+    let root = data_root(star);
+    let mut current: Option<Candidates> = None;
+    let mut after: Option<String> = None;
+    loop {
+        let page = list_page(clock, store, &root, after.as_deref()).await?;
+        for object in &page.objects {
+            let Some(data) = parse_data_key(&root, &object.key) else {
+                continue;
+            };
+            *out.max_id = (*out.max_id).max(data.stream_id);
+            if out.deleted.contains(&data.stream_id) {
+                out.garbage.push((clock.unix_ms(), object_garbage(object)));
+                continue;
+            }
+            if current
+                .as_ref()
+                .is_some_and(|c| c.stream_id != data.stream_id)
+                && let Some(done) = current.take()
+            {
+                choose(store, clock, done, out).await?;
+            }
+            current
+                .get_or_insert_with(|| Candidates {
+                    stream_id: data.stream_id,
+                    objects: Vec::new(),
+                })
+                .objects
+                .push((data, object.clone()));
+        }
+        if out.pending.len() >= ENTRY_BATCH {
+            catalog.restore_entries(out.pending).await?;
+            out.pending.clear();
+        }
+        match page.next_start_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    if let Some(done) = current.take() {
+        choose(store, clock, done, out).await?;
+    }
+    Ok(())
+}
+
+/// Chooses, among one stream's settled objects, a chain of objects each starting where the
+/// last ended, from the stream's first record as far as any chain reaches; those are indexed.
+/// Objects inside the chosen chain's records that it does not use (replaced by a rewrite, or
+/// left by an interrupted settle) are queued for collection. Objects past where the chain ends
+/// are kept: their records may be needed once the flights have filled the gap.
+async fn choose(
+    store: &dyn ObjectStore,
+    clock: Clock,
+    candidates: Candidates,
+    out: &mut Settled<'_>,
+) -> Result<(), RebuildError> {
+    let objects = candidates.objects;
+    let Some(first) = objects.iter().map(|(d, _)| d.start).min() else {
+        return Ok(());
+    };
+    // Where a chain can reach, and the object that reaches it first (listing order).
+    let mut reach: HashMap<u64, Option<usize>> = HashMap::from([(first, None)]);
+    for (i, (data, _)) in objects.iter().enumerate() {
+        if reach.contains_key(&data.start) {
+            reach.entry(data.end).or_insert(Some(i));
+        }
+    }
+    let furthest = reach.keys().copied().max().unwrap_or(first);
+    let mut chain = Vec::new();
+    let mut pos = furthest;
+    while let Some(Some(i)) = reach.get(&pos) {
+        chain.push(*i);
+        pos = objects[*i].0.start;
+    }
+    chain.reverse();
+    let reached = furthest;
+    let mut used = vec![false; objects.len()];
+    for &i in &chain {
+        used[i] = true;
+    }
+    for (i, (data, meta)) in objects.iter().enumerate() {
+        if used[i] {
+            continue;
+        }
+        if data.end <= reached {
+            out.garbage.push((clock.unix_ms(), object_garbage(meta)));
+        } else if data.start >= reached {
+            tracing::warn!(
+                stream_id = candidates.stream_id,
+                object = %meta.key,
+                "rebuild: settled object past a gap; its records must come from the chain"
+            );
+        }
+    }
+    for i in chain {
+        let (data, meta) = &objects[i];
+        take(store, clock, *data, meta.key.clone(), out).await?;
+    }
+    Ok(())
+}
+
+fn object_garbage(object: &nova_core::object_store::ObjectMeta) -> Garbage {
+    Garbage::Object {
+        key: object.key.clone(),
+        bytes: object.size,
+    }
+}
+
+/// Takes one settled object into the index, from its footer.
+async fn take(
+    store: &dyn ObjectStore,
+    clock: Clock,
+    data: DataKey,
+    key: String,
+    out: &mut Settled<'_>,
+) -> Result<(), RebuildError> {
+    let footer = match retrying(clock, || fetch_footer(store, &key)).await {
+        Ok(ObjectFooter::Flight(footer)) => footer,
+        Ok(ObjectFooter::Fence(_)) => {
+            return Err(RebuildError::Foreign {
+                key,
+                what: "a fence where a settled object belongs".into(),
+            });
+        }
+        Err(source) => return Err(RebuildError::Flight { key, source }),
+    };
+    let [section] = &footer.sections[..] else {
+        return Err(RebuildError::Foreign {
+            key,
+            what: format!("{} sections in a settled object", footer.sections.len()),
+        });
+    };
+    if (section.stream_id, section.start_seq, section.end_seq)
+        != (data.stream_id, data.start, data.end)
+    {
+        return Err(RebuildError::Foreign {
+            key,
+            what: format!(
+                "its section holds records {}..{} of stream id {}",
+                section.start_seq, section.end_seq, section.stream_id
+            ),
+        });
+    }
+    let id = data.stream_id;
+    let stream = match out.streams.entry(id) {
+        std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+        std::collections::btree_map::Entry::Vacant(entry) => {
+            if out.names.contains_key(&section.stream) {
+                return Ok(());
+            }
+            out.names.insert(section.stream.clone(), id);
+            out.report.streams_without_manifest += 1;
+            entry.insert(Stream::new(StreamMeta {
+                id,
+                name: section.stream.clone(),
+                created_at_ms: footer.meta.created_at_ms,
+                class: StorageClass::Standard,
+            }))
+        }
+    };
+    if stream.meta.name != section.stream {
+        return Err(RebuildError::Foreign {
+            key,
+            what: format!(
+                "its section for stream id {id} names {:?}, the manifest {:?}",
+                section.stream, stream.meta.name
+            ),
+        });
+    }
+    stream.add(section.start_seq, section.end_seq, section.len);
+    out.report.records += section.end_seq - section.start_seq;
+    out.report.settled_objects += 1;
+    out.pending.push(IndexEntry {
+        stream_id: id,
+        start_seq: section.start_seq,
+        end_seq: section.end_seq,
+        object_key: key,
+        offset: section.offset,
+        len: section.len,
+        crc32c: section.crc32c,
+    });
+    Ok(())
 }

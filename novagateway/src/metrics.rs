@@ -32,6 +32,8 @@ pub struct GatewayMetrics {
     pub peer_failures: IntCounterVec,
     /// Reads by where their records came from: history (the object store), star (forwarded).
     pub reads: IntCounterVec,
+    /// Reads that found an object gone (the auditor moved and collected it) and resolved again.
+    pub stale_refs: IntCounter,
     pub store: StoreMetrics,
 }
 
@@ -58,6 +60,7 @@ impl GatewayMetrics {
             claims_peak: register(&r, IntGaugeVec::new(Opts::new("nova_gateway_claims_peak", "The most fetches this instance has had in flight to each tier member at once."), &["member"]).expect("valid metric")),
             peer_failures: counter_vec(&r, "nova_gateway_peer_failures_total", "Fetches from a peer that failed (the peer is skipped for a while).", &["member"]),
             reads: counter_vec(&r, "nova_gateway_reads_total", "Reads served, by where the records came from.", &["source"]),
+            stale_refs: counter(&r, "nova_gateway_stale_refs_total", "Reads that found an object the auditor had collected and resolved their refs again."),
             store: StoreMetrics::register(&r),
             registry: r,
         };

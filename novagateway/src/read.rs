@@ -7,6 +7,11 @@
 //! pool while waiting for more, and responses cannot deadlock each other), fetches up to eight
 //! sections at once through the object cache tier, checks each against its footer's crc32c,
 //! and decodes the page.
+//!
+//! The auditor moves records to other objects and deletes the old ones a grace period later. A
+//! read whose refs were vended before a move and whose fetch comes after the delete finds the
+//! object gone: it asks the star for fresh refs and starts again, up to `STALE_REF_RETRIES`
+//! times, so a consumer never sees the move.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,6 +24,7 @@ use nova_core::budget::Budget;
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, SectionEntry, verify_section};
 use nova_core::limits::COLD_READ_REFS;
+use nova_core::object_store::StoreError;
 use nova_proto::RequestError;
 use nova_proto::v1;
 use nova_proto::v1::nova_client::NovaClient;
@@ -38,12 +44,49 @@ pub struct Reader {
     pub max_read_records: u32,
 }
 
-fn fetch_status(err: impl std::ops::Deref<Target = FetchError>) -> Status {
-    RequestError::from(&*err).into()
+/// How often one read asks for fresh refs after finding an object gone.
+const STALE_REF_RETRIES: u32 = 3;
+
+/// Why one attempt at a read failed.
+enum Failure {
+    /// An object a ref named is gone (the auditor collected it): resolve again.
+    Stale(String),
+    Status(Status),
+}
+
+impl From<Status> for Failure {
+    fn from(status: Status) -> Self {
+        Failure::Status(status)
+    }
+}
+
+fn fetch_failure(err: impl std::ops::Deref<Target = FetchError>) -> Failure {
+    match &*err {
+        FetchError::Store(StoreError::NotFound { key }) => Failure::Stale(key.clone()),
+        other => Failure::Status(RequestError::from(other).into()),
+    }
 }
 
 impl Reader {
     pub async fn read(&self, request: v1::ReadRequest) -> Result<v1::ReadResponse, Status> {
+        let mut stale = 0;
+        loop {
+            match self.read_once(&request).await {
+                Ok(response) => return Ok(response),
+                Err(Failure::Status(status)) => return Err(status),
+                Err(Failure::Stale(key)) if stale < STALE_REF_RETRIES => {
+                    stale += 1;
+                    self.metrics.stale_refs.inc();
+                    tracing::debug!(%key, stream = %request.stream, "ref went stale; resolving again");
+                }
+                Err(Failure::Stale(key)) => {
+                    return Err(RequestError::ObjectNotFound(key).into());
+                }
+            }
+        }
+    }
+
+    async fn read_once(&self, request: &v1::ReadRequest) -> Result<v1::ReadResponse, Failure> {
         let refs = self
             .star
             .clone()
@@ -56,11 +99,11 @@ impl Reader {
             .into_inner();
         if request.start_seq >= refs.hot_from_seq || refs.refs.is_empty() {
             self.metrics.reads.with_label_values(&["star"]).inc();
-            return Ok(self.star.clone().read(request).await?.into_inner());
+            return Ok(self.star.clone().read(request.clone()).await?.into_inner());
         }
         self.metrics.reads.with_label_values(&["history"]).inc();
         let (max_records, max_bytes) =
-            read_caps(&request, self.max_read_records, self.max_read_bytes);
+            read_caps(request, self.max_read_records, self.max_read_bytes);
 
         // Where each ref's section is, from the footers.
         let footers =
@@ -69,7 +112,7 @@ impl Reader {
         let mut plan: Vec<(String, SectionEntry)> = Vec::new();
         let mut planned = 0u64;
         for (object_ref, footer) in refs.refs.iter().zip(footers) {
-            let footer = footer.map_err(fetch_status)?;
+            let footer = footer.map_err(fetch_failure)?;
             let section = footer
                 .sections
                 .iter()
@@ -121,10 +164,11 @@ impl Reader {
                 let bytes = tier
                     .fetch(&key, section.offset, section.len)
                     .await
-                    .map_err(|e| fetch_status(&FetchError::Store(e)))?;
-                verify_section(&bytes, &section)
-                    .map_err(|e| Status::from(RequestError::DataLoss(format!("{key}: {e}"))))?;
-                Ok::<_, Status>((section.start_seq, bytes))
+                    .map_err(|e| fetch_failure(&FetchError::Store(e)))?;
+                verify_section(&bytes, &section).map_err(|e| {
+                    Failure::Status(RequestError::DataLoss(format!("{key}: {e}")).into())
+                })?;
+                Ok::<_, Failure>((section.start_seq, bytes))
             }
         }))
         .buffered(COLD_READ_REFS);

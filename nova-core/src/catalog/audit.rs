@@ -21,6 +21,7 @@ const DROPPING_PREFIX: &[u8] = b"x/";
 
 const TAG_OBJECT: u8 = 1;
 const TAG_CHAIN_SLOTS: u8 = 2;
+const TAG_AGAIN: u8 = 3;
 
 /// Index entries dropped per transaction for a deleted stream, with one queued object each at
 /// most: well under what any metastore accepts in one transaction.
@@ -69,12 +70,15 @@ pub enum Garbage {
         to: u64,
         bytes: u64,
     },
+    /// An object deleted once as never referenced, deleted again after another grace period:
+    /// a write of it that was still in flight (a slow or retried PUT) may have landed since.
+    Again { key: String },
 }
 
 impl Garbage {
     fn label(&self) -> String {
         match self {
-            Garbage::Object { key, .. } => key.clone(),
+            Garbage::Object { key, .. } | Garbage::Again { key } => key.clone(),
             Garbage::ChainSlots {
                 star, epoch, from, ..
             } => slot_key(star, *epoch, *from),
@@ -84,6 +88,7 @@ impl Garbage {
     pub fn bytes(&self) -> u64 {
         match self {
             Garbage::Object { bytes, .. } | Garbage::ChainSlots { bytes, .. } => *bytes,
+            Garbage::Again { .. } => 0,
         }
     }
 }
@@ -132,6 +137,10 @@ fn encode_garbage(item: &Garbage) -> Vec<u8> {
             buf.put_u64_le(*to);
             buf.put_u64_le(*bytes);
         }
+        Garbage::Again { key } => {
+            buf.put_u8(TAG_AGAIN);
+            put_string(&mut buf, key);
+        }
     }
     buf
 }
@@ -173,6 +182,7 @@ fn decode_queued(key: &[u8], value: &[u8], version: u64) -> Result<QueuedGarbage
             }
             item
         }
+        TAG_AGAIN => Garbage::Again { key: r.string()? },
         other => {
             return Err(CatalogError::Corrupt(format!(
                 "unknown garbage kind {other}"

@@ -386,7 +386,12 @@ fn list_dir(
         if !key.starts_with(prefix) || start_after.is_some_and(|after| key.as_str() <= after) {
             continue;
         }
-        let size = fs::metadata(inner.objects.join(&key))?.len();
+        // Deleted since the directory was read: like S3, a listing need not show it.
+        let size = match fs::metadata(inner.objects.join(&key)) {
+            Ok(meta) => meta.len(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
         page.objects.push(ObjectMeta { key, size });
         if page.objects.len() == max_keys {
             page.next_start_after = page.objects.last().map(|o| o.key.clone());
