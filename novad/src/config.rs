@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use nova_auditor::{AuditorConfig, defaults as auditor_defaults};
 use nova_chain::{ChainConfig, RetryPolicy};
 use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
@@ -174,6 +175,41 @@ pub struct Config {
     /// before giving up on them (they fail unacknowledged) and exiting non-zero.
     #[arg(long, env = "NOVA_SHUTDOWN_TIMEOUT_SECS", default_value_t = limits::SHUTDOWN_TIMEOUT_SECS)]
     pub shutdown_timeout_secs: u64,
+
+    /// Run the auditor: settle the chain's flights into per-stream objects and collect what
+    /// nothing references. Off (`--auditor false`), the bucket only grows.
+    #[arg(long, env = "NOVA_AUDITOR", default_value_t = true, action = clap::ArgAction::Set, help_heading = "Auditor")]
+    pub auditor: bool,
+
+    /// Object-store requests per second the auditor may issue, all duties together. At the
+    /// budget its work waits, and the backlog shows as nova_auditor_oldest_due_age_seconds.
+    #[arg(long, env = "NOVA_AUDITOR_S3_BUDGET", default_value_t = auditor_defaults::S3_BUDGET, help_heading = "Auditor")]
+    pub auditor_s3_budget: u32,
+
+    /// MiB per second the auditor may assemble and write itself (settled and rewritten
+    /// objects; server-side copies are free of it). At the budget writes wait.
+    #[arg(long, env = "NOVA_AUDITOR_REWRITE_MIB", default_value_t = auditor_defaults::REWRITE_MIB, help_heading = "Auditor")]
+    pub auditor_rewrite_mib: u32,
+
+    /// Auditor jobs running at once. More due jobs queue (in the catalog, not in memory).
+    #[arg(long, env = "NOVA_AUDITOR_WORKERS", default_value_t = auditor_defaults::WORKERS, help_heading = "Auditor")]
+    pub auditor_workers: u32,
+
+    /// Disk bytes (MiB) of the settle's whole-object fetch cache, under --data-dir. A flight the
+    /// cache cannot admit is read with ranged GETs instead.
+    #[arg(long, env = "NOVA_AUDITOR_FETCH_CACHE_MIB", default_value_t = auditor_defaults::FETCH_CACHE_MIB, help_heading = "Auditor")]
+    pub auditor_fetch_cache_mib: u64,
+
+    /// Seconds an object stays after nothing references it, so a reader (star or gateway)
+    /// holding a ref can still fetch it; one that comes later resolves its refs again. Keep it
+    /// above the object store's request timeout.
+    #[arg(long, env = "NOVA_AUDITOR_COLLECT_GRACE_SECS", default_value_t = auditor_defaults::COLLECT_GRACE_SECS, help_heading = "Auditor")]
+    pub auditor_collect_grace_secs: u64,
+
+    /// Milliseconds a duty with nothing due waits before it looks again (it asks only the
+    /// metastore, never the object store, while nothing is due).
+    #[arg(long, env = "NOVA_AUDITOR_IDLE_MS", default_value_t = auditor_defaults::IDLE_MS, help_heading = "Auditor")]
+    pub auditor_idle_ms: u64,
 }
 
 impl Config {
@@ -226,6 +262,21 @@ impl Config {
         )
     }
 
+    pub fn auditor(&self) -> AuditorConfig {
+        AuditorConfig {
+            star: self.star_id.clone(),
+            s3_budget: self.auditor_s3_budget,
+            rewrite_mib: self.auditor_rewrite_mib,
+            workers: self.auditor_workers,
+            fetch_cache_bytes: self.auditor_fetch_cache_mib * limits::MIB,
+            fetch_cache_dir: self.data_dir.join("fetch-cache"),
+            collect_grace: Duration::from_secs(self.auditor_collect_grace_secs),
+            idle: Duration::from_millis(self.auditor_idle_ms.max(1)),
+            clock: Clock::system(),
+            entropy: Entropy::from_os(),
+        }
+    }
+
     /// Refuses settings that cannot work, naming the flag.
     pub fn check(&self) -> Result<(), String> {
         if self.grpc_stream_window_kib < 64 {
@@ -269,6 +320,14 @@ impl Config {
             return Err(
                 "--max-producer-sessions × --grpc-stream-window-kib must be at most 1GiB \
                  (twice it is the HTTP/2 connection window, which cannot exceed 2GiB)"
+                    .into(),
+            );
+        }
+        if self.auditor_s3_budget == 0 || self.auditor_rewrite_mib == 0 || self.auditor_workers == 0
+        {
+            return Err(
+                "--auditor-s3-budget, --auditor-rewrite-mib and --auditor-workers must be at least \
+                 1 (turn the auditor off with --auditor false)"
                     .into(),
             );
         }

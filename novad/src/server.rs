@@ -105,6 +105,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let store = open_store(&config).await?;
     let stopping = CancellationToken::new();
+    let catalog = nova_core::catalog::Catalog::new(metastore.clone());
 
     // Metrics are up before recovery, so a star stuck retrying an unreachable store is visible.
     let ready: Arc<OnceLock<Arc<Star>>> = Arc::new(OnceLock::new());
@@ -144,13 +145,28 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "recovering before accepting appends"
     );
     let star = tokio::select! {
-        star = Star::open(config.chain(), store, metastore, metrics.clone()) => Arc::new(star?),
+        star = Star::open(config.chain(), store.clone(), metastore, metrics.clone()) => Arc::new(star?),
         _ = nova_core::process::termination() => {
             tracing::info!("stopped during recovery; nothing was accepted");
             return Ok(());
         }
     };
     let _ = ready.set(star.clone());
+    // After recovery: the auditor settles what the star has absorbed, never ahead of it.
+    let auditor = if config.auditor {
+        Some(
+            nova_auditor::Auditor::start(config.auditor(), store, catalog, &metrics.registry)
+                .with_context(|| {
+                    format!(
+                        "preparing the auditor's fetch cache under {}",
+                        config.data_dir.display()
+                    )
+                })?,
+        )
+    } else {
+        tracing::warn!("--auditor false: nothing is settled or collected; the bucket only grows");
+        None
+    };
 
     let sheds = Arc::new(ShedLog::new(Clock::system()));
     let ctx = Arc::new(Context {
@@ -267,6 +283,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     stopping.cancel();
     set_health(&health, false).await;
     metrics.ready.set(0);
+    if let Some(auditor) = auditor {
+        // Cut off wherever its jobs are: each is safe to stop at any point.
+        auditor.stop().await;
+    }
     let deadline = Duration::from_secs(config.shutdown_timeout_secs);
     let drained = star.shutdown(deadline).await;
     // Sessions end once their last answers are out; the server then stops.
