@@ -8,7 +8,7 @@ pub mod outage;
 mod process;
 mod proxy;
 
-pub use moto::Moto;
+pub use moto::{LoggedRequest, Moto};
 pub use novad::{Novad, NovadBuilder, scrape, series};
 pub use process::{free_port, wait_for_port, workspace_binary, workspace_root};
 pub use proxy::{Fault, FaultProxy};

@@ -12,6 +12,16 @@ pub struct Moto {
     child: Option<Child>,
     port: u16,
     binary: PathBuf,
+    /// moto's request log (one line per request), for counting requests at the server.
+    log: tempfile::NamedTempFile,
+}
+
+/// One request as the server logged it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedRequest {
+    pub method: String,
+    /// Path and query, as sent.
+    pub target: String,
 }
 
 /// Where the README's test command installs moto, then `NOVA_MOTO_SERVER`, then the PATH.
@@ -36,6 +46,7 @@ impl Moto {
             child: None,
             port,
             binary,
+            log: tempfile::NamedTempFile::new().expect("a temporary file for moto's log"),
         };
         moto.spawn();
         moto
@@ -46,7 +57,14 @@ impl Moto {
             .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            // Appended to, so a restarted server's requests follow the earlier ones.
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(self.log.path())
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::null()),
+            )
             .spawn()
             .unwrap_or_else(|e| {
                 panic!(
@@ -77,6 +95,12 @@ impl Moto {
 
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Every request the server has answered so far, in order, from its log.
+    pub fn requests(&self) -> Vec<LoggedRequest> {
+        let text = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+        text.lines().filter_map(parse_log_line).collect()
     }
 
     /// Creates a bucket with a plain path-style PUT (moto does not check signatures).
@@ -116,5 +140,55 @@ impl Drop for Moto {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// `127.0.0.1 - - [date] "METHOD /target HTTP/1.1" 200 -`, possibly with colour codes.
+fn parse_log_line(line: &str) -> Option<LoggedRequest> {
+    let plain: String = strip_colours(line);
+    let request = plain.split('"').nth(1)?;
+    let mut parts = request.split(' ');
+    let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
+    version.starts_with("HTTP/").then(|| LoggedRequest {
+        method: method.to_owned(),
+        target: target.to_owned(),
+    })
+}
+
+fn strip_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ ... m
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_plain_and_coloured_log_lines() {
+        let coloured = "127.0.0.1 - - [30/Nov/2026 21:00:22] \"\u{1b}[33mPUT /b1/k?partNumber=2 HTTP/1.1\u{1b}[0m\" 404 -";
+        assert_eq!(
+            parse_log_line(coloured),
+            Some(LoggedRequest {
+                method: "PUT".into(),
+                target: "/b1/k?partNumber=2".into()
+            })
+        );
+        let plain = "127.0.0.1 - - [30/Nov/2026 21:00:22] \"GET /b1 HTTP/1.1\" 200 -";
+        assert_eq!(parse_log_line(plain).unwrap().method, "GET");
+        assert_eq!(parse_log_line(" * Running on http://127.0.0.1:1"), None);
     }
 }
