@@ -257,10 +257,11 @@ impl Auditor {
             "auditor started"
         );
         let stop = CancellationToken::new();
-        let tasks = [Duty::Settle, Duty::Collect, Duty::DropDeleted]
+        let mut tasks: Vec<JoinHandle<()>> = [Duty::Settle, Duty::Collect, Duty::DropDeleted]
             .into_iter()
             .map(|duty| tokio::spawn(run_duty(ctx.clone(), duty, stop.clone())))
             .collect();
+        tasks.push(tokio::spawn(publish_ages(ctx.clone(), stop.clone())));
         Ok(Self { ctx, stop, tasks })
     }
 
@@ -338,6 +339,20 @@ async fn run_duty(ctx: Arc<Ctx>, duty: Duty, stop: CancellationToken) {
                 _ = stop.cancelled() => return,
                 _ = ctx.config.clock.sleep(pause) => {}
             }
+        }
+    }
+}
+
+/// Keeps the due ages current while jobs wait at a budget: a backlog must read as a growing age
+/// even while no job finishes.
+async fn publish_ages(ctx: Arc<Ctx>, stop: CancellationToken) {
+    let period = ctx.config.idle.min(Duration::from_secs(1));
+    loop {
+        ctx.publish_due();
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = ctx.config.clock.sleep(period) => {}
         }
     }
 }

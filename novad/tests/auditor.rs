@@ -1,0 +1,361 @@
+//! The auditor in a real novad on a real S3-compatible server (moto): settling and collecting
+//! keep every read whole on the star and on a gateway, the request budget holds as the server
+//! counts it, an idle auditor asks nothing, and kill -9 in the middle of its duties loses and
+//! leaks nothing.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "real processes on the real clock"
+)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use nova_client::{Client, Producer, ProducerConfig, Record};
+use nova_core::catalog::Catalog;
+use nova_core::flight::{ObjectFooter, fetch_footer};
+use nova_core::keys::{data_root, parse_data_key};
+use nova_core::metastore::EmbeddedMetastore;
+use nova_core::object_store::{ObjectStore, S3Config, S3Store};
+use nova_testkit::{Moto, Novad, NovadBuilder, workspace_binary};
+
+use common::*;
+
+const BUCKET: &str = "audited";
+
+async fn bucket(moto: &Moto) -> Arc<dyn ObjectStore> {
+    let mut config = S3Config::new(BUCKET);
+    config.endpoint = Some(moto.endpoint());
+    config.credentials = Some(("test".into(), "testtest".into()));
+    Arc::new(S3Store::new(config).await)
+}
+
+/// A star on `moto` with a small tail cache (reads come from the bucket) and the auditor on.
+fn star(moto: &Moto, auditor: &[&str]) -> NovadBuilder {
+    novad_on_s3(moto, BUCKET)
+        .args(["--tail-window-cache-mib", "1", "--flight-linger-ms", "5"])
+        .args(["--auditor-idle-ms", "100"])
+        .args(auditor.iter().copied())
+}
+
+/// Appends `batches` batches of 10 records to each of `streams` new streams, all streams at
+/// once, so flights hold sections of many streams. Returns what each stream holds.
+async fn load(novad: &Novad, streams: usize, batches: usize) -> BTreeMap<String, Vec<String>> {
+    let mut tasks = Vec::new();
+    for s in 0..streams {
+        let url = novad.url();
+        tasks.push(tokio::spawn(async move {
+            let name = format!("s{s}");
+            let client = Client::connect(&url).await.unwrap();
+            client.create_stream(&name).await.unwrap();
+            let producer = Producer::new(client, &name, ProducerConfig::default())
+                .await
+                .unwrap();
+            let mut bodies = Vec::new();
+            for b in 0..batches {
+                for i in 0..10 {
+                    let body = format!("{name}-{b}-{i}");
+                    producer.append(Record::new(body.clone())).await.unwrap();
+                    bodies.push(body);
+                }
+                producer.flush().await.unwrap();
+            }
+            producer.close().await.unwrap();
+            (name, bodies)
+        }));
+    }
+    let mut out = BTreeMap::new();
+    for task in tasks {
+        let (name, bodies) = task.await.unwrap();
+        out.insert(name, bodies);
+    }
+    out
+}
+
+/// Chain objects that are flights, not fences or settle markers.
+async fn flights(store: &dyn ObjectStore) -> usize {
+    let mut count = 0;
+    let mut after: Option<String> = None;
+    loop {
+        let page = store.list("chain/", after.as_deref(), 1000).await.unwrap();
+        for object in &page.objects {
+            if object.key.ends_with("/settled") {
+                continue;
+            }
+            if let Ok(ObjectFooter::Flight(_)) = fetch_footer(store, &object.key).await {
+                count += 1;
+            }
+        }
+        match page.next_start_after {
+            Some(next) => after = Some(next),
+            None => return count,
+        }
+    }
+}
+
+async fn settled_objects(store: &dyn ObjectStore) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store
+            .list(&data_root("nova"), after.as_deref(), 1000)
+            .await
+            .unwrap();
+        out.extend(page.objects.iter().map(|o| o.key.clone()));
+        match page.next_start_after {
+            Some(next) => after = Some(next),
+            None => return out,
+        }
+    }
+}
+
+fn sum(novad: &Novad, prefix: &str) -> f64 {
+    novad
+        .metrics()
+        .lines()
+        .filter(|line| line.starts_with(prefix))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn wait_settled(store: &dyn ObjectStore, novad: &Novad, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let idle = novad.metric("nova_auditor_oldest_due_age_seconds") == Some(0.0);
+        if flights(store).await == 0 && idle {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the auditor did not settle and collect within {within:?}:\n{}",
+            novad.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Reads every stream again and again until told to stop, checking each page against what was
+/// appended: a reader running through settling and collection never fails and never sees a gap.
+fn keep_reading(
+    url: String,
+    expected: BTreeMap<String, Vec<String>>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let client = Client::connect(&url).await.unwrap();
+        let mut passes = 0;
+        while !stop.load(Ordering::SeqCst) {
+            for (name, bodies) in &expected {
+                let mut next = 0u64;
+                while (next as usize) < bodies.len() {
+                    let page = client
+                        .read(name, next, 0)
+                        .await
+                        .unwrap_or_else(|e| panic!("reading {name} at {next} via {url}: {e}"));
+                    assert!(!page.records.is_empty(), "an empty page below the tail");
+                    for record in &page.records {
+                        assert_eq!(record.seq, next, "a gap in {name} via {url}");
+                        assert_eq!(record.record.body, bodies[next as usize].as_bytes());
+                        next += 1;
+                    }
+                }
+            }
+            passes += 1;
+        }
+        passes
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn settling_and_collecting_keep_every_read_whole_on_the_star_and_a_gateway() {
+    let moto = Moto::start();
+    let novad = star(&moto, &["--auditor-collect-grace-secs", "1"]).start();
+    let gateway = via_endpoint(
+        NovadBuilder::gateway(workspace_binary("novagateway")),
+        &moto.endpoint(),
+        BUCKET,
+    )
+    .args(["--star", &novad.url()])
+    .start();
+    let store = bucket(&moto).await;
+
+    let expected = load(&novad, 6, 40).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers =
+        [novad.url(), gateway.url()].map(|url| keep_reading(url, expected.clone(), stop.clone()));
+    wait_settled(store.as_ref(), &novad, Duration::from_secs(120)).await;
+    // A little longer, so readers holding refs from before the last collection meet it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::SeqCst);
+    for reader in readers {
+        assert!(reader.await.unwrap() > 0, "a reader finished no pass");
+    }
+
+    // Every stream's records are in objects of its own; the flights are gone.
+    let settled = settled_objects(store.as_ref()).await;
+    let owners: std::collections::BTreeSet<u64> = settled
+        .iter()
+        .filter_map(|k| parse_data_key(&data_root("nova"), k))
+        .map(|d| d.stream_id)
+        .collect();
+    assert_eq!(owners.len(), 6, "{settled:?}");
+    for url in [novad.url(), gateway.url()] {
+        let client = Client::connect(&url).await.unwrap();
+        for (name, bodies) in &expected {
+            assert_eq!(&read_all(&client, name).await, bodies, "{name} via {url}");
+        }
+    }
+    assert!(
+        novad
+            .metric("nova_auditor_settled_flights_total")
+            .unwrap_or(0.0)
+            > 1.0
+    );
+
+    // Nothing due: the auditor asks the object store nothing, as the server sees it.
+    let before = moto.requests().len();
+    let issued = sum(&novad, "nova_auditor_requests_total");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        moto.requests().len(),
+        before,
+        "requests while nothing was due"
+    );
+    assert_eq!(sum(&novad, "nova_auditor_requests_total"), issued);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_request_budget_holds_at_the_server_and_the_backlog_shows_as_age() {
+    let moto = Moto::start();
+    let novad = star(
+        &moto,
+        &[
+            "--auditor-s3-budget",
+            "5",
+            "--auditor-collect-grace-secs",
+            "1",
+        ],
+    )
+    .start();
+    let store = bucket(&moto).await;
+    let expected = load(&novad, 4, 30).await;
+
+    // Appends are done: from here on only the auditor asks the server anything.
+    let window = Duration::from_secs(6);
+    let before = moto.requests().len();
+    tokio::time::sleep(window).await;
+    let issued = moto.requests().len() - before;
+    // Five a second, and a second's burst.
+    assert!(
+        issued <= 5 * window.as_secs() as usize + 5,
+        "{issued} requests in {window:?} at --auditor-s3-budget 5"
+    );
+    assert!(issued > 0, "the auditor had work and issued nothing");
+    let age = novad
+        .metric("nova_auditor_oldest_due_age_seconds")
+        .unwrap_or(0.0);
+    assert!(age >= 3.0, "the backlog's age is {age}s");
+    assert!(
+        novad
+            .metric("nova_auditor_request_budget_wait_seconds_total")
+            .unwrap_or(0.0)
+            > 1.0
+    );
+
+    // It gets there in the end, and nothing is lost.
+    wait_settled(store.as_ref(), &novad, Duration::from_secs(180)).await;
+    let client = client(&novad).await;
+    for (name, bodies) in &expected {
+        assert_eq!(&read_all(&client, name).await, bodies);
+    }
+}
+
+/// kill -9 while the auditor settles, collects and drops a deleted stream, again and again:
+/// no acknowledged record is lost, no entry points at a missing object, and once it has
+/// finished no object it wrote is left unreferenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_during_the_duties_loses_and_leaks_nothing() {
+    let moto = Moto::start();
+    let mut novad = star(&moto, &["--auditor-collect-grace-secs", "0"]).start();
+    let store = bucket(&moto).await;
+    let mut expected = load(&novad, 5, 40).await;
+    let delays = [150u64, 400, 50, 900, 250, 600, 100, 1200];
+    for (round, delay) in delays.into_iter().enumerate() {
+        if round == 3 {
+            // A delete for the drop duty to work on across the kills.
+            client(&novad).await.delete_stream("s4").await.unwrap();
+            expected.remove("s4");
+        }
+        // More appends each round, so settling always has work.
+        let more = load_more(&novad, &mut expected, round).await;
+        assert!(more > 0);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        novad.kill9();
+        novad.restart();
+        let client = client(&novad).await;
+        for (name, bodies) in &expected {
+            assert_eq!(&read_all(&client, name).await, bodies, "after kill {round}");
+        }
+    }
+    wait_settled(store.as_ref(), &novad, Duration::from_secs(120)).await;
+    let client = client(&novad).await;
+    for (name, bodies) in &expected {
+        assert_eq!(&read_all(&client, name).await, bodies);
+    }
+    drop(client);
+    novad.terminate(Duration::from_secs(20));
+
+    // With novad down, its catalog can be read: every entry points at an object that exists,
+    // and every settled object is referenced (none of the deleted stream's remain).
+    let catalog = Catalog::new(Arc::new(
+        EmbeddedMetastore::open(novad.data_dir().join("metastore.redb")).unwrap(),
+    ));
+    let mut referenced = Vec::new();
+    for (meta, tail) in catalog.load_streams().await.unwrap() {
+        let mut next = 0;
+        for entry in catalog.index_entries(meta.id, 0, 100_000).await.unwrap() {
+            assert_eq!(entry.start_seq, next, "a gap in {}'s index", meta.name);
+            next = entry.end_seq;
+            assert!(store.head(&entry.object_key).await.is_ok(), "{entry:?}");
+            referenced.push(entry.object_key);
+        }
+        assert_eq!(next, tail.tail_seq);
+    }
+    let mut settled = settled_objects(store.as_ref()).await;
+    settled.sort();
+    referenced.retain(|k| k.starts_with("data/"));
+    referenced.sort();
+    assert_eq!(settled, referenced, "settled objects nothing references");
+    assert!(
+        catalog.dropping_streams(10).await.unwrap().is_empty(),
+        "the deleted stream's entries are not all dropped"
+    );
+}
+
+/// Five more batches on every stream still in `expected`.
+async fn load_more(
+    novad: &Novad,
+    expected: &mut BTreeMap<String, Vec<String>>,
+    round: usize,
+) -> usize {
+    let client = client(novad).await;
+    let mut added = 0;
+    for (name, bodies) in expected.iter_mut() {
+        let producer = Producer::new(client.clone(), name, ProducerConfig::default())
+            .await
+            .unwrap();
+        for b in 0..5 {
+            let body = format!("{name}-r{round}-{b}");
+            producer.append(Record::new(body.clone())).await.unwrap();
+            producer.flush().await.unwrap();
+            bodies.push(body);
+            added += 1;
+        }
+        producer.close().await.unwrap();
+    }
+    added
+}
