@@ -25,6 +25,8 @@ mod fetch_cache;
 pub mod metrics;
 mod settle;
 
+pub use settle::working_memory;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

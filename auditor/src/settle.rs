@@ -20,10 +20,15 @@
 //! object written but never referenced is collected through its intent.
 //!
 //! The target object size: a window holds up to 64 MiB of flights, so a busy stream's settled
-//! objects reach `OBJECT_MAX_BYTES` (16 MiB) and a quiet one's hold everything it wrote in the
-//! window. 16 MiB is well past S3's 5 MiB multipart minimum, so larger objects can later be
-//! assembled from settled ones by server-side copy, and one GET of a settled object costs a
-//! reader about as much time to first byte as it takes to transfer it.
+//! objects reach `OBJECT_MAX_BYTES` (8 MiB, a flight's default size) and a quiet one's hold
+//! everything it wrote in the window. 8 MiB is past S3's 5 MiB multipart minimum, so larger
+//! objects can later be assembled from settled ones by server-side copy; one GET of it takes
+//! about as long to transfer as to start; and it bounds what a settle holds in memory.
+//!
+//! Memory: a job holds at most one flight in memory (while the fetch cache writes it to disk, or
+//! a section at a time when it reads ranges), the sections of one settled object being
+//! assembled, and the window's footers: `working_memory` bounds it, and novad counts it in its
+//! memory formula.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,8 +38,9 @@ use bytes::Bytes;
 use nova_core::catalog::{Garbage, IndexEntry, SettleCursor};
 use nova_core::flight::section::Fragment;
 use nova_core::flight::{
-    FlightFooter, FlightMeta, ObjectFooter, SectionEntry, SectionInput, SettleMarker, TailParse,
-    assemble_flight, fetch_footer, fetch_section, parse_tail, verify_section,
+    FlightFooter, FlightMeta, ObjectFooter, SUGGESTED_TAIL_READ, SectionEntry, SectionInput,
+    SettleMarker, TailParse, assemble_flight, fetch_footer, fetch_section, parse_tail,
+    verify_section,
 };
 use nova_core::keys::{
     chain_prefix, chain_root, data_key, parse_slot, settle_marker_key, slot_key,
@@ -48,10 +54,19 @@ use crate::{AuditError, Ctx, Duty, Step};
 const WINDOW_SLOTS: usize = 256;
 const WINDOW_BYTES: u64 = 64 * MIB;
 const WINDOW_SECTIONS: usize = 16_384;
-pub(crate) const OBJECT_MAX_BYTES: u64 = 16 * MIB;
+pub(crate) const OBJECT_MAX_BYTES: u64 = 8 * MIB;
 /// Old entries one swap replaces: each costs a compare and a delete, and a transaction stays
 /// well inside etcd's default of 128 operations.
 pub(crate) const OBJECT_MAX_SECTIONS: usize = 48;
+
+/// The most a settle job holds in memory for a star whose flights are at most `flight_bytes`:
+/// a flight as fetched (the S3 SDK's chunks and their contiguous copy), as much again for the
+/// allocator keeping a freed flight-sized buffer (measured: a star settling 8 MiB flights at
+/// full speed resides about 39 MiB above one with the auditor off), one settled object's
+/// sections, and the window's footers (a section entry is well under 256 bytes).
+pub fn working_memory(flight_bytes: u64) -> u64 {
+    3 * flight_bytes + OBJECT_MAX_BYTES + WINDOW_SECTIONS as u64 * 256
+}
 
 /// One flight of the window.
 struct Flight {
@@ -279,17 +294,24 @@ async fn load_window(
     Ok(Window { flights, end })
 }
 
+/// The footer of a cached flight, reading only the object's end from disk.
 async fn footer_from_disk(disk: &Arc<CachedObject>, key: &str) -> Result<ObjectFooter, AuditError> {
     let format = |source| AuditError::Format {
         key: key.to_owned(),
         source,
     };
-    let whole = disk.read(0, disk.size).await?;
-    match parse_tail(&whole, disk.size).map_err(format)? {
-        TailParse::Footer(footer) => Ok(footer),
-        TailParse::NeedFrom(_) => Err(format(nova_core::flight::FormatError::Corrupt(
-            "footer not within the object".into(),
-        ))),
+    let mut from = disk.size.saturating_sub(SUGGESTED_TAIL_READ);
+    loop {
+        let tail = disk.read(from, disk.size - from).await?;
+        match parse_tail(&tail, disk.size).map_err(format)? {
+            TailParse::Footer(footer) => return Ok(footer),
+            TailParse::NeedFrom(start) if start < from => from = start,
+            TailParse::NeedFrom(_) => {
+                return Err(format(nova_core::flight::FormatError::Corrupt(
+                    "footer not within the object".into(),
+                )));
+            }
+        }
     }
 }
 

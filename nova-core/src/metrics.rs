@@ -146,7 +146,8 @@ impl ProcessMetrics {
 #[derive(Debug, Clone)]
 pub struct MemoryMetrics {
     pub ceiling: IntGauge,
-    /// One series per term of the formula: admission, express, tail_cache, transport.
+    /// One series per term of the formula: admission, express, read, tail_cache, transport,
+    /// auditor.
     pub formula: prometheus::IntGaugeVec,
     pub saturation: Gauge,
     pub saturated: IntGauge,
@@ -494,7 +495,14 @@ impl Metrics {
                 self.store.requests.with_label_values(&[op, outcome]);
             }
         }
-        for term in ["admission", "express", "read", "tail_cache", "transport"] {
+        for term in [
+            "admission",
+            "express",
+            "read",
+            "tail_cache",
+            "transport",
+            "auditor",
+        ] {
             self.memory.formula.with_label_values(&[term]);
         }
     }

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! admission buffer + express buffer + read budget + tail window cache
-//!   + open sessions × stream window
+//!   + open sessions × stream window + the auditor's working memory
 //! ```
 //!
 //! plus a fixed overhead that does not depend on load. The formula divided by the memory ceiling
@@ -32,11 +32,13 @@ pub struct Formula {
     pub tail_cache: u64,
     /// Open sessions × the pinned stream window.
     pub transport: u64,
+    /// What the auditor's settle job holds (zero with the auditor off).
+    pub auditor: u64,
 }
 
 impl Formula {
     pub fn total(&self) -> u64 {
-        self.admission + self.express + self.read + self.tail_cache + self.transport
+        self.admission + self.express + self.read + self.tail_cache + self.transport + self.auditor
     }
 }
 
@@ -52,6 +54,7 @@ pub struct MemoryModel {
     tail_cache: u64,
     window: u64,
     max_sessions: u64,
+    auditor: u64,
     threshold: f64,
     clear_below: f64,
     saturated: AtomicBool,
@@ -74,6 +77,11 @@ impl MemoryModel {
             tail_cache: config.tail_window_cache_mib * MIB,
             window: config.grpc_stream_window_kib as u64 * KIB,
             max_sessions: config.max_producer_sessions as u64,
+            auditor: if config.auditor {
+                nova_auditor::working_memory(config.flight_max_bytes.bytes())
+            } else {
+                0
+            },
             threshold: config.saturation_threshold,
             clear_below: config.saturation_threshold - config.saturation_clear_margin,
             saturated: AtomicBool::new(false),
@@ -91,6 +99,7 @@ impl MemoryModel {
             read: self.read,
             tail_cache: self.tail_cache,
             transport: open_sessions * self.window,
+            auditor: self.auditor,
         }
     }
 
@@ -109,8 +118,9 @@ impl MemoryModel {
             "the budgets do not fit under the memory ceiling of {} ({}): \
              admission buffer {} (--s3-memory-buffer-mib) + express buffer {} + read budget {} \
              (--read-memory-mib) + tail window cache {} (--tail-window-cache-mib) + {} sessions × {} \
-             stream window (--max-producer-sessions × --grpc-stream-window-kib) = {} = {} over. Lower \
-             a budget, raise --memory-ceiling, or pass --allow-memory-overcommit to start anyway",
+             stream window (--max-producer-sessions × --grpc-stream-window-kib) + auditor {} \
+             (--auditor) = {} = {} over. Lower a budget, raise --memory-ceiling, or pass \
+             --allow-memory-overcommit to start anyway",
             mib(self.ceiling.bytes),
             self.ceiling.source,
             mib(worst.admission),
@@ -119,6 +129,7 @@ impl MemoryModel {
             mib(worst.tail_cache),
             self.max_sessions,
             mib(self.window),
+            mib(worst.auditor),
             mib(worst.total()),
             mib(worst.total() - self.ceiling.bytes),
         ))
@@ -138,6 +149,7 @@ impl MemoryModel {
             ("read", formula.read),
             ("tail_cache", formula.tail_cache),
             ("transport", formula.transport),
+            ("auditor", formula.auditor),
         ];
         for (term, bytes) in terms {
             self.metrics
@@ -203,7 +215,13 @@ mod tests {
         assert_eq!(f.tail_cache, 128 * MIB);
         assert_eq!(f.transport, 10 * 64 * KIB);
         assert_eq!(f.read, 64 * MIB);
-        assert_eq!(f.total(), 448 * MIB + 640 * KIB);
+        // Three 8 MiB flights, one 8 MiB settled object, 4 MiB of footers.
+        assert_eq!(f.auditor, 36 * MIB);
+        assert_eq!(f.total(), 484 * MIB + 640 * KIB);
+        assert_eq!(
+            model(&["--auditor", "false"], 10 << 30).formula(0).auditor,
+            0
+        );
         assert_eq!(m.at_session_cap().transport, 4096 * 64 * KIB);
         assert!(m.check_fits().is_ok());
     }
@@ -239,6 +257,7 @@ mod tests {
             "--read-memory-mib",
             "--tail-window-cache-mib",
             "4096 sessions",
+            "--auditor",
             "--allow-memory-overcommit",
         ] {
             assert!(problem.contains(term), "{term} missing from: {problem}");
@@ -263,6 +282,8 @@ mod tests {
                 "0.9",
                 "--saturation-clear-margin",
                 "0.05",
+                "--auditor",
+                "false",
             ],
             100 * MIB,
         );

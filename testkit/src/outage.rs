@@ -60,10 +60,12 @@ impl OutageScenario {
         }
     }
 
-    /// Admission buffer + read budget + tail window cache + sessions × the 64 KiB stream window.
+    /// Admission buffer + read budget + tail window cache + sessions × the 64 KiB stream window
+    /// + the auditor's working memory (8 MiB flights).
     pub fn formula_bytes(&self) -> u64 {
         (self.admission_mib + self.tail_mib + self.read_mib) * (1 << 20)
             + self.sessions as u64 * 64 * 1024
+            + nova_auditor::working_memory(8 << 20)
     }
 
     /// The overhead docs/backpressure.md states for a star beyond its formula, at this
