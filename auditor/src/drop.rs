@@ -1,21 +1,29 @@
 //! Drop deleted: a deleted stream's index entries go, a batch per job, and the settled objects
 //! that were the stream's alone are queued for collection. Its sections in flights go with the
-//! flights. This duty asks the object store nothing.
+//! flights. A stream whose manifest does not yet say it was deleted keeps its records (a
+//! rebuild from the bucket would restore it) until the star marks the manifest. This duty asks
+//! the object store nothing.
+
+/// Deleted streams looked at per job: one whose manifest is not marked yet does not hold up
+/// the others behind it.
+const CANDIDATES: usize = 16;
 
 use nova_core::keys::{data_root, parse_data_key};
 
 use crate::{AuditError, Ctx, Duty, Step};
 
 pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
-    let Some(&id) = ctx.catalog.dropping_streams(1).await?.first() else {
+    let candidates = ctx.catalog.dropping_streams(CANDIDATES).await?;
+    let Some((dropping, _)) = candidates.into_iter().find(|(_, marked)| *marked) else {
         ctx.set_due(Duty::DropDeleted, None);
         return Ok(Step::Idle);
     };
     ctx.mark_due(Duty::DropDeleted);
+    let id = dropping.id;
     let root = data_root(&ctx.config.star);
     let dropped = ctx
         .catalog
-        .drop_entries(id, ctx.due_at(), |entry| {
+        .drop_entries(&dropping, ctx.due_at(), |entry| {
             parse_data_key(&root, &entry.object_key).is_some_and(|k| k.stream_id == id)
         })
         .await?;

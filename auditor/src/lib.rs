@@ -71,6 +71,9 @@ pub struct AuditorConfig {
     pub fetch_cache_bytes: u64,
     /// Scratch directory of the fetch cache; emptied at start.
     pub fetch_cache_dir: PathBuf,
+    /// Flights up to this size are read whole (through the fetch cache); larger ones a section
+    /// at a time. novad passes `--flight-max-bytes`.
+    pub whole_object_max: u64,
     /// How long an object stays after nothing references it (`--auditor-collect-grace-secs`).
     pub collect_grace: Duration,
     /// How long a duty with nothing due sleeps before it looks again.

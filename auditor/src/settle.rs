@@ -6,7 +6,9 @@
 //! flights, `WINDOW_BYTES` of them and `WINDOW_SECTIONS` sections), reads each flight whole
 //! through the fetch cache, and for every live stream writes its sections from the window, laid
 //! end to end, as one settled object (split at `OBJECT_MAX_BYTES` and `OBJECT_MAX_SECTIONS`).
-//! Each object goes through three steps:
+//! Consecutive small sections merge into sections of up to 1 MiB, each with its own index
+//! entry, so a read of a few records fetches no more than it did from the flights. Each object
+//! goes through three steps:
 //!
 //! 1. an intent in the garbage queue, so the object is collected if nothing ever references it;
 //! 2. the object itself, under a fresh key;
@@ -39,14 +41,14 @@ use nova_core::catalog::{Garbage, IndexEntry, SettleCursor};
 use nova_core::flight::section::Fragment;
 use nova_core::flight::{
     FlightFooter, FlightMeta, ObjectFooter, SUGGESTED_TAIL_READ, SectionEntry, SectionInput,
-    SettleMarker, TailParse, assemble_flight, fetch_footer, fetch_section, parse_tail,
-    verify_section,
+    SettleMarker, TailParse, assemble_flight, fetch_footer, fetch_section, latest_settle_marker,
+    parse_tail, verify_section,
 };
 use nova_core::keys::{
     chain_prefix, chain_root, data_key, parse_slot, settle_marker_key, slot_key,
 };
-use nova_core::limits::MIB;
-use nova_core::object_store::{GetRange, MAX_LIST_KEYS, StoreError};
+use nova_core::limits::{MAX_SECTION_BYTES, MIB};
+use nova_core::object_store::MAX_LIST_KEYS;
 
 use crate::fetch_cache::CachedObject;
 use crate::{AuditError, Ctx, Duty, Step};
@@ -59,13 +61,15 @@ pub(crate) const OBJECT_MAX_BYTES: u64 = 8 * MIB;
 /// well inside etcd's default of 128 operations.
 pub(crate) const OBJECT_MAX_SECTIONS: usize = 48;
 
-/// The most a settle job holds in memory for a star whose flights are at most `flight_bytes`:
-/// a flight as fetched (the S3 SDK's chunks and their contiguous copy), as much again for the
-/// allocator keeping a freed flight-sized buffer (measured: a star settling 8 MiB flights at
-/// full speed resides about 39 MiB above one with the auditor off), one settled object's
-/// sections, and the window's footers (a section entry is well under 256 bytes).
-pub fn working_memory(flight_bytes: u64) -> u64 {
-    3 * flight_bytes + OBJECT_MAX_BYTES + WINDOW_SECTIONS as u64 * 256
+/// The most a settle job holds in memory when flights up to `whole_object_max` bytes are read
+/// whole (larger ones, made by a single large batch, are read a section at a time) and a section
+/// is at most `section_max`: a flight as fetched (the S3 SDK's chunks and their contiguous
+/// copy), as much again for the allocator keeping a freed flight-sized buffer (measured: a star
+/// settling 8 MiB flights at full speed resides about 39 MiB above one with the auditor off),
+/// one settled object's sections (a run stops at `OBJECT_MAX_BYTES`, so it can pass it by one
+/// section), and the window's footers (a section entry is well under 256 bytes).
+pub fn working_memory(whole_object_max: u64, section_max: u64) -> u64 {
+    3 * whole_object_max + OBJECT_MAX_BYTES + section_max + WINDOW_SECTIONS as u64 * 256
 }
 
 /// One flight of the window.
@@ -129,16 +133,46 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     };
     ctx.mark_due(Duty::Settle);
     if cursor.next_slot == 0
-        && let Some(marker) = read_marker(ctx, cursor.epoch).await?
+        && let Some((_, marker)) =
+            latest_settle_marker(ctx.store.as_ref(), star, cursor.epoch).await?
     {
-        // This epoch was settled further before (the catalog was rebuilt from the bucket
-        // since): carry on from there. The slots below are already queued by the rebuild.
+        // This epoch was settled further before: the catalog was rebuilt from the bucket
+        // since, or a job wrote the marker and stopped before moving the cursor. Carry on from
+        // there, queuing whatever is left of the settled slots (a rebuild may have queued them
+        // too; deleting twice is harmless).
+        let through = marker.settled_through;
+        let prefix = chain_prefix(star, cursor.epoch);
+        let lowest = ctx
+            .store
+            .list(&prefix, None, 1)
+            .await?
+            .objects
+            .first()
+            .and_then(|o| parse_slot(&prefix, &o.key))
+            .filter(|lowest| *lowest <= through);
+        let due = ctx.due_at().max(cursor.last_due_ms);
+        let garbage: Vec<_> = lowest
+            .map(|from| {
+                (
+                    due,
+                    Garbage::ChainSlots {
+                        star: star.to_owned(),
+                        epoch: cursor.epoch,
+                        from,
+                        to: through,
+                        bytes: 0,
+                    },
+                )
+            })
+            .into_iter()
+            .collect();
         let next = SettleCursor {
-            next_slot: marker.settled_through + 1,
+            next_slot: through + 1,
+            last_due_ms: due,
             ..cursor
         };
         ctx.catalog
-            .advance_settle(star, Some(at.version), next, &[])
+            .advance_settle(star, Some(at.version), next, &garbage)
             .await?;
         return Ok(Step::Done);
     }
@@ -163,17 +197,6 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     }
     finish(ctx, at.version, cursor, window).await?;
     Ok(Step::Done)
-}
-
-async fn read_marker(ctx: &Ctx, epoch: u64) -> Result<Option<SettleMarker>, AuditError> {
-    let key = settle_marker_key(&ctx.config.star, epoch);
-    match ctx.store.get(&key, GetRange::All).await {
-        Ok(got) => SettleMarker::decode(&got.bytes)
-            .map(Some)
-            .map_err(|source| AuditError::Format { key, source }),
-        Err(StoreError::NotFound { .. }) => Ok(None),
-        Err(err) => Err(err.into()),
-    }
 }
 
 /// The oldest epoch with objects in the bucket.
@@ -235,10 +258,16 @@ async fn load_window(
             break;
         }
         let key: Arc<str> = Arc::from(object.key.as_str());
-        let disk = ctx
-            .cache
-            .load(ctx.store.as_ref(), &key, object.size)
-            .await?;
+        // A flight past the usual size (one large batch makes one) is read a section at a time,
+        // so the settle's memory does not follow the batch cap.
+        let disk = if object.size <= ctx.config.whole_object_max {
+            ctx.cache
+                .load(ctx.store.as_ref(), &key, object.size)
+                .await?
+        } else {
+            ctx.metrics.cache_fallbacks.inc();
+            None
+        };
         let footer = match &disk {
             Some(disk) => footer_from_disk(disk, &key).await?,
             None => fetch_footer(ctx.store.as_ref(), &key).await?,
@@ -416,15 +445,33 @@ async fn write_run(
     };
     let star = ctx.config.star.as_str();
     let stream_id = first.entry.stream_id;
-    let mut fragments = Vec::with_capacity(run.len());
+    // Consecutive pieces merge into sections of at most MAX_SECTION_BYTES (a piece larger than
+    // that stays one section), so a read of a few records still fetches at most about 1 MiB.
+    let mut sections: Vec<SectionInput> = Vec::new();
+    let mut section_bytes = 0u64;
     let mut created_at_ms = 0;
     for (piece, _) in run {
         let flight = &window.flights[piece.flight];
         created_at_ms = created_at_ms.max(flight.footer.meta.created_at_ms);
-        fragments.push(Fragment {
+        let fragment = Fragment {
             bytes: read_piece(ctx, flight, &piece.entry).await?,
             records: piece.entry.end_seq - piece.entry.start_seq,
-        });
+        };
+        match sections.last_mut() {
+            Some(section) if section_bytes + piece.entry.len <= MAX_SECTION_BYTES => {
+                section_bytes += piece.entry.len;
+                section.fragments.push(fragment);
+            }
+            _ => {
+                section_bytes = piece.entry.len;
+                sections.push(SectionInput {
+                    stream_id,
+                    stream: piece.entry.stream.clone(),
+                    start_seq: piece.entry.start_seq,
+                    fragments: vec![fragment],
+                });
+            }
+        }
     }
     let (start, end) = (first.entry.start_seq, last.entry.end_seq);
     // The footer names the epoch and the last slot the records came from.
@@ -434,15 +481,7 @@ async fn write_run(
         slot: window.flights[last.flight].slot,
         created_at_ms,
     };
-    let (payload, footer) = assemble_flight(
-        meta,
-        vec![SectionInput {
-            stream_id,
-            stream: first.entry.stream.clone(),
-            start_seq: start,
-            fragments,
-        }],
-    );
+    let (payload, footer) = assemble_flight(meta, sections);
     let key = data_key(star, stream_id, start, end, ctx.config.entropy.next_u64());
     let size = payload.len();
     let intent = ctx
@@ -457,16 +496,19 @@ async fn write_run(
         .await?;
     ctx.charge_rewrite(size).await;
     ctx.store.put(&key, payload).await?;
-    let section = &footer.sections[0];
-    let new = IndexEntry {
-        stream_id,
-        start_seq: start,
-        end_seq: end,
-        object_key: key,
-        offset: section.offset,
-        len: section.len,
-        crc32c: section.crc32c,
-    };
+    let new: Vec<IndexEntry> = footer
+        .sections
+        .iter()
+        .map(|section| IndexEntry {
+            stream_id,
+            start_seq: section.start_seq,
+            end_seq: section.end_seq,
+            object_key: key.clone(),
+            offset: section.offset,
+            len: section.len,
+            crc32c: section.crc32c,
+        })
+        .collect();
     let old: Vec<(IndexEntry, u64)> = run.iter().map(|(_, current)| current.clone()).collect();
     let swapped = ctx
         .catalog
@@ -490,7 +532,7 @@ async fn write_run(
             end,
             "settle: the entries changed under the swap; deleting the object written for them"
         );
-        ctx.store.delete(&new.object_key).await?;
+        ctx.store.delete(&key).await?;
     }
     Ok(swapped)
 }
@@ -514,10 +556,20 @@ async fn finish(
         };
         ctx.store
             .put(
-                &settle_marker_key(star, cursor.epoch),
+                &settle_marker_key(star, cursor.epoch, last.slot),
                 marker.encode().into(),
             )
             .await?;
+        // The marker it supersedes goes with the window's slots.
+        if let Some(previous) = cursor.next_slot.checked_sub(1) {
+            garbage.push((
+                due,
+                Garbage::Object {
+                    key: settle_marker_key(star, cursor.epoch, previous),
+                    bytes: 0,
+                },
+            ));
+        }
         garbage.push((
             due,
             Garbage::ChainSlots {

@@ -65,6 +65,7 @@ fn auditor_config(disk: &Disk, grace: Duration) -> AuditorConfig {
         workers: 2,
         fetch_cache_bytes: 64 << 20,
         fetch_cache_dir: disk.dir.path().join("fetch-cache"),
+        whole_object_max: 8 << 20,
         collect_grace: grace,
         idle: Duration::from_millis(20),
         clock: Clock::system(),
@@ -122,7 +123,7 @@ async fn read_all(star: &Star) -> BTreeMap<String, Vec<String>> {
 async fn flights(store: &dyn ObjectStore) -> Vec<String> {
     let mut out = Vec::new();
     for object in store.list("chain/", None, 1000).await.unwrap().objects {
-        if object.key.ends_with("/settled") {
+        if object.key.contains("/settled-") {
             continue;
         }
         // Collected since the listing: not a flight any more.

@@ -30,10 +30,10 @@ use nova_core::catalog::{
     StreamMeta, StreamTail,
 };
 use nova_core::clock::Clock;
-use nova_core::flight::{FetchError, ObjectFooter, SettleMarker, fetch_footer};
+use nova_core::flight::{FetchError, ObjectFooter, fetch_footer, latest_settle_marker};
 use nova_core::keys::{
     DataKey, chain_prefix, chain_root, data_root, parse_data_key, parse_slot,
-    parse_stream_manifest, settle_marker_key, slot_key, streams_prefix,
+    parse_stream_manifest, slot_key, streams_prefix,
 };
 use nova_core::manifest::{ManifestError, StreamManifest};
 use nova_core::object_store::{GetRange, ListPage, MAX_LIST_KEYS, ObjectStore, StoreError};
@@ -278,18 +278,13 @@ pub async fn rebuild_catalog(
 
     for &epoch in &epochs {
         report.epochs += 1;
-        let marker_key = settle_marker_key(star, epoch);
-        let marker =
-            match retrying(clock, || store.get(&marker_key, GetRange::All)).await {
-                Ok(got) => Some(SettleMarker::decode(&got.bytes).map_err(|source| {
-                    RebuildError::Marker {
-                        key: marker_key.clone(),
-                        source,
-                    }
-                })?),
-                Err(StoreError::NotFound { .. }) => None,
-                Err(err) => return Err(err.into()),
-            };
+        let marker = match retrying(clock, || latest_settle_marker(store, star, epoch)).await {
+            Ok(found) => found.map(|(_, marker)| marker),
+            Err(FetchError::Store(err)) => return Err(err.into()),
+            Err(FetchError::Format { key, source }) => {
+                return Err(RebuildError::Marker { key, source });
+            }
+        };
         // Slots up to the marker were settled: their records are in settled objects, and those
         // the auditor had not deleted yet are queued for it (what is left of them is a run
         // ending at the marker, since they are deleted in order).
@@ -640,23 +635,30 @@ async fn take(
         }
         Err(source) => return Err(RebuildError::Flight { key, source }),
     };
-    let [section] = &footer.sections[..] else {
+    // Sections of one stream, end to end, covering exactly what the key says.
+    let sections = &footer.sections;
+    let contiguous = sections.windows(2).all(|w| w[0].end_seq == w[1].start_seq);
+    let (Some(first), Some(last)) = (sections.first(), sections.last()) else {
         return Err(RebuildError::Foreign {
             key,
-            what: format!("{} sections in a settled object", footer.sections.len()),
+            what: "a settled object without sections".into(),
         });
     };
-    if (section.stream_id, section.start_seq, section.end_seq)
-        != (data.stream_id, data.start, data.end)
+    if !contiguous
+        || sections
+            .iter()
+            .any(|s| s.stream_id != data.stream_id || s.stream != first.stream)
+        || (first.start_seq, last.end_seq) != (data.start, data.end)
     {
         return Err(RebuildError::Foreign {
             key,
             what: format!(
-                "its section holds records {}..{} of stream id {}",
-                section.start_seq, section.end_seq, section.stream_id
+                "its sections do not hold records {}..{} of stream id {} end to end",
+                data.start, data.end, data.stream_id
             ),
         });
     }
+    let section = first;
     let id = data.stream_id;
     let stream = match out.streams.entry(id) {
         std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
@@ -683,17 +685,19 @@ async fn take(
             ),
         });
     }
-    stream.add(section.start_seq, section.end_seq, section.len);
-    out.report.records += section.end_seq - section.start_seq;
     out.report.settled_objects += 1;
-    out.pending.push(IndexEntry {
-        stream_id: id,
-        start_seq: section.start_seq,
-        end_seq: section.end_seq,
-        object_key: key,
-        offset: section.offset,
-        len: section.len,
-        crc32c: section.crc32c,
-    });
+    for section in sections {
+        stream.add(section.start_seq, section.end_seq, section.len);
+        out.report.records += section.end_seq - section.start_seq;
+        out.pending.push(IndexEntry {
+            stream_id: id,
+            start_seq: section.start_seq,
+            end_seq: section.end_seq,
+            object_key: key.clone(),
+            offset: section.offset,
+            len: section.len,
+            crc32c: section.crc32c,
+        });
+    }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! chain/{star}/{epoch:010}/{slot:020}     one flight (or a fence) per slot
-//! chain/{star}/{epoch:010}/settled       how far the auditor has settled the epoch
+//! chain/{star}/{epoch:010}/settled-{slot:020}   the auditor settled the epoch to this slot
 //! data/{star}/{id:020}/{start:020}-{end:020}-{nonce:016x}   records start..end of one stream
 //! streams/{star}/{id:020}                 a stream's manifest (name, settings, deleted)
 //! probe/{star}/{nonce}                    a start-up probe, deleted right after
@@ -52,10 +52,26 @@ pub fn parse_slot(prefix: &str, key: &str) -> Option<u64> {
     rest.parse().ok()
 }
 
-/// Where the auditor records how far it has settled one epoch of a star's chain. Not a slot
-/// key (`parse_slot` skips it), so it lives beside the slots it describes.
-pub fn settle_marker_key(star: &str, epoch: u64) -> String {
-    format!("{}settled", chain_prefix(star, epoch))
+/// The prefix of an epoch's settle markers. Not slot keys (`parse_slot` skips them), so they
+/// live beside the slots they describe.
+pub fn settle_marker_prefix(star: &str, epoch: u64) -> String {
+    format!("{}settled-", chain_prefix(star, epoch))
+}
+
+/// The marker saying slots up to `through` of `epoch` are settled. Each value has its own key,
+/// so a marker written late (a slow PUT, a paused process) can only add a lower one: the
+/// highest present is the truth.
+pub fn settle_marker_key(star: &str, epoch: u64, through: u64) -> String {
+    format!("{}{through:020}", settle_marker_prefix(star, epoch))
+}
+
+/// The slot a settle marker key names, under `settle_marker_prefix`.
+pub fn parse_settle_marker(prefix: &str, key: &str) -> Option<u64> {
+    let rest = key.strip_prefix(prefix)?;
+    if rest.len() != 20 || !rest.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    rest.parse().ok()
 }
 
 /// The prefix of every settled object of a star's streams.
@@ -123,8 +139,12 @@ mod tests {
         );
         assert_eq!(parse_slot(&chain_prefix("s", 2), &b), None);
         assert_eq!(
-            parse_slot(&chain_prefix("s", 1), &settle_marker_key("s", 1)),
+            parse_slot(&chain_prefix("s", 1), &settle_marker_key("s", 1, 7)),
             None
+        );
+        assert_eq!(
+            parse_settle_marker(&settle_marker_prefix("s", 1), &settle_marker_key("s", 1, 7)),
+            Some(7)
         );
     }
 

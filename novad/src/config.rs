@@ -262,6 +262,14 @@ impl Config {
         )
     }
 
+    /// What the auditor's settle may hold in memory (a term of the memory formula).
+    pub fn auditor_memory(&self) -> u64 {
+        nova_auditor::working_memory(
+            self.flight_max_bytes.bytes(),
+            limits::MAX_SECTION_BYTES + self.max_record_bytes.bytes() + 64 * 1024,
+        )
+    }
+
     pub fn auditor(&self) -> AuditorConfig {
         AuditorConfig {
             star: self.star_id.clone(),
@@ -270,6 +278,7 @@ impl Config {
             workers: self.auditor_workers,
             fetch_cache_bytes: self.auditor_fetch_cache_mib * limits::MIB,
             fetch_cache_dir: self.data_dir.join("fetch-cache"),
+            whole_object_max: self.flight_max_bytes.bytes(),
             collect_grace: Duration::from_secs(self.auditor_collect_grace_secs),
             idle: Duration::from_millis(self.auditor_idle_ms.max(1)),
             clock: Clock::system(),

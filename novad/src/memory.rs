@@ -78,7 +78,7 @@ impl MemoryModel {
             window: config.grpc_stream_window_kib as u64 * KIB,
             max_sessions: config.max_producer_sessions as u64,
             auditor: if config.auditor {
-                nova_auditor::working_memory(config.flight_max_bytes.bytes())
+                config.auditor_memory()
             } else {
                 0
             },
@@ -215,9 +215,10 @@ mod tests {
         assert_eq!(f.tail_cache, 128 * MIB);
         assert_eq!(f.transport, 10 * 64 * KIB);
         assert_eq!(f.read, 64 * MIB);
-        // Three 8 MiB flights, one 8 MiB settled object, 4 MiB of footers.
-        assert_eq!(f.auditor, 36 * MIB);
-        assert_eq!(f.total(), 484 * MIB + 640 * KIB);
+        // Three 8 MiB flights, one 8 MiB settled object and a 2 MiB section past it, 4 MiB of
+        // footers.
+        assert_eq!(f.auditor, 38 * MIB + 64 * KIB);
+        assert_eq!(f.total(), 486 * MIB + 704 * KIB);
         assert_eq!(
             model(&["--auditor", "false"], 10 << 30).formula(0).auditor,
             0

@@ -83,7 +83,7 @@ async fn flights(store: &dyn ObjectStore) -> usize {
     loop {
         let page = store.list("chain/", after.as_deref(), 1000).await.unwrap();
         for object in &page.objects {
-            if object.key.ends_with("/settled") {
+            if object.key.contains("/settled-") {
                 continue;
             }
             if let Ok(ObjectFooter::Flight(_)) = fetch_footer(store, &object.key).await {

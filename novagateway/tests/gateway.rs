@@ -36,13 +36,16 @@ fn with_aws(builder: NovadBuilder) -> NovadBuilder {
 }
 
 /// A star with a 1 MiB tail cache (so most history is only in the object store) and three
-/// gateways; `gateway_args` go to every gateway.
+/// gateways; `gateway_args` go to every gateway. The star's auditor is off: these tests spread
+/// reads over many flights to exercise routing, and settling would fold them into a few objects
+/// (reads over settled objects are tested in novad's auditor tests).
 fn cluster(gateway_args: &[&str]) -> Cluster {
     let moto = Moto::start();
     moto.create_bucket("history");
     let star = with_aws(NovadBuilder::new(workspace_binary("novad")))
         .args(s3_args(&moto))
         .args(["--tail-window-cache-mib", "1", "--flight-linger-ms", "5"])
+        .args(["--auditor", "false"])
         .start();
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let urls: Vec<String> = ports

@@ -65,7 +65,7 @@ impl OutageScenario {
     pub fn formula_bytes(&self) -> u64 {
         (self.admission_mib + self.tail_mib + self.read_mib) * (1 << 20)
             + self.sessions as u64 * 64 * 1024
-            + nova_auditor::working_memory(8 << 20)
+            + auditor_memory()
     }
 
     /// The overhead docs/backpressure.md states for a star beyond its formula, at this
@@ -76,6 +76,11 @@ impl OutageScenario {
     pub fn overhead_bytes(&self) -> u64 {
         star_overhead_bytes(self.sessions as u64)
     }
+}
+
+/// The auditor's term of the formula at novad's default flight and record sizes.
+pub fn auditor_memory() -> u64 {
+    nova_auditor::working_memory(8 << 20, (1 << 20) + (1 << 20) + 64 * 1024)
 }
 
 /// The star's fixed overhead beyond its formula with `sessions` session slots (see

@@ -174,7 +174,7 @@ async fn main() {
     let markers: u64 = sizes(&store, "chain/")
         .await
         .iter()
-        .filter(|(k, _)| k.ends_with("/settled"))
+        .filter(|(k, _)| k.contains("/settled-"))
         .map(|(_, s)| s)
         .sum();
     let written: u64 = settled.iter().map(|(_, s)| s).sum::<u64>() + markers;

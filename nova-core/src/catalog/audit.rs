@@ -27,6 +27,20 @@ const TAG_AGAIN: u8 = 3;
 /// most: well under what any metastore accepts in one transaction.
 pub const DROP_BATCH: usize = 50;
 
+pub(super) fn encode_dropping(name: &str) -> Vec<u8> {
+    let mut buf = vec![FORMAT];
+    put_string(&mut buf, name);
+    buf
+}
+
+/// A deleted stream whose index entries are still to be dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropping {
+    pub id: u64,
+    /// Its name when it was deleted: the stream is gone while the name does not lead to `id`.
+    pub name: String,
+}
+
 pub(super) fn dropping_key(id: u64) -> Vec<u8> {
     let mut key = DROPPING_PREFIX.to_vec();
     key.extend_from_slice(&id.to_be_bytes());
@@ -321,41 +335,55 @@ impl Catalog {
     }
 
     /// Replaces `old` (consecutive entries of one stream, each still at the version it was read
-    /// at) with `new`, which covers exactly their records, removes `intent` (the new object's,
-    /// still at its version) from the garbage queue and queues `retire`, atomically. `false` if
-    /// any old entry or the intent changed meanwhile.
+    /// at) with `new` (consecutive entries covering exactly the same records), removes `intent`
+    /// (the new object's, still at its version) from the garbage queue and queues `retire`,
+    /// atomically. `false` if any old entry or the intent changed meanwhile.
     pub async fn swap_entries(
         &self,
         old: &[(IndexEntry, u64)],
-        new: &IndexEntry,
+        new: &[IndexEntry],
         intent: Option<&(Vec<u8>, u64)>,
         retire: &[(u64, Garbage)],
     ) -> Result<bool, CatalogError> {
-        let (Some((first, _)), Some((last, _))) = (old.first(), old.last()) else {
+        let (Some((first, _)), Some((last, _)), Some(new_first), Some(new_last)) =
+            (old.first(), old.last(), new.first(), new.last())
+        else {
             return Err(CatalogError::Conflict(
-                "a swap needs entries to replace".into(),
+                "a swap needs entries on both sides".into(),
             ));
         };
-        if first.start_seq != new.start_seq
-            || last.end_seq != new.end_seq
-            || old.iter().any(|(e, _)| e.stream_id != new.stream_id)
-            || old.windows(2).any(|w| w[0].0.end_seq != w[1].0.start_seq)
+        let stream = first.stream_id;
+        let tiles = |entries: Vec<&IndexEntry>| {
+            entries
+                .iter()
+                .all(|e| e.stream_id == stream && e.start_seq < e.end_seq)
+                && entries.windows(2).all(|w| w[0].end_seq == w[1].start_seq)
+        };
+        if first.start_seq != new_first.start_seq
+            || last.end_seq != new_last.end_seq
+            || !tiles(old.iter().map(|(e, _)| e).collect())
+            || !tiles(new.iter().collect())
         {
             return Err(CatalogError::Conflict(format!(
-                "entries {}..{} of stream {} do not tile {}..{}",
-                first.start_seq, last.end_seq, new.stream_id, new.start_seq, new.end_seq
+                "entries {}..{} of stream {stream} do not tile {}..{}",
+                first.start_seq, last.end_seq, new_first.start_seq, new_last.end_seq
             )));
         }
         let mut txn = Txn::new();
         for (entry, version) in old {
             let key = index_key(entry.stream_id, entry.end_seq);
             txn = txn.compare(Compare::Version(key.clone(), *version));
-            // The last one's key is the new entry's: the put below replaces it.
-            if entry.end_seq != new.end_seq {
+            // An old entry ending where a new one ends is replaced by the put below.
+            if !new.iter().any(|n| n.end_seq == entry.end_seq) {
                 txn = txn.delete(key);
             }
         }
-        txn = txn.put(index_key(new.stream_id, new.end_seq), encode_entry(new));
+        for entry in new {
+            txn = txn.put(
+                index_key(entry.stream_id, entry.end_seq),
+                encode_entry(entry),
+            );
+        }
         if let Some((key, version)) = intent {
             txn = txn
                 .compare(Compare::Version(key.clone(), *version))
@@ -368,44 +396,55 @@ impl Catalog {
         ))
     }
 
-    /// Whether stream `id` is live: it has a tail until it is deleted.
+    /// Whether stream `id` still holds records the bucket must keep: it has a tail (until it is
+    /// deleted), or it was deleted but its manifest does not say so yet (a rebuild from the
+    /// bucket would bring it back, so its records must stay readable there).
     pub async fn stream_live(&self, id: u64) -> Result<bool, CatalogError> {
-        Ok(self.store.get(&tail_key(id)).await?.is_some())
+        Ok(self.store.get(&tail_key(id)).await?.is_some()
+            || self.store.get(&tombstone_key(id)).await?.is_some())
     }
 
-    /// Deleted streams whose index entries are still to be dropped, at most `limit`.
-    pub async fn dropping_streams(&self, limit: usize) -> Result<Vec<u64>, CatalogError> {
-        self.store
-            .scan(DROPPING_PREFIX, None, limit)
-            .await?
-            .iter()
-            .map(|kv| {
-                let mut id = kv.key.get(2..10).ok_or_else(|| {
-                    CatalogError::Corrupt("deleted-stream key has the wrong length".into())
-                })?;
-                Ok(id.get_u64())
-            })
-            .collect()
+    /// Deleted streams whose index entries are still to be dropped, at most `limit`, and
+    /// whether each one's manifest is marked deleted yet (only then may its records go).
+    pub async fn dropping_streams(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(Dropping, bool)>, CatalogError> {
+        let mut out = Vec::new();
+        for kv in self.store.scan(DROPPING_PREFIX, None, limit).await? {
+            let mut id = kv.key.get(2..10).ok_or_else(|| {
+                CatalogError::Corrupt("deleted-stream key has the wrong length".into())
+            })?;
+            let id = id.get_u64();
+            let name = Reader::start(&kv.value)?.string()?;
+            let marked = self.store.get(&tombstone_key(id)).await?.is_none();
+            out.push((Dropping { id, name }, marked));
+        }
+        Ok(out)
     }
 
-    /// Drops up to `DROP_BATCH` index entries of deleted stream `id`, queuing (due at `due_ms`)
-    /// the objects `owned` says belong to the stream alone. Once none are left, the stream is
-    /// forgotten. Returns the entries dropped; zero means the stream is done.
+    /// Drops up to `DROP_BATCH` index entries of deleted stream `dropping`, queuing (due at
+    /// `due_ms`) the objects `owned` says belong to the stream alone. Once none are left, the
+    /// stream is forgotten (with a tail a late absorb may have written back). Returns the
+    /// entries dropped; zero means the stream is done.
     pub async fn drop_entries(
         &self,
-        id: u64,
+        dropping: &Dropping,
         due_ms: u64,
         owned: impl Fn(&IndexEntry) -> bool,
     ) -> Result<usize, CatalogError> {
-        if self.stream_live(id).await? {
+        let id = dropping.id;
+        let by_name = self.stream(&dropping.name).await?;
+        if by_name.as_ref().is_some_and(|meta| meta.id == id) {
             return Err(CatalogError::Conflict(format!(
-                "stream {id} is live; only a deleted stream's entries are dropped"
+                "stream {:?} ({id}) is live; only a deleted stream's entries are dropped",
+                dropping.name
             )));
         }
         let page = self.store.scan(&index_prefix(id), None, DROP_BATCH).await?;
         if page.is_empty() {
             self.store
-                .commit(Txn::new().delete(dropping_key(id)))
+                .commit(Txn::new().delete(dropping_key(id)).delete(tail_key(id)))
                 .await?;
             return Ok(0);
         }
@@ -425,8 +464,12 @@ impl Catalog {
                 ));
             }
         }
-        self.store.commit(queue(txn, &garbage)).await?;
-        Ok(page.len())
+        match self.store.commit(queue(txn, &garbage)).await? {
+            TxnOutcome::Committed { .. } => Ok(page.len()),
+            TxnOutcome::Conflict => Err(CatalogError::Conflict(format!(
+                "the entries of deleted stream {id} changed while being dropped"
+            ))),
+        }
     }
 }
 
@@ -523,9 +566,10 @@ mod tests {
             .unwrap();
         // An entry read at an older version refuses the swap.
         let stale = [(a.0.clone(), a.1 + 100), b.clone()];
+        let merged = std::slice::from_ref(&merged);
         assert!(
             !catalog
-                .swap_entries(&stale, &merged, Some(&intent[0]), &[])
+                .swap_entries(&stale, merged, Some(&intent[0]), &[])
                 .await
                 .unwrap()
         );
@@ -538,7 +582,7 @@ mod tests {
         );
         assert!(
             !catalog
-                .swap_entries(&[a.clone(), b.clone()], &merged, Some(&intent[0]), &[])
+                .swap_entries(&[a.clone(), b.clone()], merged, Some(&intent[0]), &[])
                 .await
                 .unwrap()
         );
@@ -546,14 +590,11 @@ mod tests {
         let intent = [(requeued.key, requeued.version)];
         assert!(
             catalog
-                .swap_entries(&[a, b], &merged, Some(&intent[0]), &[])
+                .swap_entries(&[a, b], merged, Some(&intent[0]), &[])
                 .await
                 .unwrap()
         );
-        assert_eq!(
-            catalog.index_entries(s.id, 0, 10).await.unwrap(),
-            std::slice::from_ref(&merged)
-        );
+        assert_eq!(catalog.index_entries(s.id, 0, 10).await.unwrap(), merged);
         assert!(
             catalog.garbage_page(10).await.unwrap().is_empty(),
             "intent cleared"
@@ -562,7 +603,7 @@ mod tests {
         let c = catalog.index_entry(s.id, 9).await.unwrap().unwrap();
         assert!(
             catalog
-                .swap_entries(&[c], &entry(s.id, 1, 9, "x"), None, &[])
+                .swap_entries(&[c], &[entry(s.id, 1, 9, "x")], None, &[])
                 .await
                 .is_err()
         );
@@ -579,20 +620,40 @@ mod tests {
             .map(|i| entry(s.id, i, i + 1, &format!("data/star/{i}")))
             .collect();
         catalog.restore_entries(&entries).await.unwrap();
+        let dropping = Dropping {
+            id: s.id,
+            name: "s".into(),
+        };
         assert!(
-            catalog.drop_entries(s.id, 7, |_| true).await.is_err(),
+            catalog.drop_entries(&dropping, 7, |_| true).await.is_err(),
             "live"
         );
         assert!(catalog.dropping_streams(10).await.unwrap().is_empty());
         catalog.delete_stream("s").await.unwrap();
-        assert_eq!(catalog.dropping_streams(10).await.unwrap(), [s.id]);
+        // Until its manifest says deleted, the stream's records stay.
+        assert_eq!(
+            catalog.dropping_streams(10).await.unwrap(),
+            [(dropping.clone(), false)]
+        );
+        assert!(catalog.stream_live(s.id).await.unwrap());
+        catalog.clear_tombstone(s.id).await.unwrap();
+        assert_eq!(
+            catalog.dropping_streams(10).await.unwrap(),
+            [(dropping.clone(), true)]
+        );
+        assert!(!catalog.stream_live(s.id).await.unwrap());
+        // A new stream of the same name is another stream.
+        catalog
+            .create_stream("s", StorageClass::Standard, 2)
+            .await
+            .unwrap();
         let owned = |e: &IndexEntry| e.start_seq.is_multiple_of(2);
         assert_eq!(
-            catalog.drop_entries(s.id, 7, owned).await.unwrap(),
+            catalog.drop_entries(&dropping, 7, owned).await.unwrap(),
             DROP_BATCH
         );
-        assert_eq!(catalog.drop_entries(s.id, 7, owned).await.unwrap(), 3);
-        assert_eq!(catalog.drop_entries(s.id, 7, owned).await.unwrap(), 0);
+        assert_eq!(catalog.drop_entries(&dropping, 7, owned).await.unwrap(), 3);
+        assert_eq!(catalog.drop_entries(&dropping, 7, owned).await.unwrap(), 0);
         assert!(catalog.dropping_streams(10).await.unwrap().is_empty());
         assert!(
             catalog

@@ -26,7 +26,7 @@ use bytes::{Buf, BufMut};
 use crate::metastore::{Compare, KeyValue, MAX_SCAN, Metastore, MetastoreError, Txn, TxnOutcome};
 
 mod audit;
-pub use audit::{Garbage, QueuedGarbage, SettleCursor, VersionedCursor};
+pub use audit::{Dropping, Garbage, QueuedGarbage, SettleCursor, VersionedCursor};
 
 /// Reads back whether a transaction whose answer was lost landed: a read can fail too.
 const READ_BACK_ATTEMPTS: usize = 5;
@@ -543,7 +543,7 @@ impl Catalog {
             .delete(name_key(name))
             .delete(tail_key(meta.id))
             .put(tombstone_key(meta.id), tombstone)
-            .put(audit::dropping_key(meta.id), vec![FORMAT]);
+            .put(audit::dropping_key(meta.id), audit::encode_dropping(name));
         match self.store.commit(txn).await? {
             TxnOutcome::Committed { .. } => Ok(meta),
             TxnOutcome::Conflict => Err(CatalogError::Conflict(format!(

@@ -1,5 +1,6 @@
 //! The settle marker: how far the auditor has settled one epoch of a star's chain, kept in the
-//! object store beside the epoch's slots (`keys::settle_marker_key`).
+//! object store beside the epoch's slots (`keys::settle_marker_key`, one key per value; the
+//! highest is the truth).
 //!
 //! The auditor deletes settled flights, so slot numbers below the marker may hold nothing: a
 //! rebuild from the bucket starts each epoch after its marker, and treats a missing slot past
@@ -11,7 +12,9 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::FormatError;
+use super::{FetchError, FormatError};
+use crate::keys::{parse_settle_marker, settle_marker_key, settle_marker_prefix};
+use crate::object_store::{GetRange, MAX_LIST_KEYS, ObjectStore, StoreError};
 
 const MAGIC: &[u8; 8] = b"NOVASTL\0";
 const VERSION: u16 = 1;
@@ -68,6 +71,53 @@ impl SettleMarker {
             settled_through,
         })
     }
+}
+
+/// The highest settle marker of an epoch, with its key, or `None` when it has none.
+pub async fn latest_settle_marker(
+    store: &dyn ObjectStore,
+    star: &str,
+    epoch: u64,
+) -> Result<Option<(String, SettleMarker)>, FetchError> {
+    let prefix = settle_marker_prefix(star, epoch);
+    let mut highest: Option<u64> = None;
+    let mut after: Option<String> = None;
+    loop {
+        let page = store.list(&prefix, after.as_deref(), MAX_LIST_KEYS).await?;
+        for object in &page.objects {
+            if let Some(through) = parse_settle_marker(&prefix, &object.key) {
+                highest = highest.max(Some(through));
+            }
+        }
+        match page.next_start_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let Some(through) = highest else {
+        return Ok(None);
+    };
+    let key = settle_marker_key(star, epoch, through);
+    let bytes = match store.get(&key, GetRange::All).await {
+        Ok(got) => got.bytes,
+        // Collected between the listing and now: a higher one replaced it, so look again.
+        Err(StoreError::NotFound { .. }) => {
+            return Box::pin(latest_settle_marker(store, star, epoch)).await;
+        }
+        Err(err) => return Err(err.into()),
+    };
+    let format = |source| FetchError::Format {
+        key: key.clone(),
+        source,
+    };
+    let marker = SettleMarker::decode(&bytes).map_err(format)?;
+    if (marker.epoch, marker.settled_through) != (epoch, through) {
+        return Err(format(FormatError::corrupt(format!(
+            "the marker says epoch {} slot {}",
+            marker.epoch, marker.settled_through
+        ))));
+    }
+    Ok(Some((key, marker)))
 }
 
 #[cfg(test)]

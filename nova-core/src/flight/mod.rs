@@ -21,7 +21,7 @@ pub mod page;
 pub mod section;
 
 pub use fetch::{FetchError, fetch_footer, fetch_section};
-pub use marker::SettleMarker;
+pub use marker::{SettleMarker, latest_settle_marker};
 
 pub use layout::{
     FenceInfo, FlightFooter, FlightMeta, HEADER_LEN, ObjectFooter, SUGGESTED_TAIL_READ,
