@@ -55,6 +55,7 @@ pub mod defaults {
     pub const FETCH_CACHE_MIB: u64 = 40_960;
     pub const COLLECT_GRACE_SECS: u64 = 600;
     pub const IDLE_MS: u64 = 1000;
+    pub const SETTLE_AFTER_SECS: u64 = 30;
 }
 
 #[derive(Debug, Clone)]
@@ -76,6 +77,10 @@ pub struct AuditorConfig {
     pub whole_object_max: u64,
     /// How long an object stays after nothing references it (`--auditor-collect-grace-secs`).
     pub collect_grace: Duration,
+    /// How long absorbed flights of the star's current epoch wait before they are settled,
+    /// unless a whole window's worth is waiting (`--auditor-settle-after-secs`): settling a
+    /// second's flights at a time would make an object per stream per second.
+    pub settle_after: Duration,
     /// How long a duty with nothing due sleeps before it looks again.
     pub idle: Duration,
     pub clock: Clock,
@@ -146,6 +151,8 @@ pub(crate) struct Ctx {
     workers: Arc<Semaphore>,
     /// Since when (unix ms) each duty has had work due; `None` while it has none.
     due_since: Mutex<[Option<u64>; 3]>,
+    /// Since when (unix ms) absorbed flights have waited to be settled, due or not yet.
+    pub(crate) settle_pending_since: Mutex<Option<u64>>,
 }
 
 /// Units of the rewrite budget: 64 KiB, so small objects are charged fairly and a second's
@@ -159,6 +166,17 @@ impl Ctx {
             .clock
             .unix_ms()
             .saturating_add(self.config.collect_grace.as_millis() as u64)
+    }
+
+    /// When the intent for an object written now comes due: after twice the grace and at least
+    /// a second, so the write and its swap finish long before a collector can claim it (a
+    /// claimed intent refuses the swap, and the settle would start over).
+    pub fn intent_due_at(&self) -> u64 {
+        let margin = (2 * self.config.collect_grace).max(Duration::from_secs(1));
+        self.config
+            .clock
+            .unix_ms()
+            .saturating_add(margin.as_millis() as u64)
     }
 
     /// Waits until `bytes` more may be assembled and written.
@@ -247,6 +265,7 @@ impl Auditor {
             rewrite: RateBudget::new(rewrite_units, config.clock),
             workers: Arc::new(Semaphore::new(workers as usize)),
             due_since: Mutex::new([None; 3]),
+            settle_pending_since: Mutex::new(None),
             config,
             store,
             catalog,

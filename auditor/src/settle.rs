@@ -56,6 +56,10 @@ use crate::{AuditError, Ctx, Duty, Step};
 const WINDOW_SLOTS: usize = 256;
 const WINDOW_BYTES: u64 = 64 * MIB;
 const WINDOW_SECTIONS: usize = 16_384;
+/// The window's footers in memory (each section entry with its stream's name), counted as
+/// `FOOTER_ENTRY_BYTES` plus the name; the grouping by stream holds a copy.
+const WINDOW_FOOTER_BYTES: u64 = 2 * MIB;
+const FOOTER_ENTRY_BYTES: u64 = 96;
 pub(crate) const OBJECT_MAX_BYTES: u64 = 8 * MIB;
 /// Old entries one swap replaces: each costs a compare and a delete, and a transaction stays
 /// well inside etcd's default of 128 operations.
@@ -67,9 +71,9 @@ pub(crate) const OBJECT_MAX_SECTIONS: usize = 48;
 /// copy), as much again for the allocator keeping a freed flight-sized buffer (measured: a star
 /// settling 8 MiB flights at full speed resides about 39 MiB above one with the auditor off),
 /// one settled object's sections (a run stops at `OBJECT_MAX_BYTES`, so it can pass it by one
-/// section), and the window's footers (a section entry is well under 256 bytes).
+/// section), and the window's footers with their copy grouped by stream.
 pub fn working_memory(whole_object_max: u64, section_max: u64) -> u64 {
-    3 * whole_object_max + OBJECT_MAX_BYTES + section_max + WINDOW_SECTIONS as u64 * 256
+    3 * whole_object_max + OBJECT_MAX_BYTES + section_max + 2 * WINDOW_FOOTER_BYTES
 }
 
 /// One flight of the window.
@@ -122,16 +126,29 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     // settled to its end.
     let limit = if cursor.epoch == chain.state.epoch {
         match chain.state.checkpoint {
-            Some(checkpoint) if checkpoint >= cursor.next_slot => Some(checkpoint),
+            Some(checkpoint) if checkpoint >= cursor.next_slot => {
+                // Wait for a window's worth, or until the first waited long enough.
+                let now = ctx.config.clock.unix_ms();
+                let since = *ctx.settle_pending_since.lock().get_or_insert(now);
+                let due_from = since + ctx.config.settle_after.as_millis() as u64;
+                let waiting = checkpoint - cursor.next_slot + 1;
+                if waiting < WINDOW_SLOTS as u64 && now < due_from {
+                    ctx.set_due(Duty::Settle, None);
+                    return Ok(Step::Idle);
+                }
+                ctx.due_from(Duty::Settle, due_from.min(now));
+                Some(checkpoint)
+            }
             _ => {
+                *ctx.settle_pending_since.lock() = None;
                 ctx.set_due(Duty::Settle, None);
                 return Ok(Step::Idle);
             }
         }
     } else {
+        ctx.mark_due(Duty::Settle);
         None
     };
-    ctx.mark_due(Duty::Settle);
     if cursor.next_slot == 0
         && let Some((_, marker)) =
             latest_settle_marker(ctx.store.as_ref(), star, cursor.epoch).await?
@@ -177,9 +194,6 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         return Ok(Step::Done);
     }
     let window = load_window(ctx, cursor, limit).await?;
-    if let Some(first) = window.flights.first() {
-        ctx.due_from(Duty::Settle, first.footer.meta.created_at_ms);
-    }
 
     let mut complete = true;
     for (stream_id, pieces) in group_by_stream(&window) {
@@ -233,7 +247,7 @@ async fn load_window(
         )
         .await?;
     let mut flights: Vec<Flight> = Vec::new();
-    let (mut bytes, mut sections) = (0u64, 0usize);
+    let (mut bytes, mut sections, mut footers) = (0u64, 0usize, 0u64);
     let mut expected = cursor.next_slot;
     let mut full = false;
     let mut gap = false;
@@ -293,6 +307,17 @@ async fn load_window(
                 meta.slot, meta.epoch, meta.star
             )));
         }
+        let footer_bytes: u64 = footer
+            .sections
+            .iter()
+            .map(|s| FOOTER_ENTRY_BYTES + s.stream.len() as u64)
+            .sum();
+        if !flights.is_empty() && footers + footer_bytes > WINDOW_FOOTER_BYTES {
+            // The next window starts with it (from the fetch cache).
+            full = true;
+            break;
+        }
+        footers += footer_bytes;
         bytes += object.size;
         sections += footer.sections.len();
         flights.push(Flight {
@@ -487,7 +512,7 @@ async fn write_run(
     let intent = ctx
         .catalog
         .queue_garbage(&[(
-            ctx.due_at(),
+            ctx.intent_due_at(),
             Garbage::Object {
                 key: key.clone(),
                 bytes: size,
@@ -606,9 +631,9 @@ async fn finish(
         .await?
     {
         ctx.metrics.settled_flights.inc_by(settled);
-        if next.epoch == cursor.epoch {
-            ctx.mark_due(Duty::Settle);
-        } else {
+        // What is left waits afresh (a full window's worth goes at once).
+        *ctx.settle_pending_since.lock() = None;
+        if next.epoch != cursor.epoch {
             tracing::info!(epoch = cursor.epoch, "auditor: epoch settled");
         }
     }

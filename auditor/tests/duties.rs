@@ -67,6 +67,7 @@ fn auditor_config(disk: &Disk, grace: Duration) -> AuditorConfig {
         fetch_cache_dir: disk.dir.path().join("fetch-cache"),
         whole_object_max: 8 << 20,
         collect_grace: grace,
+        settle_after: Duration::ZERO,
         idle: Duration::from_millis(20),
         clock: Clock::system(),
         entropy: Entropy::from_os(),
@@ -74,8 +75,12 @@ fn auditor_config(disk: &Disk, grace: Duration) -> AuditorConfig {
 }
 
 fn start(world: &World, grace: Duration) -> Auditor {
+    start_with(world, auditor_config(&world.disk, grace))
+}
+
+fn start_with(world: &World, config: AuditorConfig) -> Auditor {
     Auditor::start(
-        auditor_config(&world.disk, grace),
+        config,
         world.disk.store(),
         world.catalog(),
         &prometheus::Registry::new(),
@@ -366,4 +371,40 @@ async fn a_catalog_rebuilt_from_the_bucket_mid_settle_reads_the_same() {
         assert_eq!(read_all(&star).await, before, "case {case} after settling");
         star.shutdown(Duration::from_secs(5)).await.unwrap();
     }
+}
+
+/// Absorbed flights of the current epoch wait `settle_after` (unless a window's worth is
+/// waiting), so a quiet star settles in larger windows; the wait is not counted as due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flights_wait_settle_after_before_they_are_settled() {
+    let world = World::new();
+    let star = world.star().await;
+    create(&star, "s").await;
+    for i in 0..5 {
+        answer(append(&star, "s", &format!("r{i}")).await)
+            .await
+            .unwrap();
+    }
+    let config = AuditorConfig {
+        settle_after: Duration::from_millis(1500),
+        ..auditor_config(&world.disk, Duration::from_millis(50))
+    };
+    let auditor = start_with(&world, config);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        auditor.metrics().settled_flights.get(),
+        0,
+        "settled too early"
+    );
+    assert_eq!(
+        auditor.metrics().oldest_due_age.get(),
+        0.0,
+        "waiting is not due"
+    );
+    let store = world.disk.store();
+    wait_settled_and_collected(store.as_ref(), &world.catalog()).await;
+    assert!(auditor.metrics().settled_flights.get() >= 5);
+    assert_eq!(bodies(&star, "s").await, ["r0", "r1", "r2", "r3", "r4"]);
+    auditor.stop().await;
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
 }

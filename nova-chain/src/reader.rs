@@ -184,6 +184,11 @@ pub(crate) async fn read(
                 {
                     stale_refs += 1;
                     tracing::debug!(%key, stream = stream.name(), "ref went stale; resolving again");
+                    if page.records.is_empty() {
+                        // Nothing taken yet: give the charge back, so the next stretch may wait
+                        // for room again and the page still serves at least one record.
+                        charge = ReadCharge::new(shared.read_budget.clone());
+                    }
                     break;
                 }
                 other => other.map_err(|e| read_error(stream.name(), e))?,

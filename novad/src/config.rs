@@ -206,6 +206,11 @@ pub struct Config {
     #[arg(long, env = "NOVA_AUDITOR_COLLECT_GRACE_SECS", default_value_t = auditor_defaults::COLLECT_GRACE_SECS, help_heading = "Auditor")]
     pub auditor_collect_grace_secs: u64,
 
+    /// Seconds absorbed flights wait before the auditor settles them, unless a window's worth
+    /// (256) is waiting: settling in larger windows makes fewer, larger objects per stream.
+    #[arg(long, env = "NOVA_AUDITOR_SETTLE_AFTER_SECS", default_value_t = auditor_defaults::SETTLE_AFTER_SECS, help_heading = "Auditor")]
+    pub auditor_settle_after_secs: u64,
+
     /// Milliseconds a duty with nothing due waits before it looks again (it asks only the
     /// metastore, never the object store, while nothing is due).
     #[arg(long, env = "NOVA_AUDITOR_IDLE_MS", default_value_t = auditor_defaults::IDLE_MS, help_heading = "Auditor")]
@@ -280,6 +285,7 @@ impl Config {
             fetch_cache_dir: self.data_dir.join("fetch-cache"),
             whole_object_max: self.flight_max_bytes.bytes(),
             collect_grace: Duration::from_secs(self.auditor_collect_grace_secs),
+            settle_after: Duration::from_secs(self.auditor_settle_after_secs),
             idle: Duration::from_millis(self.auditor_idle_ms.max(1)),
             clock: Clock::system(),
             entropy: Entropy::from_os(),
@@ -337,6 +343,13 @@ impl Config {
             return Err(
                 "--auditor-s3-budget, --auditor-rewrite-mib and --auditor-workers must be at least \
                  1 (turn the auditor off with --auditor false)"
+                    .into(),
+            );
+        }
+        if self.auditor_collect_grace_secs == 0 {
+            return Err(
+                "--auditor-collect-grace-secs must be at least 1 (readers holding a ref need the \
+                 time; keep it above the object store's request timeout)"
                     .into(),
             );
         }

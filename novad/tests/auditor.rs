@@ -38,7 +38,12 @@ async fn bucket(moto: &Moto) -> Arc<dyn ObjectStore> {
 fn star(moto: &Moto, auditor: &[&str]) -> NovadBuilder {
     novad_on_s3(moto, BUCKET)
         .args(["--tail-window-cache-mib", "1", "--flight-linger-ms", "5"])
-        .args(["--auditor-idle-ms", "100"])
+        .args([
+            "--auditor-idle-ms",
+            "100",
+            "--auditor-settle-after-secs",
+            "0",
+        ])
         .args(auditor.iter().copied())
 }
 
@@ -280,7 +285,7 @@ async fn the_request_budget_holds_at_the_server_and_the_backlog_shows_as_age() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_during_the_duties_loses_and_leaks_nothing() {
     let moto = Moto::start();
-    let mut novad = star(&moto, &["--auditor-collect-grace-secs", "0"]).start();
+    let mut novad = star(&moto, &["--auditor-collect-grace-secs", "1"]).start();
     let store = bucket(&moto).await;
     let mut expected = load(&novad, 5, 40).await;
     let delays = [150u64, 400, 50, 900, 250, 600, 100, 1200];

@@ -52,6 +52,8 @@ fn star(moto: &Moto, dir: &std::path::Path, auditor: bool, budget: u64) -> Novad
             "1",
             "--auditor-idle-ms",
             "200",
+            "--auditor-settle-after-secs",
+            "0",
         ])
         .env("AWS_ACCESS_KEY_ID", "test")
         .env("AWS_SECRET_ACCESS_KEY", "testtest")
