@@ -34,6 +34,37 @@ pub struct Plan {
     pub metastore: MetastoreFaults,
     /// The star's settings; each incarnation gets its own clock and entropy.
     pub chain: ChainConfig,
+    /// The auditor's settings, when this seed runs one beside the star.
+    pub auditor: Option<AuditorPlan>,
+}
+
+/// How the auditor runs in a seed. Drawn from its own entropy, so adding it left the rest of
+/// every seed's plan as it was.
+#[derive(Debug, Clone)]
+pub struct AuditorPlan {
+    pub s3_budget: u32,
+    pub rewrite_mib: u32,
+    pub workers: u32,
+    pub collect_grace: Duration,
+    pub settle_after: Duration,
+    pub idle: Duration,
+}
+
+impl AuditorPlan {
+    /// Three seeds in four run an auditor.
+    pub fn draw(entropy: &Entropy) -> Option<Self> {
+        entropy.chance(0.75).then(|| AuditorPlan {
+            s3_budget: pick(entropy, &[20, 200, 5000]),
+            rewrite_mib: pick(entropy, &[1, 64]),
+            workers: 1 + entropy.below(2) as u32,
+            collect_grace: ms(entropy, 200, 3000),
+            settle_after: pick(
+                entropy,
+                &[Duration::ZERO, Duration::from_millis(500), Duration::from_secs(3)],
+            ),
+            idle: ms(entropy, 20, 200),
+        })
+    }
 }
 
 /// One incarnation of the star, from its start to its end.
@@ -64,7 +95,7 @@ fn pick<T: Copy>(entropy: &Entropy, choices: &[T]) -> T {
 }
 
 impl Plan {
-    pub fn draw(entropy: &Entropy) -> Self {
+    pub fn draw(entropy: &Entropy, auditor: &Entropy) -> Self {
         // A fifth of the seeds run without faults, so the plain paths are covered too.
         let faulty = !entropy.chance(0.2);
         let p = |max: f64| if faulty { entropy.unit() * max } else { 0.0 };
@@ -133,6 +164,7 @@ impl Plan {
                 clock: Clock::system(),
                 entropy: Entropy::seeded(0),
             },
+            auditor: AuditorPlan::draw(auditor),
         }
     }
 

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::task::JoinSet;
 
+use nova_auditor::{Auditor, AuditorConfig};
 use nova_chain::Star;
 use nova_chain::admission::encoded_charge;
 use nova_chain::rebuild::rebuild_catalog;
@@ -51,6 +52,9 @@ pub struct Report {
     pub unknown_batches: usize,
     pub acked_records: u64,
     pub simulated: Duration,
+    /// Flights the auditor settled, and chain slots and settled objects it deleted.
+    pub settled_flights: u64,
+    pub collected_objects: u64,
     /// Identical for two runs of one seed: the proof that it replays.
     pub digest: u64,
 }
@@ -92,11 +96,16 @@ struct World {
     /// The streams in use (stream `i` is named `s{i}`), and the next index to give out.
     live_streams: Mutex<(Vec<usize>, usize)>,
     simulated: Duration,
+    /// Where the auditor's fetch cache would keep flights (its budget here is zero: every
+    /// flight is read in ranges, so no disk I/O runs outside the simulated clock).
+    scratch: tempfile::TempDir,
+    /// What the auditors of the incarnations did: flights settled, objects deleted.
+    audited: Mutex<(u64, u64)>,
 }
 
 pub fn run_seed(seed: u64) -> Result<Report, Failure> {
     let entropy = Entropy::seeded(seed);
-    let plan = Plan::draw(&entropy);
+    let plan = Plan::draw(&entropy, &Entropy::seeded(seed ^ 0xa0d1_7042_5e77_1e00));
     tracing::info!(?plan, "seed {seed}");
     let mut world = World {
         seed,
@@ -109,6 +118,8 @@ pub fn run_seed(seed: u64) -> Result<Report, Failure> {
         simulated: Duration::ZERO,
         live_streams: Mutex::default(),
         rebuilds: Entropy::seeded(seed ^ 0x5eed_0f4e_b11d),
+        scratch: tempfile::tempdir().expect("a scratch directory"),
+        audited: Mutex::default(),
     };
     *world.live_streams.lock() = ((0..world.plan.streams).collect(), world.plan.streams);
     let lives = world.plan.lives.clone();
@@ -132,6 +143,7 @@ pub fn run_seed(seed: u64) -> Result<Report, Failure> {
     {
         return Err(world.failure());
     }
+    let audited = *world.audited.lock();
     let oracle = world.oracle.lock();
     let (acked_batches, refused_batches, unknown_batches) = oracle.counts();
     Ok(Report {
@@ -143,6 +155,8 @@ pub fn run_seed(seed: u64) -> Result<Report, Failure> {
         unknown_batches,
         acked_records: oracle.acked_records(),
         simulated: world.simulated,
+        settled_flights: audited.0,
+        collected_objects: audited.1,
         digest: oracle.digest(),
     })
 }
@@ -196,6 +210,8 @@ fn check_chain(world: &World) {
     let root = chain_root(STAR);
     let objects = world.store.snapshot();
     let mut epochs: BTreeMap<u64, BTreeMap<u64, Bytes>> = BTreeMap::new();
+    // The auditor's settle markers: slots up to them were settled and may be gone.
+    let mut settled: BTreeMap<u64, u64> = BTreeMap::new();
     for (key, object) in objects.range(root.clone()..) {
         let Some(rest) = key.strip_prefix(&root) else {
             break;
@@ -203,7 +219,16 @@ fn check_chain(world: &World) {
         let Some((epoch, slot)) = rest.split_once('/') else {
             continue;
         };
-        if let (Ok(epoch), Ok(slot)) = (epoch.parse(), slot.parse()) {
+        let Ok(epoch) = epoch.parse::<u64>() else {
+            continue;
+        };
+        if let Some(through) = slot
+            .strip_prefix("settled-")
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            let highest = settled.entry(epoch).or_insert(through);
+            *highest = (*highest).max(through);
+        } else if let Ok(slot) = slot.parse() {
             epochs
                 .entry(epoch)
                 .or_default()
@@ -212,7 +237,8 @@ fn check_chain(world: &World) {
     }
     let mut oracle = world.oracle.lock();
     for (epoch, slots) in epochs {
-        let Some(gap) = (0..).find(|slot| !slots.contains_key(slot)) else {
+        let from = settled.get(&epoch).map_or(0, |through| through + 1);
+        let Some(gap) = (from..).find(|slot| !slots.contains_key(slot)) else {
             continue;
         };
         for (slot, object) in slots.range(gap..) {
@@ -283,6 +309,30 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
         let _ = star.shutdown(Duration::from_secs(10)).await;
         return Ok(());
     };
+    let auditor = world.plan.auditor.as_ref().map(|plan| {
+        let config = AuditorConfig {
+            star: STAR.into(),
+            s3_budget: plan.s3_budget,
+            rewrite_mib: plan.rewrite_mib,
+            workers: plan.workers,
+            fetch_cache_bytes: 0,
+            fetch_cache_dir: world.scratch.path().join(format!("fetch-cache-{index}")),
+            whole_object_max: world.plan.chain.flight_max_bytes,
+            collect_grace: plan.collect_grace,
+            settle_after: plan.settle_after,
+            idle: plan.idle,
+            clock,
+            // Not drawn from `entropy`, so the rest of the run draws what it always did.
+            entropy: Entropy::seeded(world.seed ^ 0xa0d1_7042 ^ ((index as u64) << 40)),
+        };
+        Auditor::start(
+            config,
+            Arc::new(world.store.clone()),
+            Catalog::new(Arc::new(world.metastore.clone())),
+            &prometheus::Registry::new(),
+        )
+        .expect("the auditor starts")
+    });
     let mut tasks = JoinSet::new();
     for (i, stream) in streams.iter().cloned() {
         tasks.spawn(produce(world.context(&star, clock), i, stream.clone()));
@@ -311,10 +361,23 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
         }
         _ = clock.sleep(life.run_for) => {}
     }
+    if let Some(auditor) = &auditor {
+        let metrics = auditor.metrics();
+        let deleted: u64 = ["chain_slot", "settled", "orphan"]
+            .iter()
+            .map(|kind| metrics.deleted_objects.with_label_values(&[kind]).get())
+            .sum();
+        let mut audited = world.audited.lock();
+        audited.0 += metrics.settled_flights.get();
+        audited.1 += deleted;
+    }
     match life.end {
         End::Crash => tracing::info!("crash"),
         End::Shutdown(deadline) => {
             tracing::info!(?deadline, "shutdown");
+            if let Some(auditor) = auditor {
+                auditor.stop().await;
+            }
             let result = star.shutdown(deadline).await;
             tracing::info!(?result, "shutdown ended");
             // Let the producers take their last answers before the process goes.
