@@ -53,7 +53,7 @@ async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {
                     .await?
                     .is_some_and(|(entry, _)| entry.object_key == *key);
                 if referenced {
-                    ctx.catalog.forget_garbage(&queued.key).await?;
+                    ctx.catalog.forget_garbage(queued).await?;
                     return Ok(());
                 }
             }
@@ -91,6 +91,6 @@ async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {
             ctx.metrics.reclaimed_bytes.inc_by(*bytes);
         }
     }
-    ctx.catalog.forget_garbage(&queued.key).await?;
+    ctx.catalog.forget_garbage(queued).await?;
     Ok(())
 }

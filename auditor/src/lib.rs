@@ -4,7 +4,9 @@
 //!   per-stream objects and swaps the index entries over (`settle`);
 //! - **collect** deletes what nothing references any more once its grace period is over: settled
 //!   flights, objects replaced or orphaned, the objects of deleted streams (`collect`);
-//! - **drop_deleted** removes a deleted stream's index entries and queues its objects (`drop`).
+//! - **drop_deleted** removes a deleted stream's index entries and queues its objects (`drop`);
+//! - **sweep** now and then checks every settled object in the bucket against the catalog and
+//!   queues any that nothing references or writes (`sweep`).
 //!
 //! Nothing waits in memory: what is due is read from the catalog each time (the settle cursor
 //! against the chain's checkpoint, the garbage queue in due order, the deleted-stream records),
@@ -24,6 +26,7 @@ mod drop;
 mod fetch_cache;
 pub mod metrics;
 mod settle;
+mod sweep;
 
 pub use settle::working_memory;
 
@@ -56,6 +59,7 @@ pub mod defaults {
     pub const COLLECT_GRACE_SECS: u64 = 600;
     pub const IDLE_MS: u64 = 1000;
     pub const SETTLE_AFTER_SECS: u64 = 30;
+    pub const SWEEP_SECS: u64 = 3600;
 }
 
 #[derive(Debug, Clone)]
@@ -83,6 +87,8 @@ pub struct AuditorConfig {
     pub settle_after: Duration,
     /// How long a duty with nothing due sleeps before it looks again.
     pub idle: Duration,
+    /// How often the sweep passes over every settled object (`--auditor-sweep-secs`).
+    pub sweep_every: Duration,
     pub clock: Clock,
     pub entropy: Entropy,
 }
@@ -119,6 +125,7 @@ pub(crate) enum Duty {
     Settle,
     Collect,
     DropDeleted,
+    Sweep,
 }
 
 impl Duty {
@@ -127,6 +134,7 @@ impl Duty {
             Duty::Settle => "settle",
             Duty::Collect => "collect",
             Duty::DropDeleted => "drop_deleted",
+            Duty::Sweep => "sweep",
         }
     }
 
@@ -135,8 +143,18 @@ impl Duty {
             Duty::Settle => 0,
             Duty::Collect => 1,
             Duty::DropDeleted => 2,
+            // Periodic housekeeping: never counted as due.
+            Duty::Sweep => 3,
         }
     }
+}
+
+/// Where the sweep stands: the key its pass has reached, and when the next pass is due.
+#[derive(Debug, Default)]
+pub(crate) struct SweepState {
+    pub after: Option<String>,
+    pub started_ms: u64,
+    pub next_pass_ms: Option<u64>,
 }
 
 /// What every job shares.
@@ -150,7 +168,8 @@ pub(crate) struct Ctx {
     rewrite: RateBudget,
     workers: Arc<Semaphore>,
     /// Since when (unix ms) each duty has had work due; `None` while it has none.
-    due_since: Mutex<[Option<u64>; 3]>,
+    due_since: Mutex<[Option<u64>; 4]>,
+    pub(crate) sweep: Mutex<SweepState>,
     /// Since when (unix ms) absorbed flights have waited to be settled, due or not yet.
     pub(crate) settle_pending_since: Mutex<Option<u64>>,
 }
@@ -264,7 +283,8 @@ impl Auditor {
         let ctx = Arc::new(Ctx {
             rewrite: RateBudget::new(rewrite_units, config.clock),
             workers: Arc::new(Semaphore::new(workers as usize)),
-            due_since: Mutex::new([None; 3]),
+            due_since: Mutex::new([None; 4]),
+            sweep: Mutex::new(SweepState::default()),
             settle_pending_since: Mutex::new(None),
             config,
             store,
@@ -281,10 +301,11 @@ impl Auditor {
             "auditor started"
         );
         let stop = CancellationToken::new();
-        let mut tasks: Vec<JoinHandle<()>> = [Duty::Settle, Duty::Collect, Duty::DropDeleted]
-            .into_iter()
-            .map(|duty| tokio::spawn(run_duty(ctx.clone(), duty, stop.clone())))
-            .collect();
+        let mut tasks: Vec<JoinHandle<()>> =
+            [Duty::Settle, Duty::Collect, Duty::DropDeleted, Duty::Sweep]
+                .into_iter()
+                .map(|duty| tokio::spawn(run_duty(ctx.clone(), duty, stop.clone())))
+                .collect();
         tasks.push(tokio::spawn(publish_ages(ctx.clone(), stop.clone())));
         Ok(Self { ctx, stop, tasks })
     }
@@ -386,5 +407,6 @@ async fn step(ctx: &Ctx, duty: Duty) -> Result<Step, AuditError> {
         Duty::Settle => settle::step(ctx).await,
         Duty::Collect => collect::step(ctx).await,
         Duty::DropDeleted => drop::step(ctx).await,
+        Duty::Sweep => sweep::step(ctx).await,
     }
 }

@@ -8,7 +8,7 @@ use nova_core::metrics::register;
 use nova_core::object_store::RateLimitedMetrics;
 
 /// The duties, as the `duty` label spells them.
-pub const DUTIES: [&str; 3] = ["settle", "collect", "drop_deleted"];
+pub const DUTIES: [&str; 4] = ["settle", "collect", "drop_deleted", "sweep"];
 
 #[derive(Debug, Clone)]
 pub struct AuditorMetrics {
@@ -28,6 +28,9 @@ pub struct AuditorMetrics {
     pub deleted_objects: IntCounterVec,
     pub reclaimed_bytes: IntCounter,
     pub dropped_entries: IntCounter,
+    /// Settled objects the sweep found unreferenced and queued, and sweep passes completed.
+    pub swept_objects: IntCounter,
+    pub sweeps: IntCounter,
     pub cache_hits: IntCounter,
     pub cache_misses: IntCounter,
     /// Objects read with ranged GETs because the fetch cache could not admit them whole.
@@ -144,6 +147,16 @@ impl AuditorMetrics {
                 r,
                 "nova_auditor_dropped_entries_total",
                 "Index entries of deleted streams the auditor removed.",
+            ),
+            swept_objects: counter(
+                r,
+                "nova_auditor_swept_objects_total",
+                "Settled objects the sweep found nothing referencing and queued for collection.",
+            ),
+            sweeps: counter(
+                r,
+                "nova_auditor_sweeps_total",
+                "Passes of the sweep over every settled object.",
             ),
             cache_hits: counter(
                 r,

@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use nova_core::catalog::{Garbage, IndexEntry, SettleCursor};
+use nova_core::catalog::{Garbage, IndexEntry, Liveness, SettleCursor};
 use nova_core::flight::section::Fragment;
 use nova_core::flight::{
     FlightFooter, FlightMeta, ObjectFooter, SUGGESTED_TAIL_READ, SectionEntry, SectionInput,
@@ -197,10 +197,19 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
 
     let mut complete = true;
     for (stream_id, pieces) in group_by_stream(&window) {
-        if !ctx.catalog.stream_live(stream_id).await? {
-            // Deleted: its entries are dropped by their own duty, its sections go with the
-            // flights.
-            continue;
+        match ctx.catalog.stream_liveness(stream_id).await? {
+            Liveness::Live => {}
+            // Its entries are dropped by their own duty; its sections go with the flights.
+            Liveness::Deleted => continue,
+            // Its manifest still says live, so a rebuild would restore it, and some of its
+            // records (those absorbed after the delete) have no entry to settle: the window's
+            // flights must stay until the star marks the manifest (it retries at every start).
+            Liveness::DeletedUnmarked => {
+                return Err(AuditError::Inconsistent(format!(
+                    "stream {stream_id} was deleted but its manifest is not marked yet; its \
+                     flights stay until it is"
+                )));
+            }
         }
         complete &= settle_stream(ctx, &window, cursor.epoch, stream_id, &pieces).await?;
     }
@@ -509,17 +518,13 @@ async fn write_run(
     let (payload, footer) = assemble_flight(meta, sections);
     let key = data_key(star, stream_id, start, end, ctx.config.entropy.next_u64());
     let size = payload.len();
+    // Charged before the intent is queued: a wait here must not eat into the time the intent
+    // gives the write and its swap.
+    ctx.charge_rewrite(size).await;
     let intent = ctx
         .catalog
-        .queue_garbage(&[(
-            ctx.intent_due_at(),
-            Garbage::Object {
-                key: key.clone(),
-                bytes: size,
-            },
-        )])
+        .queue_intent(ctx.intent_due_at(), &key, size)
         .await?;
-    ctx.charge_rewrite(size).await;
     ctx.store.put(&key, payload).await?;
     let new: Vec<IndexEntry> = footer
         .sections
@@ -537,7 +542,7 @@ async fn write_run(
     let old: Vec<(IndexEntry, u64)> = run.iter().map(|(_, current)| current.clone()).collect();
     let swapped = ctx
         .catalog
-        .swap_entries(&old, &new, intent.first(), &[])
+        .swap_entries(&old, &new, Some(&intent), &[])
         .await?;
     if swapped {
         ctx.metrics
@@ -631,8 +636,9 @@ async fn finish(
         .await?
     {
         ctx.metrics.settled_flights.inc_by(settled);
-        // What is left waits afresh (a full window's worth goes at once).
-        *ctx.settle_pending_since.lock() = None;
+        // Once due, the settle carries on window after window until it has caught up (only
+        // then does the wait start afresh), and the due age keeps counting from when it fell
+        // due.
         if next.epoch != cursor.epoch {
             tracing::info!(epoch = cursor.epoch, "auditor: epoch settled");
         }

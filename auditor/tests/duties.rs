@@ -68,6 +68,7 @@ fn auditor_config(disk: &Disk, grace: Duration) -> AuditorConfig {
         whole_object_max: 8 << 20,
         collect_grace: grace,
         settle_after: Duration::ZERO,
+        sweep_every: Duration::from_secs(3600),
         idle: Duration::from_millis(20),
         clock: Clock::system(),
         entropy: Entropy::from_os(),
@@ -407,4 +408,45 @@ async fn flights_wait_settle_after_before_they_are_settled() {
     assert_eq!(bodies(&star, "s").await, ["r0", "r1", "r2", "r3", "r4"]);
     auditor.stop().await;
     star.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+/// A settled object nothing references and nothing writes (a PUT that landed after its intent
+/// was collected, or after the catalog was rebuilt) is found by the sweep and collected; one
+/// being written is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_collects_settled_objects_nothing_references() {
+    let world = World::new();
+    let store = world.disk.store();
+    let stray = nova_core::keys::data_key(STAR, 9, 0, 10, 7);
+    let writing = nova_core::keys::data_key(STAR, 9, 10, 20, 8);
+    for key in [&stray, &writing] {
+        store
+            .put(key, bytes::Bytes::from_static(b"bytes").into())
+            .await
+            .unwrap();
+    }
+    // An intent far in the future: the object is being written.
+    world
+        .catalog()
+        .queue_intent(u64::MAX / 2, &writing, 5)
+        .await
+        .unwrap();
+    let config = AuditorConfig {
+        sweep_every: Duration::from_millis(200),
+        ..auditor_config(&world.disk, Duration::from_millis(50))
+    };
+    let auditor = start_with(&world, config);
+    for _ in 0..500 {
+        if store.head(&stray).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(store.head(&stray).await.is_err(), "the stray object stays");
+    assert!(
+        store.head(&writing).await.is_ok(),
+        "an object being written went"
+    );
+    assert!(auditor.metrics().swept_objects.get() >= 1);
+    auditor.stop().await;
 }

@@ -48,6 +48,7 @@ pub struct AuditorPlan {
     pub collect_grace: Duration,
     pub settle_after: Duration,
     pub idle: Duration,
+    pub sweep_every: Duration,
 }
 
 impl AuditorPlan {
@@ -60,9 +61,14 @@ impl AuditorPlan {
             collect_grace: ms(entropy, 200, 3000),
             settle_after: pick(
                 entropy,
-                &[Duration::ZERO, Duration::from_millis(500), Duration::from_secs(3)],
+                &[
+                    Duration::ZERO,
+                    Duration::from_millis(500),
+                    Duration::from_secs(3),
+                ],
             ),
             idle: ms(entropy, 20, 200),
+            sweep_every: ms(entropy, 500, 5000),
         })
     }
 }

@@ -27,7 +27,7 @@ use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
 use nova_core::flight::section::{RecordIter, encode_chunks};
 use nova_core::flight::{ObjectFooter, parse_object};
-use nova_core::keys::chain_root;
+use nova_core::keys::{chain_root, data_root};
 use nova_core::limits::MAX_SECTION_BYTES;
 use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
@@ -237,7 +237,16 @@ fn check_chain(world: &World) {
     }
     let mut oracle = world.oracle.lock();
     for (epoch, slots) in epochs {
-        let from = settled.get(&epoch).map_or(0, |through| through + 1);
+        // Below a settle marker the auditor may have deleted flights, oldest first, so what is
+        // left is a run of the newest: look from its first slot, or from just past the marker
+        // if even less is left, so a marker that says too much hides nothing.
+        let from = match settled.get(&epoch) {
+            None => 0,
+            Some(through) => {
+                let lowest = slots.keys().next().copied().unwrap_or(through + 1);
+                lowest.min(through + 1)
+            }
+        };
         let Some(gap) = (from..).find(|slot| !slots.contains_key(slot)) else {
             continue;
         };
@@ -305,34 +314,20 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
             .tail(i, stream.tail(), true, &format!("restart {index}"));
     }
     let Some(life) = life else {
+        // Without faults, the auditor (when the seed runs one) must finish everything it has
+        // due, and the streams then read back from what it left.
+        if let Some(auditor) = start_auditor(world, index, clock, true) {
+            audit_to_the_end(world, &star, &auditor, clock).await;
+            auditor.stop().await;
+        }
         read_back(world, &star, &streams).await;
+        if world.plan.auditor.is_some() {
+            check_nothing_left(world).await;
+        }
         let _ = star.shutdown(Duration::from_secs(10)).await;
         return Ok(());
     };
-    let auditor = world.plan.auditor.as_ref().map(|plan| {
-        let config = AuditorConfig {
-            star: STAR.into(),
-            s3_budget: plan.s3_budget,
-            rewrite_mib: plan.rewrite_mib,
-            workers: plan.workers,
-            fetch_cache_bytes: 0,
-            fetch_cache_dir: world.scratch.path().join(format!("fetch-cache-{index}")),
-            whole_object_max: world.plan.chain.flight_max_bytes,
-            collect_grace: plan.collect_grace,
-            settle_after: plan.settle_after,
-            idle: plan.idle,
-            clock,
-            // Not drawn from `entropy`, so the rest of the run draws what it always did.
-            entropy: Entropy::seeded(world.seed ^ 0xa0d1_7042 ^ ((index as u64) << 40)),
-        };
-        Auditor::start(
-            config,
-            Arc::new(world.store.clone()),
-            Catalog::new(Arc::new(world.metastore.clone())),
-            &prometheus::Registry::new(),
-        )
-        .expect("the auditor starts")
-    });
+    let auditor = start_auditor(world, index, clock, false);
     let mut tasks = JoinSet::new();
     for (i, stream) in streams.iter().cloned() {
         tasks.spawn(produce(world.context(&star, clock), i, stream.clone()));
@@ -386,6 +381,106 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
         }
     }
     Ok(())
+}
+
+fn start_auditor(world: &World, index: usize, clock: Clock, final_check: bool) -> Option<Auditor> {
+    let plan = world.plan.auditor.as_ref()?;
+    let config = AuditorConfig {
+        star: STAR.into(),
+        s3_budget: plan.s3_budget,
+        rewrite_mib: plan.rewrite_mib,
+        workers: plan.workers,
+        fetch_cache_bytes: 0,
+        fetch_cache_dir: world.scratch.path().join(format!("fetch-cache-{index}")),
+        whole_object_max: world.plan.chain.flight_max_bytes,
+        collect_grace: plan.collect_grace,
+        settle_after: plan.settle_after,
+        idle: plan.idle,
+        // The final check sweeps every second, to see late writes of earlier lives land.
+        sweep_every: if final_check {
+            Duration::from_secs(1)
+        } else {
+            plan.sweep_every
+        },
+        clock,
+        // Not drawn from `entropy`, so the rest of the run draws what it always did.
+        entropy: Entropy::seeded(world.seed ^ 0xa0d1_7042 ^ ((index as u64) << 40)),
+    };
+    let auditor = Auditor::start(
+        config,
+        Arc::new(world.store.clone()),
+        Catalog::new(Arc::new(world.metastore.clone())),
+        &prometheus::Registry::new(),
+    )
+    .expect("the auditor starts");
+    Some(auditor)
+}
+
+/// How long the fault-free auditor may take to finish what a seed left it.
+const AUDIT_LIMIT: Duration = Duration::from_secs(600);
+
+/// Waits until the auditor has settled every epoch before the star's current one, emptied its
+/// garbage queue and dropped every deleted stream (or records a violation after `AUDIT_LIMIT`).
+async fn audit_to_the_end(world: &World, star: &Star, auditor: &Auditor, clock: Clock) {
+    let catalog = Catalog::new(Arc::new(world.metastore.clone()));
+    let started = clock.now();
+    loop {
+        let cursor = catalog.settle_cursor(STAR).await.ok().flatten();
+        let settled = cursor.is_some_and(|c| c.cursor.epoch >= star.epoch());
+        let collected = catalog.garbage_page(1).await.is_ok_and(|g| g.is_empty());
+        let dropped = catalog
+            .dropping_streams(1)
+            .await
+            .is_ok_and(|d| d.is_empty());
+        // Late writes of earlier lives land up to two seconds into this one: wait for sweeps
+        // begun after that.
+        let swept =
+            clock.since(started) > Duration::from_secs(3) && auditor.metrics().sweeps.get() >= 4;
+        if settled && collected && dropped && swept {
+            return;
+        }
+        if clock.since(started) > AUDIT_LIMIT {
+            world.violation(format!(
+                "the auditor did not finish in {AUDIT_LIMIT:?} without faults: settled {settled}, \
+                 collected {collected}, dropped {dropped}, swept {swept} (cursor {cursor:?})"
+            ));
+            return;
+        }
+        clock.sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// After the auditor finished: every settled object is referenced by an index entry, no flight
+/// is left in an epoch before the star's current one, and every entry's object exists.
+async fn check_nothing_left(world: &World) {
+    let catalog = Catalog::new(Arc::new(world.metastore.clone()));
+    let Ok(streams) = catalog.load_streams().await else {
+        world.violation("the final catalog could not be read".into());
+        return;
+    };
+    let objects = world.store.snapshot();
+    let mut referenced = HashSet::new();
+    for (meta, _) in streams {
+        let Ok(entries) = catalog.index_entries(meta.id, 0, 100_000).await else {
+            world.violation(format!("the index of {} could not be read", meta.name));
+            return;
+        };
+        for entry in entries {
+            if !objects.contains_key(&entry.object_key) {
+                world.violation(format!(
+                    "{}'s entry {}..{} points at missing {}",
+                    meta.name, entry.start_seq, entry.end_seq, entry.object_key
+                ));
+            }
+            referenced.insert(entry.object_key);
+        }
+    }
+    let root = data_root(STAR);
+    for key in objects.keys().filter(|k| k.starts_with(&root)) {
+        if !referenced.contains(key) {
+            world.violation(format!("settled object {key} is left unreferenced"));
+        }
+    }
 }
 
 /// The metastore is lost with its disk; `rebuild_catalog` restores it from the bucket alone,

@@ -49,12 +49,12 @@ fn seeds_fourth_quarter() {
     run_quarter(3);
 }
 
-/// Seeds that found defects when their fixes were reverted (nova-sim/regressions/): 55, 152
-/// and 228 the restart defect; 25 (a refused batch that had landed) and 38 (acknowledged
-/// records past a slot that never landed) the shutdown defect.
+/// Seeds that found defects when their fixes were reverted (nova-sim/regressions/), with the
+/// auditor in the simulation: 31, 55 and 71 the restart defect; 2, 21 and 36 the shutdown
+/// defect.
 #[test]
 fn seeds_that_found_defects_stay_clean() {
-    for seed in [25, 38, 55, 152, 228] {
+    for seed in [2, 21, 31, 36, 55, 71] {
         if let Err(failure) = run_seed(seed) {
             panic!("{failure}");
         }

@@ -211,6 +211,12 @@ pub struct Config {
     #[arg(long, env = "NOVA_AUDITOR_SETTLE_AFTER_SECS", default_value_t = auditor_defaults::SETTLE_AFTER_SECS, help_heading = "Auditor")]
     pub auditor_settle_after_secs: u64,
 
+    /// Seconds between passes of the sweep, which lists every settled object and queues any
+    /// that nothing references (a write that landed after its intent was collected). One LIST
+    /// per 1000 objects per pass, within --auditor-s3-budget.
+    #[arg(long, env = "NOVA_AUDITOR_SWEEP_SECS", default_value_t = auditor_defaults::SWEEP_SECS, help_heading = "Auditor")]
+    pub auditor_sweep_secs: u64,
+
     /// Milliseconds a duty with nothing due waits before it looks again (it asks only the
     /// metastore, never the object store, while nothing is due).
     #[arg(long, env = "NOVA_AUDITOR_IDLE_MS", default_value_t = auditor_defaults::IDLE_MS, help_heading = "Auditor")]
@@ -286,6 +292,7 @@ impl Config {
             whole_object_max: self.flight_max_bytes.bytes(),
             collect_grace: Duration::from_secs(self.auditor_collect_grace_secs),
             settle_after: Duration::from_secs(self.auditor_settle_after_secs),
+            sweep_every: Duration::from_secs(self.auditor_sweep_secs.max(1)),
             idle: Duration::from_millis(self.auditor_idle_ms.max(1)),
             clock: Clock::system(),
             entropy: Entropy::from_os(),

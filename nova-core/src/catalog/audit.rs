@@ -18,6 +18,16 @@ use crate::keys::slot_key;
 const CURSOR_PREFIX: &[u8] = b"a/";
 const GARBAGE_PREFIX: &[u8] = b"g/";
 const DROPPING_PREFIX: &[u8] = b"x/";
+/// `y/{object key}`: an object being written under an intent. Present from before its PUT until
+/// its swap lands or its intent is collected, so a sweep can tell an object that may still
+/// become referenced from one that never can.
+const WRITING_PREFIX: &[u8] = b"y/";
+
+fn writing_key(object: &str) -> Vec<u8> {
+    let mut key = WRITING_PREFIX.to_vec();
+    key.extend_from_slice(object.as_bytes());
+    key
+}
 
 const TAG_OBJECT: u8 = 1;
 const TAG_CHAIN_SLOTS: u8 = 2;
@@ -31,6 +41,15 @@ pub(super) fn encode_dropping(name: &str) -> Vec<u8> {
     let mut buf = vec![FORMAT];
     put_string(&mut buf, name);
     buf
+}
+
+/// What the catalog says of a stream id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    Live,
+    Deleted,
+    /// Deleted, and its manifest in the bucket does not say so yet.
+    DeletedUnmarked,
 }
 
 /// A deleted stream whose index entries are still to be dropped.
@@ -294,6 +313,31 @@ impl Catalog {
         Ok(keys)
     }
 
+    /// Queues the intent for a settled object about to be written (and marks it as being
+    /// written): the returned key and version are what its swap checks.
+    pub async fn queue_intent(
+        &self,
+        due_ms: u64,
+        object: &str,
+        bytes: u64,
+    ) -> Result<(Vec<u8>, u64), CatalogError> {
+        let item = Garbage::Object {
+            key: object.to_owned(),
+            bytes,
+        };
+        let key = garbage_key(due_ms, &item);
+        let txn = queue(Txn::new(), &[(due_ms, item)]).put(writing_key(object), key.clone());
+        match self.store.commit(txn).await? {
+            TxnOutcome::Committed { revision } => Ok((key, revision)),
+            TxnOutcome::Conflict => Err(CatalogError::Conflict("queuing an intent".into())),
+        }
+    }
+
+    /// Whether `object` is being written under an intent that is still queued.
+    pub async fn being_written(&self, object: &str) -> Result<bool, CatalogError> {
+        Ok(self.store.get(&writing_key(object)).await?.is_some())
+    }
+
     /// Claims a queued item for deletion: afterwards no swap whose intent it is can land. `false`
     /// if it changed or went meanwhile (its swap landed, or another collector has it).
     pub async fn claim_garbage(&self, item: &QueuedGarbage) -> Result<bool, CatalogError> {
@@ -316,8 +360,12 @@ impl Catalog {
             .collect()
     }
 
-    pub async fn forget_garbage(&self, key: &[u8]) -> Result<(), CatalogError> {
-        self.store.commit(Txn::new().delete(key.to_vec())).await?;
+    pub async fn forget_garbage(&self, queued: &QueuedGarbage) -> Result<(), CatalogError> {
+        let mut txn = Txn::new().delete(queued.key.clone());
+        if let Garbage::Object { key, .. } = &queued.item {
+            txn = txn.delete(writing_key(key));
+        }
+        self.store.commit(txn).await?;
         Ok(())
     }
 
@@ -387,7 +435,8 @@ impl Catalog {
         if let Some((key, version)) = intent {
             txn = txn
                 .compare(Compare::Version(key.clone(), *version))
-                .delete(key.clone());
+                .delete(key.clone())
+                .delete(writing_key(&new_first.object_key));
         }
         let txn = queue(txn, retire);
         Ok(matches!(
@@ -396,12 +445,16 @@ impl Catalog {
         ))
     }
 
-    /// Whether stream `id` still holds records the bucket must keep: it has a tail (until it is
-    /// deleted), or it was deleted but its manifest does not say so yet (a rebuild from the
-    /// bucket would bring it back, so its records must stay readable there).
-    pub async fn stream_live(&self, id: u64) -> Result<bool, CatalogError> {
-        Ok(self.store.get(&tail_key(id)).await?.is_some()
-            || self.store.get(&tombstone_key(id)).await?.is_some())
+    /// Whether stream `id` is live, deleted, or deleted with its manifest not yet saying so (a
+    /// rebuild from the bucket would bring it back, so nothing of it may go yet).
+    pub async fn stream_liveness(&self, id: u64) -> Result<Liveness, CatalogError> {
+        if self.store.get(&tombstone_key(id)).await?.is_some() {
+            return Ok(Liveness::DeletedUnmarked);
+        }
+        if self.store.get(&tail_key(id)).await?.is_some() {
+            return Ok(Liveness::Live);
+        }
+        Ok(Liveness::Deleted)
     }
 
     /// Deleted streams whose index entries are still to be dropped, at most `limit`, and
@@ -449,21 +502,20 @@ impl Catalog {
             return Ok(0);
         }
         let mut txn = Txn::new();
-        let mut garbage = Vec::new();
+        // An object holds several entries: queue each once, with all of their bytes.
+        let mut objects: std::collections::BTreeMap<String, u64> = Default::default();
         for kv in &page {
             let entry = decode_entry(&kv.key, &kv.value)?;
             txn = txn.compare(Compare::Version(kv.key.clone(), kv.version));
             txn = txn.delete(kv.key.clone());
             if owned(&entry) {
-                garbage.push((
-                    due_ms,
-                    Garbage::Object {
-                        bytes: entry.len,
-                        key: entry.object_key,
-                    },
-                ));
+                *objects.entry(entry.object_key).or_default() += entry.len;
             }
         }
+        let garbage: Vec<_> = objects
+            .into_iter()
+            .map(|(key, bytes)| (due_ms, Garbage::Object { key, bytes }))
+            .collect();
         match self.store.commit(queue(txn, &garbage)).await? {
             TxnOutcome::Committed { .. } => Ok(page.len()),
             TxnOutcome::Conflict => Err(CatalogError::Conflict(format!(
@@ -517,7 +569,7 @@ mod tests {
         let page = catalog.garbage_page(10).await.unwrap();
         let items: Vec<_> = page.iter().map(|g| (g.due_ms, g.item.clone())).collect();
         assert_eq!(items, [(100, slots), (200, object)]);
-        catalog.forget_garbage(&page[0].key).await.unwrap();
+        catalog.forget_garbage(&page[0]).await.unwrap();
         assert_eq!(catalog.garbage_page(10).await.unwrap().len(), 1);
     }
 
@@ -635,13 +687,19 @@ mod tests {
             catalog.dropping_streams(10).await.unwrap(),
             [(dropping.clone(), false)]
         );
-        assert!(catalog.stream_live(s.id).await.unwrap());
+        assert_eq!(
+            catalog.stream_liveness(s.id).await.unwrap(),
+            Liveness::DeletedUnmarked
+        );
         catalog.clear_tombstone(s.id).await.unwrap();
         assert_eq!(
             catalog.dropping_streams(10).await.unwrap(),
             [(dropping.clone(), true)]
         );
-        assert!(!catalog.stream_live(s.id).await.unwrap());
+        assert_eq!(
+            catalog.stream_liveness(s.id).await.unwrap(),
+            Liveness::Deleted
+        );
         // A new stream of the same name is another stream.
         catalog
             .create_stream("s", StorageClass::Standard, 2)

@@ -26,7 +26,7 @@ use bytes::{Buf, BufMut};
 use crate::metastore::{Compare, KeyValue, MAX_SCAN, Metastore, MetastoreError, Txn, TxnOutcome};
 
 mod audit;
-pub use audit::{Dropping, Garbage, QueuedGarbage, SettleCursor, VersionedCursor};
+pub use audit::{Dropping, Garbage, Liveness, QueuedGarbage, SettleCursor, VersionedCursor};
 
 /// Reads back whether a transaction whose answer was lost landed: a read can fail too.
 const READ_BACK_ATTEMPTS: usize = 5;

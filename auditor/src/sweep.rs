@@ -1,0 +1,74 @@
+//! Sweep: now and then, every settled object in the bucket is checked against the catalog, and
+//! one that nothing references and nothing is writing is queued for collection.
+//!
+//! Collection follows the catalog, and the catalog can miss an object: a settle's PUT that
+//! landed after its intent was collected (a slow or retried request), or one that landed after
+//! the catalog was rebuilt from the bucket. Such an object can never become referenced (its swap
+//! needs its intent, which is gone), so the sweep is what guarantees that nothing the auditor
+//! wrote stays forever. A pass lists `data/{star}/` a page per job; the next pass starts
+//! `--auditor-sweep-secs` after the last one began.
+
+use nova_core::catalog::Garbage;
+use nova_core::keys::{data_root, parse_data_key};
+use nova_core::object_store::MAX_LIST_KEYS;
+
+use crate::{AuditError, Ctx, Step};
+
+pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
+    let now = ctx.config.clock.unix_ms();
+    let after = {
+        let mut sweep = ctx.sweep.lock();
+        if sweep.next_pass_ms.is_some_and(|next| now < next) {
+            return Ok(Step::Idle);
+        }
+        if sweep.after.is_none() {
+            // A pass begins.
+            sweep.started_ms = now;
+        }
+        sweep.after.clone()
+    };
+    let root = data_root(&ctx.config.star);
+    let page = ctx
+        .store
+        .list(&root, after.as_deref(), MAX_LIST_KEYS)
+        .await?;
+    let mut stray = Vec::new();
+    for object in &page.objects {
+        let Some(data) = parse_data_key(&root, &object.key) else {
+            continue;
+        };
+        let referenced = ctx
+            .catalog
+            .index_entry(data.stream_id, data.end)
+            .await?
+            .is_some_and(|(entry, _)| entry.object_key == object.key);
+        if referenced || ctx.catalog.being_written(&object.key).await? {
+            continue;
+        }
+        stray.push((
+            ctx.due_at(),
+            Garbage::Object {
+                key: object.key.clone(),
+                bytes: object.size,
+            },
+        ));
+    }
+    if !stray.is_empty() {
+        tracing::info!(
+            objects = stray.len(),
+            "auditor: settled objects nothing references, queued for collection"
+        );
+        ctx.metrics.swept_objects.inc_by(stray.len() as u64);
+        ctx.catalog.queue_garbage(&stray).await?;
+    }
+    let mut sweep = ctx.sweep.lock();
+    match page.next_start_after {
+        Some(next) => sweep.after = Some(next),
+        None => {
+            sweep.after = None;
+            sweep.next_pass_ms = Some(sweep.started_ms + ctx.config.sweep_every.as_millis() as u64);
+            ctx.metrics.sweeps.inc();
+        }
+    }
+    Ok(Step::Done)
+}
