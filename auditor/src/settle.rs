@@ -529,15 +529,7 @@ async fn write_run(
     let new: Vec<IndexEntry> = footer
         .sections
         .iter()
-        .map(|section| IndexEntry {
-            stream_id,
-            start_seq: section.start_seq,
-            end_seq: section.end_seq,
-            object_key: key.clone(),
-            offset: section.offset,
-            len: section.len,
-            crc32c: section.crc32c,
-        })
+        .map(|section| IndexEntry::for_section(&key, section))
         .collect();
     let old: Vec<(IndexEntry, u64)> = run.iter().map(|(_, current)| current.clone()).collect();
     let swapped = ctx

@@ -358,33 +358,17 @@ pub async fn rebuild_catalog(
                 if deleted.contains(&id) {
                     continue;
                 }
-                let stream = match streams.entry(id) {
-                    std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-                    std::collections::btree_map::Entry::Vacant(entry) => {
-                        // No manifest: the flight's own name for it is all there is, unless a
-                        // stream with a manifest holds that name.
-                        if names.contains_key(&section.stream) {
-                            continue;
-                        }
-                        names.insert(section.stream.clone(), id);
-                        report.streams_without_manifest += 1;
-                        entry.insert(Stream::new(StreamMeta {
-                            id,
-                            name: section.stream.clone(),
-                            created_at_ms: meta.created_at_ms,
-                            class: StorageClass::Standard,
-                        }))
-                    }
+                let Some(stream) = stream_of(
+                    &mut streams,
+                    &mut names,
+                    &mut report,
+                    section,
+                    meta.created_at_ms,
+                    &key,
+                )?
+                else {
+                    continue;
                 };
-                if stream.meta.name != section.stream {
-                    return Err(RebuildError::Foreign {
-                        key,
-                        what: format!(
-                            "its section for stream id {id} names {:?}, the manifest {:?}",
-                            section.stream, stream.meta.name
-                        ),
-                    });
-                }
                 // A settled object holds these records already (settled, not yet collected).
                 if stream.covers(section.start_seq, section.end_seq) {
                     continue;
@@ -404,15 +388,7 @@ pub async fn rebuild_catalog(
                 }
                 stream.add(section.start_seq, section.end_seq, section.len);
                 report.records += section.end_seq - section.start_seq;
-                pending.push(IndexEntry {
-                    stream_id: id,
-                    start_seq: section.start_seq,
-                    end_seq: section.end_seq,
-                    object_key: key.clone(),
-                    offset: section.offset,
-                    len: section.len,
-                    crc32c: section.crc32c,
-                });
+                pending.push(IndexEntry::for_section(&key, section));
             }
             if pending.len() >= ENTRY_BATCH {
                 catalog.restore_entries(&pending).await?;
@@ -659,45 +635,62 @@ async fn take(
         });
     }
     let section = first;
-    let id = data.stream_id;
-    let stream = match out.streams.entry(id) {
+    let Some(stream) = stream_of(
+        out.streams,
+        out.names,
+        out.report,
+        section,
+        footer.meta.created_at_ms,
+        &key,
+    )?
+    else {
+        return Ok(());
+    };
+    out.report.settled_objects += 1;
+    for section in sections {
+        stream.add(section.start_seq, section.end_seq, section.len);
+        out.report.records += section.end_seq - section.start_seq;
+        out.pending.push(IndexEntry::for_section(&key, section));
+    }
+    Ok(())
+}
+
+/// The stream a section belongs to. One without a manifest is restored under the name its
+/// sections give, unless a stream with a manifest holds that name (`None`: its records are
+/// skipped). A section naming another stream than the manifest is refused.
+fn stream_of<'a>(
+    streams: &'a mut BTreeMap<u64, Stream>,
+    names: &mut HashMap<String, u64>,
+    report: &mut RebuildReport,
+    section: &nova_core::flight::SectionEntry,
+    created_at_ms: u64,
+    key: &str,
+) -> Result<Option<&'a mut Stream>, RebuildError> {
+    let id = section.stream_id;
+    let stream = match streams.entry(id) {
         std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
         std::collections::btree_map::Entry::Vacant(entry) => {
-            if out.names.contains_key(&section.stream) {
-                return Ok(());
+            if names.contains_key(&section.stream) {
+                return Ok(None);
             }
-            out.names.insert(section.stream.clone(), id);
-            out.report.streams_without_manifest += 1;
+            names.insert(section.stream.clone(), id);
+            report.streams_without_manifest += 1;
             entry.insert(Stream::new(StreamMeta {
                 id,
                 name: section.stream.clone(),
-                created_at_ms: footer.meta.created_at_ms,
+                created_at_ms,
                 class: StorageClass::Standard,
             }))
         }
     };
     if stream.meta.name != section.stream {
         return Err(RebuildError::Foreign {
-            key,
+            key: key.to_owned(),
             what: format!(
                 "its section for stream id {id} names {:?}, the manifest {:?}",
                 section.stream, stream.meta.name
             ),
         });
     }
-    out.report.settled_objects += 1;
-    for section in sections {
-        stream.add(section.start_seq, section.end_seq, section.len);
-        out.report.records += section.end_seq - section.start_seq;
-        out.pending.push(IndexEntry {
-            stream_id: id,
-            start_seq: section.start_seq,
-            end_seq: section.end_seq,
-            object_key: key.clone(),
-            offset: section.offset,
-            len: section.len,
-            crc32c: section.crc32c,
-        });
-    }
-    Ok(())
+    Ok(Some(stream))
 }

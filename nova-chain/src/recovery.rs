@@ -361,15 +361,7 @@ async fn settle_flight(
         }
         tail.tail_seq = section.end_seq;
         tail.stored_bytes += section.len;
-        batch.entries.push(IndexEntry {
-            stream_id: section.stream_id,
-            start_seq: section.start_seq,
-            end_seq: section.end_seq,
-            object_key: key.to_owned(),
-            offset: section.offset,
-            len: section.len,
-            crc32c: section.crc32c,
-        });
+        batch.entries.push(IndexEntry::for_section(key, section));
     }
     batch.tails = moved.iter().map(|(s, tail)| (s.id(), *tail)).collect();
     let state = ChainState {

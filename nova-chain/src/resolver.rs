@@ -91,15 +91,7 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
     let entries: Vec<IndexEntry> = footer
         .sections
         .iter()
-        .map(|s| IndexEntry {
-            stream_id: s.stream_id,
-            start_seq: s.start_seq,
-            end_seq: s.end_seq,
-            object_key: key.clone(),
-            offset: s.offset,
-            len: s.len,
-            crc32c: s.crc32c,
-        })
+        .map(|s| IndexEntry::for_section(&key, s))
         .collect();
     // Readable first (pending index and tail cache), then the tails move, then the acks go out:
     // a reader that sees the new tail always finds the records below it.

@@ -528,13 +528,7 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metastore::EmbeddedMetastore;
-
-    fn catalog() -> (tempfile::TempDir, Catalog) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedMetastore::open(dir.path().join("m.redb")).unwrap();
-        (dir, Catalog::new(Arc::new(store)))
-    }
+    use crate::catalog::tests::catalog;
 
     fn entry(id: u64, start: u64, end: u64, key: &str) -> IndexEntry {
         IndexEntry {

@@ -84,6 +84,21 @@ pub struct IndexEntry {
     pub crc32c: u32,
 }
 
+impl IndexEntry {
+    /// The entry for a section of the object at `object_key`.
+    pub fn for_section(object_key: &str, section: &crate::flight::SectionEntry) -> Self {
+        Self {
+            stream_id: section.stream_id,
+            start_seq: section.start_seq,
+            end_seq: section.end_seq,
+            object_key: object_key.to_owned(),
+            offset: section.offset,
+            len: section.len,
+            crc32c: section.crc32c,
+        }
+    }
+}
+
 /// A star's chain: the epoch it writes now, and how far the absorb has recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChainState {
@@ -698,7 +713,7 @@ mod tests {
     use super::*;
     use crate::metastore::EmbeddedMetastore;
 
-    fn catalog() -> (tempfile::TempDir, Catalog) {
+    pub(super) fn catalog() -> (tempfile::TempDir, Catalog) {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedMetastore::open(dir.path().join("m.redb")).unwrap();
         (dir, Catalog::new(Arc::new(store)))
