@@ -92,6 +92,7 @@ METRICS_PORT=$(free_port)
 "$BIN/novad" --data-dir "$WORK/novad" --listen "127.0.0.1:$NOVA_PORT" --metrics-addr "127.0.0.1:$METRICS_PORT" \
     --s3-bucket nova --s3-endpoint "$ENDPOINT" --s3-path-style \
     --flight-max-bytes "$FLIGHT_BYTES" --flight-max-inflight "$INFLIGHT" --flight-linger-ms "$LINGER_MS" \
+    --auditor false \
     >"$WORK/novad.log" 2>&1 &
 PIDS+=($!)
 wait_port "$NOVA_PORT"
