@@ -46,16 +46,14 @@ async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {
             }
             let root = data_root(&ctx.config.star);
             let settled = parse_data_key(&root, key);
-            if let Some(data) = settled {
-                let referenced = ctx
+            if let Some(data) = settled
+                && ctx
                     .catalog
-                    .index_entry(data.stream_id, data.end)
+                    .references(data.stream_id, data.end, key)
                     .await?
-                    .is_some_and(|(entry, _)| entry.object_key == *key);
-                if referenced {
-                    ctx.catalog.forget_garbage(queued).await?;
-                    return Ok(());
-                }
+            {
+                ctx.catalog.forget_garbage(queued).await?;
+                return Ok(());
             }
             ctx.store.delete(key).await?;
             let kind = if settled.is_some() {

@@ -181,21 +181,21 @@ const REWRITE_UNIT: u64 = 64 * KIB;
 impl Ctx {
     /// When garbage queued now comes due.
     pub fn due_at(&self) -> u64 {
+        self.due_after(self.config.collect_grace)
+    }
+
+    fn due_after(&self, wait: Duration) -> u64 {
         self.config
             .clock
             .unix_ms()
-            .saturating_add(self.config.collect_grace.as_millis() as u64)
+            .saturating_add(wait.as_millis() as u64)
     }
 
     /// When the intent for an object written now comes due: after twice the grace and at least
     /// a second, so the write and its swap finish long before a collector can claim it (a
     /// claimed intent refuses the swap, and the settle would start over).
     pub fn intent_due_at(&self) -> u64 {
-        let margin = (2 * self.config.collect_grace).max(Duration::from_secs(1));
-        self.config
-            .clock
-            .unix_ms()
-            .saturating_add(margin.as_millis() as u64)
+        self.due_after((2 * self.config.collect_grace).max(Duration::from_secs(1)))
     }
 
     /// Waits until `bytes` more may be assembled and written.

@@ -45,7 +45,7 @@ use nova_core::flight::{
     parse_tail, verify_section,
 };
 use nova_core::keys::{
-    chain_prefix, chain_root, data_key, parse_slot, settle_marker_key, slot_key,
+    chain_prefix, chain_root, data_key, parse_epoch, parse_slot, settle_marker_key, slot_key,
 };
 use nova_core::limits::{MAX_SECTION_BYTES, MIB};
 use nova_core::object_store::MAX_LIST_KEYS;
@@ -66,13 +66,15 @@ pub(crate) const OBJECT_MAX_BYTES: u64 = 8 * MIB;
 pub(crate) const OBJECT_MAX_SECTIONS: usize = 48;
 
 /// The most a settle job holds in memory when flights up to `whole_object_max` bytes are read
-/// whole (larger ones, made by a single large batch, are read a section at a time) and a section
-/// is at most `section_max`: a flight as fetched (the S3 SDK's chunks and their contiguous
+/// whole (larger ones, made by a single large batch, are read a section at a time) and records
+/// are at most `max_record_bytes` (a section stops past 1 MiB, so it holds at most that and one
+/// record with its framing): a flight as fetched (the S3 SDK's chunks and their contiguous
 /// copy), as much again for the allocator keeping a freed flight-sized buffer (measured: a star
 /// settling 8 MiB flights at full speed resides about 39 MiB above one with the auditor off),
 /// one settled object's sections (a run stops at `OBJECT_MAX_BYTES`, so it can pass it by one
 /// section), and the window's footers with their copy grouped by stream.
-pub fn working_memory(whole_object_max: u64, section_max: u64) -> u64 {
+pub fn working_memory(whole_object_max: u64, max_record_bytes: u64) -> u64 {
+    let section_max = MAX_SECTION_BYTES + max_record_bytes + 64 * 1024;
     3 * whole_object_max + OBJECT_MAX_BYTES + section_max + 2 * WINDOW_FOOTER_BYTES
 }
 
@@ -226,14 +228,10 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
 async fn first_epoch(ctx: &Ctx) -> Result<Option<u64>, AuditError> {
     let root = chain_root(&ctx.config.star);
     let page = ctx.store.list(&root, None, 1).await?;
-    Ok(page.objects.first().and_then(|o| {
-        o.key
-            .strip_prefix(&root)?
-            .split('/')
-            .next()?
-            .parse::<u64>()
-            .ok()
-    }))
+    Ok(page
+        .objects
+        .first()
+        .and_then(|o| parse_epoch(&root, &o.key)))
 }
 
 async fn load_window(

@@ -39,9 +39,8 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         };
         let referenced = ctx
             .catalog
-            .index_entry(data.stream_id, data.end)
-            .await?
-            .is_some_and(|(entry, _)| entry.object_key == object.key);
+            .references(data.stream_id, data.end, &object.key)
+            .await?;
         if referenced || ctx.catalog.being_written(&object.key).await? {
             continue;
         }

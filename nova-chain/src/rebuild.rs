@@ -32,7 +32,7 @@ use nova_core::catalog::{
 use nova_core::clock::Clock;
 use nova_core::flight::{FetchError, ObjectFooter, fetch_footer, latest_settle_marker};
 use nova_core::keys::{
-    DataKey, chain_prefix, chain_root, data_root, parse_data_key, parse_slot,
+    DataKey, chain_prefix, chain_root, data_root, parse_data_key, parse_epoch, parse_slot,
     parse_stream_manifest, slot_key, streams_prefix,
 };
 use nova_core::manifest::{ManifestError, StreamManifest};
@@ -261,12 +261,7 @@ pub async fn rebuild_catalog(
         let page = list_page(clock, store, &root, after.as_deref()).await?;
         for object in &page.objects {
             // Any object under an epoch's prefix (a slot, a fence, a settle marker) shows it.
-            if let Some(epoch) = object
-                .key
-                .strip_prefix(&root)
-                .and_then(|rest| rest.split('/').next())
-                .and_then(|epoch| epoch.parse::<u64>().ok())
-            {
+            if let Some(epoch) = parse_epoch(&root, &object.key) {
                 epochs.insert(epoch);
             }
         }

@@ -43,6 +43,15 @@ pub fn slot_key(star: &str, epoch: u64, slot: u64) -> String {
     format!("{}{slot:020}", chain_prefix(star, epoch))
 }
 
+/// The epoch out of any key under `chain_root(star)` (a slot, a fence, a settle marker).
+pub fn parse_epoch(root: &str, key: &str) -> Option<u64> {
+    let epoch = key.strip_prefix(root)?.split('/').next()?;
+    if epoch.len() != 10 || !epoch.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    epoch.parse().ok()
+}
+
 /// The slot number out of a key under `chain_prefix`, or `None` for a key that is not a slot.
 pub fn parse_slot(prefix: &str, key: &str) -> Option<u64> {
     let rest = key.strip_prefix(prefix)?;
@@ -138,6 +147,8 @@ mod tests {
             None
         );
         assert_eq!(parse_slot(&chain_prefix("s", 2), &b), None);
+        assert_eq!(parse_epoch(&chain_root("s"), &b), Some(1));
+        assert_eq!(parse_epoch(&chain_root("s"), "chain/s/x/1"), None);
         assert_eq!(
             parse_slot(&chain_prefix("s", 1), &settle_marker_key("s", 1, 7)),
             None

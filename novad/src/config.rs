@@ -275,10 +275,7 @@ impl Config {
 
     /// What the auditor's settle may hold in memory (a term of the memory formula).
     pub fn auditor_memory(&self) -> u64 {
-        nova_auditor::working_memory(
-            self.flight_max_bytes.bytes(),
-            limits::MAX_SECTION_BYTES + self.max_record_bytes.bytes() + 64 * 1024,
-        )
+        nova_auditor::working_memory(self.flight_max_bytes.bytes(), self.max_record_bytes.bytes())
     }
 
     pub fn auditor(&self) -> AuditorConfig {

@@ -80,7 +80,7 @@ impl OutageScenario {
 
 /// The auditor's term of the formula at novad's default flight and record sizes.
 pub fn auditor_memory() -> u64 {
-    nova_auditor::working_memory(8 << 20, (1 << 20) + (1 << 20) + 64 * 1024)
+    nova_auditor::working_memory(8 << 20, 1 << 20)
 }
 
 /// The star's fixed overhead beyond its formula with `sessions` session slots (see

@@ -333,6 +333,20 @@ impl Catalog {
         }
     }
 
+    /// Whether the index references `object`, a settled object holding records of stream
+    /// `stream_id` up to `end_seq`: only the stream's entry ending there can.
+    pub async fn references(
+        &self,
+        stream_id: u64,
+        end_seq: u64,
+        object: &str,
+    ) -> Result<bool, CatalogError> {
+        Ok(self
+            .index_entry(stream_id, end_seq)
+            .await?
+            .is_some_and(|(entry, _)| entry.object_key == object))
+    }
+
     /// Whether `object` is being written under an intent that is still queued.
     pub async fn being_written(&self, object: &str) -> Result<bool, CatalogError> {
         Ok(self.store.get(&writing_key(object)).await?.is_some())
