@@ -464,7 +464,9 @@ mod tests {
         let limits = StoreLimits {
             read_concurrency: 1,
             write_concurrency: 1,
-            request_timeout: Duration::from_millis(200),
+            // Long enough for the plain PUT below to finish on a loaded machine (200 ms once
+            // timed out during a full test run).
+            request_timeout: Duration::from_millis(1000),
             ..StoreLimits::default()
         };
         let store = LocalStore::open(dir.path(), limits).unwrap();
