@@ -527,7 +527,7 @@ async fn write_run(
     let new: Vec<IndexEntry> = footer
         .sections
         .iter()
-        .map(|section| IndexEntry::for_section(&key, section))
+        .map(|section| IndexEntry::for_section(&key, section, created_at_ms))
         .collect();
     let old: Vec<(IndexEntry, u64)> = run.iter().map(|(_, current)| current.clone()).collect();
     let swapped = ctx

@@ -105,6 +105,7 @@ mod tests {
 
     fn entry(stream_id: u64, start: u64, end: u64) -> IndexEntry {
         IndexEntry {
+            created_at_ms: 0,
             stream_id,
             start_seq: start,
             end_seq: end,

@@ -383,7 +383,11 @@ pub async fn rebuild_catalog(
                 }
                 stream.add(section.start_seq, section.end_seq, section.len);
                 report.records += section.end_seq - section.start_seq;
-                pending.push(IndexEntry::for_section(&key, section));
+                pending.push(IndexEntry::for_section(
+                    &key,
+                    section,
+                    flight.meta.created_at_ms,
+                ));
             }
             if pending.len() >= ENTRY_BATCH {
                 catalog.restore_entries(&pending).await?;
@@ -645,7 +649,11 @@ async fn take(
     for section in sections {
         stream.add(section.start_seq, section.end_seq, section.len);
         out.report.records += section.end_seq - section.start_seq;
-        out.pending.push(IndexEntry::for_section(&key, section));
+        out.pending.push(IndexEntry::for_section(
+            &key,
+            section,
+            footer.meta.created_at_ms,
+        ));
     }
     Ok(())
 }

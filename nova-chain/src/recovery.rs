@@ -361,7 +361,11 @@ async fn settle_flight(
         }
         tail.tail_seq = section.end_seq;
         tail.stored_bytes += section.len;
-        batch.entries.push(IndexEntry::for_section(key, section));
+        batch.entries.push(IndexEntry::for_section(
+            key,
+            section,
+            flight.meta.created_at_ms,
+        ));
     }
     batch.tails = moved.iter().map(|(s, tail)| (s.id(), *tail)).collect();
     let state = ChainState {

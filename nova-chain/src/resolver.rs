@@ -91,7 +91,7 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
     let entries: Vec<IndexEntry> = footer
         .sections
         .iter()
-        .map(|s| IndexEntry::for_section(&key, s))
+        .map(|s| IndexEntry::for_section(&key, s, footer.meta.created_at_ms))
         .collect();
     // Readable first (pending index and tail cache), then the tails move, then the acks go out:
     // a reader that sees the new tail always finds the records below it.

@@ -94,6 +94,7 @@ async fn slots_past_the_checkpoint_are_settled_up_to_the_first_gap_which_is_fenc
             offset: section.offset,
             len: section.len,
             crc32c: section.crc32c,
+            created_at_ms: footer.meta.created_at_ms,
         };
         let tail = StreamTail {
             tail_seq: 2,

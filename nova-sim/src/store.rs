@@ -13,8 +13,8 @@ use parking_lot::Mutex;
 use nova_core::clock::{Clock, Instant};
 use nova_core::entropy::Entropy;
 use nova_core::object_store::{
-    CreateOutcome, GetRange, GetResult, ListPage, MAX_LIST_KEYS, ObjectMeta, ObjectStore, Op,
-    PutPayload, StoreError,
+    ComposePart, CreateOutcome, GetRange, GetResult, ListPage, MAX_LIST_KEYS, ObjectMeta,
+    ObjectStore, Op, PutPayload, StoreError,
 };
 
 /// How often each fault happens, drawn once per seed.
@@ -383,6 +383,41 @@ impl ObjectStore for SimStore {
         self.arrive(Op::Delete, key).await?;
         self.inner.objects.lock().remove(key);
         self.answer(Op::Delete, key).await
+    }
+
+    async fn compose(&self, key: &str, parts: Vec<ComposePart>) -> Result<(), StoreError> {
+        nova_core::object_store::check_compose(key, &parts)?;
+        self.arrive(Op::Compose, key).await?;
+        let mut object = bytes::BytesMut::new();
+        {
+            let objects = self.inner.objects.lock();
+            for part in &parts {
+                match part {
+                    ComposePart::Data(payload) => object.extend_from_slice(&payload.to_bytes()),
+                    ComposePart::Copy { source, range } => {
+                        let source_bytes =
+                            objects.get(source).ok_or_else(|| StoreError::NotFound {
+                                key: source.clone(),
+                            })?;
+                        let size = source_bytes.len() as u64;
+                        if range.start >= range.end || range.end > size {
+                            return Err(StoreError::InvalidRange {
+                                key: source.clone(),
+                                range: GetRange::Bounded(range.clone()),
+                            });
+                        }
+                        object.extend_from_slice(
+                            &source_bytes[range.start as usize..range.end as usize],
+                        );
+                    }
+                }
+            }
+        }
+        self.inner
+            .objects
+            .lock()
+            .insert(key.to_owned(), object.freeze());
+        self.answer(Op::Compose, key).await
     }
 }
 

@@ -546,6 +546,7 @@ mod tests {
 
     fn entry(id: u64, start: u64, end: u64, key: &str) -> IndexEntry {
         IndexEntry {
+            created_at_ms: 0,
             stream_id: id,
             start_seq: start,
             end_seq: end,

@@ -82,11 +82,18 @@ pub struct IndexEntry {
     pub offset: u64,
     pub len: u64,
     pub crc32c: u32,
+    /// When the object's newest records were written (its footer's `created_at_ms`): what
+    /// retention by age goes by. 0 when unknown (entries written before it was recorded).
+    pub created_at_ms: u64,
 }
 
 impl IndexEntry {
-    /// The entry for a section of the object at `object_key`.
-    pub fn for_section(object_key: &str, section: &crate::flight::SectionEntry) -> Self {
+    /// The entry for a section of the object at `object_key`, created at `created_at_ms`.
+    pub fn for_section(
+        object_key: &str,
+        section: &crate::flight::SectionEntry,
+        created_at_ms: u64,
+    ) -> Self {
         Self {
             stream_id: section.stream_id,
             start_seq: section.start_seq,
@@ -95,6 +102,7 @@ impl IndexEntry {
             offset: section.offset,
             len: section.len,
             crc32c: section.crc32c,
+            created_at_ms,
         }
     }
 }
@@ -243,6 +251,14 @@ impl Reader<'_> {
         self.need(8)?;
         Ok(self.0.get_u64_le())
     }
+    /// A field added after the format byte's value was fixed: absent in older values.
+    fn optional_u64(&mut self) -> Result<Option<u64>, CatalogError> {
+        if self.0.is_empty() {
+            Ok(None)
+        } else {
+            self.u64().map(Some)
+        }
+    }
     fn string(&mut self) -> Result<String, CatalogError> {
         let len = self.u32()? as usize;
         self.need(len)?;
@@ -295,6 +311,7 @@ fn encode_entry(entry: &IndexEntry) -> Vec<u8> {
     buf.put_u64_le(entry.offset);
     buf.put_u64_le(entry.len);
     buf.put_u32_le(entry.crc32c);
+    buf.put_u64_le(entry.created_at_ms);
     buf
 }
 
@@ -316,6 +333,8 @@ fn decode_entry(key: &[u8], value: &[u8]) -> Result<IndexEntry, CatalogError> {
         offset: r.u64()?,
         len: r.u64()?,
         crc32c: r.u32()?,
+        // Absent from entries written before it was recorded.
+        created_at_ms: r.optional_u64()?.unwrap_or(0),
     })
 }
 
@@ -776,6 +795,7 @@ mod tests {
             offset: 16,
             len: 100,
             crc32c: 7,
+            created_at_ms: 0,
         };
         let batch = AbsorbBatch {
             entries: vec![entry(0, 10), entry(10, 25)],

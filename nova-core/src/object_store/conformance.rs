@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{CreateOutcome, GetRange, ObjectStore, PutPayload, StoreError};
+use super::{
+    ComposePart, CreateOutcome, GetRange, MIN_COMPOSE_PART, ObjectStore, PutPayload, StoreError,
+};
 
 /// Runs every check under `prefix`, which must be empty in the store.
 pub async fn run_all(store: Arc<dyn ObjectStore>, prefix: &str) {
@@ -17,6 +19,71 @@ pub async fn run_all(store: Arc<dyn ObjectStore>, prefix: &str) {
     concurrent_conditional_creates(store.clone(), &format!("{prefix}race/")).await;
     listing_with_pagination(store.as_ref(), &format!("{prefix}list/")).await;
     deletes(store.as_ref(), &format!("{prefix}del/")).await;
+    compose(store.as_ref(), &format!("{prefix}compose/")).await;
+}
+
+/// A composed object is its parts end to end, copied ranges included; parts that break the
+/// multipart rules, or a copy from a missing object, are refused and write nothing.
+pub async fn compose(store: &dyn ObjectStore, prefix: &str) {
+    let min = MIN_COMPOSE_PART as usize;
+    let (a, a_bytes) = multi_part(3, 2, min / 2 + 1000);
+    let (b, b_bytes) = multi_part(4, 1, 4000);
+    let (source_a, source_b) = (format!("{prefix}a"), format!("{prefix}b"));
+    store.put(&source_a, a).await.expect("put a");
+    store.put(&source_b, b).await.expect("put b");
+    let (middle, middle_bytes) = multi_part(5, 3, min / 3 + 10);
+    let key = format!("{prefix}composed");
+    let parts = vec![
+        ComposePart::Copy {
+            source: source_a.clone(),
+            range: 500..a_bytes.len() as u64,
+        },
+        ComposePart::Data(middle),
+        ComposePart::Copy {
+            source: source_b.clone(),
+            range: 100..2100,
+        },
+    ];
+    store.compose(&key, parts).await.expect("compose");
+    let mut want = a_bytes.slice(500..).to_vec();
+    want.extend_from_slice(&middle_bytes);
+    want.extend_from_slice(&b_bytes[100..2100]);
+    let got = store.get(&key, GetRange::All).await.expect("get composed");
+    assert_eq!(got.object_size, want.len() as u64);
+    assert!(
+        got.bytes == want,
+        "the composed object is its parts in order"
+    );
+
+    let small_first = vec![
+        ComposePart::Data(Bytes::from_static(b"too small").into()),
+        ComposePart::Copy {
+            source: source_a.clone(),
+            range: 0..10,
+        },
+    ];
+    let refused = format!("{prefix}refused");
+    let err = store.compose(&refused, small_first).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Permanent { .. }),
+        "a small part before the last is refused: {err}"
+    );
+    let missing = vec![ComposePart::Copy {
+        source: format!("{prefix}missing"),
+        range: 0..10,
+    }];
+    let err = store.compose(&refused, missing).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::NotFound { .. } | StoreError::Permanent { .. }
+        ),
+        "a copy from a missing object fails: {err}"
+    );
+    assert!(
+        matches!(store.head(&refused).await, Err(StoreError::NotFound { .. })),
+        "a refused compose writes nothing"
+    );
 }
 
 fn multi_part(seed: u8, parts: usize, part_len: usize) -> (PutPayload, Bytes) {

@@ -11,8 +11,8 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use super::{
-    CreateOutcome, GetRange, GetResult, ListPage, ObjectMeta, ObjectStore, Op, PutPayload,
-    StoreError,
+    ComposePart, CreateOutcome, GetRange, GetResult, ListPage, ObjectMeta, ObjectStore, Op,
+    PutPayload, StoreError,
 };
 
 /// What happens to a request a rule matches.
@@ -204,6 +204,10 @@ impl ObjectStore for FaultyStore {
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         faulted!(self, Op::Delete, key, self.inner.delete(key).await)
+    }
+
+    async fn compose(&self, key: &str, parts: Vec<ComposePart>) -> Result<(), StoreError> {
+        faulted!(self, Op::Compose, key, self.inner.compose(key, parts).await)
     }
 }
 

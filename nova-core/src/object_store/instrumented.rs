@@ -5,8 +5,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{
-    CreateOutcome, GetRange, GetResult, ListPage, ObjectMeta, ObjectStore, Op, PutPayload,
-    StoreError,
+    ComposePart, CreateOutcome, GetRange, GetResult, ListPage, ObjectMeta, ObjectStore, Op,
+    PutPayload, StoreError,
 };
 use crate::clock::{Clock, Instant};
 use crate::metrics::StoreMetrics;
@@ -115,6 +115,19 @@ impl ObjectStore for Instrumented {
         let started = self.clock.now();
         let result = self.inner.delete(key).await;
         self.record(Op::Delete, started, &result, 0);
+        result
+    }
+
+    async fn compose(&self, key: &str, parts: Vec<ComposePart>) -> Result<(), StoreError> {
+        let started = self.clock.now();
+        // Bytes this process sent; copied parts never pass through it.
+        let sent = parts
+            .iter()
+            .filter(|p| matches!(p, ComposePart::Data(_)))
+            .map(ComposePart::len)
+            .sum();
+        let result = self.inner.compose(key, parts).await;
+        self.record(Op::Compose, started, &result, sent);
         result
     }
 }

@@ -18,8 +18,8 @@ use tokio::sync::Semaphore;
 use crate::entropy::Entropy;
 
 use super::{
-    CreateOutcome, GetRange, GetResult, ListPage, MAX_LIST_KEYS, ObjectMeta, ObjectStore, Op,
-    PutPayload, StoreError, StoreLimits,
+    ComposePart, CreateOutcome, GetRange, GetResult, ListPage, MAX_LIST_KEYS, ObjectMeta,
+    ObjectStore, Op, PutPayload, StoreError, StoreLimits,
 };
 
 #[derive(Debug, Clone)]
@@ -342,6 +342,80 @@ impl ObjectStore for LocalStore {
             }
         })
         .await
+    }
+
+    /// Copies the parts into a temporary file and renames it into place, as `put` does.
+    async fn compose(&self, key: &str, parts: Vec<ComposePart>) -> Result<(), StoreError> {
+        super::check_compose(key, &parts)?;
+        let owned = key.to_owned();
+        self.run(Op::Compose, key, true, move |inner| {
+            let op = Op::Compose;
+            let path = inner.path_of(op, &owned)?;
+            let tmp = inner.compose_temp(&owned, &parts)?;
+            let result = inner
+                .ensure_parent(&path)
+                .and_then(|parent| fs::rename(&tmp, &path).and_then(|()| inner.sync_dir(&parent)));
+            if result.is_err() {
+                let _ = fs::remove_file(&tmp);
+            }
+            result.map_err(|e| io_error(op, &owned, e))
+        })
+        .await
+    }
+}
+
+impl Inner {
+    /// Writes the composed object to a fresh temporary file and fsyncs it.
+    fn compose_temp(&self, key: &str, parts: &[ComposePart]) -> Result<PathBuf, StoreError> {
+        let op = Op::Compose;
+        let tmp = self
+            .write_temp(&PutPayload::default())
+            .map_err(|e| io_error(op, key, e))?;
+        let write = || -> Result<(), StoreError> {
+            let mut file = OpenOptions::new()
+                .append(true)
+                .open(&tmp)
+                .map_err(|e| io_error(op, key, e))?;
+            for part in parts {
+                match part {
+                    ComposePart::Data(payload) => {
+                        for slice in payload.parts() {
+                            file.write_all(slice).map_err(|e| io_error(op, key, e))?;
+                        }
+                    }
+                    ComposePart::Copy { source, range } => {
+                        let from = self.path_of(op, source)?;
+                        let err = |e| io_error(op, source, e);
+                        let mut src = File::open(&from).map_err(err)?;
+                        let size = src.metadata().map_err(err)?.len();
+                        if range.start >= range.end || range.end > size {
+                            return Err(StoreError::InvalidRange {
+                                key: source.clone(),
+                                range: GetRange::Bounded(range.clone()),
+                            });
+                        }
+                        src.seek(SeekFrom::Start(range.start)).map_err(err)?;
+                        let want = range.end - range.start;
+                        let copied = io::copy(&mut src.take(want), &mut file).map_err(err)?;
+                        if copied != want {
+                            return Err(StoreError::Transient {
+                                op,
+                                key: source.clone(),
+                                message: format!("copied {copied} of {want} bytes"),
+                            });
+                        }
+                    }
+                }
+            }
+            file.sync_all().map_err(|e| io_error(op, key, e))
+        };
+        match write() {
+            Ok(()) => Ok(tmp),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
     }
 }
 

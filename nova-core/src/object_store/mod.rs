@@ -75,6 +75,7 @@ pub enum Op {
     Head,
     List,
     Delete,
+    Compose,
 }
 
 impl Op {
@@ -86,6 +87,7 @@ impl Op {
             Op::Head => "head",
             Op::List => "list",
             Op::Delete => "delete",
+            Op::Compose => "compose",
         }
     }
 }
@@ -156,6 +158,69 @@ pub trait ObjectStore: Send + Sync + fmt::Debug + 'static {
 
     /// Deletes the object; deleting a missing key succeeds.
     async fn delete(&self, key: &str) -> Result<(), StoreError>;
+
+    /// Writes `key` (replacing whatever was there) as the concatenation of `parts`, copying each
+    /// `ComposePart::Copy` inside the store, so those bytes never pass through this process. On
+    /// S3 this is a multipart upload whose copied parts are UploadPartCopy requests: every part
+    /// but the last must be at least `MIN_COMPOSE_PART` bytes, and a backend refuses anything
+    /// else, so callers keep to the rule whatever store they write to.
+    async fn compose(&self, key: &str, parts: Vec<ComposePart>) -> Result<(), StoreError>;
+}
+
+/// S3's smallest multipart part (all but the last): 5 MiB.
+pub const MIN_COMPOSE_PART: u64 = 5 * 1024 * 1024;
+/// S3's most parts in one multipart upload.
+pub const MAX_COMPOSE_PARTS: usize = 10_000;
+
+/// One part of an object written by `ObjectStore::compose`.
+#[derive(Debug, Clone)]
+pub enum ComposePart {
+    /// Bytes `range` (end exclusive) of the object at `source`, copied by the store.
+    Copy { source: String, range: Range<u64> },
+    /// Bytes sent with the request.
+    Data(PutPayload),
+}
+
+impl ComposePart {
+    pub fn len(&self) -> u64 {
+        match self {
+            ComposePart::Copy { range, .. } => range.end.saturating_sub(range.start),
+            ComposePart::Data(payload) => payload.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Checks `parts` against the multipart rules every backend enforces: at least one part, none
+/// empty, all but the last at least `MIN_COMPOSE_PART`, at most `MAX_COMPOSE_PARTS`.
+pub fn check_compose(key: &str, parts: &[ComposePart]) -> Result<(), StoreError> {
+    let refuse = |message: String| {
+        Err(StoreError::Permanent {
+            op: Op::Compose,
+            key: key.to_owned(),
+            message,
+        })
+    };
+    if parts.is_empty() || parts.len() > MAX_COMPOSE_PARTS {
+        return refuse(format!(
+            "a composed object needs 1 to {MAX_COMPOSE_PARTS} parts, not {}",
+            parts.len()
+        ));
+    }
+    if let Some((i, part)) = parts.iter().enumerate().find(|(i, part)| {
+        part.is_empty() || (*i + 1 < parts.len() && part.len() < MIN_COMPOSE_PART)
+    }) {
+        return refuse(format!(
+            "part {} of {} is {} bytes: every part but the last needs at least {MIN_COMPOSE_PART}",
+            i + 1,
+            parts.len(),
+            part.len()
+        ));
+    }
+    Ok(())
 }
 
 /// The largest page a list call returns, matching S3's own cap.

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use prometheus::{Counter, IntCounterVec};
 
 use super::{
-    CreateOutcome, GetRange, GetResult, ListPage, ObjectMeta, ObjectStore, Op, PutPayload,
-    StoreError,
+    ComposePart, CreateOutcome, GetRange, GetResult, ListPage, ObjectMeta, ObjectStore, Op,
+    PutPayload, StoreError,
 };
 use crate::rate::RateBudget;
 
@@ -43,9 +43,16 @@ impl RateLimited {
     }
 
     async fn admit(&self, op: Op) {
-        let waited = self.budget.take(1).await;
+        self.admit_n(op, 1).await;
+    }
+
+    async fn admit_n(&self, op: Op, requests: u64) {
+        let waited = self.budget.take(requests).await;
         self.metrics.waited_seconds.inc_by(waited.as_secs_f64());
-        self.metrics.issued.with_label_values(&[op.as_str()]).inc();
+        self.metrics
+            .issued
+            .with_label_values(&[op.as_str()])
+            .inc_by(requests);
     }
 }
 
@@ -96,6 +103,13 @@ impl ObjectStore for RateLimited {
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.admit(Op::Delete).await;
         self.inner.delete(key).await
+    }
+
+    /// A multipart upload: one request to start it, one per part, one to complete it.
+    async fn compose(&self, key: &str, parts: Vec<ComposePart>) -> Result<(), StoreError> {
+        let requests = parts.len() as u64 + 2;
+        self.admit_n(Op::Compose, requests).await;
+        self.inner.compose(key, parts).await
     }
 }
 

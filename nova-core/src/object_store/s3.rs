@@ -22,8 +22,8 @@ use aws_smithy_types::body::SdkBody;
 use tokio::sync::Semaphore;
 
 use super::{
-    CreateOutcome, GetRange, GetResult, ListPage, MAX_LIST_KEYS, ObjectMeta, ObjectStore, Op,
-    PutPayload, StoreError, StoreLimits,
+    ComposePart, CreateOutcome, GetRange, GetResult, ListPage, MAX_LIST_KEYS, ObjectMeta,
+    ObjectStore, Op, PutPayload, StoreError, StoreLimits,
 };
 
 #[derive(Debug, Clone)]
@@ -151,6 +151,85 @@ impl S3Store {
         ByteStream::new(SdkBody::retryable(move || {
             SdkBody::from_body_1_x(payload.body())
         }))
+    }
+}
+
+impl S3Store {
+    /// One multipart upload of `parts` to `key`; the caller aborts it on failure.
+    async fn upload_parts(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: &[ComposePart],
+    ) -> Result<(), StoreError> {
+        use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+        let op = Op::Compose;
+        let client = &self.inner.client;
+        let full = self.full_key(key);
+        let mut completed = Vec::with_capacity(parts.len());
+        for (i, part) in parts.iter().enumerate() {
+            let number = i32::try_from(i + 1).map_err(|_| StoreError::Permanent {
+                op,
+                key: key.to_owned(),
+                message: "too many parts".into(),
+            })?;
+            let e_tag = match part {
+                ComposePart::Copy { source, range } => client
+                    .upload_part_copy()
+                    .bucket(&self.inner.bucket)
+                    .key(&full)
+                    .upload_id(upload_id)
+                    .part_number(number)
+                    .copy_source(format!("{}/{}", self.inner.bucket, self.full_key(source)))
+                    .copy_source_range(format!("bytes={}-{}", range.start, range.end - 1))
+                    .send()
+                    .await
+                    .map_err(|err| classify(op, source, err))?
+                    .copy_part_result()
+                    .and_then(|r| r.e_tag())
+                    .map(str::to_owned),
+                ComposePart::Data(payload) => client
+                    .upload_part()
+                    .bucket(&self.inner.bucket)
+                    .key(&full)
+                    .upload_id(upload_id)
+                    .part_number(number)
+                    .content_length(payload.len() as i64)
+                    .body(Self::body(payload))
+                    .send()
+                    .await
+                    .map_err(|err| classify(op, key, err))?
+                    .e_tag()
+                    .map(str::to_owned),
+            };
+            let Some(e_tag) = e_tag else {
+                return Err(StoreError::Permanent {
+                    op,
+                    key: key.to_owned(),
+                    message: format!("part {number} was answered without an ETag"),
+                });
+            };
+            completed.push(
+                CompletedPart::builder()
+                    .part_number(number)
+                    .e_tag(e_tag)
+                    .build(),
+            );
+        }
+        client
+            .complete_multipart_upload()
+            .bucket(&self.inner.bucket)
+            .key(&full)
+            .upload_id(upload_id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(completed))
+                    .build(),
+            )
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|err| classify(op, key, err))
     }
 }
 
@@ -425,5 +504,51 @@ impl ObjectStore for S3Store {
             .await
             .map(|_| ())
             .map_err(|err| classify(op, key, err))
+    }
+
+    /// A multipart upload whose copied parts are UploadPartCopy requests. An upload that fails
+    /// is aborted; one cut off by a crash stays until the bucket's lifecycle rule for incomplete
+    /// multipart uploads removes it (see docs/operations.md).
+    async fn compose(&self, key: &str, parts: Vec<ComposePart>) -> Result<(), StoreError> {
+        let op = Op::Compose;
+        super::check_compose(key, &parts)?;
+        let _permit = self
+            .inner
+            .writes
+            .acquire()
+            .await
+            .map_err(|_| closed(op, key))?;
+        let created = self
+            .inner
+            .client
+            .create_multipart_upload()
+            .bucket(&self.inner.bucket)
+            .key(self.full_key(key))
+            .send()
+            .await
+            .map_err(|err| classify(op, key, err))?;
+        let Some(upload_id) = created.upload_id() else {
+            return Err(StoreError::Permanent {
+                op,
+                key: key.to_owned(),
+                message: "the multipart upload was started without an upload id".into(),
+            });
+        };
+        let result = self.upload_parts(key, upload_id, &parts).await;
+        if result.is_err() {
+            let aborted = self
+                .inner
+                .client
+                .abort_multipart_upload()
+                .bucket(&self.inner.bucket)
+                .key(self.full_key(key))
+                .upload_id(upload_id)
+                .send()
+                .await;
+            if let Err(err) = aborted {
+                tracing::warn!(key, error = %DisplayErrorContext(&err), "could not abort a failed multipart upload");
+            }
+        }
+        result
     }
 }
