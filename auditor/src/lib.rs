@@ -4,6 +4,8 @@
 //!   per-stream objects and swaps the index entries over (`settle`);
 //! - **collect** deletes what nothing references any more once its grace period is over: settled
 //!   flights, objects replaced or orphaned, the objects of deleted streams (`collect`);
+//! - **rewrite** merges a stream's small settled objects into larger ones, copying server-side
+//!   what is large enough to copy (`rewrite`);
 //! - **drop_deleted** removes a deleted stream's index entries and queues its objects (`drop`);
 //! - **sweep** now and then checks every settled object in the bucket against the catalog and
 //!   queues any that nothing references or writes (`sweep`).
@@ -25,10 +27,9 @@ mod collect;
 mod drop;
 mod fetch_cache;
 pub mod metrics;
+mod rewrite;
 mod settle;
 mod sweep;
-
-pub use settle::working_memory;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -125,8 +126,25 @@ pub(crate) enum Duty {
     Settle,
     Collect,
     DropDeleted,
+    Rewrite,
     Sweep,
 }
+
+/// Every duty, in the order their tasks start.
+const ALL_DUTIES: [Duty; 5] = [
+    Duty::Settle,
+    Duty::Collect,
+    Duty::DropDeleted,
+    Duty::Rewrite,
+    Duty::Sweep,
+];
+/// The duties whose backlog counts as due work (the sweep is periodic housekeeping).
+const DUE_DUTIES: [Duty; 4] = [
+    Duty::Settle,
+    Duty::Collect,
+    Duty::DropDeleted,
+    Duty::Rewrite,
+];
 
 impl Duty {
     fn as_str(self) -> &'static str {
@@ -134,6 +152,7 @@ impl Duty {
             Duty::Settle => "settle",
             Duty::Collect => "collect",
             Duty::DropDeleted => "drop_deleted",
+            Duty::Rewrite => "rewrite",
             Duty::Sweep => "sweep",
         }
     }
@@ -143,10 +162,18 @@ impl Duty {
             Duty::Settle => 0,
             Duty::Collect => 1,
             Duty::DropDeleted => 2,
+            Duty::Rewrite => 3,
             // Periodic housekeeping: never counted as due.
-            Duty::Sweep => 3,
+            Duty::Sweep => 4,
         }
     }
+}
+
+/// The most the auditor's jobs hold in memory at once, for novad's memory formula: a settle job
+/// (flights up to `whole_object_max` read whole, records up to `max_record_bytes`) and a rewrite
+/// job, which run side by side; the other duties hold a page of keys.
+pub fn working_memory(whole_object_max: u64, max_record_bytes: u64) -> u64 {
+    settle::working_memory(whole_object_max, max_record_bytes) + rewrite::working_memory()
 }
 
 /// Where the sweep stands: the key its pass has reached, and when the next pass is due.
@@ -168,8 +195,9 @@ pub(crate) struct Ctx {
     rewrite: RateBudget,
     workers: Arc<Semaphore>,
     /// Since when (unix ms) each duty has had work due; `None` while it has none.
-    due_since: Mutex<[Option<u64>; 4]>,
+    due_since: Mutex<[Option<u64>; ALL_DUTIES.len()]>,
     pub(crate) sweep: Mutex<SweepState>,
+    pub(crate) rewrite_state: Mutex<rewrite::RewriteState>,
     /// Since when (unix ms) absorbed flights have waited to be settled, due or not yet.
     pub(crate) settle_pending_since: Mutex<Option<u64>>,
 }
@@ -228,7 +256,7 @@ impl Ctx {
         let now = self.config.clock.unix_ms();
         let due = *self.due_since.lock();
         let mut oldest = 0.0f64;
-        for duty in [Duty::Settle, Duty::Collect, Duty::DropDeleted] {
+        for duty in DUE_DUTIES {
             let age =
                 due[duty.index()].map_or(0.0, |since| now.saturating_sub(since) as f64 / 1000.0);
             self.metrics
@@ -283,8 +311,9 @@ impl Auditor {
         let ctx = Arc::new(Ctx {
             rewrite: RateBudget::new(rewrite_units, config.clock),
             workers: Arc::new(Semaphore::new(workers as usize)),
-            due_since: Mutex::new([None; 4]),
+            due_since: Mutex::new([None; ALL_DUTIES.len()]),
             sweep: Mutex::new(SweepState::default()),
+            rewrite_state: Mutex::new(rewrite::RewriteState::default()),
             settle_pending_since: Mutex::new(None),
             config,
             store,
@@ -301,11 +330,10 @@ impl Auditor {
             "auditor started"
         );
         let stop = CancellationToken::new();
-        let mut tasks: Vec<JoinHandle<()>> =
-            [Duty::Settle, Duty::Collect, Duty::DropDeleted, Duty::Sweep]
-                .into_iter()
-                .map(|duty| tokio::spawn(run_duty(ctx.clone(), duty, stop.clone())))
-                .collect();
+        let mut tasks: Vec<JoinHandle<()>> = ALL_DUTIES
+            .into_iter()
+            .map(|duty| tokio::spawn(run_duty(ctx.clone(), duty, stop.clone())))
+            .collect();
         tasks.push(tokio::spawn(publish_ages(ctx.clone(), stop.clone())));
         Ok(Self { ctx, stop, tasks })
     }
@@ -407,6 +435,7 @@ async fn step(ctx: &Ctx, duty: Duty) -> Result<Step, AuditError> {
         Duty::Settle => settle::step(ctx).await,
         Duty::Collect => collect::step(ctx).await,
         Duty::DropDeleted => drop::step(ctx).await,
+        Duty::Rewrite => rewrite::step(ctx).await,
         Duty::Sweep => sweep::step(ctx).await,
     }
 }

@@ -8,7 +8,7 @@ use nova_core::metrics::register;
 use nova_core::object_store::RateLimitedMetrics;
 
 /// The duties, as the `duty` label spells them.
-pub const DUTIES: [&str; 4] = ["settle", "collect", "drop_deleted", "sweep"];
+pub const DUTIES: [&str; 5] = ["settle", "collect", "drop_deleted", "rewrite", "sweep"];
 
 #[derive(Debug, Clone)]
 pub struct AuditorMetrics {
@@ -24,6 +24,10 @@ pub struct AuditorMetrics {
     /// Bytes assembled through the star and written, by duty.
     pub written_bytes: IntCounterVec,
     pub written_objects: IntCounterVec,
+    /// Bytes the rewrite had the object store copy server-side (never through the star).
+    pub copied_bytes: IntCounter,
+    /// Settled objects the rewrite merged into larger ones.
+    pub rewritten_objects: IntCounter,
     pub settled_flights: IntCounter,
     pub deleted_objects: IntCounterVec,
     pub reclaimed_bytes: IntCounter,
@@ -126,6 +130,16 @@ impl AuditorMetrics {
                 "nova_auditor_written_objects_total",
                 "Objects the auditor wrote, by duty.",
                 &["duty"],
+            ),
+            copied_bytes: counter(
+                r,
+                "nova_auditor_copied_bytes_total",
+                "Bytes the rewrite had the object store copy server-side (UploadPartCopy), free of the rewrite budget.",
+            ),
+            rewritten_objects: counter(
+                r,
+                "nova_auditor_rewritten_objects_total",
+                "Settled objects the rewrite merged into larger ones.",
             ),
             settled_flights: counter(
                 r,

@@ -73,7 +73,7 @@ pub(crate) const OBJECT_MAX_SECTIONS: usize = 48;
 /// settling 8 MiB flights at full speed resides about 39 MiB above one with the auditor off),
 /// one settled object's sections (a run stops at `OBJECT_MAX_BYTES`, so it can pass it by one
 /// section), and the window's footers with their copy grouped by stream.
-pub fn working_memory(whole_object_max: u64, max_record_bytes: u64) -> u64 {
+pub(crate) fn working_memory(whole_object_max: u64, max_record_bytes: u64) -> u64 {
     let section_max = MAX_SECTION_BYTES + max_record_bytes + 64 * 1024;
     3 * whole_object_max + OBJECT_MAX_BYTES + section_max + 2 * WINDOW_FOOTER_BYTES
 }

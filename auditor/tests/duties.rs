@@ -217,17 +217,25 @@ async fn settled_streams_live_in_objects_of_their_own_and_read_the_same() {
 
     // Idle now: over half a second the auditor asks the object store nothing.
     let asked = || -> u64 {
-        ["put", "get", "head", "list", "delete", "put_if_absent"]
-            .iter()
-            .map(|op| {
-                auditor
-                    .metrics()
-                    .store
-                    .issued
-                    .with_label_values(&[op])
-                    .get()
-            })
-            .sum()
+        [
+            "put",
+            "get",
+            "head",
+            "list",
+            "delete",
+            "put_if_absent",
+            "compose",
+        ]
+        .iter()
+        .map(|op| {
+            auditor
+                .metrics()
+                .store
+                .issued
+                .with_label_values(&[op])
+                .get()
+        })
+        .sum()
     };
     let idle_from = asked();
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -449,4 +457,107 @@ async fn the_sweep_collects_settled_objects_nothing_references() {
     );
     assert!(auditor.metrics().swept_objects.get() >= 1);
     auditor.stop().await;
+}
+
+/// The objects one stream's index entries reference, in order, each once.
+async fn objects_of(catalog: &Catalog, stream: &str) -> Vec<String> {
+    let id = catalog.stream(stream).await.unwrap().unwrap().id;
+    let mut out: Vec<String> = Vec::new();
+    for entry in catalog.index_entries(id, 0, 10_000).await.unwrap() {
+        if out.last() != Some(&entry.object_key) {
+            out.push(entry.object_key);
+        }
+    }
+    out
+}
+
+/// A stream settled window after window ends up in few objects: small settled objects merge
+/// into one, a settled object past S3's multipart minimum is copied into it by the store rather
+/// than through the auditor, merged objects are never merged again, and every read returns the
+/// same records before, during and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_settled_objects_merge_and_large_ones_are_copied() {
+    let world = World::new();
+    let store = world.disk.store();
+    let catalog = world.catalog();
+    let star = world.star().await;
+    let mut expected: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for stream in ["big", "quiet"] {
+        create(&star, stream).await;
+    }
+    // First "big" gets one settled object of six ~950 KiB records: over 5 MiB, so a copy.
+    for i in 0..6 {
+        let body = format!("{i:03}{}", "x".repeat(950 * 1024));
+        answer(append(&star, "big", &body).await).await.unwrap();
+        expected.entry("big".into()).or_default().push(body);
+    }
+    let auditor = start(&world, Duration::from_millis(50));
+    wait_settled_and_collected(store.as_ref(), &catalog).await;
+    // Then window after window of one small record each.
+    for phase in 0..17 {
+        for stream in ["big", "quiet"] {
+            let body = format!("{stream}-{phase}");
+            answer(append(&star, stream, &body).await).await.unwrap();
+            expected.entry(stream.into()).or_default().push(body);
+        }
+        wait_settled_and_collected(store.as_ref(), &catalog).await;
+        assert_eq!(bodies(&star, "quiet").await, expected["quiet"]);
+    }
+    let root = data_root(STAR);
+    let rewritten = |key: &String| parse_data_key(&root, key).is_some_and(|d| d.rewritten);
+    for _ in 0..1000 {
+        let big = objects_of(&catalog, "big").await;
+        let quiet = objects_of(&catalog, "quiet").await;
+        // Each merges as soon as 16 objects wait; what settles after that waits for more.
+        let merged =
+            |objects: &[String]| objects.len() <= 3 && objects.first().is_some_and(rewritten);
+        if merged(&big) && merged(&quiet) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for stream in ["big", "quiet"] {
+        let objects = objects_of(&catalog, stream).await;
+        assert!(
+            objects.len() <= 3 && objects.first().is_some_and(rewritten),
+            "{stream} is still in {} objects: {objects:?}",
+            objects.len()
+        );
+        assert_eq!(bodies(&star, stream).await, expected[stream]);
+    }
+    let copied = auditor.metrics().copied_bytes.get();
+    assert!(copied > 5 << 20, "the large object was copied: {copied}");
+    assert!(auditor.metrics().rewritten_objects.get() >= 30);
+    // The sources go once their grace is over; every entry points at an object that exists and
+    // nothing else is left.
+    wait_settled_and_collected(store.as_ref(), &catalog).await;
+    let mut referenced = check_index(&catalog, store.as_ref()).await;
+    referenced.sort();
+    referenced.dedup();
+    let mut data = data_objects(store.as_ref()).await;
+    data.sort();
+    assert_eq!(data, referenced);
+    // Merged objects stay as they are: another pass finds nothing to do.
+    let written = auditor
+        .metrics()
+        .written_objects
+        .with_label_values(&["rewrite"])
+        .get();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        auditor
+            .metrics()
+            .written_objects
+            .with_label_values(&["rewrite"])
+            .get(),
+        written
+    );
+    // A restarted star reads the merged objects from the bucket alone.
+    auditor.stop().await;
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
+    let star = world.star().await;
+    for stream in ["big", "quiet"] {
+        assert_eq!(bodies(&star, stream).await, expected[stream]);
+    }
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
 }

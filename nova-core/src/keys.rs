@@ -105,12 +105,29 @@ pub fn data_key(star: &str, stream_id: u64, start: u64, end: u64, nonce: u64) ->
     )
 }
 
-/// A settled object's stream and record range, from a key under `data_root(star)`.
+/// The suffix of an object the rewrite made by merging settled ones: it is never merged again,
+/// which bounds what the rewrite writes to once per record.
+const REWRITTEN: &str = "r";
+
+/// A data object the rewrite made from settled objects: like `data_key`, marked as rewritten.
+pub fn rewritten_key(star: &str, stream_id: u64, start: u64, end: u64, nonce: u64) -> String {
+    format!(
+        "{}-{REWRITTEN}",
+        data_key(star, stream_id, start, end, nonce)
+    )
+}
+
+/// A data object's stream and record range, from a key under `data_root(star)`.
 pub fn parse_data_key(root: &str, key: &str) -> Option<DataKey> {
     let rest = key.strip_prefix(root)?;
     let (id, range) = rest.split_once('/')?;
     let mut parts = range.split('-');
     let (start, end, nonce) = (parts.next()?, parts.next()?, parts.next()?);
+    let rewritten = match parts.next() {
+        None => false,
+        Some(REWRITTEN) => true,
+        Some(_) => return None,
+    };
     let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
     let hex = nonce.len() == 16 && nonce.bytes().all(|b| b.is_ascii_hexdigit());
     if parts.next().is_some() || !digits(id, 20) || !digits(start, 20) || !digits(end, 20) || !hex {
@@ -120,6 +137,7 @@ pub fn parse_data_key(root: &str, key: &str) -> Option<DataKey> {
         stream_id: id.parse().ok()?,
         start: start.parse().ok()?,
         end: end.parse().ok()?,
+        rewritten,
     };
     (parsed.start < parsed.end).then_some(parsed)
 }
@@ -130,6 +148,8 @@ pub struct DataKey {
     pub stream_id: u64,
     pub start: u64,
     pub end: u64,
+    /// Made by the rewrite (`rewritten_key`), not by the settle.
+    pub rewritten: bool,
 }
 
 #[cfg(test)]
@@ -172,12 +192,25 @@ mod tests {
             Some(DataKey {
                 stream_id: 7,
                 start: 10,
-                end: 300
+                end: 300,
+                rewritten: false,
             })
         );
         assert_eq!(parse_data_key(&root, "data/s/junk"), None);
         assert_eq!(parse_data_key(&data_root("t"), &a), None);
         assert_eq!(parse_data_key(&root, &data_key("s", 7, 5, 5, 0)), None);
         assert_eq!(parse_data_key(&root, &format!("{a}-0")), None);
+        assert_eq!(parse_data_key(&root, &format!("{a}-r-r")), None);
+        let merged = rewritten_key("s", 7, 10, 300, 3);
+        assert!(b < merged && merged < c);
+        assert_eq!(
+            parse_data_key(&root, &merged),
+            Some(DataKey {
+                stream_id: 7,
+                start: 10,
+                end: 300,
+                rewritten: true,
+            })
+        );
     }
 }

@@ -383,6 +383,23 @@ impl Catalog {
         Ok(())
     }
 
+    /// Index entries of every stream, in (stream, seq) order, after the entry of stream
+    /// `after.0` ending at `after.1` (from the first when `None`), at most `limit`, each with
+    /// its version.
+    pub async fn index_page(
+        &self,
+        after: Option<(u64, u64)>,
+        limit: usize,
+    ) -> Result<Vec<(IndexEntry, u64)>, CatalogError> {
+        let after = after.map(|(id, end)| index_key(id, end));
+        self.store
+            .scan(b"i/", after.as_deref(), limit)
+            .await?
+            .iter()
+            .map(|kv| Ok((decode_entry(&kv.key, &kv.value)?, kv.version)))
+            .collect()
+    }
+
     /// The index entry of stream `id` ending at `end_seq`, with its version.
     pub async fn index_entry(
         &self,

@@ -118,6 +118,25 @@ pub fn assemble_flight(
     (PutPayload::from_parts(parts), footer)
 }
 
+/// The header a flight object starts with: the same for every flight object of this format
+/// version, so a copy of one object's start can begin another.
+pub fn flight_header() -> Bytes {
+    encode_header(KIND_FLIGHT)
+}
+
+/// The footer and trailer that end a flight object whose sections were laid out elsewhere (an
+/// object composed from copied ranges): `footer.sections` give each section's final offset.
+pub fn encode_flight_end(footer: &FlightFooter) -> Bytes {
+    let mut body = BytesMut::new();
+    encode_flight_footer(footer, &mut body);
+    let footer_bytes = body.freeze();
+    let trailer = encode_trailer(&footer_bytes, KIND_FLIGHT);
+    let mut out = BytesMut::with_capacity(footer_bytes.len() + trailer.len());
+    out.put_slice(&footer_bytes);
+    out.put_slice(&trailer);
+    out.freeze()
+}
+
 /// A complete fence object.
 pub fn encode_fence(info: &FenceInfo) -> Bytes {
     let mut footer = BytesMut::new();

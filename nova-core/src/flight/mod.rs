@@ -26,7 +26,7 @@ pub use marker::{SettleMarker, latest_settle_marker};
 pub use layout::{
     FenceInfo, FlightFooter, FlightMeta, HEADER_LEN, ObjectFooter, SUGGESTED_TAIL_READ,
     SectionEntry, SectionInput, TRAILER_LEN, TailParse, assemble_flight, encode_fence,
-    parse_object, parse_tail, verify_section,
+    encode_flight_end, flight_header, parse_object, parse_tail, verify_section,
 };
 
 /// A flight object, or part of one, is not what it claims to be.
