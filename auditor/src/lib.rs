@@ -61,6 +61,7 @@ pub mod defaults {
     pub const IDLE_MS: u64 = 1000;
     pub const SETTLE_AFTER_SECS: u64 = 30;
     pub const SWEEP_SECS: u64 = 3600;
+    pub const REWRITE_MIN_OBJECTS: usize = 16;
 }
 
 #[derive(Debug, Clone)]
@@ -86,6 +87,10 @@ pub struct AuditorConfig {
     /// unless a whole window's worth is waiting (`--auditor-settle-after-secs`): settling a
     /// second's flights at a time would make an object per stream per second.
     pub settle_after: Duration,
+    /// A run of this many small settled objects of one stream is merged without waiting for
+    /// more (`defaults::REWRITE_MIN_OBJECTS`); a run that reaches a merge's size limits is
+    /// merged whatever its length.
+    pub rewrite_min_objects: usize,
     /// How long a duty with nothing due sleeps before it looks again.
     pub idle: Duration,
     /// How often the sweep passes over every settled object (`--auditor-sweep-secs`).

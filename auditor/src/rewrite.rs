@@ -5,8 +5,8 @@
 //! *What is merged.* A run of consecutive settled objects of one stream, each referenced whole by
 //! the index, up to `MERGE_MAX_BYTES` of sections, `MERGE_MAX_ENTRIES` index entries and
 //! `MERGE_MAX_OBJECTS` objects (one transaction swaps them all, inside etcd's 128 operations). A
-//! run is merged once it reaches one of those limits, or holds `MERGE_READY_OBJECTS` objects; a
-//! shorter run waits for the stream to settle more. Objects the rewrite made (`rewritten_key`)
+//! run is merged once it reaches one of those limits, or holds `rewrite_min_objects` (16)
+//! objects; a shorter run waits for the stream to settle more. Objects the rewrite made (`rewritten_key`)
 //! are never merged again, so each record is written by the auditor at most twice (settle,
 //! rewrite): write amplification stays at or under 2.
 //!
@@ -42,8 +42,6 @@ pub(crate) const MERGE_MAX_BYTES: u64 = 32 * MIB;
 /// three operations and a garbage record per source the transaction stays under 128.
 const MERGE_MAX_ENTRIES: usize = 40;
 const MERGE_MAX_OBJECTS: usize = 32;
-/// A run this long is merged without waiting for more.
-const MERGE_READY_OBJECTS: usize = 16;
 /// Bytes one merge reads and sends through the star (sources too small to copy): what it holds
 /// in memory.
 pub(crate) const ASSEMBLE_MAX_BYTES: u64 = 8 * MIB;
@@ -130,6 +128,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     };
     let mut scan = Scan {
         root: data_root(&ctx.config.star),
+        min_objects: ctx.config.rewrite_min_objects.max(2),
         run: Vec::new(),
         current: None,
     };
@@ -166,6 +165,8 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
 /// A pass over the index, a source at a time.
 struct Scan {
     root: String,
+    /// A run this long is merged without waiting for more.
+    min_objects: usize,
     /// Consecutive complete sources of one stream that may merge.
     run: Vec<Source>,
     /// The object whose entries are arriving, if it may merge.
@@ -250,7 +251,7 @@ impl Scan {
     /// The run, if it is long enough to merge; otherwise it is dropped and waits for more.
     fn take_ready(&mut self) -> Option<Vec<Source>> {
         let run = std::mem::take(&mut self.run);
-        ready(&run).then_some(run)
+        (run.len() >= self.min_objects).then_some(run)
     }
 }
 
@@ -299,10 +300,6 @@ fn over_limits(run: &[Source]) -> Option<usize> {
         }
     }
     None
-}
-
-fn ready(run: &[Source]) -> bool {
-    run.len() >= MERGE_READY_OBJECTS
 }
 
 /// Merges `run`, then lets the next job scan on from its start (entries past it are unchanged).

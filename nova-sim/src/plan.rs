@@ -47,6 +47,7 @@ pub struct AuditorPlan {
     pub workers: u32,
     pub collect_grace: Duration,
     pub settle_after: Duration,
+    pub rewrite_min_objects: usize,
     pub idle: Duration,
     pub sweep_every: Duration,
 }
@@ -68,6 +69,7 @@ impl AuditorPlan {
                 ],
             ),
             idle: ms(entropy, 20, 200),
+            rewrite_min_objects: pick(entropy, &[2, 4, 16]),
             sweep_every: ms(entropy, 500, 5000),
         })
     }

@@ -55,6 +55,8 @@ pub struct Report {
     /// Flights the auditor settled, and chain slots and settled objects it deleted.
     pub settled_flights: u64,
     pub collected_objects: u64,
+    /// Settled objects the auditor's rewrite merged into larger ones.
+    pub merged_objects: u64,
     /// Identical for two runs of one seed: the proof that it replays.
     pub digest: u64,
 }
@@ -100,7 +102,7 @@ struct World {
     /// flight is read in ranges, so no disk I/O runs outside the simulated clock).
     scratch: tempfile::TempDir,
     /// What the auditors of the incarnations did: flights settled, objects deleted.
-    audited: Mutex<(u64, u64)>,
+    audited: Mutex<(u64, u64, u64)>,
 }
 
 pub fn run_seed(seed: u64) -> Result<Report, Failure> {
@@ -157,6 +159,7 @@ pub fn run_seed(seed: u64) -> Result<Report, Failure> {
         simulated: world.simulated,
         settled_flights: audited.0,
         collected_objects: audited.1,
+        merged_objects: audited.2,
         digest: oracle.digest(),
     })
 }
@@ -359,6 +362,7 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
         let mut audited = world.audited.lock();
         audited.0 += metrics.settled_flights.get();
         audited.1 += deleted;
+        audited.2 += metrics.rewritten_objects.get();
     }
     match life.end {
         End::Crash => tracing::info!("crash"),
@@ -389,6 +393,7 @@ fn start_auditor(world: &World, index: usize, clock: Clock, final_check: bool) -
         whole_object_max: world.plan.chain.flight_max_bytes,
         collect_grace: plan.collect_grace,
         settle_after: plan.settle_after,
+        rewrite_min_objects: plan.rewrite_min_objects,
         idle: plan.idle,
         // The final check sweeps every second, to see late writes of earlier lives land.
         sweep_every: if final_check {

@@ -289,6 +289,7 @@ impl Config {
             whole_object_max: self.flight_max_bytes.bytes(),
             collect_grace: Duration::from_secs(self.auditor_collect_grace_secs),
             settle_after: Duration::from_secs(self.auditor_settle_after_secs),
+            rewrite_min_objects: nova_auditor::defaults::REWRITE_MIN_OBJECTS,
             sweep_every: Duration::from_secs(self.auditor_sweep_secs.max(1)),
             idle: Duration::from_millis(self.auditor_idle_ms.max(1)),
             clock: Clock::system(),

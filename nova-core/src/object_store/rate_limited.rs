@@ -46,8 +46,13 @@ impl RateLimited {
         self.admit_n(op, 1).await;
     }
 
+    /// Takes the requests' tokens one at a time, as each becomes free: asking for several at
+    /// once would starve behind single requests that take every token as it arrives.
     async fn admit_n(&self, op: Op, requests: u64) {
-        let waited = self.budget.take(requests).await;
+        let mut waited = std::time::Duration::ZERO;
+        for _ in 0..requests {
+            waited += self.budget.take(1).await;
+        }
         self.metrics.waited_seconds.inc_by(waited.as_secs_f64());
         self.metrics
             .issued
