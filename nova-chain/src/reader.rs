@@ -14,6 +14,12 @@
 //! while holding budget (no deadlock), and always serves at least one record. The charge lives
 //! with the page until its response is sent.
 //!
+//! Retention trims a stream from the front: a read below its trim point is answered
+//! OUT_OF_RANGE, naming the first record it still holds. The star reads the trim point from the
+//! catalog at most once per `TRIM_POINT_FRESH` per stream, and at once when a read finds no entry
+//! where it expected one, so a trim is seen by reads within that time, well inside the grace
+//! period before its objects are deleted.
+//!
 //! The auditor moves records to other objects and, a grace period later, deletes the old ones.
 //! A read that resolved its refs before a move and fetches after the delete finds the object
 //! gone: it resolves again from where it is (up to `STALE_REF_RETRIES` times) and carries on.
@@ -87,6 +93,49 @@ impl ReadCharge {
     }
 }
 
+/// How long the star trusts the trim point it last read for a stream.
+const TRIM_POINT_FRESH_MS: u64 = 1000;
+
+/// The first record `stream` holds: as last read if that was recent (and `force` is off),
+/// otherwise read from the catalog now.
+pub(crate) async fn first_seq(
+    shared: &Shared,
+    stream: &StreamState,
+    force: bool,
+) -> Result<u64, RequestError> {
+    let now = shared.config.clock.unix_ms();
+    if !force
+        && let Some(first) = stream.first_seq_if_read_since(now.saturating_sub(TRIM_POINT_FRESH_MS))
+    {
+        return Ok(first);
+    }
+    let first = shared
+        .catalog
+        .first_seq(stream.id())
+        .await
+        .map_err(|e| RequestError::Unavailable(format!("reading the trim point: {e}")))?;
+    stream.set_first_seq(first, now);
+    Ok(first)
+}
+
+/// Refuses a read from `seq` if retention trimmed it.
+pub(crate) async fn check_not_trimmed(
+    shared: &Shared,
+    stream: &StreamState,
+    seq: u64,
+    force: bool,
+) -> Result<(), RequestError> {
+    let first_seq = first_seq(shared, stream, force).await?;
+    if seq < first_seq {
+        return Err(RequestError::Trimmed {
+            stream: stream.name().to_owned(),
+            seq,
+            first_seq,
+        });
+    }
+    Ok(())
+}
+
 /// How often one read resolves its refs again after finding an object gone. Each time means the
 /// auditor moved the records and collected the old object in between; more than a few in one
 /// read means something else deleted it.
@@ -115,6 +164,7 @@ pub(crate) async fn read(
     max_records: u32,
     max_bytes: u64,
 ) -> Result<Page, RequestError> {
+    check_not_trimmed(shared, stream, start_seq, false).await?;
     let tail = stream.tail();
     let mut page = PageBuilder::new(start_seq, tail, max_records.max(1) as usize, max_bytes);
     let mut charge = ReadCharge::new(shared.read_budget.clone());
@@ -145,6 +195,12 @@ pub(crate) async fn read(
         // still take and the read budget has room for, consumed in order.
         let mut refs = resolve(shared, stream, seq, tail, COLD_READ_REFS, Some(room)).await?;
         if refs.is_empty() {
+            // Trimmed meanwhile (the page so far stands; the next read is told), or lost.
+            if page.records.is_empty() {
+                check_not_trimmed(shared, stream, seq, true).await?;
+            } else if first_seq(shared, stream, true).await? > seq {
+                break;
+            }
             return Err(no_entry(stream, seq));
         }
         let mut charged = 0;

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use nova_core::catalog::{
     Catalog, CatalogError, ChainState, Garbage, IndexEntry, Occupancy, Restored, StorageClass,
-    StreamMeta, StreamTail,
+    StreamMeta, StreamTail, Trim,
 };
 use nova_core::clock::Clock;
 use nova_core::flight::{FetchError, ObjectFooter, fetch_footer, latest_settle_marker};
@@ -427,7 +427,23 @@ pub async fn rebuild_catalog(
         }
     }
     report.streams = streams.len() as u64;
+    // A stream whose records start past 0 had its front trimmed by retention.
+    let trims = streams
+        .values()
+        .filter_map(|s| s.cover.first().map(|&(start, _)| (s.meta.id, start)))
+        .filter(|&(_, start)| start > 0)
+        .map(|(id, first_seq)| {
+            (
+                id,
+                Trim {
+                    first_seq,
+                    trimmed_bytes: 0,
+                },
+            )
+        })
+        .collect();
     let restored = Restored {
+        trims,
         streams: streams.into_values().map(|s| (s.meta, s.tail)).collect(),
         next_stream_id: max_id + 1,
         chain: report.chain.map(|state| (star.to_owned(), state)),
@@ -683,6 +699,7 @@ fn stream_of<'a>(
                 name: section.stream.clone(),
                 created_at_ms,
                 class: StorageClass::Standard,
+                retention: Default::default(),
             }))
         }
     };

@@ -210,6 +210,11 @@ impl Star {
         })
     }
 
+    /// The first record `stream` still holds (retention trims the front), read from the catalog.
+    pub async fn first_seq(&self, stream: &StreamState) -> Result<u64, RequestError> {
+        reader::first_seq(&self.shared, stream, true).await
+    }
+
     pub fn streams(&self) -> &Arc<StreamRegistry> {
         &self.shared.streams
     }
@@ -300,6 +305,7 @@ impl Star {
         start_seq: u64,
         max_refs: usize,
     ) -> Result<Refs, RequestError> {
+        reader::check_not_trimmed(&self.shared, stream, start_seq, false).await?;
         let tail = stream.tail();
         let hot_from = self
             .shared
@@ -308,6 +314,10 @@ impl Star {
             .map_or(tail, |earliest| earliest.clamp(start_seq.min(tail), tail));
         let refs =
             reader::resolve(&self.shared, stream, start_seq, hot_from, max_refs, None).await?;
+        if refs.is_empty() && start_seq < hot_from {
+            // Nothing where records should be: trimmed since the trim point was last read?
+            reader::check_not_trimmed(&self.shared, stream, start_seq, true).await?;
+        }
         let next_seq = refs.last().map_or(start_seq, |r| r.end_seq);
         Ok(Refs {
             refs,

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
-use nova_core::catalog::{Catalog, CatalogError, Occupancy, StorageClass, StreamMeta, StreamTail};
+use nova_core::catalog::{
+    Catalog, CatalogError, Occupancy, Retention, StorageClass, StreamMeta, StreamTail,
+};
 use nova_core::clock::Clock;
 use nova_core::keys::stream_manifest_key;
 use nova_core::manifest::StreamManifest;
@@ -29,6 +31,12 @@ pub struct StreamState {
     /// A delete of this stream has an unknown outcome: appends are refused until a delete
     /// settles it (or a restart finds what the catalog says).
     in_doubt: AtomicBool,
+    /// The retention as last set (`meta` holds the one it was created or loaded with).
+    pub(crate) retention: parking_lot::Mutex<Retention>,
+    /// The first record the stream holds as this star last read it from the catalog (retention
+    /// moves it), and when it read it (unix ms; 0: never).
+    first_seq: AtomicU64,
+    first_seq_read_ms: AtomicU64,
     /// Wakes readers waiting at the tail.
     tail_moved: tokio::sync::Notify,
 }
@@ -36,12 +44,15 @@ pub struct StreamState {
 impl StreamState {
     pub fn new(meta: StreamMeta, tail: StreamTail) -> Self {
         Self {
-            meta,
             next_seq: AtomicU64::new(tail.tail_seq),
             acked: AtomicU64::new(tail.tail_seq),
             stored_bytes: AtomicU64::new(tail.stored_bytes),
             deleted: AtomicBool::new(false),
             in_doubt: AtomicBool::new(false),
+            retention: parking_lot::Mutex::new(meta.retention),
+            meta,
+            first_seq: AtomicU64::new(0),
+            first_seq_read_ms: AtomicU64::new(0),
             tail_moved: tokio::sync::Notify::new(),
         }
     }
@@ -95,6 +106,27 @@ impl StreamState {
                 return self.tail();
             }
         }
+    }
+
+    pub fn retention(&self) -> Retention {
+        *self.retention.lock()
+    }
+
+    /// The first record the stream holds as this star last read it (0 before it read it).
+    pub fn first_seq_cached(&self) -> u64 {
+        self.first_seq.load(Ordering::Acquire)
+    }
+
+    /// The first record the stream holds, as last read, if read since `fresh_from_ms`.
+    pub(crate) fn first_seq_if_read_since(&self, fresh_from_ms: u64) -> Option<u64> {
+        let read = self.first_seq_read_ms.load(Ordering::Acquire);
+        (read != 0 && read >= fresh_from_ms).then(|| self.first_seq.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_first_seq(&self, first_seq: u64, read_ms: u64) {
+        self.first_seq.fetch_max(first_seq, Ordering::AcqRel);
+        self.first_seq_read_ms
+            .store(read_ms.max(1), Ordering::Release);
     }
 
     pub fn is_deleted(&self) -> bool {
@@ -270,10 +302,54 @@ impl StreamRegistry {
         name: &str,
         class: StorageClass,
     ) -> Result<Arc<StreamState>, RequestError> {
+        self.create_with(name, class, Retention::default()).await
+    }
+
+    /// Creates a stream with a retention.
+    pub async fn create_with(
+        self: &Arc<Self>,
+        name: &str,
+        class: StorageClass,
+        retention: Retention,
+    ) -> Result<Arc<StreamState>, RequestError> {
         validate_stream_name(name)?;
         let name = name.to_owned();
-        self.to_the_end(move |registry| async move { registry.create_now(&name, class).await })
-            .await
+        self.to_the_end(move |registry| async move {
+            registry.create_now(&name, class, retention).await
+        })
+        .await
+    }
+
+    /// Changes a stream's retention: in the catalog (which the auditor's retention duty reads)
+    /// and in its manifest (which a rebuild reads).
+    pub async fn set_retention(
+        self: &Arc<Self>,
+        name: &str,
+        retention: Retention,
+    ) -> Result<StreamMeta, RequestError> {
+        validate_stream_name(name)?;
+        let name = name.to_owned();
+        self.to_the_end(move |registry| async move {
+            // One at a time with deletes: a manifest rewritten after a delete marked it would
+            // bring the stream back in a rebuild.
+            let _one_at_a_time = registry.admin.lock().await;
+            let state = registry
+                .get(&name)
+                .ok_or_else(|| RequestError::StreamNotFound(name.clone()))?;
+            let meta = registry
+                .catalog
+                .set_retention(&name, retention)
+                .await
+                .map_err(catalog_error)?;
+            *state.retention.lock() = retention;
+            registry.write_manifest(&meta, false).await.map_err(|e| {
+                RequestError::Unavailable(format!(
+                    "the retention of stream {name:?} is set, but writing its manifest failed                      (set it again): {e}"
+                ))
+            })?;
+            Ok(meta)
+        })
+        .await
     }
 
     /// Refuses new creates and deletes and waits for those in progress: at shutdown, none may
@@ -336,6 +412,7 @@ impl StreamRegistry {
         &self,
         name: &str,
         class: StorageClass,
+        retention: Retention,
     ) -> Result<Arc<StreamState>, RequestError> {
         let _one_at_a_time = self.admin.lock().await;
         if self.get(name).is_some() {
@@ -371,6 +448,7 @@ impl StreamRegistry {
             name: name.to_owned(),
             created_at_ms: self.clock.unix_ms(),
             class,
+            retention,
         };
         // The manifest lands before the catalog knows the stream, so every stream whose
         // records can reach a flight is one the bucket can name.

@@ -22,6 +22,25 @@ pub struct StreamInfo {
     pub stored_bytes: u64,
     pub storage_class: String,
     pub created_at_ms: u64,
+    /// The first record the stream still holds (retention trims below it).
+    pub first_seq: u64,
+    pub retention: Retention,
+}
+
+/// How long a stream keeps its records; `None` is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    pub age: Option<Duration>,
+    pub bytes: Option<u64>,
+}
+
+impl Retention {
+    fn to_wire(self) -> Option<v1::Retention> {
+        (self.age.is_some() || self.bytes.is_some()).then(|| v1::Retention {
+            age_ms: self.age.map(|a| a.as_millis().min(u64::MAX as u128) as u64),
+            bytes: self.bytes,
+        })
+    }
 }
 
 impl From<v1::StreamInfo> for StreamInfo {
@@ -38,6 +57,14 @@ impl From<v1::StreamInfo> for StreamInfo {
             stored_bytes: info.stored_bytes,
             storage_class: class.to_owned(),
             created_at_ms: info.created_at_ms,
+            first_seq: info.first_seq,
+            retention: info
+                .retention
+                .map(|r| Retention {
+                    age: r.age_ms.map(Duration::from_millis),
+                    bytes: r.bytes,
+                })
+                .unwrap_or_default(),
         }
     }
 }
@@ -67,6 +94,7 @@ fn missing_info() -> Error {
         message: "the server's answer carried no stream info".into(),
         retry_after: None,
         next_seq: None,
+        first_seq: None,
     }
 }
 
@@ -96,12 +124,22 @@ impl Client {
     }
 
     pub async fn create_stream(&self, name: &str) -> Result<StreamInfo, Error> {
+        self.create_stream_with(name, Retention::default()).await
+    }
+
+    /// Creates a stream that keeps its records as `retention` says.
+    pub async fn create_stream_with(
+        &self,
+        name: &str,
+        retention: Retention,
+    ) -> Result<StreamInfo, Error> {
         let response = self
             .inner
             .clone()
             .create_stream(v1::CreateStreamRequest {
                 stream: name.to_owned(),
                 storage_class: v1::StorageClass::Standard as i32,
+                retention: retention.to_wire(),
             })
             .await?;
         response
@@ -146,6 +184,27 @@ impl Client {
             .into_inner();
         let next = (!response.next_start_after.is_empty()).then_some(response.next_start_after);
         Ok((response.streams.into_iter().map(Into::into).collect(), next))
+    }
+
+    /// Replaces a stream's retention (`Retention::default()`: keep everything).
+    pub async fn reconfigure_stream(
+        &self,
+        name: &str,
+        retention: Retention,
+    ) -> Result<StreamInfo, Error> {
+        let response = self
+            .inner
+            .clone()
+            .reconfigure_stream(v1::ReconfigureStreamRequest {
+                stream: name.to_owned(),
+                retention: retention.to_wire(),
+            })
+            .await?;
+        response
+            .into_inner()
+            .info
+            .map(Into::into)
+            .ok_or_else(missing_info)
     }
 
     pub async fn delete_stream(&self, name: &str) -> Result<(), Error> {

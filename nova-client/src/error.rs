@@ -16,6 +16,9 @@ pub enum Error {
         retry_after: Option<Duration>,
         /// For a match_seq_num mismatch: the stream's next sequence number.
         next_seq: Option<u64>,
+        /// For a read below a stream's trim point (OUT_OF_RANGE): the first record it still
+        /// holds, where a consumer that may skip ahead resumes.
+        first_seq: Option<u64>,
     },
     #[error("the append session ended: {0}")]
     SessionClosed(String),
@@ -25,6 +28,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// The stream's first available record, when this read asked for records its retention
+    /// trimmed.
+    pub fn first_seq(&self) -> Option<u64> {
+        match self {
+            Error::Status { first_seq, .. } => *first_seq,
+            Error::RetriesExhausted { last, .. } => last.first_seq(),
+            _ => None,
+        }
+    }
+
     pub fn code(&self) -> Option<Code> {
         match self {
             Error::Status { code, .. } => Some(*code),
@@ -80,6 +93,7 @@ impl From<tonic::Status> for Error {
             retry_after: nova_proto::error::retry_after(&status),
             message: status.message().to_owned(),
             next_seq: None,
+            first_seq: nova_proto::error::first_seq(&status),
         }
     }
 }
@@ -91,6 +105,7 @@ impl From<nova_proto::v1::AppendError> for Error {
             message: e.message,
             retry_after: None,
             next_seq: e.next_seq,
+            first_seq: None,
         }
     }
 }

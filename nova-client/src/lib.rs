@@ -32,7 +32,7 @@ mod error;
 mod producer;
 mod session;
 
-pub use client::{Client, Page, ReadOptions, StreamInfo};
+pub use client::{Client, Page, ReadOptions, Retention, StreamInfo};
 pub use consumer::Consumer;
 pub use error::Error;
 pub use nova_proto::domain::{Header, Record, SequencedRecord};

@@ -145,6 +145,7 @@ impl Producer {
                 ),
                 retry_after: None,
                 next_seq: None,
+                first_seq: None,
             });
         }
         let charge = size.clamp(1, self.max_unacked) as u32;
@@ -404,6 +405,7 @@ impl Worker {
                     ),
                     retry_after: None,
                     next_seq: Some(tail),
+                    first_seq: None,
                 };
                 continue;
             }
@@ -472,6 +474,7 @@ fn protocol(what: &str) -> Error {
         message: format!("protocol error: {what}"),
         retry_after: None,
         next_seq: None,
+        first_seq: None,
     }
 }
 

@@ -5,17 +5,21 @@
 //!
 //! ```text
 //! magic "NOVASTM\0" | u16 version | u8 deleted | u64 id | u64 created_at_ms | u8 class
-//! | u16 name_len | name | u32 crc32c of everything before it
+//! | u16 name_len | name | retention (version 2) | u32 crc32c of everything before it
 //! ```
 //!
-//! Integers are little-endian; the version and field layout are kept stable.
+//! The retention is a flags byte (1: an age follows, 2: a byte count follows) and the limits
+//! that are set, each a u64. Integers are little-endian; each version's layout is kept stable,
+//! and version 1 (before retention) still reads, as unlimited.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::catalog::{StorageClass, StreamMeta};
+use crate::catalog::{Retention, StorageClass, StreamMeta};
 
 const MAGIC: &[u8; 8] = b"NOVASTM\0";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
+/// Without retention.
+const VERSION_1: u16 = 1;
 
 /// What the bucket records about one stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +48,7 @@ impl StreamManifest {
         buf.put_u8(self.meta.class.code());
         buf.put_u16_le(name.len() as u16);
         buf.put_slice(name);
+        self.meta.retention.encode(&mut buf);
         let crc = crc32c::crc32c(&buf);
         buf.put_u32_le(crc);
         buf.freeze()
@@ -64,7 +69,7 @@ impl StreamManifest {
         }
         r.advance(8);
         let version = r.get_u16_le();
-        if version != VERSION {
+        if version != VERSION && version != VERSION_1 {
             return Err(ManifestError(format!("unsupported version {version}")));
         }
         let deleted = match r.get_u8() {
@@ -77,18 +82,30 @@ impl StreamManifest {
         let class =
             StorageClass::from_code(r.get_u8()).map_err(|e| ManifestError(e.to_string()))?;
         let len = r.get_u16_le() as usize;
-        if r.len() != len {
+        if r.len() < len || (version == VERSION_1 && r.len() != len) {
             return Err(corrupt("name length does not match"));
         }
-        let name = std::str::from_utf8(r)
+        let (name, mut rest) = r.split_at(len);
+        let name = std::str::from_utf8(name)
             .map_err(|_| corrupt("name is not UTF-8"))?
             .to_owned();
+        let retention = if version == VERSION_1 {
+            Retention::default()
+        } else {
+            let retention =
+                Retention::decode(&mut rest).ok_or_else(|| corrupt("retention is malformed"))?;
+            if !rest.is_empty() {
+                return Err(corrupt("bytes after the retention"));
+            }
+            retention
+        };
         Ok(Self {
             meta: StreamMeta {
                 id,
                 name,
                 created_at_ms,
                 class,
+                retention,
             },
             deleted,
         })
@@ -102,9 +119,22 @@ mod tests {
 
     proptest! {
         #[test]
-        fn manifests_round_trip(id: u64, created: u64, deleted: bool, name in "[a-z0-9/._-]{1,64}") {
+        fn manifests_round_trip(
+            id: u64,
+            created: u64,
+            deleted: bool,
+            name in "[a-z0-9/._-]{1,64}",
+            age_ms: Option<u64>,
+            bytes: Option<u64>,
+        ) {
             let manifest = StreamManifest {
-                meta: StreamMeta { id, name, created_at_ms: created, class: StorageClass::Standard },
+                meta: StreamMeta {
+                    id,
+                    name,
+                    created_at_ms: created,
+                    class: StorageClass::Standard,
+                    retention: Retention { age_ms, bytes },
+                },
                 deleted,
             };
             let bytes = manifest.encode();
@@ -114,7 +144,13 @@ mod tests {
         #[test]
         fn damage_is_detected(flip in 0usize..40) {
             let manifest = StreamManifest {
-                meta: StreamMeta { id: 7, name: "orders".into(), created_at_ms: 1, class: StorageClass::Standard },
+                meta: StreamMeta {
+                    id: 7,
+                    name: "orders".into(),
+                    created_at_ms: 1,
+                    class: StorageClass::Standard,
+                    retention: Retention { age_ms: Some(1000), bytes: None },
+                },
                 deleted: false,
             };
             let mut bytes = manifest.encode().to_vec();
@@ -122,5 +158,24 @@ mod tests {
             bytes[at] ^= 0x40;
             prop_assert!(StreamManifest::decode(&bytes).is_err());
         }
+    }
+
+    /// A manifest written before retention existed (version 1) still reads, as unlimited.
+    #[test]
+    fn version_1_manifests_read_without_retention() {
+        let mut buf = BytesMut::new();
+        buf.put_slice(MAGIC);
+        buf.put_u16_le(VERSION_1);
+        buf.put_u8(0);
+        buf.put_u64_le(3);
+        buf.put_u64_le(9);
+        buf.put_u8(StorageClass::Standard.code());
+        buf.put_u16_le(2);
+        buf.put_slice(b"ab");
+        let crc = crc32c::crc32c(&buf);
+        buf.put_u32_le(crc);
+        let manifest = StreamManifest::decode(&buf).unwrap();
+        assert_eq!(manifest.meta.name, "ab");
+        assert!(manifest.meta.retention.is_unlimited());
     }
 }

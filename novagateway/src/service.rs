@@ -100,6 +100,13 @@ impl Nova for GatewayService {
     ) -> Result<Response<v1::DeleteStreamResponse>, Status> {
         Err(self.writes_go_to_the_star())
     }
+
+    async fn reconfigure_stream(
+        &self,
+        _request: Request<v1::ReconfigureStreamRequest>,
+    ) -> Result<Response<v1::ReconfigureStreamResponse>, Status> {
+        Err(self.writes_go_to_the_star())
+    }
 }
 
 #[derive(Clone)]

@@ -10,6 +10,9 @@ use crate::v1;
 /// Metadata key carrying a retry hint in milliseconds on RESOURCE_EXHAUSTED and UNAVAILABLE.
 pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 
+/// Metadata key carrying the stream's first available sequence number on OUT_OF_RANGE.
+pub const FIRST_SEQ: &str = "first-seq";
+
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
@@ -35,6 +38,16 @@ pub enum RequestError {
     MessageTooLarge(String),
     #[error("stream {0:?} does not exist")]
     StreamNotFound(String),
+    /// The records asked for were trimmed by the stream's retention.
+    #[error(
+        "record {seq} of stream {stream:?} is past its retention and was trimmed; the stream's \
+         first available record is {first_seq}"
+    )]
+    Trimmed {
+        stream: String,
+        seq: u64,
+        first_seq: u64,
+    },
     #[error("object {0} not found")]
     ObjectNotFound(String),
     #[error("stream {0:?} already exists")]
@@ -94,6 +107,9 @@ impl RequestError {
             RequestError::MessageTooLarge(_) => Code::ResourceExhausted,
             RequestError::StreamNotFound(_) | RequestError::ObjectNotFound(_) => Code::NotFound,
             RequestError::StreamExists(_) => Code::AlreadyExists,
+            // gRPC's code for reading past the valid range; the first valid seq is in the
+            // message and in the `first-seq` metadata.
+            RequestError::Trimmed { .. } => Code::OutOfRange,
             // The stream moved on; the producer must decide what its next seq is.
             RequestError::SeqMismatch { .. } => Code::FailedPrecondition,
             // Nothing was admitted; retrying after the hint is always safe.
@@ -140,8 +156,24 @@ impl From<RequestError> for Status {
         {
             status.metadata_mut().insert(RETRY_AFTER_MS, value);
         }
+        if let RequestError::Trimmed { first_seq, .. } = &err
+            && let Ok(value) = first_seq.to_string().parse()
+        {
+            status.metadata_mut().insert(FIRST_SEQ, value);
+        }
         status
     }
+}
+
+/// Reads the first available sequence number off an OUT_OF_RANGE status, if the server sent it.
+pub fn first_seq(status: &Status) -> Option<u64> {
+    status
+        .metadata()
+        .get(FIRST_SEQ)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// Reads the retry hint off a status, if the server sent one.
@@ -166,6 +198,18 @@ mod tests {
         assert_eq!(status.code(), Code::ResourceExhausted);
         assert!(status.message().contains("--max-producer-sessions"));
         assert_eq!(retry_after(&status), Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn a_read_below_the_trim_point_names_the_first_seq() {
+        let status = Status::from(RequestError::Trimmed {
+            stream: "s".into(),
+            seq: 3,
+            first_seq: 40,
+        });
+        assert_eq!(status.code(), Code::OutOfRange);
+        assert!(status.message().contains("first available record is 40"));
+        assert_eq!(first_seq(&status), Some(40));
     }
 
     #[test]

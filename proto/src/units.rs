@@ -67,15 +67,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let (number, unit) = text.split_at(split);
     let number: f64 = number
         .parse()
-        .map_err(|_| format!("{text:?} is not a duration (try 500ms, 30s or 5m)"))?;
+        .map_err(|_| format!("{text:?} is not a duration (try 500ms, 30s, 5m or 7d)"))?;
     let seconds = match unit.trim() {
         "ms" => number / 1000.0,
         "" | "s" => number,
         "m" => number * 60.0,
         "h" => number * 3600.0,
+        "d" => number * 86_400.0,
         other => {
             return Err(format!(
-                "unknown duration unit {other:?} (use ms, s, m or h)"
+                "unknown duration unit {other:?} (use ms, s, m, h or d)"
             ));
         }
     };

@@ -247,7 +247,7 @@ pub(super) fn decode_cursor(value: &[u8]) -> Result<SettleCursor, CatalogError> 
     })
 }
 
-fn queue(mut txn: Txn, items: &[(u64, Garbage)]) -> Txn {
+pub(super) fn queue(mut txn: Txn, items: &[(u64, Garbage)]) -> Txn {
     for (due_ms, item) in items {
         txn = txn.put(garbage_key(*due_ms, item), encode_garbage(item));
     }
@@ -528,7 +528,12 @@ impl Catalog {
         let page = self.store.scan(&index_prefix(id), None, DROP_BATCH).await?;
         if page.is_empty() {
             self.store
-                .commit(Txn::new().delete(dropping_key(id)).delete(tail_key(id)))
+                .commit(
+                    Txn::new()
+                        .delete(dropping_key(id))
+                        .delete(tail_key(id))
+                        .delete(super::retention::trim_key(id)),
+                )
                 .await?;
             return Ok(0);
         }

@@ -13,6 +13,7 @@
 //! x/{id:be64}                     a deleted stream whose index entries the auditor still drops
 //! a/{star}                        the auditor's settle cursor over the star's chain
 //! g/{due_ms:be64}{what}           garbage: objects (or a run of chain slots) to delete once due
+//! f/{id:be64}                     a trimmed stream's trim point: its first seq, bytes trimmed
 //! ```
 //!
 //! Index entries are keyed by their *exclusive end*, so the entry holding sequence number `s` is
@@ -26,7 +27,9 @@ use bytes::{Buf, BufMut};
 use crate::metastore::{Compare, KeyValue, MAX_SCAN, Metastore, MetastoreError, Txn, TxnOutcome};
 
 mod audit;
+mod retention;
 pub use audit::{Dropping, Garbage, Liveness, QueuedGarbage, SettleCursor, VersionedCursor};
+pub use retention::Trim;
 
 /// Reads back whether a transaction whose answer was lost landed: a read can fail too.
 const READ_BACK_ATTEMPTS: usize = 5;
@@ -61,6 +64,58 @@ pub struct StreamMeta {
     pub name: String,
     pub created_at_ms: u64,
     pub class: StorageClass,
+    pub retention: Retention,
+}
+
+/// How long a stream keeps its records: the auditor trims whole objects from the front once
+/// they are older than `age_ms`, or once the stream holds more than `bytes` without them. No
+/// limit where `None`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    pub age_ms: Option<u64>,
+    pub bytes: Option<u64>,
+}
+
+impl Retention {
+    pub fn is_unlimited(&self) -> bool {
+        self.age_ms.is_none() && self.bytes.is_none()
+    }
+
+    const AGE: u8 = 1;
+    const BYTES: u8 = 2;
+
+    /// A flags byte, then each limit that is set, as a little-endian u64.
+    pub fn encode(&self, buf: &mut impl BufMut) {
+        let flags = self.age_ms.map_or(0, |_| Self::AGE) | self.bytes.map_or(0, |_| Self::BYTES);
+        buf.put_u8(flags);
+        if let Some(age) = self.age_ms {
+            buf.put_u64_le(age);
+        }
+        if let Some(bytes) = self.bytes {
+            buf.put_u64_le(bytes);
+        }
+    }
+
+    /// Reads what `encode` wrote; `None` when `buf` is too short or names an unknown limit.
+    pub fn decode(buf: &mut &[u8]) -> Option<Self> {
+        let (&flags, rest) = buf.split_first()?;
+        *buf = rest;
+        if flags & !(Self::AGE | Self::BYTES) != 0 {
+            return None;
+        }
+        let mut take = |set: bool| -> Option<Option<u64>> {
+            if !set {
+                return Some(None);
+            }
+            if buf.len() < 8 {
+                return None;
+            }
+            Some(Some(buf.get_u64_le()))
+        };
+        let age_ms = take(flags & Self::AGE != 0)?;
+        let bytes = take(flags & Self::BYTES != 0)?;
+        Some(Self { age_ms, bytes })
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -218,6 +273,8 @@ pub struct Restored {
     pub next_stream_id: u64,
     /// The star and the chain state it resumes from.
     pub chain: Option<(String, ChainState)>,
+    /// Streams whose first record in the bucket is past 0 (retention trimmed them).
+    pub trims: Vec<(u64, Trim)>,
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -275,16 +332,28 @@ fn encode_meta(meta: &StreamMeta) -> Vec<u8> {
     buf.put_u64_le(meta.id);
     buf.put_u64_le(meta.created_at_ms);
     buf.put_u8(meta.class.code());
+    meta.retention.encode(&mut buf);
     buf
 }
 
 fn decode_meta(name: &str, value: &[u8]) -> Result<StreamMeta, CatalogError> {
     let mut r = Reader::start(value)?;
+    let id = r.u64()?;
+    let created_at_ms = r.u64()?;
+    let class = StorageClass::from_code(r.u8()?)?;
+    // Absent from streams created before retention existed.
+    let retention = if r.0.is_empty() {
+        Retention::default()
+    } else {
+        Retention::decode(&mut r.0)
+            .ok_or_else(|| CatalogError::Corrupt("stream retention is malformed".into()))?
+    };
     Ok(StreamMeta {
-        id: r.u64()?,
+        id,
         name: name.to_owned(),
-        created_at_ms: r.u64()?,
-        class: StorageClass::from_code(r.u8()?)?,
+        created_at_ms,
+        class,
+        retention,
     })
 }
 
@@ -363,6 +432,7 @@ pub fn decode_every_kind(key: &[u8], value: &[u8]) -> usize {
         decode_chain(value).is_ok(),
         audit::decode_cursor(value).is_ok(),
         audit::decode_garbage(key, value).is_ok(),
+        retention::decode_trim(value).is_ok(),
     ]
     .into_iter()
     .filter(|ok| *ok)
@@ -427,9 +497,36 @@ impl Catalog {
             name: name.to_owned(),
             created_at_ms,
             class,
+            retention: Retention::default(),
         };
         self.insert_stream(&meta).await?;
         Ok(meta)
+    }
+
+    /// Sets the retention of stream `name`, returning the stream as it is now.
+    pub async fn set_retention(
+        &self,
+        name: &str,
+        retention: Retention,
+    ) -> Result<StreamMeta, CatalogError> {
+        loop {
+            let kv = self
+                .store
+                .get(&name_key(name))
+                .await?
+                .ok_or_else(|| CatalogError::NotFound(name.to_owned()))?;
+            let meta = StreamMeta {
+                retention,
+                ..decode_meta(name, &kv.value)?
+            };
+            let txn = Txn::new()
+                .compare(Compare::Version(name_key(name), kv.version))
+                .put(name_key(name), encode_meta(&meta));
+            if let TxnOutcome::Committed { .. } = self.store.commit(txn).await? {
+                return Ok(meta);
+            }
+            // Changed meanwhile (deleted, or reconfigured): read it again.
+        }
     }
 
     /// Creates a stream under an id from `reserve_stream_id`.
@@ -527,6 +624,13 @@ impl Catalog {
                 txn = txn
                     .put(name_key(&meta.name), encode_meta(meta))
                     .put(tail_key(meta.id), encode_tail(tail));
+            }
+            self.store.commit(txn).await?;
+        }
+        for chunk in restored.trims.chunks(MAX_RESTORE_TXN) {
+            let mut txn = Txn::new();
+            for (id, trim) in chunk {
+                txn = txn.put(retention::trim_key(*id), retention::encode_trim(trim));
             }
             self.store.commit(txn).await?;
         }

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use nova_chain::Star;
 use nova_chain::streams::StreamState;
-use nova_core::catalog::StorageClass;
+use nova_core::catalog::{Retention, StorageClass};
 use nova_core::limits::{
     COLD_READ_REFS, LIST_STREAMS_DEFAULT, LIST_STREAMS_MAX, MAX_READ_WAIT_MS, MAX_RESOLVED_REFS,
 };
@@ -53,7 +53,9 @@ impl NovaService {
     }
 }
 
-fn info(stream: &StreamState) -> v1::StreamInfo {
+/// What the API says about a stream; `first_seq` as the caller read it.
+fn info(stream: &StreamState, first_seq: u64) -> v1::StreamInfo {
+    let retention = stream.retention();
     v1::StreamInfo {
         name: stream.name().to_owned(),
         tail_seq: stream.tail(),
@@ -62,7 +64,29 @@ fn info(stream: &StreamState) -> v1::StreamInfo {
             StorageClass::Standard => v1::StorageClass::Standard as i32,
         },
         created_at_ms: stream.meta.created_at_ms,
+        first_seq,
+        retention: (!retention.is_unlimited()).then_some(v1::Retention {
+            age_ms: retention.age_ms,
+            bytes: retention.bytes,
+        }),
     }
+}
+
+/// A retention from the API: absent limits are none; a limit of 0 would trim everything as
+/// soon as it is written, so it is refused.
+fn retention_from(wire: Option<v1::Retention>) -> Result<Retention, RequestError> {
+    let wire = wire.unwrap_or_default();
+    if wire.age_ms == Some(0) || wire.bytes == Some(0) {
+        return Err(RequestError::InvalidRequest(
+            "a retention limit of 0 would trim every record as it lands; leave the limit out \
+             for none"
+                .into(),
+        ));
+    }
+    Ok(Retention {
+        age_ms: wire.age_ms,
+        bytes: wire.bytes,
+    })
 }
 
 #[tonic::async_trait]
@@ -172,15 +196,21 @@ impl Nova for NovaService {
                 .into());
             }
         };
+        let retention = retention_from(request.retention)?;
         let stream = self
             .ctx
             .star
             .streams()
-            .create(&request.stream, class)
+            .create_with(&request.stream, class, retention)
             .await?;
-        tracing::info!(stream = stream.name(), id = stream.id(), "stream created");
+        tracing::info!(
+            stream = stream.name(),
+            id = stream.id(),
+            ?retention,
+            "stream created"
+        );
         Ok(Response::new(v1::CreateStreamResponse {
-            info: Some(info(&stream)),
+            info: Some(info(&stream, 0)),
         }))
     }
 
@@ -193,8 +223,9 @@ impl Nova for NovaService {
             .star
             .streams()
             .get_or_not_found(&request.into_inner().stream)?;
+        let first_seq = self.ctx.star.first_seq(&stream).await?;
         Ok(Response::new(v1::DescribeStreamResponse {
-            info: Some(info(&stream)),
+            info: Some(info(&stream, first_seq)),
         }))
     }
 
@@ -220,7 +251,11 @@ impl Nova for NovaService {
             _ => String::new(),
         };
         Ok(Response::new(v1::ListStreamsResponse {
-            streams: streams.iter().map(|s| info(s)).collect(),
+            // The trim point as last read: a describe reads it afresh.
+            streams: streams
+                .iter()
+                .map(|s| info(s, s.first_seq_cached()))
+                .collect(),
             next_start_after,
         }))
     }
@@ -233,5 +268,21 @@ impl Nova for NovaService {
         self.ctx.star.streams().delete(&name).await?;
         tracing::info!(stream = %name, "stream deleted");
         Ok(Response::new(v1::DeleteStreamResponse {}))
+    }
+
+    async fn reconfigure_stream(
+        &self,
+        request: Request<v1::ReconfigureStreamRequest>,
+    ) -> Result<Response<v1::ReconfigureStreamResponse>, Status> {
+        let request = request.into_inner();
+        let retention = retention_from(request.retention)?;
+        let streams = self.ctx.star.streams();
+        streams.set_retention(&request.stream, retention).await?;
+        tracing::info!(stream = %request.stream, ?retention, "stream reconfigured");
+        let stream = streams.get_or_not_found(&request.stream)?;
+        let first_seq = self.ctx.star.first_seq(&stream).await?;
+        Ok(Response::new(v1::ReconfigureStreamResponse {
+            info: Some(info(&stream, first_seq)),
+        }))
     }
 }

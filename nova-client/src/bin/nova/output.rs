@@ -15,6 +15,11 @@ pub struct StreamJson<'a> {
     pub stored_bytes: u64,
     pub storage_class: &'a str,
     pub created_at_ms: u64,
+    pub first_seq: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_age_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_bytes: Option<u64>,
 }
 
 impl<'a> From<&'a StreamInfo> for StreamJson<'a> {
@@ -25,6 +30,9 @@ impl<'a> From<&'a StreamInfo> for StreamJson<'a> {
             stored_bytes: info.stored_bytes,
             storage_class: &info.storage_class,
             created_at_ms: info.created_at_ms,
+            first_seq: info.first_seq,
+            retention_age_ms: info.retention.age.map(|a| a.as_millis() as u64),
+            retention_bytes: info.retention.bytes,
         }
     }
 }

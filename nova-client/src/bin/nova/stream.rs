@@ -1,19 +1,64 @@
-//! `nova stream`: create, list, describe, delete.
+//! `nova stream`: create, list, describe, reconfigure, delete.
 
 use std::io::Write;
 
 use clap::Subcommand;
 use serde::Serialize;
 
-use nova_client::Client;
+use std::time::Duration;
+
+use nova_client::{Client, Retention};
+use nova_proto::units::{parse_bytes, parse_duration};
 
 use crate::Format;
 use crate::output::{StreamJson, json_line};
 
+/// A retention limit on the command line: a value, or `none` for no limit.
+#[derive(Debug, Clone, Copy)]
+pub enum Limit<T> {
+    Set(T),
+    None,
+}
+
+fn limit<T>(text: &str, parse: fn(&str) -> Result<T, String>) -> Result<Limit<T>, String> {
+    if text.eq_ignore_ascii_case("none") {
+        Ok(Limit::None)
+    } else {
+        parse(text).map(Limit::Set)
+    }
+}
+
+fn age_limit(text: &str) -> Result<Limit<Duration>, String> {
+    limit(text, parse_duration)
+}
+
+fn bytes_limit(text: &str) -> Result<Limit<u64>, String> {
+    limit(text, parse_bytes)
+}
+
 #[derive(Subcommand)]
 pub enum StreamCommand {
+    /// Create a stream, optionally with a retention (records past it are trimmed, whole objects
+    /// at a time, from the stream's front).
     Create {
         name: String,
+        /// Trim records older than this (e.g. 7d, 12h).
+        #[arg(long, value_parser = parse_duration)]
+        retention_age: Option<Duration>,
+        /// Trim the oldest records while the stream holds more than this (e.g. 10GiB).
+        #[arg(long, value_parser = parse_bytes)]
+        retention_bytes: Option<u64>,
+    },
+    /// Change a stream's retention; a limit left out stays as it is, `none` removes it.
+    Reconfigure {
+        name: String,
+        /// Trim records older than this (e.g. 7d), or `none`.
+        #[arg(long, value_parser = age_limit)]
+        retention_age: Option<Limit<Duration>>,
+        /// Trim the oldest records while the stream holds more than this (e.g. 10GiB), or
+        /// `none`.
+        #[arg(long, value_parser = bytes_limit)]
+        retention_bytes: Option<Limit<u64>>,
     },
     /// List streams, one per line with its tail.
     List {
@@ -37,8 +82,16 @@ struct Done<'a> {
 pub async fn run(client: &Client, command: StreamCommand, format: Format) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     match command {
-        StreamCommand::Create { name } => {
-            let info = client.create_stream(&name).await?;
+        StreamCommand::Create {
+            name,
+            retention_age,
+            retention_bytes,
+        } => {
+            let retention = Retention {
+                age: retention_age,
+                bytes: retention_bytes,
+            };
+            let info = client.create_stream_with(&name, retention).await?;
             match format {
                 Format::Text => writeln!(out, "created {}", info.name)?,
                 Format::Json => json_line(&mut out, &StreamJson::from(&info))?,
@@ -63,13 +116,29 @@ pub async fn run(client: &Client, command: StreamCommand, format: Format) -> any
         StreamCommand::Describe { name } => {
             let info = client.describe_stream(&name).await?;
             match format {
-                Format::Text => {
-                    writeln!(out, "name: {}", info.name)?;
-                    writeln!(out, "tail_seq: {}", info.tail_seq)?;
-                    writeln!(out, "stored_bytes: {}", info.stored_bytes)?;
-                    writeln!(out, "storage_class: {}", info.storage_class)?;
-                    writeln!(out, "created_at_ms: {}", info.created_at_ms)?;
-                }
+                Format::Text => describe(&mut out, &info)?,
+                Format::Json => json_line(&mut out, &StreamJson::from(&info))?,
+            }
+        }
+        StreamCommand::Reconfigure {
+            name,
+            retention_age,
+            retention_bytes,
+        } => {
+            let mut retention = client.describe_stream(&name).await?.retention;
+            match retention_age {
+                Some(Limit::Set(age)) => retention.age = Some(age),
+                Some(Limit::None) => retention.age = None,
+                None => {}
+            }
+            match retention_bytes {
+                Some(Limit::Set(bytes)) => retention.bytes = Some(bytes),
+                Some(Limit::None) => retention.bytes = None,
+                None => {}
+            }
+            let info = client.reconfigure_stream(&name, retention).await?;
+            match format {
+                Format::Text => describe(&mut out, &info)?,
                 Format::Json => json_line(&mut out, &StreamJson::from(&info))?,
             }
         }
@@ -87,5 +156,25 @@ pub async fn run(client: &Client, command: StreamCommand, format: Format) -> any
             }
         }
     }
+    Ok(())
+}
+
+fn describe(out: &mut impl Write, info: &nova_client::StreamInfo) -> anyhow::Result<()> {
+    writeln!(out, "name: {}", info.name)?;
+    writeln!(out, "first_seq: {}", info.first_seq)?;
+    writeln!(out, "tail_seq: {}", info.tail_seq)?;
+    writeln!(out, "stored_bytes: {}", info.stored_bytes)?;
+    writeln!(out, "storage_class: {}", info.storage_class)?;
+    writeln!(out, "created_at_ms: {}", info.created_at_ms)?;
+    let age = info
+        .retention
+        .age
+        .map_or_else(|| "none".to_owned(), |a| format!("{}s", a.as_secs()));
+    let bytes = info
+        .retention
+        .bytes
+        .map_or_else(|| "none".to_owned(), |b| b.to_string());
+    writeln!(out, "retention_age: {age}")?;
+    writeln!(out, "retention_bytes: {bytes}")?;
     Ok(())
 }
