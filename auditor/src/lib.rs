@@ -6,6 +6,8 @@
 //!   flights, objects replaced or orphaned, the objects of deleted streams (`collect`);
 //! - **rewrite** merges a stream's small settled objects into larger ones, copying server-side
 //!   what is large enough to copy (`rewrite`);
+//! - **retention** trims streams that have a retention from their front, a whole object at a
+//!   time (`retention`);
 //! - **drop_deleted** removes a deleted stream's index entries and queues its objects (`drop`);
 //! - **sweep** now and then checks every settled object in the bucket against the catalog and
 //!   queues any that nothing references or writes (`sweep`).
@@ -27,6 +29,7 @@ mod collect;
 mod drop;
 mod fetch_cache;
 pub mod metrics;
+mod retention;
 mod rewrite;
 mod settle;
 mod sweep;
@@ -132,23 +135,26 @@ pub(crate) enum Duty {
     Collect,
     DropDeleted,
     Rewrite,
+    Retention,
     Sweep,
 }
 
 /// Every duty, in the order their tasks start.
-const ALL_DUTIES: [Duty; 5] = [
+const ALL_DUTIES: [Duty; 6] = [
     Duty::Settle,
     Duty::Collect,
     Duty::DropDeleted,
     Duty::Rewrite,
+    Duty::Retention,
     Duty::Sweep,
 ];
 /// The duties whose backlog counts as due work (the sweep is periodic housekeeping).
-const DUE_DUTIES: [Duty; 4] = [
+const DUE_DUTIES: [Duty; 5] = [
     Duty::Settle,
     Duty::Collect,
     Duty::DropDeleted,
     Duty::Rewrite,
+    Duty::Retention,
 ];
 
 impl Duty {
@@ -158,6 +164,7 @@ impl Duty {
             Duty::Collect => "collect",
             Duty::DropDeleted => "drop_deleted",
             Duty::Rewrite => "rewrite",
+            Duty::Retention => "retention",
             Duty::Sweep => "sweep",
         }
     }
@@ -168,8 +175,9 @@ impl Duty {
             Duty::Collect => 1,
             Duty::DropDeleted => 2,
             Duty::Rewrite => 3,
+            Duty::Retention => 4,
             // Periodic housekeeping: never counted as due.
-            Duty::Sweep => 4,
+            Duty::Sweep => 5,
         }
     }
 }
@@ -203,6 +211,7 @@ pub(crate) struct Ctx {
     due_since: Mutex<[Option<u64>; ALL_DUTIES.len()]>,
     pub(crate) sweep: Mutex<SweepState>,
     pub(crate) rewrite_state: Mutex<rewrite::RewriteState>,
+    pub(crate) retention_state: Mutex<retention::RetentionState>,
     /// Since when (unix ms) absorbed flights have waited to be settled, due or not yet.
     pub(crate) settle_pending_since: Mutex<Option<u64>>,
 }
@@ -319,6 +328,7 @@ impl Auditor {
             due_since: Mutex::new([None; ALL_DUTIES.len()]),
             sweep: Mutex::new(SweepState::default()),
             rewrite_state: Mutex::new(rewrite::RewriteState::default()),
+            retention_state: Mutex::new(retention::RetentionState::default()),
             settle_pending_since: Mutex::new(None),
             config,
             store,
@@ -441,6 +451,7 @@ async fn step(ctx: &Ctx, duty: Duty) -> Result<Step, AuditError> {
         Duty::Collect => collect::step(ctx).await,
         Duty::DropDeleted => drop::step(ctx).await,
         Duty::Rewrite => rewrite::step(ctx).await,
+        Duty::Retention => retention::step(ctx).await,
         Duty::Sweep => sweep::step(ctx).await,
     }
 }

@@ -8,7 +8,14 @@ use nova_core::metrics::register;
 use nova_core::object_store::RateLimitedMetrics;
 
 /// The duties, as the `duty` label spells them.
-pub const DUTIES: [&str; 5] = ["settle", "collect", "drop_deleted", "rewrite", "sweep"];
+pub const DUTIES: [&str; 6] = [
+    "settle",
+    "collect",
+    "drop_deleted",
+    "rewrite",
+    "retention",
+    "sweep",
+];
 
 #[derive(Debug, Clone)]
 pub struct AuditorMetrics {
@@ -28,6 +35,9 @@ pub struct AuditorMetrics {
     pub copied_bytes: IntCounter,
     /// Settled objects the rewrite merged into larger ones.
     pub rewritten_objects: IntCounter,
+    /// Bytes and records retention trimmed, by reason (`age`, `bytes`).
+    pub trimmed_bytes: IntCounterVec,
+    pub trimmed_records: IntCounter,
     pub settled_flights: IntCounter,
     pub deleted_objects: IntCounterVec,
     pub reclaimed_bytes: IntCounter,
@@ -140,6 +150,17 @@ impl AuditorMetrics {
                 r,
                 "nova_auditor_rewritten_objects_total",
                 "Settled objects the rewrite merged into larger ones.",
+            ),
+            trimmed_bytes: counter_vec(
+                r,
+                "nova_auditor_trimmed_bytes_total",
+                "Bytes of records retention trimmed from streams' fronts, by reason (age, bytes).",
+                &["reason"],
+            ),
+            trimmed_records: counter(
+                r,
+                "nova_auditor_trimmed_records_total",
+                "Records retention trimmed from streams' fronts.",
             ),
             settled_flights: counter(
                 r,

@@ -562,3 +562,138 @@ async fn small_settled_objects_merge_and_large_ones_are_copied() {
     }
     star.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+/// Retention trims a stream from the front, an object at a time: by bytes down to what the
+/// limit keeps, by age everything older than the limit. Reads below the trim point are told the
+/// first record still held; reads from it return what was appended; a stream without retention
+/// keeps everything; and the trimmed objects are collected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_trims_by_bytes_and_by_age_and_reads_below_are_out_of_range() {
+    use nova_core::catalog::{Retention, StorageClass};
+    use nova_proto::RequestError;
+    let world = World::new();
+    let store = world.disk.store();
+    let catalog = world.catalog();
+    let star = world.star().await;
+    let limits = [
+        (
+            "sized",
+            Retention {
+                age_ms: None,
+                bytes: Some(3000),
+            },
+        ),
+        (
+            "aged",
+            Retention {
+                age_ms: Some(1500),
+                bytes: None,
+            },
+        ),
+        ("forever", Retention::default()),
+    ];
+    for (name, retention) in limits {
+        star.streams()
+            .create_with(name, StorageClass::Standard, retention)
+            .await
+            .unwrap();
+    }
+    let auditor = start(&world, Duration::from_millis(50));
+    let body = |stream: &str, i: usize| format!("{stream}-{i}-{}", "x".repeat(1000));
+    // Eight settle windows of one ~1 KB record each: one object per stream per window.
+    for i in 0..8 {
+        for (name, _) in limits {
+            answer(append(&star, name, &body(name, i)).await)
+                .await
+                .unwrap();
+        }
+        wait_settled_and_collected(store.as_ref(), &catalog).await;
+    }
+    let id = |name: &str| star.streams().get(name).unwrap().id();
+    let wait_first = |name: &'static str, at_least: u64| {
+        let catalog = world.catalog();
+        let id = id(name);
+        async move {
+            for _ in 0..500 {
+                if catalog.first_seq(id).await.unwrap() >= at_least {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("{name} was not trimmed to {at_least} within 10 s");
+        }
+    };
+    // By bytes: 3000 bytes are three of these records and a bit; the fourth from the end goes
+    // once the stream holds 3000 bytes without it.
+    wait_first("sized", 5).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first = catalog.first_seq(id("sized")).await.unwrap();
+    assert_eq!(
+        first, 5,
+        "sized keeps the three records that hold at least 3000 bytes"
+    );
+    let sized = star.streams().get("sized").unwrap();
+    match star.read(&sized, 2, 100, 1 << 20).await {
+        Err(RequestError::Trimmed { first_seq, seq, .. }) => {
+            assert_eq!((first_seq, seq), (5, 2));
+        }
+        other => panic!("a read below the trim point answered {other:?}"),
+    }
+    let page = star.read(&sized, 5, 100, 1 << 20).await.unwrap();
+    let kept: Vec<String> = page
+        .records
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.record.body).into_owned())
+        .collect();
+    assert_eq!(kept, (5..8).map(|i| body("sized", i)).collect::<Vec<_>>());
+    // By age: everything appended more than 1.5 s ago goes; a new record stays.
+    wait_first("aged", 8).await;
+    answer(append(&star, "aged", &body("aged", 8)).await)
+        .await
+        .unwrap();
+    wait_settled_and_collected(store.as_ref(), &catalog).await;
+    let aged = star.streams().get("aged").unwrap();
+    let page = star.read(&aged, 8, 100, 1 << 20).await.unwrap();
+    assert_eq!(page.records.len(), 1);
+    assert_eq!(catalog.first_seq(id("aged")).await.unwrap(), 8);
+    assert!(matches!(
+        star.read(&aged, 0, 100, 1 << 20).await,
+        Err(RequestError::Trimmed { first_seq: 8, .. })
+    ));
+    // Without retention nothing goes.
+    assert_eq!(catalog.first_seq(id("forever")).await.unwrap(), 0);
+    assert_eq!(bodies(&star, "forever").await.len(), 8);
+    let trimmed = |reason: &str| {
+        auditor
+            .metrics()
+            .trimmed_bytes
+            .with_label_values(&[reason])
+            .get()
+    };
+    assert!(trimmed("bytes") >= 5000 && trimmed("age") >= 8000);
+    // The trimmed objects are collected, and nothing else is left.
+    wait_settled_and_collected(store.as_ref(), &catalog).await;
+    let mut data = data_objects(store.as_ref()).await;
+    data.sort();
+    let mut referenced: Vec<String> = Vec::new();
+    for name in ["sized", "aged", "forever"] {
+        let first = catalog.first_seq(id(name)).await.unwrap();
+        for entry in catalog.index_entries(id(name), first, 100).await.unwrap() {
+            assert!(store.head(&entry.object_key).await.is_ok());
+            referenced.push(entry.object_key);
+        }
+    }
+    referenced.sort();
+    referenced.dedup();
+    assert_eq!(data, referenced);
+    auditor.stop().await;
+    // A restarted star still refuses reads below the trim point.
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
+    let star = world.star().await;
+    let sized = star.streams().get("sized").unwrap();
+    assert!(matches!(
+        star.read(&sized, 0, 100, 1 << 20).await,
+        Err(RequestError::Trimmed { first_seq: 5, .. })
+    ));
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
+}

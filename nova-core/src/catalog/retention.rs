@@ -38,6 +38,25 @@ pub(super) fn decode_trim(value: &[u8]) -> Result<Trim, CatalogError> {
 }
 
 impl Catalog {
+    /// Streams in name order after `after` (from the first when `None`), at most `limit`.
+    pub async fn streams_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<StreamMeta>, CatalogError> {
+        let after = after.map(name_key);
+        self.store
+            .scan(b"n/", after.as_deref(), limit)
+            .await?
+            .iter()
+            .map(|kv| {
+                let name = std::str::from_utf8(&kv.key[2..])
+                    .map_err(|_| CatalogError::Corrupt("stream name is not UTF-8".into()))?;
+                decode_meta(name, &kv.value)
+            })
+            .collect()
+    }
+
     /// Stream `id`'s trim point and its version (`None`: never trimmed, it starts at 0).
     pub async fn trim(&self, id: u64) -> Result<Option<(Trim, u64)>, CatalogError> {
         match self.store.get(&trim_key(id)).await? {

@@ -1,0 +1,210 @@
+//! Retention: trims each stream with a retention from its front, a whole object at a time.
+//!
+//! A pass goes over the streams a page at a time (every `RETENTION_PASS_IDLES` idle periods).
+//! For a stream with a retention, the object holding its first records is trimmed when
+//!
+//! - *by age:* it was written more than `age` ago (its index entries record when: the flight's
+//!   time, or the newest of the flights a settled or merged object came from), or
+//! - *by bytes:* the stream would still hold at least `bytes` without it,
+//!
+//! and again for the next object, until neither holds. A trim is one transaction: the object's
+//! entries go, the stream's trim point moves to where they ended, and a settled object (one
+//! stream's alone) is queued for collection after the grace period, so reads that resolved it
+//! just before still finish. A chain flight's entry just goes: the flight holds other streams,
+//! and the settle skips sections whose entries are gone.
+//!
+//! Trimming whole objects keeps it cheap (no rewrite) at the price of precision: a stream keeps
+//! up to one object more than its limits say.
+
+use nova_core::catalog::{Garbage, IndexEntry, StreamMeta};
+use nova_core::flight::{ObjectFooter, fetch_footer};
+use nova_core::keys::{data_root, parse_data_key};
+
+use crate::{AuditError, Ctx, Duty, Step};
+
+/// Streams one job looks at.
+const STREAMS_PER_JOB: usize = 64;
+/// Objects one job trims from one stream before it moves on (the next job comes back).
+const TRIMS_PER_STREAM: usize = 16;
+/// Index entries read to find the front object's: more than any object has (a settled object
+/// has at most 48).
+const FRONT_ENTRIES: usize = 64;
+/// A pass starts this many idle periods after the last one ended.
+const RETENTION_PASS_IDLES: u32 = 5;
+
+/// Where the retention's pass stands.
+#[derive(Debug, Default)]
+pub(crate) struct RetentionState {
+    pub after: Option<String>,
+    pub next_pass_ms: Option<u64>,
+    /// Whether this pass found a stream with more to trim than one job does.
+    pub behind: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reason {
+    Age,
+    Bytes,
+}
+
+impl Reason {
+    fn as_str(self) -> &'static str {
+        match self {
+            Reason::Age => "age",
+            Reason::Bytes => "bytes",
+        }
+    }
+}
+
+pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
+    let now = ctx.config.clock.unix_ms();
+    let after = {
+        let state = ctx.retention_state.lock();
+        if state.next_pass_ms.is_some_and(|next| now < next) {
+            return Ok(Step::Idle);
+        }
+        state.after.clone()
+    };
+    let page = ctx
+        .catalog
+        .streams_page(after.as_deref(), STREAMS_PER_JOB)
+        .await?;
+    let mut trimmed_any = false;
+    for meta in &page {
+        if meta.retention.is_unlimited() {
+            continue;
+        }
+        let (trims, more) = trim_stream(ctx, meta).await?;
+        trimmed_any |= trims > 0;
+        if more {
+            ctx.mark_due(Duty::Retention);
+            ctx.retention_state.lock().behind = true;
+        }
+    }
+    let mut state = ctx.retention_state.lock();
+    state.after = page.last().map(|m| m.name.clone());
+    if page.len() < STREAMS_PER_JOB {
+        // The pass is over.
+        if !std::mem::take(&mut state.behind) {
+            ctx.set_due(Duty::Retention, None);
+        }
+        state.after = None;
+        state.next_pass_ms =
+            Some(now + (ctx.config.idle * RETENTION_PASS_IDLES).as_millis() as u64);
+        return Ok(if trimmed_any { Step::Done } else { Step::Idle });
+    }
+    state.next_pass_ms = None;
+    Ok(Step::Done)
+}
+
+/// Trims `meta`'s stream while its front object is past its retention, up to
+/// `TRIMS_PER_STREAM` objects; returns how many it trimmed and whether more may be due.
+async fn trim_stream(ctx: &Ctx, meta: &StreamMeta) -> Result<(usize, bool), AuditError> {
+    let root = data_root(&ctx.config.star);
+    for done in 0..TRIMS_PER_STREAM {
+        let at = ctx.catalog.trim(meta.id).await?;
+        let (first_seq, trimmed_bytes) = at.map_or((0, 0), |(t, _)| (t.first_seq, t.trimmed_bytes));
+        let page = ctx
+            .catalog
+            .index_page(Some((meta.id, first_seq)), FRONT_ENTRIES)
+            .await?;
+        let Some(object) = page
+            .first()
+            .filter(|(e, _)| e.stream_id == meta.id)
+            .map(|(e, _)| e.object_key.clone())
+        else {
+            return Ok((done, false));
+        };
+        let front: Vec<(IndexEntry, u64)> = page
+            .iter()
+            .take_while(|(e, _)| e.stream_id == meta.id && e.object_key == object)
+            .cloned()
+            .collect();
+        if front.len() == page.len() && page.len() == FRONT_ENTRIES {
+            return Err(AuditError::Inconsistent(format!(
+                "{object} holds over {FRONT_ENTRIES} entries of stream {}; it is not trimmed",
+                meta.name
+            )));
+        }
+        let Some(reason) = due(ctx, meta, &front, trimmed_bytes).await? else {
+            return Ok((done, false));
+        };
+        // A settled object is the stream's alone; a flight is shared and goes with the chain.
+        let owned = parse_data_key(&root, &object).is_some_and(|d| d.stream_id == meta.id);
+        let bytes: u64 = front.iter().map(|(e, _)| e.len).sum();
+        let garbage = if owned {
+            let size = front
+                .iter()
+                .map(|(e, _)| e.offset + e.len)
+                .max()
+                .unwrap_or(0);
+            vec![(
+                ctx.due_at(),
+                Garbage::Object {
+                    key: object.clone(),
+                    bytes: size,
+                },
+            )]
+        } else {
+            Vec::new()
+        };
+        if !ctx.catalog.trim_front(&front, at, &garbage).await? {
+            // Settled, merged or trimmed meanwhile: look again next time.
+            return Ok((done, true));
+        }
+        let records: u64 = front.iter().map(|(e, _)| e.end_seq - e.start_seq).sum();
+        ctx.metrics
+            .trimmed_bytes
+            .with_label_values(&[reason.as_str()])
+            .inc_by(bytes);
+        ctx.metrics.trimmed_records.inc_by(records);
+        tracing::debug!(
+            stream = meta.name,
+            object,
+            records,
+            bytes,
+            reason = reason.as_str(),
+            "retention: trimmed"
+        );
+    }
+    Ok((TRIMS_PER_STREAM, true))
+}
+
+/// Why the front object `front` is due for trimming, if it is.
+async fn due(
+    ctx: &Ctx,
+    meta: &StreamMeta,
+    front: &[(IndexEntry, u64)],
+    trimmed_bytes: u64,
+) -> Result<Option<Reason>, AuditError> {
+    let retention = meta.retention;
+    if let Some(max) = retention.bytes {
+        let tail = ctx.catalog.stream_tail(meta.id).await?;
+        let held = tail.stored_bytes.saturating_sub(trimmed_bytes);
+        let bytes: u64 = front.iter().map(|(e, _)| e.len).sum();
+        if held.saturating_sub(bytes) >= max {
+            return Ok(Some(Reason::Bytes));
+        }
+    }
+    if let Some(age) = retention.age_ms {
+        let mut created = front
+            .iter()
+            .map(|(e, _)| e.created_at_ms)
+            .max()
+            .unwrap_or(0);
+        if created == 0
+            && let Some((entry, _)) = front.first()
+        {
+            // An entry from before entries recorded their object's time: its footer says.
+            created = match fetch_footer(ctx.store.as_ref(), &entry.object_key).await? {
+                ObjectFooter::Flight(footer) => footer.meta.created_at_ms,
+                ObjectFooter::Fence(_) => 0,
+            };
+        }
+        // An object whose time cannot be told is kept.
+        if created != 0 && created.saturating_add(age) <= ctx.config.clock.unix_ms() {
+            return Ok(Some(Reason::Age));
+        }
+    }
+    Ok(None)
+}
