@@ -64,7 +64,7 @@ pub mod defaults {
     pub const IDLE_MS: u64 = 1000;
     pub const SETTLE_AFTER_SECS: u64 = 30;
     pub const SWEEP_SECS: u64 = 3600;
-    pub const REWRITE_MIN_OBJECTS: usize = 16;
+    pub const REWRITE_MIN_OBJECTS: u64 = 16;
 }
 
 #[derive(Debug, Clone)]

@@ -68,7 +68,7 @@ fn auditor_config(disk: &Disk, grace: Duration) -> AuditorConfig {
         whole_object_max: 8 << 20,
         collect_grace: grace,
         settle_after: Duration::ZERO,
-        rewrite_min_objects: nova_auditor::defaults::REWRITE_MIN_OBJECTS,
+        rewrite_min_objects: nova_auditor::defaults::REWRITE_MIN_OBJECTS as usize,
         sweep_every: Duration::from_secs(3600),
         idle: Duration::from_millis(20),
         clock: Clock::system(),

@@ -211,6 +211,12 @@ pub struct Config {
     #[arg(long, env = "NOVA_AUDITOR_SETTLE_AFTER_SECS", default_value_t = auditor_defaults::SETTLE_AFTER_SECS, help_heading = "Auditor")]
     pub auditor_settle_after_secs: u64,
 
+    /// Settled objects of one stream, one after another, that the rewrite merges into one
+    /// without waiting for more (a run that reaches a merge's size limits, 32 MiB or 40
+    /// sections, is merged whatever its length). Each record is rewritten at most once.
+    #[arg(long, env = "NOVA_AUDITOR_REWRITE_MIN_OBJECTS", default_value_t = auditor_defaults::REWRITE_MIN_OBJECTS, value_parser = clap::value_parser!(u64).range(2..), help_heading = "Auditor")]
+    pub auditor_rewrite_min_objects: u64,
+
     /// Seconds between passes of the sweep, which lists every settled object and queues any
     /// that nothing references (a write that landed after its intent was collected). One LIST
     /// per 1000 objects per pass, within --auditor-s3-budget.
@@ -289,7 +295,7 @@ impl Config {
             whole_object_max: self.flight_max_bytes.bytes(),
             collect_grace: Duration::from_secs(self.auditor_collect_grace_secs),
             settle_after: Duration::from_secs(self.auditor_settle_after_secs),
-            rewrite_min_objects: nova_auditor::defaults::REWRITE_MIN_OBJECTS,
+            rewrite_min_objects: self.auditor_rewrite_min_objects as usize,
             sweep_every: Duration::from_secs(self.auditor_sweep_secs.max(1)),
             idle: Duration::from_millis(self.auditor_idle_ms.max(1)),
             clock: Clock::system(),

@@ -1,7 +1,8 @@
 //! The auditor in a real novad on a real S3-compatible server (moto): settling and collecting
 //! keep every read whole on the star and on a gateway, the request budget holds as the server
-//! counts it, an idle auditor asks nothing, and kill -9 in the middle of its duties loses and
-//! leaks nothing.
+//! counts it, an idle auditor asks nothing, the rewrite copies large objects server-side (as the
+//! server records it), retention set with the CLI trims and reads below the trim point answer
+//! OUT_OF_RANGE everywhere, and kill -9 in the middle of the duties loses and leaks nothing.
 
 #![allow(
     clippy::disallowed_methods,
@@ -285,7 +286,17 @@ async fn the_request_budget_holds_at_the_server_and_the_backlog_shows_as_age() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_during_the_duties_loses_and_leaks_nothing() {
     let moto = Moto::start();
-    let mut novad = star(&moto, &["--auditor-collect-grace-secs", "1"]).start();
+    // Merging every two settled objects, so the rewrite is under way across the kills too.
+    let mut novad = star(
+        &moto,
+        &[
+            "--auditor-collect-grace-secs",
+            "1",
+            "--auditor-rewrite-min-objects",
+            "2",
+        ],
+    )
+    .start();
     let store = bucket(&moto).await;
     let mut expected = load(&novad, 5, 40).await;
     let delays = [150u64, 400, 50, 900, 250, 600, 100, 1200];
@@ -336,6 +347,12 @@ async fn kill_9_during_the_duties_loses_and_leaks_nothing() {
     referenced.sort();
     assert_eq!(settled, referenced, "settled objects nothing references");
     assert!(
+        settled
+            .iter()
+            .any(|k| parse_data_key(&data_root("nova"), k).is_some_and(|d| d.rewritten)),
+        "the rewrite merged nothing: {settled:?}"
+    );
+    assert!(
         catalog.dropping_streams(10).await.unwrap().is_empty(),
         "the deleted stream's entries are not all dropped"
     );
@@ -363,4 +380,179 @@ async fn load_more(
         producer.close().await.unwrap();
     }
     added
+}
+
+/// Runs the `nova` CLI against `url`; its standard output, or a panic with its error.
+fn nova(url: &str, args: &[&str]) -> String {
+    let output = std::process::Command::new(workspace_binary("nova"))
+        .arg("--server")
+        .arg(url)
+        .args(args)
+        .output()
+        .expect("run nova");
+    assert!(
+        output.status.success(),
+        "nova {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A stream first settled as one object past S3's 5 MiB multipart minimum, then a small one:
+/// the rewrite merges the two, and the server records the large one's bytes arriving as an
+/// UploadPartCopy, not through the star.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_rewrite_copies_large_objects_server_side_as_the_server_records_it() {
+    let moto = Moto::start();
+    // Flights wait two seconds to settle, so the large records settle as one object.
+    let novad = novad_on_s3(&moto, BUCKET)
+        .args(["--tail-window-cache-mib", "1", "--flight-linger-ms", "5"])
+        .args([
+            "--auditor-idle-ms",
+            "100",
+            "--auditor-settle-after-secs",
+            "2",
+        ])
+        .args(["--auditor-collect-grace-secs", "1"])
+        .args(["--auditor-rewrite-min-objects", "2"])
+        .start();
+    let store = bucket(&moto).await;
+    let client = client(&novad).await;
+    client.create_stream("big").await.unwrap();
+    let producer = Producer::new(client.clone(), "big", ProducerConfig::default())
+        .await
+        .unwrap();
+    let mut expected = Vec::new();
+    for i in 0..6 {
+        let body = format!("{i:03}{}", "x".repeat(950 * 1024));
+        producer.append(Record::new(body.clone())).await.unwrap();
+        expected.push(body);
+    }
+    producer.flush().await.unwrap();
+    wait_settled(store.as_ref(), &novad, Duration::from_secs(60)).await;
+    let settled = settled_objects(store.as_ref()).await;
+    assert_eq!(settled.len(), 1, "{settled:?}");
+    assert!(store.head(&settled[0]).await.unwrap().size > 5 << 20);
+
+    moto.start_recording();
+    producer.append(Record::new("small")).await.unwrap();
+    producer.flush().await.unwrap();
+    expected.push("small".into());
+    let merged = || async {
+        settled_objects(store.as_ref())
+            .await
+            .iter()
+            .any(|k| parse_data_key(&data_root("nova"), k).is_some_and(|d| d.rewritten))
+    };
+    for _ in 0..300 {
+        if merged().await {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    moto.stop_recording();
+    assert!(merged().await, "nothing merged:\n{}", novad.log());
+    assert!(
+        moto.recorded_part_copies() >= 1,
+        "the server recorded no UploadPartCopy"
+    );
+    assert!(
+        novad
+            .metric("nova_auditor_copied_bytes_total")
+            .unwrap_or(0.0)
+            > (5 << 20) as f64
+    );
+    assert_eq!(read_all(&client, "big").await, expected);
+    producer.close().await.unwrap();
+}
+
+/// Retention set with the CLI trims the stream's front; `describe` names the first seq; a read
+/// below it answers OUT_OF_RANGE with that seq, on the star and on a gateway; reads from it are
+/// whole; and a reconfigure to retention by age trims what is older.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_from_the_cli_trims_and_reads_below_are_out_of_range_everywhere() {
+    let moto = Moto::start();
+    let novad = star(&moto, &["--auditor-collect-grace-secs", "1"]).start();
+    let gateway = via_endpoint(
+        NovadBuilder::gateway(workspace_binary("novagateway")),
+        &moto.endpoint(),
+        BUCKET,
+    )
+    .args(["--star", &novad.url()])
+    .start();
+    let store = bucket(&moto).await;
+    nova(
+        &novad.url(),
+        &["stream", "create", "logs", "--retention-bytes", "4KiB"],
+    );
+    let client = client(&novad).await;
+    let producer = Producer::new(client.clone(), "logs", ProducerConfig::default())
+        .await
+        .unwrap();
+    // One ~1 KB record per settle window: an object each.
+    let bodies: Vec<String> = (0..10)
+        .map(|i| format!("{i:02}{}", "y".repeat(1000)))
+        .collect();
+    for body in &bodies {
+        producer.append(Record::new(body.clone())).await.unwrap();
+        producer.flush().await.unwrap();
+        wait_settled(store.as_ref(), &novad, Duration::from_secs(60)).await;
+    }
+    let mut first = 0;
+    for _ in 0..300 {
+        first = client.describe_stream("logs").await.unwrap().first_seq;
+        if first >= 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A stream keeps at least its byte limit: four of these records are just short of 4 KiB
+    // (with their framing), so five stay.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    first = client.describe_stream("logs").await.unwrap().first_seq;
+    assert_eq!(first, 5, "{}", novad.log());
+    assert!(nova(&novad.url(), &["stream", "describe", "logs"]).contains("first_seq: 5"));
+    for url in [novad.url(), gateway.url()] {
+        let reader = Client::connect(&url).await.unwrap();
+        let err = reader.read("logs", 2, 0).await.unwrap_err();
+        assert_eq!(err.code(), Some(tonic::Code::OutOfRange), "{err} via {url}");
+        assert_eq!(err.first_seq(), Some(5), "{err} via {url}");
+        assert!(
+            err.to_string().contains("first available record is 5"),
+            "{err}"
+        );
+        let page = reader.read("logs", 5, 0).await.unwrap();
+        let got: Vec<&[u8]> = page.records.iter().map(|r| &r.record.body[..]).collect();
+        let want: Vec<&[u8]> = bodies[5..].iter().map(|b| b.as_bytes()).collect();
+        assert_eq!(got, want, "via {url}");
+    }
+
+    // By age instead: everything older than a second goes.
+    let out = nova(
+        &novad.url(),
+        &[
+            "stream",
+            "reconfigure",
+            "logs",
+            "--retention-age",
+            "1s",
+            "--retention-bytes",
+            "none",
+        ],
+    );
+    assert!(
+        out.contains("retention_age: 1s") && out.contains("retention_bytes: none"),
+        "{out}"
+    );
+    for _ in 0..300 {
+        first = client.describe_stream("logs").await.unwrap().first_seq;
+        if first == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(first, 10);
+    let err = client.read("logs", 9, 0).await.unwrap_err();
+    assert_eq!(err.first_seq(), Some(10));
+    producer.close().await.unwrap();
 }

@@ -14,6 +14,8 @@ pub struct Moto {
     binary: PathBuf,
     /// moto's request log (one line per request), for counting requests at the server.
     log: tempfile::NamedTempFile,
+    /// Where moto's recorder writes each request with its headers, once `start_recording`.
+    recording: tempfile::NamedTempFile,
 }
 
 /// One request as the server logged it.
@@ -47,6 +49,8 @@ impl Moto {
             port,
             binary,
             log: tempfile::NamedTempFile::new().expect("a temporary file for moto's log"),
+            recording: tempfile::NamedTempFile::new()
+                .expect("a temporary file for moto's recording"),
         };
         moto.spawn();
         moto
@@ -55,6 +59,7 @@ impl Moto {
     fn spawn(&mut self) {
         let child = Command::new(&self.binary)
             .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
+            .env("MOTO_RECORDER_FILEPATH", self.recording.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             // Appended to, so a restarted server's requests follow the earlier ones.
@@ -101,6 +106,45 @@ impl Moto {
     pub fn requests(&self) -> Vec<LoggedRequest> {
         let text = std::fs::read_to_string(self.log.path()).unwrap_or_default();
         text.lines().filter_map(parse_log_line).collect()
+    }
+
+    /// Starts moto's recorder: from now on every request is written down with its headers
+    /// (and body: keep what is recorded small).
+    pub fn start_recording(&self) {
+        self.post("/moto-api/recorder/start-recording");
+    }
+
+    pub fn stop_recording(&self) {
+        self.post("/moto-api/recorder/stop-recording");
+    }
+
+    /// S3 UploadPartCopy requests recorded so far: parts of a multipart upload the server
+    /// copied from another object (a PUT with a part number and an `x-amz-copy-source`).
+    pub fn recorded_part_copies(&self) -> usize {
+        let text = std::fs::read_to_string(self.recording.path()).unwrap_or_default();
+        text.lines()
+            .filter(|line| {
+                let lower = line.to_ascii_lowercase();
+                lower.contains("\"x-amz-copy-source\"")
+                    && lower.contains("partnumber=")
+                    && lower.contains("\"method\": \"put\"")
+            })
+            .count()
+    }
+
+    fn post(&self, path: &str) {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to moto");
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        );
+        stream.write_all(request.as_bytes()).expect("send");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("read");
+        assert!(
+            response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200"),
+            "{path} failed: {response}"
+        );
     }
 
     /// Creates a bucket with a plain path-style PUT (moto does not check signatures).
