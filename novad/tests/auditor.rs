@@ -498,10 +498,8 @@ async fn retention_from_the_cli_trims_and_reads_below_are_out_of_range_everywher
         producer.flush().await.unwrap();
         wait_settled(store.as_ref(), &novad, Duration::from_secs(60)).await;
     }
-    let mut first = 0;
     for _ in 0..300 {
-        first = client.describe_stream("logs").await.unwrap().first_seq;
-        if first >= 5 {
+        if client.describe_stream("logs").await.unwrap().first_seq >= 5 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -509,7 +507,7 @@ async fn retention_from_the_cli_trims_and_reads_below_are_out_of_range_everywher
     // A stream keeps at least its byte limit: four of these records are just short of 4 KiB
     // (with their framing), so five stay.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    first = client.describe_stream("logs").await.unwrap().first_seq;
+    let mut first = client.describe_stream("logs").await.unwrap().first_seq;
     assert_eq!(first, 5, "{}", novad.log());
     assert!(nova(&novad.url(), &["stream", "describe", "logs"]).contains("first_seq: 5"));
     for url in [novad.url(), gateway.url()] {
