@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{LocalStore, ObjectStore, S3Config, S3Store, StoreLimits};
+use super::{ConcurrencyLimited, LocalStore, ObjectStore, S3Config, S3Store, StoreLimits};
 
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
@@ -110,7 +110,14 @@ impl StoreArgs {
         writer: bool,
     ) -> std::io::Result<Arc<dyn ObjectStore>> {
         Ok(match self.s3() {
-            Some(s3) => Arc::new(S3Store::new(s3).await),
+            Some(s3) => {
+                let limits = self.limits();
+                Arc::new(ConcurrencyLimited::new(
+                    Arc::new(S3Store::new(s3).await),
+                    limits.read_concurrency,
+                    limits.write_concurrency,
+                ))
+            }
             None if writer => Arc::new(LocalStore::open(local_root, self.limits())?),
             None => Arc::new(LocalStore::open_shared(local_root, self.limits())?),
         })

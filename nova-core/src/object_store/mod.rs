@@ -3,6 +3,7 @@
 
 #[cfg(feature = "s3")]
 mod args;
+mod concurrency_limited;
 pub mod conformance;
 pub mod faulty;
 mod instrumented;
@@ -21,6 +22,7 @@ use bytes::Bytes;
 
 #[cfg(feature = "s3")]
 pub use args::StoreArgs;
+pub use concurrency_limited::ConcurrencyLimited;
 pub use instrumented::Instrumented;
 pub use local::LocalStore;
 pub use payload::PutPayload;

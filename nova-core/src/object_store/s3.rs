@@ -1,7 +1,7 @@
 //! S3 (or any S3-compatible server) through aws-sdk-s3.
 //!
-//! Reads and writes each pass a concurrency limit of their own, so a burst of cold reads cannot
-//! starve flight writes. Every attempt has a deadline; the SDK retries only errors it classes as
+//! Only the protocol: the concurrency limits are a layer (`ConcurrencyLimited`) that `StoreArgs`
+//! stacks on it. Every attempt has a deadline; the SDK retries only errors it classes as
 //! transient (timeouts, throttling, 5xx), and a conditional create's 412 is never retried: it is
 //! the answer.
 
@@ -19,7 +19,6 @@ use aws_sdk_s3::config::{
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_smithy_types::body::SdkBody;
-use tokio::sync::Semaphore;
 
 use super::{
     ComposePart, CreateOutcome, GetRange, GetResult, ListPage, MAX_LIST_KEYS, ObjectMeta,
@@ -68,8 +67,6 @@ struct Inner {
     bucket: String,
     prefix: String,
     endpoint: String,
-    reads: Semaphore,
-    writes: Semaphore,
 }
 
 impl S3Store {
@@ -113,8 +110,6 @@ impl S3Store {
                 bucket: config.bucket,
                 prefix,
                 endpoint: config.endpoint.unwrap_or_else(|| "aws".into()),
-                reads: Semaphore::new(config.limits.read_concurrency.max(1)),
-                writes: Semaphore::new(config.limits.write_concurrency.max(1)),
             }),
         }
     }
@@ -233,14 +228,6 @@ impl S3Store {
     }
 }
 
-fn closed(op: Op, key: &str) -> StoreError {
-    StoreError::Permanent {
-        op,
-        key: key.to_owned(),
-        message: "store closed".into(),
-    }
-}
-
 fn status_of<E>(err: &SdkError<E, HttpResponse>) -> Option<u16> {
     err.raw_response().map(|r| r.status().as_u16())
 }
@@ -330,12 +317,6 @@ impl ObjectStore for S3Store {
         payload: PutPayload,
     ) -> Result<CreateOutcome, StoreError> {
         let op = Op::PutIfAbsent;
-        let _permit = self
-            .inner
-            .writes
-            .acquire()
-            .await
-            .map_err(|_| closed(op, key))?;
         let result = self
             .put_request(key, &payload)
             .if_none_match("*")
@@ -350,12 +331,6 @@ impl ObjectStore for S3Store {
 
     async fn put(&self, key: &str, payload: PutPayload) -> Result<(), StoreError> {
         let op = Op::Put;
-        let _permit = self
-            .inner
-            .writes
-            .acquire()
-            .await
-            .map_err(|_| closed(op, key))?;
         self.put_request(key, &payload)
             .send()
             .await
@@ -373,13 +348,6 @@ impl ObjectStore for S3Store {
                 range,
             });
         }
-        // The permit is held until the body is fully read: the connection is busy until then.
-        let _permit = self
-            .inner
-            .reads
-            .acquire()
-            .await
-            .map_err(|_| closed(op, key))?;
         let response = self
             .inner
             .client
@@ -419,12 +387,6 @@ impl ObjectStore for S3Store {
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         let op = Op::Head;
-        let _permit = self
-            .inner
-            .reads
-            .acquire()
-            .await
-            .map_err(|_| closed(op, key))?;
         let response = self
             .inner
             .client
@@ -448,12 +410,6 @@ impl ObjectStore for S3Store {
     ) -> Result<ListPage, StoreError> {
         let op = Op::List;
         let max_keys = max_keys.clamp(1, MAX_LIST_KEYS);
-        let _permit = self
-            .inner
-            .reads
-            .acquire()
-            .await
-            .map_err(|_| closed(op, prefix))?;
         let response = self
             .inner
             .client
@@ -489,12 +445,6 @@ impl ObjectStore for S3Store {
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         let op = Op::Delete;
-        let _permit = self
-            .inner
-            .writes
-            .acquire()
-            .await
-            .map_err(|_| closed(op, key))?;
         self.inner
             .client
             .delete_object()
@@ -512,12 +462,6 @@ impl ObjectStore for S3Store {
     async fn compose(&self, key: &str, parts: Vec<ComposePart>) -> Result<(), StoreError> {
         let op = Op::Compose;
         super::check_compose(key, &parts)?;
-        let _permit = self
-            .inner
-            .writes
-            .acquire()
-            .await
-            .map_err(|_| closed(op, key))?;
         let created = self
             .inner
             .client
