@@ -122,12 +122,14 @@ mod tests {
                     .await
             }
         });
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let clock = crate::clock::Clock::system();
+        clock.sleep(std::time::Duration::from_millis(50)).await;
         // The one write slot is taken by the held PUT: the next write waits.
         let second = store.put("other", bytes::Bytes::from_static(b"y").into());
         tokio::pin!(second);
         assert!(
-            tokio::time::timeout(std::time::Duration::from_millis(100), &mut second)
+            clock
+                .timeout(std::time::Duration::from_millis(100), &mut second)
                 .await
                 .is_err(),
             "a write passed a full write limit"
