@@ -1,8 +1,8 @@
 //! Drop deleted: a deleted stream's index entries go, a batch per job, and the settled objects
 //! that were the stream's alone are queued for collection. Its sections in flights go with the
 //! flights. A stream whose manifest does not yet say it was deleted keeps its records (a
-//! rebuild from the bucket would restore it) until the star marks the manifest. This duty asks
-//! the object store nothing.
+//! rebuild from the bucket would restore it) until the star marks the manifest. Once its entries
+//! are gone, its retention's trim markers are queued too (one LIST).
 
 /// Deleted streams looked at per job: one whose manifest is not marked yet does not hold up
 /// the others behind it.
@@ -20,6 +20,11 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     };
     ctx.mark_due(Duty::DropDeleted);
     let id = dropping.id;
+    if ctx.catalog.index_entries(id, 0, 1).await?.is_empty() {
+        // The last step: the trim markers go before the record of the drop does.
+        let markers = crate::retention::markers_below(ctx, id, u64::MAX).await?;
+        ctx.catalog.queue_garbage(&markers).await?;
+    }
     let root = data_root(&ctx.config.star);
     let dropped = ctx
         .catalog

@@ -7,10 +7,13 @@
 //!   time, or the newest of the flights a settled or merged object came from), or
 //! - *by bytes:* the stream would still hold at least `bytes` without it,
 //!
-//! and again for the next object, until neither holds. A trim is one transaction: the object's
-//! entries go, the stream's trim point moves to where they ended, and a settled object (one
-//! stream's alone) is queued for collection after the grace period, so reads that resolved it
-//! just before still finish. A chain flight's entry just goes: the flight holds other streams,
+//! and again for the next object, until neither holds. A trim first writes a *trim marker* to
+//! the bucket (`trims/{star}/{id}/{first seq}`), so that a catalog rebuilt from the bucket alone
+//! knows where the stream starts (without it a stream trimmed to nothing would start again at
+//! 0, and records trimmed but not yet deleted would come back). Then one transaction: the
+//! object's entries go, the stream's trim point moves to where they ended, the stream's older
+//! markers are queued, and a settled object (one stream's alone) is queued for collection after
+//! the grace period, so reads that resolved it just before still finish. A chain flight's entry just goes: the flight holds other streams,
 //! and the settle skips sections whose entries are gone.
 //!
 //! Trimming whole objects keeps it cheap (no rewrite) at the price of precision: a stream keeps
@@ -18,7 +21,8 @@
 
 use nova_core::catalog::{Garbage, IndexEntry, StreamMeta};
 use nova_core::flight::{ObjectFooter, fetch_footer};
-use nova_core::keys::{data_root, parse_data_key};
+use nova_core::keys::{data_root, parse_data_key, trim_marker_key, trim_marker_prefix};
+use nova_core::object_store::MAX_LIST_KEYS;
 
 use crate::{AuditError, Ctx, Duty, Step};
 
@@ -26,9 +30,12 @@ use crate::{AuditError, Ctx, Duty, Step};
 const STREAMS_PER_JOB: usize = 64;
 /// Objects one job trims from one stream before it moves on (the next job comes back).
 const TRIMS_PER_STREAM: usize = 16;
-/// Index entries read to find the front object's: more than any object has (a settled object
-/// has at most 48).
-const FRONT_ENTRIES: usize = 64;
+/// Index entries one trim removes at most: each costs a compare and a delete, and with the trim
+/// point's compare and put and a garbage record the transaction stays inside etcd's 128
+/// operations. A settled or merged object has at most 48; a flight may hold more of one stream
+/// (one large batch), and is then trimmed in several steps (it is shared, so nothing of it is
+/// deleted either way).
+const FRONT_ENTRIES: usize = 60;
 /// A pass starts this many idle periods after the last one ended.
 const RETENTION_PASS_IDLES: u32 = 5;
 
@@ -74,7 +81,17 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         if meta.retention.is_unlimited() {
             continue;
         }
-        let (trims, more) = trim_stream(ctx, meta).await?;
+        // One stream that cannot be trimmed now must not hold up the others.
+        let (trims, more) = match trim_stream(ctx, meta).await {
+            Ok(done) => done,
+            Err(err) => {
+                tracing::warn!(
+                    stream = meta.name,
+                    "retention: trimming failed; retried next pass: {err}"
+                );
+                (0, true)
+            }
+        };
         trimmed_any |= trims > 0;
         if more {
             ctx.mark_due(Duty::Retention);
@@ -106,7 +123,7 @@ async fn trim_stream(ctx: &Ctx, meta: &StreamMeta) -> Result<(usize, bool), Audi
         let (first_seq, trimmed_bytes) = at.map_or((0, 0), |(t, _)| (t.first_seq, t.trimmed_bytes));
         let page = ctx
             .catalog
-            .index_page(Some((meta.id, first_seq)), FRONT_ENTRIES)
+            .index_page(Some((meta.id, first_seq)), FRONT_ENTRIES + 1)
             .await?;
         let Some(object) = page
             .first()
@@ -118,9 +135,15 @@ async fn trim_stream(ctx: &Ctx, meta: &StreamMeta) -> Result<(usize, bool), Audi
         let front: Vec<(IndexEntry, u64)> = page
             .iter()
             .take_while(|(e, _)| e.stream_id == meta.id && e.object_key == object)
+            .take(FRONT_ENTRIES)
             .cloned()
             .collect();
-        if front.len() == page.len() && page.len() == FRONT_ENTRIES {
+        // A settled object is the stream's alone; a flight is shared and goes with the chain.
+        let owned = parse_data_key(&root, &object).is_some_and(|d| d.stream_id == meta.id);
+        let whole = page
+            .get(front.len())
+            .is_none_or(|(e, _)| e.stream_id != meta.id || e.object_key != object);
+        if owned && !whole {
             return Err(AuditError::Inconsistent(format!(
                 "{object} holds over {FRONT_ENTRIES} entries of stream {}; it is not trimmed",
                 meta.name
@@ -129,25 +152,32 @@ async fn trim_stream(ctx: &Ctx, meta: &StreamMeta) -> Result<(usize, bool), Audi
         let Some(reason) = due(ctx, meta, &front, trimmed_bytes).await? else {
             return Ok((done, false));
         };
-        // A settled object is the stream's alone; a flight is shared and goes with the chain.
-        let owned = parse_data_key(&root, &object).is_some_and(|d| d.stream_id == meta.id);
         let bytes: u64 = front.iter().map(|(e, _)| e.len).sum();
-        let garbage = if owned {
+        let Some((last, _)) = front.last() else {
+            return Ok((done, false));
+        };
+        let first_after = last.end_seq;
+        let mut garbage = markers_below(ctx, meta.id, first_after).await?;
+        ctx.store
+            .put(
+                &trim_marker_key(&ctx.config.star, meta.id, first_after),
+                bytes::Bytes::new().into(),
+            )
+            .await?;
+        if owned {
             let size = front
                 .iter()
                 .map(|(e, _)| e.offset + e.len)
                 .max()
                 .unwrap_or(0);
-            vec![(
+            garbage.push((
                 ctx.due_at(),
                 Garbage::Object {
                     key: object.clone(),
                     bytes: size,
                 },
-            )]
-        } else {
-            Vec::new()
-        };
+            ));
+        }
         if !ctx.catalog.trim_front(&front, at, &garbage).await? {
             // Settled, merged or trimmed meanwhile: look again next time.
             return Ok((done, true));
@@ -207,4 +237,35 @@ async fn due(
         }
     }
     Ok(None)
+}
+
+/// The stream's trim markers below `first_seq`, queued for collection (a marker only ever goes
+/// once a higher one is in the bucket).
+pub(crate) async fn markers_below(
+    ctx: &Ctx,
+    stream_id: u64,
+    first_seq: u64,
+) -> Result<Vec<(u64, Garbage)>, AuditError> {
+    let prefix = trim_marker_prefix(&ctx.config.star, stream_id);
+    let page = ctx.store.list(&prefix, None, MAX_LIST_KEYS).await?;
+    let due = ctx.due_at();
+    Ok(page
+        .objects
+        .iter()
+        .filter(|o| {
+            o.key
+                .strip_prefix(&prefix)
+                .and_then(|seq| seq.parse::<u64>().ok())
+                .is_some_and(|seq| seq < first_seq)
+        })
+        .map(|o| {
+            (
+                due,
+                Garbage::Object {
+                    key: o.key.clone(),
+                    bytes: o.size,
+                },
+            )
+        })
+        .collect())
 }

@@ -303,14 +303,30 @@ fn over_limits(run: &[Source]) -> Option<usize> {
 }
 
 /// Merges `run`, then lets the next job scan on from its start (entries past it are unchanged).
+///
+/// A merge that fails is not tried again at once: the scan moves past its run, which the next
+/// pass finds again. A run that fails every time (a source that cannot be read, say) must not
+/// hold up every stream after it.
 async fn merge_and_resume(ctx: &Ctx, run: Vec<Source>) -> Result<Step, AuditError> {
     ctx.mark_due(Duty::Rewrite);
-    if let Some((first, _)) = run.first().and_then(|s| s.entries.first()) {
+    let first = run.first().and_then(|s| s.entries.first()).map(|(e, _)| e);
+    let last = run.last().and_then(|s| s.entries.last()).map(|(e, _)| e);
+    let (Some(first), Some(last)) = (first, last) else {
+        return Ok(Step::Done);
+    };
+    let (before, past) = (
+        (first.stream_id, first.start_seq),
+        (last.stream_id, last.end_seq),
+    );
+    {
         let mut state = ctx.rewrite_state.lock();
-        state.after = Some((first.stream_id, first.start_seq));
+        state.after = Some(before);
         state.next_pass_ms = None;
     }
-    merge(ctx, run).await?;
+    if let Err(err) = merge(ctx, run).await {
+        ctx.rewrite_state.lock().after = Some(past);
+        return Err(err);
+    }
     Ok(Step::Done)
 }
 
@@ -463,7 +479,17 @@ async fn merge(ctx: &Ctx, run: Vec<Source>) -> Result<(), AuditError> {
     let mut layout = Layout::new();
     let mut created_at_ms = 0;
     for source in &run {
-        created_at_ms = created_at_ms.max(source.created_at_ms);
+        let mut source_created = source.created_at_ms;
+        if source_created == 0 {
+            // Entries from before they recorded their object's time: its footer says (a merged
+            // object without a time could never be trimmed by age).
+            if let ObjectFooter::Flight(footer) =
+                fetch_footer(ctx.store.as_ref(), &source.key).await?
+            {
+                source_created = footer.meta.created_at_ms;
+            }
+        }
+        created_at_ms = created_at_ms.max(source_created);
         let (copy, next) = plan.with(source);
         plan = next;
         if copy {

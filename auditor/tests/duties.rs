@@ -566,7 +566,8 @@ async fn small_settled_objects_merge_and_large_ones_are_copied() {
 /// Retention trims a stream from the front, an object at a time: by bytes down to what the
 /// limit keeps, by age everything older than the limit. Reads below the trim point are told the
 /// first record still held; reads from it return what was appended; a stream without retention
-/// keeps everything; and the trimmed objects are collected.
+/// keeps everything; the trimmed objects are collected; and a catalog rebuilt from the bucket
+/// alone knows every trim point, a stream trimmed to nothing included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_trims_by_bytes_and_by_age_and_reads_below_are_out_of_range() {
     use nova_core::catalog::{Retention, StorageClass};
@@ -585,6 +586,13 @@ async fn retention_trims_by_bytes_and_by_age_and_reads_below_are_out_of_range() 
         ),
         (
             "aged",
+            Retention {
+                age_ms: Some(1500),
+                bytes: None,
+            },
+        ),
+        (
+            "emptied",
             Retention {
                 age_ms: Some(1500),
                 bytes: None,
@@ -648,6 +656,7 @@ async fn retention_trims_by_bytes_and_by_age_and_reads_below_are_out_of_range() 
     assert_eq!(kept, (5..8).map(|i| body("sized", i)).collect::<Vec<_>>());
     // By age: everything appended more than 1.5 s ago goes; a new record stays.
     wait_first("aged", 8).await;
+    wait_first("emptied", 8).await;
     answer(append(&star, "aged", &body("aged", 8)).await)
         .await
         .unwrap();
@@ -676,7 +685,7 @@ async fn retention_trims_by_bytes_and_by_age_and_reads_below_are_out_of_range() 
     let mut data = data_objects(store.as_ref()).await;
     data.sort();
     let mut referenced: Vec<String> = Vec::new();
-    for name in ["sized", "aged", "forever"] {
+    for name in ["sized", "aged", "emptied", "forever"] {
         let first = catalog.first_seq(id(name)).await.unwrap();
         for entry in catalog.index_entries(id(name), first, 100).await.unwrap() {
             assert!(store.head(&entry.object_key).await.is_ok());
@@ -695,5 +704,51 @@ async fn retention_trims_by_bytes_and_by_age_and_reads_below_are_out_of_range() 
         star.read(&sized, 0, 100, 1 << 20).await,
         Err(RequestError::Trimmed { first_seq: 5, .. })
     ));
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
+    // The catalog rebuilt from the bucket alone: every stream starts where it was trimmed, the
+    // emptied one included (its next record is 8, not 0), and reads are as before.
+    let rebuilt = World {
+        meta: Arc::new(
+            nova_core::metastore::EmbeddedMetastore::open(world.disk.dir.path().join("rebuilt"))
+                .unwrap(),
+        ),
+        disk: world.disk,
+    };
+    nova_chain::rebuild::rebuild_catalog(STAR, &store, &rebuilt.catalog(), Clock::system())
+        .await
+        .unwrap();
+    let star = rebuilt.star().await;
+    for (name, first, tail) in [
+        ("sized", 5, 8),
+        ("aged", 8, 9),
+        ("emptied", 8, 8),
+        ("forever", 0, 8),
+    ] {
+        let state = star.streams().get(name).unwrap();
+        assert_eq!(state.tail(), tail, "{name}'s tail");
+        assert_eq!(
+            star.first_seq(&state).await.unwrap(),
+            first,
+            "{name}'s first seq"
+        );
+        if first > 0 {
+            assert!(matches!(
+                star.read(&state, first - 1, 100, 1 << 20).await,
+                Err(RequestError::Trimmed { .. })
+            ));
+        }
+    }
+    assert_eq!(
+        bodies(&star, "forever").await,
+        (0..8).map(|i| body("forever", i)).collect::<Vec<_>>()
+    );
+    let reply = answer(append(&star, "emptied", "next").await)
+        .await
+        .unwrap();
+    assert_eq!(
+        (reply.start, reply.end),
+        (8, 9),
+        "the emptied stream carries on at 8"
+    );
     star.shutdown(Duration::from_secs(5)).await.unwrap();
 }

@@ -109,13 +109,26 @@ pub(crate) async fn first_seq(
     {
         return Ok(first);
     }
-    let first = shared
-        .catalog
-        .first_seq(stream.id())
-        .await
-        .map_err(|e| RequestError::Unavailable(format!("reading the trim point: {e}")))?;
-    stream.set_first_seq(first, now);
-    Ok(first)
+    match shared.catalog.first_seq(stream.id()).await {
+        Ok(first) => {
+            stream.set_first_seq(first, now);
+            Ok(first)
+        }
+        // The metastore is unreachable: the trim point only moves forward and trimmed objects
+        // stay for the grace period, so the last one read serves (reads from memory must not
+        // start failing with the metastore).
+        Err(err) if !force || stream.first_seq_if_read_since(0).is_some() => {
+            tracing::debug!(
+                stream = stream.name(),
+                "trim point unreadable, using the last: {err}"
+            );
+            Ok(stream.first_seq_cached())
+        }
+        Err(err) => Err(RequestError::Unavailable(format!(
+            "reading the trim point of stream {:?}: {err}",
+            stream.name()
+        ))),
+    }
 }
 
 /// Refuses a read from `seq` if retention trimmed it.

@@ -33,7 +33,7 @@ use nova_core::clock::Clock;
 use nova_core::flight::{FetchError, ObjectFooter, fetch_footer, latest_settle_marker};
 use nova_core::keys::{
     DataKey, chain_prefix, chain_root, data_root, parse_data_key, parse_epoch, parse_slot,
-    parse_stream_manifest, slot_key, streams_prefix,
+    parse_stream_manifest, parse_trim_marker, slot_key, streams_prefix, trims_root,
 };
 use nova_core::manifest::{ManifestError, StreamManifest};
 use nova_core::object_store::{GetRange, ListPage, MAX_LIST_KEYS, ObjectStore, StoreError};
@@ -106,6 +106,9 @@ pub struct RebuildReport {
 struct Stream {
     meta: StreamMeta,
     tail: StreamTail,
+    /// Where retention trimmed the stream, from its highest trim marker: records below it are
+    /// not restored, and an emptied stream's tail starts there.
+    trim: u64,
     /// The records the index holds so far, as disjoint ranges in order. Settled objects are
     /// unions of whole flight sections, so a section is inside a range or apart from all.
     cover: Vec<(u64, u64)>,
@@ -116,8 +119,14 @@ impl Stream {
         Self {
             meta,
             tail: StreamTail::default(),
+            trim: 0,
             cover: Vec::new(),
         }
+    }
+
+    fn trim_at(&mut self, first_seq: u64) {
+        self.trim = self.trim.max(first_seq);
+        self.tail.tail_seq = self.tail.tail_seq.max(first_seq);
     }
 
     fn covers(&self, start: u64, end: u64) -> bool {
@@ -234,6 +243,24 @@ pub async fn rebuild_catalog(
         }
     }
     report.deleted_streams = deleted.len() as u64;
+
+    // Trim markers: where retention trimmed each stream (the highest marker counts).
+    let trims = trims_root(star);
+    let mut after: Option<String> = None;
+    loop {
+        let page = list_page(clock, store, &trims, after.as_deref()).await?;
+        for object in &page.objects {
+            if let Some((id, first_seq)) = parse_trim_marker(&trims, &object.key)
+                && let Some(stream) = streams.get_mut(&id)
+            {
+                stream.trim_at(first_seq);
+            }
+        }
+        match page.next_start_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
 
     let mut pending: Vec<IndexEntry> = Vec::new();
     let mut garbage: Vec<(u64, Garbage)> = Vec::new();
@@ -364,8 +391,11 @@ pub async fn rebuild_catalog(
                 else {
                     continue;
                 };
-                // A settled object holds these records already (settled, not yet collected).
-                if stream.covers(section.start_seq, section.end_seq) {
+                // A settled object holds these records already (settled, not yet collected), or
+                // retention trimmed them.
+                if stream.covers(section.start_seq, section.end_seq)
+                    || section.end_seq <= stream.trim
+                {
                     continue;
                 }
                 let expected = stream.tail.tail_seq;
@@ -427,11 +457,15 @@ pub async fn rebuild_catalog(
         }
     }
     report.streams = streams.len() as u64;
-    // A stream whose records start past 0 had its front trimmed by retention.
+    // A stream whose records start past 0 had its front trimmed by retention: its trim point is
+    // its marker's, or its first record when that is later.
     let trims = streams
         .values()
-        .filter_map(|s| s.cover.first().map(|&(start, _)| (s.meta.id, start)))
-        .filter(|&(_, start)| start > 0)
+        .map(|s| {
+            let first = s.cover.first().map_or(s.trim, |&(start, _)| start);
+            (s.meta.id, first.max(s.trim))
+        })
+        .filter(|&(_, first)| first > 0)
         .map(|(id, first_seq)| {
             (
                 id,
@@ -546,7 +580,9 @@ async fn restore_settled(
 }
 
 /// Chooses, among one stream's settled objects, a chain of objects each starting where the
-/// last ended, from the stream's first record as far as any chain reaches; those are indexed.
+/// last ended, from the stream's first record (or, with a trim marker, from any object that
+/// starts at or before the trim point and ends past it) as far as any chain reaches; those are
+/// indexed. Objects wholly below the trim point are queued for collection.
 /// Objects inside the chosen chain's records that it does not use (replaced by a rewrite, or
 /// left by an interrupted settle) are queued for collection. Objects past where the chain ends
 /// are kept: their records may be needed once the flights have filled the gap.
@@ -556,12 +592,33 @@ async fn choose(
     candidates: Candidates,
     out: &mut Settled<'_>,
 ) -> Result<(), RebuildError> {
-    let objects = candidates.objects;
-    let Some(first) = objects.iter().map(|(d, _)| d.start).min() else {
+    let trim = out
+        .streams
+        .get(&candidates.stream_id)
+        .map_or(0, |stream| stream.trim);
+    let (trimmed, objects): (Vec<_>, Vec<_>) = candidates
+        .objects
+        .into_iter()
+        .partition(|(data, _)| data.end <= trim);
+    for (_, meta) in &trimmed {
+        out.garbage.push((clock.unix_ms(), object_garbage(meta)));
+    }
+    let Some(lowest) = objects.iter().map(|(d, _)| d.start).min() else {
         return Ok(());
     };
-    // Where a chain can reach, and the object that reaches it first (listing order).
-    let mut reach: HashMap<u64, Option<usize>> = HashMap::from([(first, None)]);
+    // A chain may start at the stream's first record or, once retention trimmed it, at any
+    // object holding the trim point (an abandoned merge may span it alongside the objects the
+    // catalog used).
+    let first = lowest.max(trim);
+    // Where a chain can reach, and the object that reaches it first (listing order); a chain
+    // starts where the value is `None`.
+    let mut reach: HashMap<u64, Option<usize>> = objects
+        .iter()
+        .map(|(d, _)| d.start)
+        .filter(|start| *start <= first)
+        .chain([first])
+        .map(|start| (start, None))
+        .collect();
     for (i, (data, _)) in objects.iter().enumerate() {
         if reach.contains_key(&data.start) {
             reach.entry(data.end).or_insert(Some(i));

@@ -29,6 +29,31 @@ pub fn parse_stream_manifest(prefix: &str, key: &str) -> Option<u64> {
     rest.parse().ok()
 }
 
+/// Where a star's streams' trim markers live: `trims/{star}/{stream id}/{first seq}`, one key
+/// per trim point (the highest counts), so the bucket alone says where retention trimmed each
+/// stream.
+pub fn trims_root(star: &str) -> String {
+    format!("trims/{star}/")
+}
+
+pub fn trim_marker_prefix(star: &str, stream_id: u64) -> String {
+    format!("{}{stream_id:020}/", trims_root(star))
+}
+
+pub fn trim_marker_key(star: &str, stream_id: u64, first_seq: u64) -> String {
+    format!("{}{first_seq:020}", trim_marker_prefix(star, stream_id))
+}
+
+/// The stream id and trim point out of a key under `trims_root(star)`.
+pub fn parse_trim_marker(root: &str, key: &str) -> Option<(u64, u64)> {
+    let (id, first) = key.strip_prefix(root)?.split_once('/')?;
+    let digits = |s: &str| s.len() == 20 && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(id) || !digits(first) {
+        return None;
+    }
+    Some((id.parse().ok()?, first.parse().ok()?))
+}
+
 /// The prefix holding every epoch of a star's chain.
 pub fn chain_root(star: &str) -> String {
     format!("chain/{star}/")
@@ -177,6 +202,17 @@ mod tests {
             parse_settle_marker(&settle_marker_prefix("s", 1), &settle_marker_key("s", 1, 7)),
             Some(7)
         );
+    }
+
+    #[test]
+    fn trim_markers_sort_by_stream_then_seq_and_parse_back() {
+        let a = trim_marker_key("s", 7, 9);
+        let b = trim_marker_key("s", 7, 10);
+        let c = trim_marker_key("s", 8, 0);
+        assert!(a < b && b < c);
+        assert_eq!(parse_trim_marker(&trims_root("s"), &b), Some((7, 10)));
+        assert_eq!(parse_trim_marker(&trims_root("s"), "trims/s/junk"), None);
+        assert!(b.starts_with(&trim_marker_prefix("s", 7)));
     }
 
     #[test]

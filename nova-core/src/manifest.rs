@@ -41,14 +41,22 @@ impl StreamManifest {
         let name = self.meta.name.as_bytes();
         let mut buf = BytesMut::with_capacity(8 + 2 + 1 + 8 + 8 + 1 + 2 + name.len() + 4);
         buf.put_slice(MAGIC);
-        buf.put_u16_le(VERSION);
+        // A stream without retention is written as version 1, which older releases read.
+        let version = if self.meta.retention.is_unlimited() {
+            VERSION_1
+        } else {
+            VERSION
+        };
+        buf.put_u16_le(version);
         buf.put_u8(self.deleted as u8);
         buf.put_u64_le(self.meta.id);
         buf.put_u64_le(self.meta.created_at_ms);
         buf.put_u8(self.meta.class.code());
         buf.put_u16_le(name.len() as u16);
         buf.put_slice(name);
-        self.meta.retention.encode(&mut buf);
+        if version == VERSION {
+            self.meta.retention.encode(&mut buf);
+        }
         let crc = crc32c::crc32c(&buf);
         buf.put_u32_le(crc);
         buf.freeze()

@@ -175,7 +175,7 @@ impl S3Store {
                     .key(&full)
                     .upload_id(upload_id)
                     .part_number(number)
-                    .copy_source(format!("{}/{}", self.inner.bucket, self.full_key(source)))
+                    .copy_source(copy_source(&self.inner.bucket, &self.full_key(source)))
                     .copy_source_range(format!("bytes={}-{}", range.start, range.end - 1))
                     .send()
                     .await
@@ -226,6 +226,21 @@ impl S3Store {
             .map(|_| ())
             .map_err(|err| classify(op, key, err))
     }
+}
+
+/// The `x-amz-copy-source` of an object: S3 wants the key URL-encoded (the SDK sends it as
+/// given), with its `/` separators kept.
+fn copy_source(bucket: &str, key: &str) -> String {
+    let mut out = format!("{bucket}/");
+    for byte in key.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                out.push(byte as char)
+            }
+            other => out.push_str(&format!("%{other:02X}")),
+        }
+    }
+    out
 }
 
 fn status_of<E>(err: &SdkError<E, HttpResponse>) -> Option<u16> {
@@ -494,5 +509,19 @@ impl ObjectStore for S3Store {
             }
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_sources_are_url_encoded_but_keep_their_slashes() {
+        assert_eq!(
+            copy_source("b", "p/data/star one/00-01-ab"),
+            "b/p/data/star%20one/00-01-ab"
+        );
+        assert_eq!(copy_source("b", "a+b%/é"), "b/a%2Bb%25/%C3%A9");
     }
 }
