@@ -30,12 +30,15 @@ use crate::{AuditError, Ctx, Duty, Step};
 const STREAMS_PER_JOB: usize = 64;
 /// Objects one job trims from one stream before it moves on (the next job comes back).
 const TRIMS_PER_STREAM: usize = 16;
-/// Index entries one trim removes at most: each costs a compare and a delete, and with the trim
-/// point's compare and put and a garbage record the transaction stays inside etcd's 128
-/// operations. A settled or merged object has at most 48; a flight may hold more of one stream
+/// Index entries one trim removes at most: each costs a compare and a delete; with the trim
+/// point's compare and put, the object's garbage record and up to `MARKERS_PER_TRIM` older
+/// markers the transaction stays inside etcd's 128 operations (50 × 2 + 2 + 1 + 16 = 119). A settled or merged object has at most 48; a flight may hold more of one stream
 /// (one large batch), and is then trimmed in several steps (it is shared, so nothing of it is
 /// deleted either way).
-const FRONT_ENTRIES: usize = 60;
+const FRONT_ENTRIES: usize = 50;
+/// Older trim markers one trim queues for collection (normally one: the previous trim's; more
+/// only after crashes between a marker's write and its trim, and the next trims take the rest).
+const MARKERS_PER_TRIM: usize = 16;
 /// A pass starts this many idle periods after the last one ended.
 const RETENTION_PASS_IDLES: u32 = 5;
 
@@ -158,6 +161,7 @@ async fn trim_stream(ctx: &Ctx, meta: &StreamMeta) -> Result<(usize, bool), Audi
         };
         let first_after = last.end_seq;
         let mut garbage = markers_below(ctx, meta.id, first_after).await?;
+        garbage.truncate(MARKERS_PER_TRIM);
         ctx.store
             .put(
                 &trim_marker_key(&ctx.config.star, meta.id, first_after),

@@ -257,12 +257,19 @@ impl Oracle {
     /// After a final read of every stream from 0 to its tail (`read_ids` holds every record id
     /// that read returned): every acknowledged record was read, and every batch is whole or
     /// absent.
-    pub fn settle(&mut self, read_ids: &std::collections::HashSet<u64>) {
+    /// Checks every batch against what the final read found, from each stream's trim point
+    /// (`first_seqs`: records below it were trimmed by retention and are not looked for).
+    pub fn settle(
+        &mut self,
+        read_ids: &std::collections::HashSet<u64>,
+        first_seqs: &std::collections::HashMap<usize, u64>,
+    ) {
         for index in 0..self.batches.len() {
-            let (first_id, len, fate) = {
+            let (first_id, len, fate, stream) = {
                 let b = &self.batches[index];
-                (b.first_id, b.len, b.fate)
+                (b.first_id, b.len, b.fate, b.stream)
             };
+            let trimmed_to = first_seqs.get(&stream).copied().unwrap_or(0);
             if self.deleted.contains(&self.batches[index].stream) {
                 continue;
             }
@@ -270,6 +277,12 @@ impl Oracle {
                 .filter(|id| read_ids.contains(id))
                 .count() as u64;
             match fate {
+                // Wholly below the trim point: trimmed. Retention trims whole objects, which hold
+                // whole batches, so a batch is never cut.
+                Fate::Acked { end, .. } if end <= trimmed_to => {}
+                Fate::Acked { start, .. } if start < trimmed_to => self.violation(format!(
+                    "batch {index} ({start}..) is cut by the trim point {trimmed_to}"
+                )),
                 Fate::Acked { start, .. } if present != len => self.violation(format!(
                     "batch {index} was acknowledged at seq {start} but {} of its {len} records are gone",
                     len - present

@@ -48,6 +48,8 @@ pub struct AuditorPlan {
     pub collect_grace: Duration,
     pub settle_after: Duration,
     pub rewrite_min_objects: usize,
+    /// A byte retention for the even-numbered streams, in half the seeds.
+    pub retention_bytes: Option<u64>,
     pub idle: Duration,
     pub sweep_every: Duration,
 }
@@ -70,6 +72,9 @@ impl AuditorPlan {
             ),
             idle: ms(entropy, 20, 200),
             rewrite_min_objects: pick(entropy, &[2, 4, 16]),
+            retention_bytes: entropy
+                .chance(0.5)
+                .then(|| pick(entropy, &[2048, 16_384, 131_072])),
             sweep_every: ms(entropy, 500, 5000),
         })
     }

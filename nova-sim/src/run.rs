@@ -8,7 +8,7 @@
 //! runtime dropped mid-run: every task of the star is dropped at the await it was in, and only
 //! the store and the metastore remain.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -22,7 +22,7 @@ use nova_chain::admission::encoded_charge;
 use nova_chain::rebuild::rebuild_catalog;
 use nova_chain::streams::StreamState;
 use nova_core::catalog::Catalog;
-use nova_core::catalog::StorageClass;
+use nova_core::catalog::{Retention, StorageClass};
 use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
 use nova_core::flight::section::{RecordIter, encode_chunks};
@@ -57,6 +57,8 @@ pub struct Report {
     pub collected_objects: u64,
     /// Settled objects the auditor's rewrite merged into larger ones.
     pub merged_objects: u64,
+    /// Records the auditor's retention trimmed.
+    pub trimmed_records: u64,
     /// Identical for two runs of one seed: the proof that it replays.
     pub digest: u64,
 }
@@ -102,7 +104,7 @@ struct World {
     /// flight is read in ranges, so no disk I/O runs outside the simulated clock).
     scratch: tempfile::TempDir,
     /// What the auditors of the incarnations did: flights settled, objects deleted.
-    audited: Mutex<(u64, u64, u64)>,
+    audited: Mutex<(u64, u64, u64, u64)>,
 }
 
 pub fn run_seed(seed: u64) -> Result<Report, Failure> {
@@ -160,6 +162,7 @@ pub fn run_seed(seed: u64) -> Result<Report, Failure> {
         settled_flights: audited.0,
         collected_objects: audited.1,
         merged_objects: audited.2,
+        trimmed_records: audited.3,
         digest: oracle.digest(),
     })
 }
@@ -363,6 +366,7 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
         audited.0 += metrics.settled_flights.get();
         audited.1 += deleted;
         audited.2 += metrics.rewritten_objects.get();
+        audited.3 += metrics.trimmed_records.get();
     }
     match life.end {
         End::Crash => tracing::info!("crash"),
@@ -524,7 +528,20 @@ async fn open_streams(
             if let Some(stream) = star.streams().get(&name) {
                 break stream;
             }
-            match star.streams().create(&name, StorageClass::Standard).await {
+            let retention = Retention {
+                age_ms: None,
+                bytes: world
+                    .plan
+                    .auditor
+                    .as_ref()
+                    .and_then(|a| a.retention_bytes)
+                    .filter(|_| i % 2 == 0),
+            };
+            match star
+                .streams()
+                .create_with(&name, StorageClass::Standard, retention)
+                .await
+            {
                 Ok(stream) => break stream,
                 Err(err) if attempts < 1000 => {
                     attempts += 1;
@@ -742,9 +759,22 @@ async fn watch_budgets(cx: Context) {
 /// The final check: every stream read from 0 to its tail.
 async fn read_back(world: &World, star: &Star, streams: &[(usize, Arc<StreamState>)]) {
     let mut read_ids = HashSet::new();
+    let mut first_seqs = HashMap::new();
     for (i, stream) in streams.iter().cloned() {
         let tail = stream.tail();
-        let mut next = 0;
+        // Retention may have trimmed the stream's front: what is below its trim point is gone,
+        // what is from it on must all be there.
+        let mut next = match star.first_seq(&stream).await {
+            Ok(first) => first,
+            Err(err) => {
+                world.violation(format!("the trim point of stream {i}: {err}"));
+                return;
+            }
+        };
+        if next > 0 && !stream.retention().bytes.is_some_and(|b| b > 0) {
+            world.violation(format!("stream {i} without retention starts at {next}"));
+        }
+        first_seqs.insert(i, next);
         while next < tail {
             let page = match star.read(&stream, next, 1000, 4 << 20).await {
                 Ok(page) => page,
@@ -773,5 +803,5 @@ async fn read_back(world: &World, star: &Star, streams: &[(usize, Arc<StreamStat
             }
         }
     }
-    world.oracle.lock().settle(&read_ids);
+    world.oracle.lock().settle(&read_ids, &first_seqs);
 }

@@ -44,7 +44,7 @@ fn main() {
     };
     let started = Instant::now();
     let (mut runs, mut records, mut crashes, mut simulated) = (0u64, 0u64, 0usize, 0f64);
-    let (mut settled, mut collected, mut merged) = (0u64, 0u64, 0u64);
+    let (mut settled, mut collected, mut merged, mut trimmed) = (0u64, 0u64, 0u64, 0u64);
     let mut failed = Vec::new();
     for seed in seeds {
         match nova_sim::run_seed(seed) {
@@ -56,6 +56,7 @@ fn main() {
                 settled += report.settled_flights;
                 collected += report.collected_objects;
                 merged += report.merged_objects;
+                trimmed += report.trimmed_records;
                 if args.seed.is_some() {
                     println!("{report:#?}");
                 }
@@ -75,8 +76,8 @@ fn main() {
     }
     println!(
         "{runs} seeds clean: {records} acknowledged records, {crashes} crashes, \
-         {simulated:.0} s simulated, {settled} flights settled, {merged} settled objects merged \
-         and {collected} objects collected by the auditor, in {:.1} s",
+         {simulated:.0} s simulated, {settled} flights settled, {merged} settled objects merged, \
+         {trimmed} records trimmed and {collected} objects collected by the auditor, in {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }
