@@ -771,7 +771,7 @@ async fn read_back(world: &World, star: &Star, streams: &[(usize, Arc<StreamStat
                 return;
             }
         };
-        if next > 0 && !stream.retention().bytes.is_some_and(|b| b > 0) {
+        if next > 0 && stream.retention().is_unlimited() {
             world.violation(format!("stream {i} without retention starts at {next}"));
         }
         first_seqs.insert(i, next);
