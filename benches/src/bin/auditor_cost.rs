@@ -8,10 +8,16 @@
 //!    The requests the server logged in that phase, less a restart's, are the auditor's; the
 //!    settled objects and markers in the bucket are what it wrote.
 //!
+//! With `--windows N` (more than 1) the appends come in N rounds, each settled on its own (the
+//! star restarts with the auditor on until the round is settled and collected), so every stream
+//! gets N small settled objects, and the rewrite merges them (`--auditor-rewrite-min-objects`,
+//! 16 by default). Write amplification then counts the settle's and the rewrite's bytes from
+//! novad's own metrics, and the bytes the store copied server-side apart.
+//!
 //! Prints one JSON line. Needs moto (the README's test command installs it) and novad built in
 //! the same profile.
 //!
-//! auditor-cost [--mib 64] [--streams 16] [--s3-budget 50]
+//! auditor-cost [--mib 64] [--streams 16] [--s3-budget 50] [--windows 1]
 
 use std::time::{Duration, Instant};
 
@@ -69,7 +75,10 @@ async fn load(novad: &Novad, streams: u64, mib: u64) -> u64 {
         tasks.push(tokio::spawn(async move {
             let name = format!("cost-{s}");
             let client = Client::connect(&url).await.expect("connect");
-            client.create_stream(&name).await.expect("create");
+            if let Err(err) = client.create_stream(&name).await {
+                // A later round of `--windows`: the stream is there.
+                assert_eq!(err.code(), Some(tonic::Code::AlreadyExists), "create: {err}");
+            }
             let producer = Producer::new(client, &name, ProducerConfig::default())
                 .await
                 .expect("producer");
@@ -119,17 +128,105 @@ async fn flights(store: &dyn ObjectStore) -> Vec<(String, u64)> {
     out
 }
 
+/// Sums a novad counter over its label sets.
+fn counter(novad: &Novad, prefix: &str) -> f64 {
+    novad
+        .metrics()
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Runs the auditor until nothing is due and every flight is gone; returns what it counted.
+async fn audit_until_idle(novad: &Novad, store: &dyn ObjectStore) -> [f64; 5] {
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let caught_up = novad.metric("nova_auditor_oldest_due_age_seconds") == Some(0.0);
+        if !caught_up || !flights(store).await.is_empty() {
+            idle_since = None;
+            continue;
+        }
+        // Caught up for a few seconds: the rewrite's pass has looked too.
+        if idle_since.get_or_insert_with(Instant::now).elapsed() > Duration::from_secs(3) {
+            break;
+        }
+    }
+    [
+        counter(novad, "nova_auditor_written_bytes_total{duty=\"settle\"}"),
+        counter(novad, "nova_auditor_written_bytes_total{duty=\"rewrite\"}"),
+        counter(novad, "nova_auditor_copied_bytes_total"),
+        counter(novad, "nova_auditor_requests_total"),
+        counter(novad, "nova_auditor_rewritten_objects_total"),
+    ]
+}
+
+/// `--windows N`: N rounds of appends, each settled apart, then merged by the rewrite.
+async fn windowed(moto: &Moto, store: &S3Store, mib: u64, streams: u64, budget: u64, windows: u64) {
+    let dir = std::env::temp_dir().join(format!("nova-auditor-cost-w-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a data directory");
+    let (mut content, mut flight_bytes, mut flight_count) = (0u64, 0u64, 0usize);
+    let mut totals = [0f64; 5];
+    let phase_start = moto.requests().len();
+    for _ in 0..windows {
+        let mut novad = star(moto, &dir, false, budget);
+        content += load(&novad, streams, mib / windows).await;
+        let round = flights(store).await;
+        flight_count += round.len();
+        flight_bytes += round.iter().map(|(_, s)| s).sum::<u64>();
+        novad.terminate(Duration::from_secs(30));
+        let mut novad = star(moto, &dir, true, budget);
+        let counted = audit_until_idle(&novad, store).await;
+        for (total, n) in totals.iter_mut().zip(counted) {
+            *total += n;
+        }
+        novad.terminate(Duration::from_secs(30));
+    }
+    let data = sizes(store, "data/").await;
+    let merged = data.iter().filter(|(k, _)| k.ends_with("-r")).count();
+    let [settle, rewrite, copied, requests, rewritten] = totals;
+    let gib = flight_bytes as f64 / (1u64 << 30) as f64;
+    println!(
+        "{}",
+        serde_json::json!({
+            "streams": streams,
+            "windows": windows,
+            "content_bytes": content,
+            "flights": flight_count,
+            "appended_bytes": flight_bytes,
+            "settled_bytes_written": settle,
+            "rewrite_bytes_sent": rewrite,
+            "rewrite_bytes_copied_by_the_store": copied,
+            "settled_objects_merged": rewritten,
+            "objects_left": data.len(),
+            "merged_objects_left": merged,
+            "write_amplification": (settle + rewrite) / flight_bytes as f64,
+            "write_amplification_with_copies": (settle + rewrite + copied) / flight_bytes as f64,
+            "auditor_requests_counted_by_novad": requests,
+            "auditor_requests_per_gib": requests / gib,
+            "server_requests_all_phases": moto.requests().len() - phase_start,
+        })
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::main]
 async fn main() {
     let mib = number("--mib", 64);
     let streams = number("--streams", 16);
     let budget = number("--s3-budget", 50);
+    let windows = number("--windows", 1);
     let moto = Moto::start();
     moto.create_bucket(BUCKET);
     let mut config = S3Config::new(BUCKET);
     config.endpoint = Some(moto.endpoint());
     config.credentials = Some(("test".into(), "testtest".into()));
     let store = S3Store::new(config).await;
+    if windows > 1 {
+        windowed(&moto, &store, mib, streams, budget, windows).await;
+        return;
+    }
 
     let dir = std::env::temp_dir().join(format!("nova-auditor-cost-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a data directory");
