@@ -22,7 +22,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     let id = dropping.id;
     if ctx.catalog.index_entries(id, 0, 1).await?.is_empty() {
         // The last step: the trim markers go before the record of the drop does.
-        let markers = crate::retention::markers_below(ctx, id, u64::MAX).await?;
+        let markers = crate::retention::markers_in(ctx, id, 0..u64::MAX).await?;
         ctx.catalog.queue_garbage(&markers).await?;
     }
     let root = data_root(&ctx.config.star);

@@ -21,7 +21,10 @@
 
 use nova_core::catalog::{Garbage, IndexEntry, StreamMeta};
 use nova_core::flight::{ObjectFooter, fetch_footer};
-use nova_core::keys::{data_root, parse_data_key, trim_marker_key, trim_marker_prefix};
+use nova_core::keys::{
+    TrimMarker, data_root, parse_data_key, parse_trim_marker, trim_marker_key, trim_marker_prefix,
+    trims_root,
+};
 use nova_core::object_store::MAX_LIST_KEYS;
 
 use crate::{AuditError, Ctx, Duty, Step};
@@ -80,6 +83,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         .streams_page(after.as_deref(), STREAMS_PER_JOB)
         .await?;
     let mut trimmed_any = false;
+    let mut failure = None;
     for meta in &page {
         if meta.retention.is_unlimited() {
             continue;
@@ -88,10 +92,10 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         let (trims, more) = match trim_stream(ctx, meta).await {
             Ok(done) => done,
             Err(err) => {
-                tracing::warn!(
-                    stream = meta.name,
-                    "retention: trimming failed; retried next pass: {err}"
-                );
+                failure.get_or_insert(AuditError::Inconsistent(format!(
+                    "trimming stream {:?}: {err}",
+                    meta.name
+                )));
                 (0, true)
             }
         };
@@ -111,10 +115,20 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         state.after = None;
         state.next_pass_ms =
             Some(now + (ctx.config.idle * RETENTION_PASS_IDLES).as_millis() as u64);
-        return Ok(if trimmed_any { Step::Done } else { Step::Idle });
+    } else {
+        state.next_pass_ms = None;
     }
-    state.next_pass_ms = None;
-    Ok(Step::Done)
+    drop(state);
+    // The pass moved on past a stream that failed; the failure is reported (and backed off
+    // from) once, and the stream is tried again next pass.
+    if let Some(err) = failure {
+        return Err(err);
+    }
+    Ok(if trimmed_any || page.len() == STREAMS_PER_JOB {
+        Step::Done
+    } else {
+        Step::Idle
+    })
 }
 
 /// Trims `meta`'s stream while its front object is past its retention, up to
@@ -123,10 +137,13 @@ async fn trim_stream(ctx: &Ctx, meta: &StreamMeta) -> Result<(usize, bool), Audi
     let root = data_root(&ctx.config.star);
     for done in 0..TRIMS_PER_STREAM {
         let at = ctx.catalog.trim(meta.id).await?;
-        let (first_seq, trimmed_bytes) = at.map_or((0, 0), |(t, _)| (t.first_seq, t.trimmed_bytes));
+        let trimmed_bytes = at.map_or(0, |(t, _)| t.trimmed_bytes);
+        // From the stream's first entry, not its trim point: a catalog rebuilt from the bucket
+        // may hold entries of an object that spans the trim point, below it, and an object is
+        // only ever trimmed with all of its entries.
         let page = ctx
             .catalog
-            .index_page(Some((meta.id, first_seq)), FRONT_ENTRIES + 1)
+            .index_page(Some((meta.id, 0)), FRONT_ENTRIES + 1)
             .await?;
         let Some(object) = page
             .first()
@@ -159,14 +176,18 @@ async fn trim_stream(ctx: &Ctx, meta: &StreamMeta) -> Result<(usize, bool), Audi
         let Some((last, _)) = front.last() else {
             return Ok((done, false));
         };
-        let first_after = last.end_seq;
-        let mut garbage = markers_below(ctx, meta.id, first_after).await?;
+        let committed = at.map_or(0, |(t, _)| t.first_seq);
+        let marker = TrimMarker {
+            after: last.end_seq.max(committed),
+            committed,
+        };
+        // The markers since the last committed trim (normally just its own): each marker is
+        // queued once, by the first trim after it.
+        let mut garbage = markers_in(ctx, meta.id, committed..marker.after).await?;
         garbage.truncate(MARKERS_PER_TRIM);
+        let marker_key = trim_marker_key(&ctx.config.star, meta.id, marker);
         ctx.store
-            .put(
-                &trim_marker_key(&ctx.config.star, meta.id, first_after),
-                bytes::Bytes::new().into(),
-            )
+            .put(&marker_key, bytes::Bytes::new().into())
             .await?;
         if owned {
             let size = front
@@ -183,7 +204,11 @@ async fn trim_stream(ctx: &Ctx, meta: &StreamMeta) -> Result<(usize, bool), Audi
             ));
         }
         if !ctx.catalog.trim_front(&front, at, &garbage).await? {
-            // Settled, merged or trimmed meanwhile: look again next time.
+            // Settled, merged or trimmed meanwhile: look again next time. The marker is harmless
+            // (what it says committed had, and its records did exist), but it is not needed.
+            if let Err(err) = ctx.store.delete(&marker_key).await {
+                tracing::debug!(marker_key, "retention: an unneeded marker stays: {err}");
+            }
             return Ok((done, true));
         }
         let records: u64 = front.iter().map(|(e, _)| e.end_seq - e.start_seq).sum();
@@ -243,13 +268,14 @@ async fn due(
     Ok(None)
 }
 
-/// The stream's trim markers below `first_seq`, queued for collection (a marker only ever goes
-/// once a higher one is in the bucket).
-pub(crate) async fn markers_below(
+/// The stream's trim markers whose trim would move the trim point into `after` (all of them
+/// with `0..u64::MAX`), queued for collection after the grace period.
+pub(crate) async fn markers_in(
     ctx: &Ctx,
     stream_id: u64,
-    first_seq: u64,
+    after: std::ops::Range<u64>,
 ) -> Result<Vec<(u64, Garbage)>, AuditError> {
+    let root = trims_root(&ctx.config.star);
     let prefix = trim_marker_prefix(&ctx.config.star, stream_id);
     let page = ctx.store.list(&prefix, None, MAX_LIST_KEYS).await?;
     let due = ctx.due_at();
@@ -257,10 +283,8 @@ pub(crate) async fn markers_below(
         .objects
         .iter()
         .filter(|o| {
-            o.key
-                .strip_prefix(&prefix)
-                .and_then(|seq| seq.parse::<u64>().ok())
-                .is_some_and(|seq| seq < first_seq)
+            parse_trim_marker(&root, &o.key)
+                .is_some_and(|(id, m)| id == stream_id && after.contains(&m.after))
         })
         .map(|o| {
             (

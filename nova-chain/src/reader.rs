@@ -116,8 +116,9 @@ pub(crate) async fn first_seq(
         }
         // The metastore is unreachable: the trim point only moves forward and trimmed objects
         // stay for the grace period, so the last one read serves (reads from memory must not
-        // start failing with the metastore).
-        Err(err) if !force || stream.first_seq_if_read_since(0).is_some() => {
+        // start failing with the metastore). Not when the question is whether records just
+        // went missing were trimmed: a stale answer would call it a loss.
+        Err(err) if !force && stream.first_seq_if_read_since(0).is_some() => {
             tracing::debug!(
                 stream = stream.name(),
                 "trim point unreadable, using the last: {err}"

@@ -32,8 +32,8 @@ use nova_core::catalog::{
 use nova_core::clock::Clock;
 use nova_core::flight::{FetchError, ObjectFooter, fetch_footer, latest_settle_marker};
 use nova_core::keys::{
-    DataKey, chain_prefix, chain_root, data_root, parse_data_key, parse_epoch, parse_slot,
-    parse_stream_manifest, parse_trim_marker, slot_key, streams_prefix, trims_root,
+    DataKey, TrimMarker, chain_prefix, chain_root, data_root, parse_data_key, parse_epoch,
+    parse_slot, parse_stream_manifest, parse_trim_marker, slot_key, streams_prefix, trims_root,
 };
 use nova_core::manifest::{ManifestError, StreamManifest};
 use nova_core::object_store::{GetRange, ListPage, MAX_LIST_KEYS, ObjectStore, StoreError};
@@ -106,8 +106,8 @@ pub struct RebuildReport {
 struct Stream {
     meta: StreamMeta,
     tail: StreamTail,
-    /// Where retention trimmed the stream, from its highest trim marker: records below it are
-    /// not restored, and an emptied stream's tail starts there.
+    /// Where retention surely trimmed the stream (its trim markers' highest committed point):
+    /// records below it are not restored.
     trim: u64,
     /// The records the index holds so far, as disjoint ranges in order. Settled objects are
     /// unions of whole flight sections, so a section is inside a range or apart from all.
@@ -124,9 +124,12 @@ impl Stream {
         }
     }
 
-    fn trim_at(&mut self, first_seq: u64) {
-        self.trim = self.trim.max(first_seq);
-        self.tail.tail_seq = self.tail.tail_seq.max(first_seq);
+    /// `committed`: the stream surely starts there; `reached`: its records surely went that far
+    /// (a trim was about to move past them), so its tail is at least that, even when a trim
+    /// emptied it.
+    fn trim_at(&mut self, committed: u64, reached: u64) {
+        self.trim = self.trim.max(committed);
+        self.tail.tail_seq = self.tail.tail_seq.max(reached);
     }
 
     fn covers(&self, start: u64, end: u64) -> bool {
@@ -244,16 +247,21 @@ pub async fn rebuild_catalog(
     }
     report.deleted_streams = deleted.len() as u64;
 
-    // Trim markers: where retention trimmed each stream (the highest marker counts).
+    // Trim markers: where retention surely trimmed each stream (the highest committed point)
+    // and how far its records surely went (the highest point a trim was about to move to). Only
+    // the markers saying the most are kept; the others, and those of streams not restored, are
+    // queued (the garbage queue is lost with the catalog).
     let trims = trims_root(star);
+    let mut markers: BTreeMap<u64, Vec<(String, u64, TrimMarker)>> = BTreeMap::new();
     let mut after: Option<String> = None;
     loop {
         let page = list_page(clock, store, &trims, after.as_deref()).await?;
         for object in &page.objects {
-            if let Some((id, first_seq)) = parse_trim_marker(&trims, &object.key)
-                && let Some(stream) = streams.get_mut(&id)
-            {
-                stream.trim_at(first_seq);
+            if let Some((id, marker)) = parse_trim_marker(&trims, &object.key) {
+                markers
+                    .entry(id)
+                    .or_default()
+                    .push((object.key.clone(), object.size, marker));
             }
         }
         match page.next_start_after {
@@ -261,9 +269,24 @@ pub async fn rebuild_catalog(
             None => break,
         }
     }
+    let mut garbage: Vec<(u64, Garbage)> = Vec::new();
+    for (id, list) in markers {
+        let committed = list.iter().map(|(_, _, m)| m.committed).max().unwrap_or(0);
+        let reached = list.iter().map(|(_, _, m)| m.after).max().unwrap_or(0);
+        let stream = streams.get_mut(&id);
+        let restored = stream.is_some();
+        if let Some(stream) = stream {
+            stream.trim_at(committed, reached);
+        }
+        for (key, size, marker) in list {
+            let keep = restored && (marker.committed == committed || marker.after == reached);
+            if !keep {
+                garbage.push((clock.unix_ms(), Garbage::Object { key, bytes: size }));
+            }
+        }
+    }
 
     let mut pending: Vec<IndexEntry> = Vec::new();
-    let mut garbage: Vec<(u64, Garbage)> = Vec::new();
     restore_settled(
         star,
         store,
@@ -458,11 +481,11 @@ pub async fn rebuild_catalog(
     }
     report.streams = streams.len() as u64;
     // A stream whose records start past 0 had its front trimmed by retention: its trim point is
-    // its marker's, or its first record when that is later.
+    // its first record (or its tail, when it holds none), and never below what surely committed.
     let trims = streams
         .values()
         .map(|s| {
-            let first = s.cover.first().map_or(s.trim, |&(start, _)| start);
+            let first = s.cover.first().map_or(s.tail.tail_seq, |&(start, _)| start);
             (s.meta.id, first.max(s.trim))
         })
         .filter(|&(_, first)| first > 0)
@@ -719,7 +742,9 @@ async fn take(
         return Ok(());
     };
     out.report.settled_objects += 1;
-    for section in sections {
+    // An object spanning the trim point: its sections wholly below it were trimmed.
+    let trim = stream.trim;
+    for section in sections.iter().filter(|s| s.end_seq > trim) {
         stream.add(section.start_seq, section.end_seq, section.len);
         out.report.records += section.end_seq - section.start_seq;
         out.pending.push(IndexEntry::for_section(

@@ -29,9 +29,12 @@ pub fn parse_stream_manifest(prefix: &str, key: &str) -> Option<u64> {
     rest.parse().ok()
 }
 
-/// Where a star's streams' trim markers live: `trims/{star}/{stream id}/{first seq}`, one key
-/// per trim point (the highest counts), so the bucket alone says where retention trimmed each
-/// stream.
+/// Where a star's streams' trim markers live:
+/// `trims/{star}/{stream id}/{first seq after}-{committed first seq}`. A marker is written just
+/// before a trim's transaction: it says the trim point was `committed` (the previous trim's,
+/// known to have committed) and is about to move to `after`. So the bucket alone says where
+/// each stream surely starts (the highest `committed`), and how far its sequence numbers surely
+/// went (the highest `after`: those records existed), whatever became of the last trim.
 pub fn trims_root(star: &str) -> String {
     format!("trims/{star}/")
 }
@@ -40,18 +43,37 @@ pub fn trim_marker_prefix(star: &str, stream_id: u64) -> String {
     format!("{}{stream_id:020}/", trims_root(star))
 }
 
-pub fn trim_marker_key(star: &str, stream_id: u64, first_seq: u64) -> String {
-    format!("{}{first_seq:020}", trim_marker_prefix(star, stream_id))
+pub fn trim_marker_key(star: &str, stream_id: u64, marker: TrimMarker) -> String {
+    format!(
+        "{}{:020}-{:020}",
+        trim_marker_prefix(star, stream_id),
+        marker.after,
+        marker.committed
+    )
 }
 
-/// The stream id and trim point out of a key under `trims_root(star)`.
-pub fn parse_trim_marker(root: &str, key: &str) -> Option<(u64, u64)> {
-    let (id, first) = key.strip_prefix(root)?.split_once('/')?;
+/// What a trim marker says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrimMarker {
+    /// Where the trim it was written for moves the trim point (if it commits).
+    pub after: u64,
+    /// The trim point before it, which had committed.
+    pub committed: u64,
+}
+
+/// The stream id and marker out of a key under `trims_root(star)`.
+pub fn parse_trim_marker(root: &str, key: &str) -> Option<(u64, TrimMarker)> {
+    let (id, rest) = key.strip_prefix(root)?.split_once('/')?;
+    let (after, committed) = rest.split_once('-')?;
     let digits = |s: &str| s.len() == 20 && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(id) || !digits(first) {
+    if !digits(id) || !digits(after) || !digits(committed) {
         return None;
     }
-    Some((id.parse().ok()?, first.parse().ok()?))
+    let marker = TrimMarker {
+        after: after.parse().ok()?,
+        committed: committed.parse().ok()?,
+    };
+    (marker.committed <= marker.after).then_some((id.parse().ok()?, marker))
 }
 
 /// The prefix holding every epoch of a star's chain.
@@ -206,11 +228,16 @@ mod tests {
 
     #[test]
     fn trim_markers_sort_by_stream_then_seq_and_parse_back() {
-        let a = trim_marker_key("s", 7, 9);
-        let b = trim_marker_key("s", 7, 10);
-        let c = trim_marker_key("s", 8, 0);
+        let m = |after, committed| TrimMarker { after, committed };
+        let a = trim_marker_key("s", 7, m(9, 0));
+        let b = trim_marker_key("s", 7, m(10, 9));
+        let c = trim_marker_key("s", 8, m(0, 0));
         assert!(a < b && b < c);
-        assert_eq!(parse_trim_marker(&trims_root("s"), &b), Some((7, 10)));
+        assert_eq!(parse_trim_marker(&trims_root("s"), &b), Some((7, m(10, 9))));
+        assert_eq!(
+            parse_trim_marker(&trims_root("s"), &trim_marker_key("s", 7, m(3, 4))),
+            None
+        );
         assert_eq!(parse_trim_marker(&trims_root("s"), "trims/s/junk"), None);
         assert!(b.starts_with(&trim_marker_prefix("s", 7)));
     }

@@ -276,13 +276,26 @@ impl Oracle {
             let present = (first_id..first_id + len)
                 .filter(|id| read_ids.contains(id))
                 .count() as u64;
+            // Retention trims whole objects, and an object may end inside a batch (one batch can
+            // span sections): then exactly its records from the trim point on are there, and
+            // they start at the trim point.
+            let cut_by_trim = present > 0
+                && present < len
+                && (first_id + len - present..first_id + len).all(|id| read_ids.contains(&id))
+                && self
+                    .seen_at
+                    .get(&(first_id + len - present))
+                    .is_some_and(|&(_, seq)| seq == trimmed_to);
             match fate {
-                // Wholly below the trim point: trimmed. Retention trims whole objects, which hold
-                // whole batches, so a batch is never cut.
+                // Wholly below the trim point: trimmed.
                 Fate::Acked { end, .. } if end <= trimmed_to => {}
-                Fate::Acked { start, .. } if start < trimmed_to => self.violation(format!(
-                    "batch {index} ({start}..) is cut by the trim point {trimmed_to}"
-                )),
+                Fate::Acked { start, end } if start < trimmed_to && present != end - trimmed_to => {
+                    self.violation(format!(
+                        "batch {index} ({start}..{end}) holds {present} records from the trim \
+                         point {trimmed_to}"
+                    ))
+                }
+                Fate::Acked { start, .. } if start < trimmed_to => {}
                 Fate::Acked { start, .. } if present != len => self.violation(format!(
                     "batch {index} was acknowledged at seq {start} but {} of its {len} records are gone",
                     len - present
@@ -290,7 +303,7 @@ impl Oracle {
                 Fate::Refused if present > 0 => self.violation(format!(
                     "batch {index} was refused but {present} of its records are in the stream"
                 )),
-                Fate::Maybe | Fate::Pending if present != 0 && present != len => {
+                Fate::Maybe | Fate::Pending if present != 0 && present != len && !cut_by_trim => {
                     self.violation(format!(
                         "batch {index} is torn: {present} of its {len} records are in the stream"
                     ))

@@ -77,7 +77,11 @@ async fn load(novad: &Novad, streams: u64, mib: u64) -> u64 {
             let client = Client::connect(&url).await.expect("connect");
             if let Err(err) = client.create_stream(&name).await {
                 // A later round of `--windows`: the stream is there.
-                assert_eq!(err.code(), Some(tonic::Code::AlreadyExists), "create: {err}");
+                assert_eq!(
+                    err.code(),
+                    Some(tonic::Code::AlreadyExists),
+                    "create: {err}"
+                );
             }
             let producer = Producer::new(client, &name, ProducerConfig::default())
                 .await

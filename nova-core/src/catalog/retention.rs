@@ -106,7 +106,9 @@ impl Catalog {
                 .delete(entry_key);
         }
         let next = Trim {
-            first_seq: last.end_seq,
+            // Entries below the trim point (an object spanning it, restored by a rebuild) go
+            // without moving it back.
+            first_seq: last.end_seq.max(from),
             trimmed_bytes: at.map_or(0, |(trim, _)| trim.trimmed_bytes)
                 + front.iter().map(|(e, _)| e.len).sum::<u64>(),
         };
