@@ -119,6 +119,7 @@ mod tests {
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
         assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("3d").is_err());
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert!(parse_duration("3w").is_err());
     }
 }
