@@ -88,14 +88,15 @@ pub struct Page {
     pub tail_seq: u64,
 }
 
-fn missing_info() -> Error {
-    Error::Status {
+/// The stream info an answer carries (every stream call's answer does).
+fn stream_info(info: Option<v1::StreamInfo>) -> Result<StreamInfo, Error> {
+    info.map(Into::into).ok_or_else(|| Error::Status {
         code: tonic::Code::Internal,
         message: "the server's answer carried no stream info".into(),
         retry_after: None,
         next_seq: None,
         first_seq: None,
-    }
+    })
 }
 
 impl Client {
@@ -142,11 +143,7 @@ impl Client {
                 retention: retention.to_wire(),
             })
             .await?;
-        response
-            .into_inner()
-            .info
-            .map(Into::into)
-            .ok_or_else(missing_info)
+        stream_info(response.into_inner().info)
     }
 
     pub async fn describe_stream(&self, name: &str) -> Result<StreamInfo, Error> {
@@ -157,11 +154,7 @@ impl Client {
                 stream: name.to_owned(),
             })
             .await?;
-        response
-            .into_inner()
-            .info
-            .map(Into::into)
-            .ok_or_else(missing_info)
+        stream_info(response.into_inner().info)
     }
 
     /// One page of stream names starting with `prefix`, after `start_after`. Returns the page
@@ -200,11 +193,7 @@ impl Client {
                 retention: retention.to_wire(),
             })
             .await?;
-        response
-            .into_inner()
-            .info
-            .map(Into::into)
-            .ok_or_else(missing_info)
+        stream_info(response.into_inner().info)
     }
 
     pub async fn delete_stream(&self, name: &str) -> Result<(), Error> {

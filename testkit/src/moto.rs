@@ -133,9 +133,14 @@ impl Moto {
     }
 
     fn post(&self, path: &str) {
+        self.call("POST", path);
+    }
+
+    /// A bodiless request (moto does not check signatures), which must answer 200.
+    fn call(&self, method: &str, path: &str) {
         let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to moto");
         let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
             self.port
         );
         stream.write_all(request.as_bytes()).expect("send");
@@ -143,24 +148,13 @@ impl Moto {
         stream.read_to_string(&mut response).expect("read");
         assert!(
             response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200"),
-            "{path} failed: {response}"
+            "{method} {path} failed: {response}"
         );
     }
 
-    /// Creates a bucket with a plain path-style PUT (moto does not check signatures).
+    /// Creates a bucket with a plain path-style PUT.
     pub fn create_bucket(&self, bucket: &str) {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to moto");
-        let request = format!(
-            "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            self.port
-        );
-        stream.write_all(request.as_bytes()).expect("send");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).expect("read");
-        assert!(
-            response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200"),
-            "creating bucket {bucket} failed: {response}"
-        );
+        self.call("PUT", &format!("/{bucket}"));
     }
 
     /// Freezes the server (SIGSTOP): connections hang, as in a network partition.
