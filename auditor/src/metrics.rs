@@ -227,8 +227,19 @@ impl AuditorMetrics {
                 m.jobs.with_label_values(&[duty, outcome]);
             }
         }
-        for op in ["put", "put_if_absent", "get", "head", "list", "delete"] {
+        for op in [
+            "put",
+            "put_if_absent",
+            "get",
+            "head",
+            "list",
+            "delete",
+            "compose",
+        ] {
             m.store.issued.with_label_values(&[op]);
+        }
+        for reason in ["age", "bytes"] {
+            m.trimmed_bytes.with_label_values(&[reason]);
         }
         for budget in ["s3_requests", "rewrite_bytes", "workers"] {
             m.budget_wait_seconds.with_label_values(&[budget]);
