@@ -65,12 +65,10 @@ pub enum StreamCommand {
         #[arg(long, default_value = "")]
         prefix: String,
     },
-    Describe {
-        name: String,
-    },
-    Delete {
-        name: String,
-    },
+    /// Show a stream: its first and tail sequence numbers, stored bytes, class and retention.
+    Describe { name: String },
+    /// Delete a stream: its name goes at once, its records when the auditor collects them.
+    Delete { name: String },
 }
 
 #[derive(Serialize)]
