@@ -42,7 +42,7 @@ fn main() -> ExitCode {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let limit = report.formula_bytes + overhead;
     println!(
-        "formula (admission + tail + sessions × 64 KiB): {:>8.1} MiB",
+        "formula (admission + tail + sessions × 64 KiB + auditor): {:>8.1} MiB",
         mib(report.formula_bytes)
     );
     println!(
