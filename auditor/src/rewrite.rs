@@ -221,14 +221,11 @@ impl Scan {
             // the run ends before it.
             return self.take_ready();
         }
-        let continues = self.run.last().is_some_and(|last| {
-            last.entries.last().is_some_and(|(e, _)| {
-                source
-                    .entries
-                    .first()
-                    .is_some_and(|(f, _)| e.stream_id == f.stream_id && e.end_seq == f.start_seq)
-            })
-        });
+        let continues = self
+            .run
+            .last()
+            .zip(source.entries.first())
+            .is_some_and(|(last, (first, _))| follows(last, first));
         if !continues {
             let ready = self.take_ready();
             if ready.is_some() {
@@ -341,8 +338,6 @@ struct Layout {
     open: Option<SectionEntry>,
     /// The next byte's offset in the merged object.
     offset: u64,
-    copied: u64,
-    assembled: u64,
 }
 
 impl Layout {
@@ -354,8 +349,6 @@ impl Layout {
             sections: Vec::new(),
             open: None,
             offset: HEADER_LEN as u64,
-            copied: 0,
-            assembled: 0,
         }
     }
 
@@ -390,9 +383,7 @@ impl Layout {
                 crc32c: entry.crc32c,
             });
         }
-        let bytes = source.sections_end - HEADER_LEN as u64;
-        self.offset += bytes;
-        self.copied += bytes;
+        self.offset += source.sections_end - HEADER_LEN as u64;
     }
 
     /// Appends one source section's bytes, checked against its entry.
@@ -423,7 +414,6 @@ impl Layout {
             }
         }
         self.offset += len;
-        self.assembled += len;
         self.pending_len += len;
         self.pending.push(bytes);
     }
@@ -458,9 +448,12 @@ async fn merge(ctx: &Ctx, run: Vec<Source>) -> Result<(), AuditError> {
     };
     let (stream_id, start, end) = (first.0.stream_id, first.0.start_seq, last.0.end_seq);
     // The stream's name, for the footer, from the first source's footer (entries hold ids).
-    let stream = match fetch_footer(ctx.store.as_ref(), &run[0].key).await? {
+    // The first source's footer also gives its time, should its entries lack one.
+    let (stream, first_created) = match fetch_footer(ctx.store.as_ref(), &run[0].key).await? {
         ObjectFooter::Flight(footer) => match footer.sections.first() {
-            Some(section) if section.stream_id == stream_id => section.stream.clone(),
+            Some(section) if section.stream_id == stream_id => {
+                (section.stream.clone(), footer.meta.created_at_ms)
+            }
             _ => {
                 return Err(AuditError::Inconsistent(format!(
                     "{} does not hold stream {stream_id}'s records",
@@ -478,9 +471,11 @@ async fn merge(ctx: &Ctx, run: Vec<Source>) -> Result<(), AuditError> {
     let mut plan = Plan::default();
     let mut layout = Layout::new();
     let mut created_at_ms = 0;
-    for source in &run {
+    for (i, source) in run.iter().enumerate() {
         let mut source_created = source.created_at_ms;
-        if source_created == 0 {
+        if source_created == 0 && i == 0 {
+            source_created = first_created;
+        } else if source_created == 0 {
             // Entries from before they recorded their object's time: its footer says (a merged
             // object without a time could never be trimmed by age).
             if let ObjectFooter::Flight(footer) =
@@ -521,7 +516,7 @@ async fn merge(ctx: &Ctx, run: Vec<Source>) -> Result<(), AuditError> {
             layout.assemble(entry, bytes, &stream);
         }
     }
-    let (copied, assembled) = (layout.copied, layout.assembled);
+    let (copied, assembled) = (plan.copied, plan.assembled);
     let meta = FlightMeta {
         star: star.to_owned(),
         // A merged object spans settle windows: it names no slot.

@@ -35,6 +35,17 @@ async fn bucket(moto: &Moto) -> Arc<dyn ObjectStore> {
     Arc::new(S3Store::new(config).await)
 }
 
+/// A gateway on `moto`'s bucket in front of `novad`.
+fn gateway(moto: &Moto, novad: &Novad) -> Novad {
+    via_endpoint(
+        NovadBuilder::gateway(workspace_binary("novagateway")),
+        &moto.endpoint(),
+        BUCKET,
+    )
+    .args(["--star", &novad.url()])
+    .start()
+}
+
 /// A star on `moto` with a small tail cache (reads come from the bucket) and the auditor on.
 fn star(moto: &Moto, auditor: &[&str]) -> NovadBuilder {
     novad_on_s3(moto, BUCKET)
@@ -180,13 +191,7 @@ fn keep_reading(
 async fn settling_and_collecting_keep_every_read_whole_on_the_star_and_a_gateway() {
     let moto = Moto::start();
     let novad = star(&moto, &["--auditor-collect-grace-secs", "1"]).start();
-    let gateway = via_endpoint(
-        NovadBuilder::gateway(workspace_binary("novagateway")),
-        &moto.endpoint(),
-        BUCKET,
-    )
-    .args(["--star", &novad.url()])
-    .start();
+    let gateway = gateway(&moto, &novad);
     let store = bucket(&moto).await;
 
     let expected = load(&novad, 6, 40).await;
@@ -507,13 +512,7 @@ async fn the_rewrite_copies_large_objects_server_side_as_the_server_records_it()
 async fn retention_from_the_cli_trims_and_reads_below_are_out_of_range_everywhere() {
     let moto = Moto::start();
     let novad = star(&moto, &["--auditor-collect-grace-secs", "1"]).start();
-    let gateway = via_endpoint(
-        NovadBuilder::gateway(workspace_binary("novagateway")),
-        &moto.endpoint(),
-        BUCKET,
-    )
-    .args(["--star", &novad.url()])
-    .start();
+    let gateway = gateway(&moto, &novad);
     let store = bucket(&moto).await;
     nova(
         &novad.url(),
