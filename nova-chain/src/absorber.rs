@@ -16,17 +16,52 @@ use crate::shared::Shared;
 /// The most flights one absorb transaction carries.
 const MAX_GROUP: usize = 64;
 
+/// Deleted streams' tails one absorb removes; more wait for the next.
+const MAX_FORGET: usize = 8;
+
+/// Operations a group of flights costs in the absorb transaction: one put per index entry and
+/// per stream whose tail moves.
+fn group_ops(group: &[Landed]) -> usize {
+    let streams: std::collections::HashSet<u64> = group
+        .iter()
+        .flat_map(|l| l.entries.iter().map(|e| e.stream_id))
+        .collect();
+    group.iter().map(|l| l.entries.len()).sum::<usize>() + streams.len()
+}
+
 pub(crate) async fn run_absorber(
     shared: Arc<Shared>,
     mut landed: mpsc::Receiver<Landed>,
     mut chain: VersionedChain,
     mut tails: HashMap<u64, StreamTail>,
 ) {
-    while let Some(first) = landed.recv().await {
+    // Room in one transaction for entries and tails, beside the chain move and the forgets.
+    let room = shared
+        .catalog
+        .store()
+        .capabilities()
+        .max_txn_ops
+        .saturating_sub(1 + MAX_FORGET);
+    // A flight that did not fit the previous group starts the next.
+    let mut carried: Option<Landed> = None;
+    loop {
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match landed.recv().await {
+                Some(first) => first,
+                None => break,
+            },
+        };
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match landed.try_recv() {
-                Ok(next) => group.push(next),
+                Ok(next) => {
+                    group.push(next);
+                    if group_ops(&group) > room {
+                        carried = group.pop();
+                        break;
+                    }
+                }
                 Err(_) => break,
             }
         }
@@ -53,7 +88,7 @@ pub(crate) async fn run_absorber(
         batch.tails = touched.into_iter().collect();
         // Forget deleted streams, and remove the tail key an absorb racing the delete may have
         // written back after it.
-        for id in shared.streams.take_deleted() {
+        for id in shared.streams.take_deleted(MAX_FORGET) {
             tails.remove(&id);
             batch.forget.push(id);
         }

@@ -82,7 +82,18 @@ struct OpenFlight {
     batches: Vec<Batch>,
 }
 
+/// A flight is full at this many absorb operations (a section's index entry, a stream's tail),
+/// so that its absorb fits one metastore transaction (etcd takes 128 by default) beside the
+/// chain move. One batch may still carry a flight past it (a 100 MiB batch is 100 sections);
+/// such an absorb spills its entries into transactions of their own.
+pub(crate) const FLIGHT_MAX_OPS: usize = 96;
+
 impl OpenFlight {
+    /// What absorbing this flight writes: an index entry per section, a tail per stream.
+    fn ops(&self) -> usize {
+        self.sections.len() + self.section_of.len()
+    }
+
     fn new(opened: Instant) -> Self {
         Self {
             opened,
@@ -188,15 +199,16 @@ impl Packer {
         let mut writer_stall: Option<Stall> = None;
         let clock = self.shared.config.clock;
         loop {
-            let (bytes, linger_until) = match &self.open {
+            let (bytes, ops, linger_until) = match &self.open {
                 Some(open) => (
                     open.bytes,
+                    open.ops(),
                     Some(open.opened + self.shared.config.flight_linger),
                 ),
-                None => (0, None),
+                None => (0, 0, None),
             };
             let max = self.shared.config.flight_max_bytes;
-            let full = bytes >= max;
+            let full = bytes >= max || ops >= FLIGHT_MAX_OPS;
             let now = clock.now();
             let lingered = linger_until.is_some_and(|at| now >= at);
             let overdue =

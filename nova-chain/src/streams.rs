@@ -287,8 +287,11 @@ impl StreamRegistry {
     }
 
     /// Stream ids deleted since the last call.
-    pub(crate) fn take_deleted(&self) -> Vec<u64> {
-        std::mem::take(&mut *self.deleted.lock())
+    /// Up to `max` deleted streams whose tails are still to be removed.
+    pub(crate) fn take_deleted(&self, max: usize) -> Vec<u64> {
+        let mut deleted = self.deleted.lock();
+        let n = deleted.len().min(max);
+        deleted.drain(..n).collect()
     }
 
     pub fn get_or_not_found(&self, name: &str) -> Result<Arc<StreamState>, RequestError> {

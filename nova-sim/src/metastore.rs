@@ -12,7 +12,8 @@ use parking_lot::Mutex;
 use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
 use nova_core::metastore::{
-    Capabilities, Compare, KeyValue, MAX_SCAN, Metastore, MetastoreError, Mutation, Txn, TxnOutcome,
+    Capabilities, Compare, ETCD_DEFAULT_MAX_TXN_OPS, KeyValue, MAX_SCAN, Metastore, MetastoreError,
+    Mutation, Txn, TxnOutcome,
 };
 
 #[derive(Debug, Clone)]
@@ -119,6 +120,7 @@ impl Metastore for SimMetastore {
         Capabilities {
             leases: false,
             shared: false,
+            max_txn_ops: ETCD_DEFAULT_MAX_TXN_OPS,
         }
     }
 
@@ -163,6 +165,7 @@ impl Metastore for SimMetastore {
     }
 
     async fn commit(&self, txn: Txn) -> Result<TxnOutcome, MetastoreError> {
+        txn.check(ETCD_DEFAULT_MAX_TXN_OPS, false)?;
         self.delay(true).await;
         let faults = self.inner.faults.lock().clone();
         if self.inner.entropy.chance(faults.fail) {
@@ -185,6 +188,7 @@ impl Metastore for SimMetastore {
                         Mutation::Delete(key) => {
                             data.kv.remove(&key);
                         }
+                        Mutation::PutLeased(..) => unreachable!("refused above"),
                     }
                 }
                 TxnOutcome::Committed { revision }
@@ -222,5 +226,11 @@ mod tests {
         assert_eq!(scan.len(), 1);
         assert_eq!((scan[0].key.as_slice(), scan[0].version), (&b"a/2"[..], 3));
         assert_eq!(m.get(b"a/1").await.unwrap().unwrap().value, b"y");
+    }
+    #[tokio::test(start_paused = true)]
+    async fn passes_the_metastore_conformance_suite() {
+        let m = SimMetastore::new(MetastoreFaults::none(), Entropy::seeded(2));
+        m.attach(Clock::simulated(std::time::UNIX_EPOCH));
+        nova_core::metastore::conformance::run_all(&m, "conformance/").await;
     }
 }

@@ -1,13 +1,15 @@
-//! Real servers for tests: the S3-compatible server (moto) and novad, each started on a free
+//! Real servers for tests: the S3-compatible server (moto), etcd and novad, each started on a free
 //! loopback port and stopped by PID when its handle drops.
 
 pub mod crash_loop;
+mod etcd;
 mod moto;
 mod novad;
 pub mod outage;
 mod process;
 mod proxy;
 
+pub use etcd::Etcd;
 pub use moto::{LoggedRequest, Moto};
 pub use novad::{Novad, NovadBuilder, scrape, series};
 pub use process::{free_port, wait_for_port, workspace_binary, workspace_root};

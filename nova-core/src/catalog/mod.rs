@@ -806,6 +806,7 @@ impl Catalog {
             Some(version) => Compare::Version(key.clone(), version),
             None => Compare::Missing(key.clone()),
         };
+        let batch = self.spill(batch).await?;
         let mut txn = Txn::new().compare(compare).put(key, encode_chain(&state));
         for entry in &batch.entries {
             txn = txn.put(
@@ -828,6 +829,45 @@ impl Catalog {
                 "chain of {star} moved: another process owns it"
             ))),
         }
+    }
+}
+
+impl Catalog {
+    /// Writes ahead, in transactions of their own, what of an absorb would not fit the
+    /// metastore's transaction limit beside the chain move and the tails, and returns the rest.
+    /// Only idempotent writes spill: index entries (keyed by their own position, so settling
+    /// the flight again writes the same keys) and the removal of deleted streams' tails. Live
+    /// absorbs are sized to fit (the packer caps a flight's sections, the absorber groups by
+    /// operations), so this serves flights written before that cap, met again by recovery.
+    async fn spill(&self, mut batch: AbsorbBatch) -> Result<AbsorbBatch, CatalogError> {
+        let limit = self.store.capabilities().max_txn_ops;
+        let fixed = 1 + batch.tails.len();
+        if fixed > limit {
+            return Err(CatalogError::Metastore(MetastoreError::TooLarge {
+                ops: fixed,
+                limit,
+            }));
+        }
+        while fixed + batch.entries.len() + batch.forget.len() > limit {
+            let txn = if !batch.forget.is_empty() {
+                let n = batch.forget.len().min(limit);
+                batch
+                    .forget
+                    .drain(..n)
+                    .fold(Txn::new(), |txn, id| txn.delete(tail_key(id)))
+            } else {
+                let over = fixed + batch.entries.len() - limit;
+                let n = over.min(limit);
+                batch.entries.drain(..n).fold(Txn::new(), |txn, entry| {
+                    txn.put(
+                        index_key(entry.stream_id, entry.end_seq),
+                        encode_entry(&entry),
+                    )
+                })
+            };
+            self.store.commit(txn).await?;
+        }
+        Ok(batch)
     }
 }
 
@@ -955,5 +995,58 @@ mod tests {
                 stored_bytes: 200
             }
         );
+    }
+    /// An absorb larger than the metastore's transaction limit (a flight from before sections
+    /// were capped) lands whole: its entries spill into transactions of their own ahead of the
+    /// one moving the chain.
+    #[tokio::test]
+    async fn an_absorb_past_the_transaction_limit_spills_its_entries() {
+        let (_dir, catalog) = catalog();
+        let limit = catalog.store().capabilities().max_txn_ops as u64;
+        let s = catalog
+            .create_stream("s", StorageClass::Standard, 1)
+            .await
+            .unwrap();
+        let fresh = ChainState {
+            epoch: 1,
+            checkpoint: None,
+        };
+        let chain = catalog.set_chain("star", None, fresh).await.unwrap();
+        let count = 3 * limit + 7;
+        let entries: Vec<IndexEntry> = (0..count)
+            .map(|n| IndexEntry {
+                stream_id: s.id,
+                start_seq: n,
+                end_seq: n + 1,
+                object_key: "flight".into(),
+                offset: n * 10,
+                len: 10,
+                crc32c: 0,
+                created_at_ms: 0,
+            })
+            .collect();
+        let batch = AbsorbBatch {
+            entries: entries.clone(),
+            tails: vec![(
+                s.id,
+                StreamTail {
+                    tail_seq: count,
+                    stored_bytes: count * 10,
+                },
+            )],
+            forget: (1000..1000 + limit).collect(),
+        };
+        let next = ChainState {
+            epoch: 1,
+            checkpoint: Some(0),
+        };
+        catalog
+            .absorb("star", Some(chain.version), next, batch)
+            .await
+            .unwrap();
+        assert_eq!(catalog.chain("star").await.unwrap().unwrap().state, next);
+        let read = catalog.index_entries(s.id, 0, 10_000).await.unwrap();
+        assert_eq!(read, entries);
+        assert_eq!(catalog.stream_tail(s.id).await.unwrap().tail_seq, count);
     }
 }

@@ -9,7 +9,8 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::Semaphore;
 
 use super::{
-    Capabilities, Compare, KeyValue, MAX_SCAN, Metastore, MetastoreError, Mutation, Txn, TxnOutcome,
+    Capabilities, Compare, ETCD_DEFAULT_MAX_TXN_OPS, KeyValue, MAX_SCAN, Metastore, MetastoreError,
+    Mutation, Txn, TxnOutcome,
 };
 
 /// Values are stored as an 8-byte little-endian version followed by the caller's bytes.
@@ -107,6 +108,9 @@ impl Metastore for EmbeddedMetastore {
         Capabilities {
             leases: false,
             shared: false,
+            // redb has no limit, but the catalog must not write what etcd would refuse: the
+            // single-star default holds transactions to the fleet's bound.
+            max_txn_ops: ETCD_DEFAULT_MAX_TXN_OPS,
         }
     }
 
@@ -160,6 +164,7 @@ impl Metastore for EmbeddedMetastore {
     }
 
     async fn commit(&self, txn: Txn) -> Result<TxnOutcome, MetastoreError> {
+        txn.check(ETCD_DEFAULT_MAX_TXN_OPS, false)?;
         self.blocking(move |db| {
             let write = db.begin_write().map_err(internal)?;
             let revision = 'apply: {
@@ -202,6 +207,9 @@ impl Metastore for EmbeddedMetastore {
                         Mutation::Delete(key) => {
                             table.remove(key.as_slice()).map_err(internal)?;
                         }
+                        Mutation::PutLeased(..) => {
+                            return Err(MetastoreError::Unsupported("leases"));
+                        }
                     }
                 }
                 meta.insert(REVISION, revision).map_err(internal)?;
@@ -226,6 +234,32 @@ impl Metastore for EmbeddedMetastore {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[tokio::test]
+    async fn passes_the_conformance_suite() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedMetastore::open(dir.path().join("m.redb")).unwrap();
+        crate::metastore::conformance::run_all(&store, "conformance/").await;
+    }
+
+    #[tokio::test]
+    async fn data_survives_reopening_and_a_second_opener_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.redb");
+        {
+            let store = EmbeddedMetastore::open(&path).unwrap();
+            store
+                .commit(Txn::new().put(b"k".to_vec(), b"v".to_vec()))
+                .await
+                .unwrap();
+            assert!(matches!(
+                EmbeddedMetastore::open(&path),
+                Err(MetastoreError::Unavailable(_))
+            ));
+        }
+        let store = EmbeddedMetastore::open(&path).unwrap();
+        assert_eq!(store.get(b"k").await.unwrap().unwrap().value, b"v");
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_given_up_on_keeps_its_turn_until_it_ends() {

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::{Capabilities, KeyValue, Metastore, MetastoreError, Mutation, Txn, TxnOutcome};
+use super::{Capabilities, KeyValue, Metastore, MetastoreError, Txn, TxnOutcome};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommitFault {
@@ -72,9 +72,7 @@ impl FaultyMetastore {
         let mut faults = self.faults.lock();
         let (fault, remaining, prefix) = faults.first_mut()?;
         if let Some(prefix) = prefix {
-            let touches = txn.mutations.iter().any(|m| match m {
-                Mutation::Put(key, _) | Mutation::Delete(key) => key.starts_with(prefix),
-            });
+            let touches = txn.mutations.iter().any(|m| m.key().starts_with(prefix));
             if !touches {
                 return None;
             }
@@ -136,5 +134,13 @@ impl Metastore for FaultyMetastore {
 
     async fn grant_lease(&self, ttl: std::time::Duration) -> Result<u64, MetastoreError> {
         self.inner.grant_lease(ttl).await
+    }
+
+    async fn keep_alive(&self, lease: u64) -> Result<Option<std::time::Duration>, MetastoreError> {
+        self.inner.keep_alive(lease).await
+    }
+
+    async fn revoke_lease(&self, lease: u64) -> Result<(), MetastoreError> {
+        self.inner.revoke_lease(lease).await
     }
 }

@@ -1,9 +1,12 @@
 //! The metastore: a small transactional key-value store holding the catalog (streams, the index,
-//! chain checkpoints). The trait is shaped like etcd's API (versions per key, compare-and-set
-//! transactions, prefix scans, leases) so a distributed backend can slot in behind it; the
-//! embedded backend is a redb file under the data directory.
+//! chain checkpoints) and, in a fleet, the stars' registrations and the streams' leaders. The
+//! trait is shaped like etcd's API (versions per key, compare-and-set transactions, prefix scans,
+//! leases). Two backends: the embedded one, a redb file under the data directory (one star, no
+//! set-up), and etcd (a fleet of stars sharing one catalog).
 
+pub mod conformance;
 mod embedded;
+mod etcd;
 pub mod faulty;
 
 use std::fmt;
@@ -11,6 +14,7 @@ use std::fmt;
 use async_trait::async_trait;
 
 pub use embedded::EmbeddedMetastore;
+pub use etcd::{EtcdMetastore, EtcdOptions};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyValue {
@@ -32,7 +36,17 @@ pub enum Compare {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mutation {
     Put(Vec<u8>, Vec<u8>),
+    /// A put bound to a lease: the key disappears when the lease expires or is revoked.
+    PutLeased(Vec<u8>, Vec<u8>, u64),
     Delete(Vec<u8>),
+}
+
+impl Mutation {
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Mutation::Put(key, _) | Mutation::PutLeased(key, _, _) | Mutation::Delete(key) => key,
+        }
+    }
 }
 
 /// Applied atomically: every compare holds and every mutation lands, or nothing changes.
@@ -57,9 +71,45 @@ impl Txn {
         self
     }
 
+    pub fn put_leased(
+        mut self,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        lease: u64,
+    ) -> Self {
+        self.mutations
+            .push(Mutation::PutLeased(key.into(), value.into(), lease));
+        self
+    }
+
     pub fn delete(mut self, key: impl Into<Vec<u8>>) -> Self {
         self.mutations.push(Mutation::Delete(key.into()));
         self
+    }
+
+    /// Refuses, before anything applies, a transaction past `max_ops` or one using leases on a
+    /// backend without them.
+    pub fn check(&self, max_ops: usize, leases: bool) -> Result<(), MetastoreError> {
+        if self.ops() > max_ops {
+            return Err(MetastoreError::TooLarge {
+                ops: self.ops(),
+                limit: max_ops,
+            });
+        }
+        if !leases
+            && self
+                .mutations
+                .iter()
+                .any(|m| matches!(m, Mutation::PutLeased(..)))
+        {
+            return Err(MetastoreError::Unsupported("leases"));
+        }
+        Ok(())
+    }
+
+    /// Compares and mutations together: what etcd counts against `--max-txn-ops`.
+    pub fn ops(&self) -> usize {
+        self.compares.len().max(self.mutations.len())
     }
 }
 
@@ -79,7 +129,13 @@ pub struct Capabilities {
     pub leases: bool,
     /// Other processes can reach the same data (a fleet can share it).
     pub shared: bool,
+    /// The most operations one transaction may carry (`Txn::ops`); a larger one is refused
+    /// with `MetastoreError::TooLarge` before anything is sent. etcd's default is 128.
+    pub max_txn_ops: usize,
 }
+
+/// etcd's default `--max-txn-ops`.
+pub const ETCD_DEFAULT_MAX_TXN_OPS: usize = 128;
 
 /// The largest scan page.
 pub const MAX_SCAN: usize = 10_000;
@@ -92,6 +148,11 @@ pub enum MetastoreError {
     Unsupported(&'static str),
     #[error("metastore failed: {0}")]
     Internal(String),
+    #[error(
+        "a transaction of {ops} operations is over this metastore's limit of {limit} \
+         (etcd's --max-txn-ops)"
+    )]
+    TooLarge { ops: usize, limit: usize },
 }
 
 #[async_trait]
@@ -117,7 +178,15 @@ pub trait Metastore: Send + Sync + fmt::Debug + 'static {
     async fn grant_lease(&self, _ttl: std::time::Duration) -> Result<u64, MetastoreError> {
         Err(MetastoreError::Unsupported("leases"))
     }
-}
 
-#[cfg(test)]
-mod tests;
+    /// Renews a lease for its whole ttl. `None`: the lease is gone (expired or revoked), and
+    /// so are the keys bound to it.
+    async fn keep_alive(&self, _lease: u64) -> Result<Option<std::time::Duration>, MetastoreError> {
+        Err(MetastoreError::Unsupported("leases"))
+    }
+
+    /// Ends a lease now, deleting the keys bound to it.
+    async fn revoke_lease(&self, _lease: u64) -> Result<(), MetastoreError> {
+        Err(MetastoreError::Unsupported("leases"))
+    }
+}

@@ -1,0 +1,375 @@
+//! The etcd metastore: the catalog and the fleet's records in an etcd cluster, so that several
+//! stars share one catalog. A key's version is its `mod_revision`, so a compare-and-set is a
+//! transaction comparing it; a transaction's puts all get the revision it commits at, as in the
+//! embedded store. Leases are etcd's own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare as EtcdCompare, CompareOp, ConnectOptions, GetOptions, PutOptions,
+    Txn as EtcdTxn, TxnOp,
+};
+use tokio::sync::Semaphore;
+
+use super::{
+    Capabilities, Compare, ETCD_DEFAULT_MAX_TXN_OPS, KeyValue, MAX_SCAN, Metastore, MetastoreError,
+    Mutation, Txn, TxnOutcome,
+};
+
+/// How to reach etcd and what it accepts.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// `host:port` (or `http://host:port`) of each member.
+    pub endpoints: Vec<String>,
+    /// Deadline of one request; past it the call fails as unavailable (its effect unknown).
+    pub request_timeout: Duration,
+    /// The cluster's `--max-txn-ops`.
+    pub max_txn_ops: usize,
+    /// Requests in flight at once; callers past it wait for a turn.
+    pub max_inflight: usize,
+}
+
+impl EtcdOptions {
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            request_timeout: Duration::from_secs(5),
+            max_txn_ops: ETCD_DEFAULT_MAX_TXN_OPS,
+            max_inflight: 64,
+        }
+    }
+
+    /// Parses `etcd://host:port[,host:port…]`; `None` when `url` is not an etcd URL.
+    pub fn parse_url(url: &str) -> Option<Result<Vec<String>, String>> {
+        let rest = url.strip_prefix("etcd://")?;
+        let endpoints: Vec<String> = rest
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if endpoints.is_empty() {
+            return Some(Err(format!(
+                "{url:?} names no etcd member: expected etcd://HOST:PORT[,HOST:PORT…]"
+            )));
+        }
+        for endpoint in &endpoints {
+            if !endpoint.contains(':') || endpoint.contains('/') {
+                return Some(Err(format!(
+                    "{endpoint:?} in {url:?} is not HOST:PORT: expected etcd://HOST:PORT[,HOST:PORT…]"
+                )));
+            }
+        }
+        Some(Ok(endpoints))
+    }
+}
+
+#[derive(Clone)]
+pub struct EtcdMetastore {
+    client: Client,
+    options: EtcdOptions,
+    calls: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for EtcdMetastore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdMetastore")
+            .field("endpoints", &self.options.endpoints)
+            .finish()
+    }
+}
+
+fn error(err: etcd_client::Error) -> MetastoreError {
+    use etcd_client::Error;
+    match err {
+        Error::GRpcStatus(status) => match status.code() {
+            tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Cancelled
+            | tonic::Code::Aborted
+            | tonic::Code::ResourceExhausted
+            | tonic::Code::Unknown => MetastoreError::Unavailable(format!(
+                "etcd: {:?}: {}",
+                status.code(),
+                status.message()
+            )),
+            _ => {
+                MetastoreError::Internal(format!("etcd: {:?}: {}", status.code(), status.message()))
+            }
+        },
+        Error::TransportError(e) => MetastoreError::Unavailable(format!("etcd: {e}")),
+        Error::IoError(e) => MetastoreError::Unavailable(format!("etcd: {e}")),
+        Error::LeaseKeepAliveError(e) => MetastoreError::Unavailable(format!("etcd lease: {e}")),
+        other => MetastoreError::Internal(format!("etcd: {other}")),
+    }
+}
+
+/// The first key after every key starting with `prefix` (etcd's range end for a prefix).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff (or an empty prefix): the range runs to the end of the keyspace.
+    vec![0]
+}
+
+fn lease_id(lease: u64) -> Result<i64, MetastoreError> {
+    i64::try_from(lease)
+        .map_err(|_| MetastoreError::Internal(format!("lease id {lease} out of range")))
+}
+
+fn revision(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+impl EtcdMetastore {
+    /// Connects lazily: an unreachable cluster shows up as `Unavailable` on the first call,
+    /// which start-up waits out like any outage.
+    pub async fn connect(options: EtcdOptions) -> Result<Self, MetastoreError> {
+        let connect = ConnectOptions::new()
+            .with_timeout(options.request_timeout)
+            .with_connect_timeout(options.request_timeout)
+            .with_keep_alive(Duration::from_secs(10), options.request_timeout);
+        let client = Client::connect(&options.endpoints, Some(connect))
+            .await
+            .map_err(error)?;
+        Ok(Self {
+            client,
+            calls: Arc::new(Semaphore::new(options.max_inflight.max(1))),
+            options,
+        })
+    }
+
+    async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, MetastoreError> {
+        self.calls
+            .acquire()
+            .await
+            .map_err(|_| MetastoreError::Unavailable("metastore closed".into()))
+    }
+
+    fn to_etcd(&self, txn: Txn) -> Result<EtcdTxn, MetastoreError> {
+        let compares: Vec<EtcdCompare> = txn
+            .compares
+            .into_iter()
+            .map(|compare| match compare {
+                // A key that does not exist has create_revision 0.
+                Compare::Missing(key) => EtcdCompare::create_revision(key, CompareOp::Equal, 0),
+                Compare::Version(key, version) => EtcdCompare::mod_revision(
+                    key,
+                    CompareOp::Equal,
+                    i64::try_from(version).unwrap_or(i64::MAX),
+                ),
+            })
+            .collect();
+        let mut ops = Vec::with_capacity(txn.mutations.len());
+        for mutation in txn.mutations {
+            ops.push(match mutation {
+                Mutation::Put(key, value) => TxnOp::put(key, value, None),
+                Mutation::PutLeased(key, value, lease) => TxnOp::put(
+                    key,
+                    value,
+                    Some(PutOptions::new().with_lease(lease_id(lease)?)),
+                ),
+                Mutation::Delete(key) => TxnOp::delete(key, None),
+            });
+        }
+        Ok(EtcdTxn::new().when(compares).and_then(ops))
+    }
+}
+
+#[async_trait]
+impl Metastore for EtcdMetastore {
+    fn describe(&self) -> String {
+        format!("etcd metastore {}", self.options.endpoints.join(","))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            leases: true,
+            shared: true,
+            max_txn_ops: self.options.max_txn_ops,
+        }
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError> {
+        let _turn = self.turn().await?;
+        let mut response = self
+            .client
+            .kv_client()
+            .get(key, None)
+            .await
+            .map_err(error)?;
+        Ok(response.take_kvs().into_iter().next().map(|kv| KeyValue {
+            key: kv.key().to_vec(),
+            value: kv.value().to_vec(),
+            version: revision(kv.mod_revision()),
+        }))
+    }
+
+    async fn scan(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<KeyValue>, MetastoreError> {
+        let limit = limit.clamp(1, MAX_SCAN);
+        // The smallest key after `start_after` is `start_after` followed by a zero byte.
+        let start = match start_after {
+            Some(after) if after >= prefix => {
+                let mut start = after.to_vec();
+                start.push(0);
+                start
+            }
+            _ => prefix.to_vec(),
+        };
+        let end = prefix_end(prefix);
+        if end != [0] && start >= end {
+            return Ok(Vec::new());
+        }
+        let _turn = self.turn().await?;
+        let mut response = self
+            .client
+            .kv_client()
+            .get(
+                start,
+                Some(
+                    GetOptions::new()
+                        .with_range(end)
+                        .with_limit(i64::try_from(limit).unwrap_or(i64::MAX)),
+                ),
+            )
+            .await
+            .map_err(error)?;
+        Ok(response
+            .take_kvs()
+            .into_iter()
+            .map(|kv| KeyValue {
+                key: kv.key().to_vec(),
+                value: kv.value().to_vec(),
+                version: revision(kv.mod_revision()),
+            })
+            .collect())
+    }
+
+    async fn commit(&self, txn: Txn) -> Result<TxnOutcome, MetastoreError> {
+        txn.check(self.options.max_txn_ops, true)?;
+        let txn = self.to_etcd(txn)?;
+        let _turn = self.turn().await?;
+        let response = self.client.kv_client().txn(txn).await.map_err(error)?;
+        if !response.succeeded() {
+            return Ok(TxnOutcome::Conflict);
+        }
+        let revision = response
+            .header()
+            .map(|h| revision(h.revision()))
+            .ok_or_else(|| {
+                MetastoreError::Internal("etcd answered a txn without a header".into())
+            })?;
+        Ok(TxnOutcome::Committed { revision })
+    }
+
+    async fn grant_lease(&self, ttl: Duration) -> Result<u64, MetastoreError> {
+        let _turn = self.turn().await?;
+        let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let response = self
+            .client
+            .lease_client()
+            .grant(secs, None)
+            .await
+            .map_err(error)?;
+        if !response.error().is_empty() {
+            return Err(MetastoreError::Internal(format!(
+                "etcd refused a lease: {}",
+                response.error()
+            )));
+        }
+        u64::try_from(response.id())
+            .map_err(|_| MetastoreError::Internal("etcd granted a negative lease id".into()))
+    }
+
+    async fn keep_alive(&self, lease: u64) -> Result<Option<Duration>, MetastoreError> {
+        let id = lease_id(lease)?;
+        let _turn = self.turn().await?;
+        let mut leases = self.client.lease_client();
+        let exchange = async {
+            // Opening the stream sends a renewal and reads its answer; the client reports a
+            // lease that is gone as this error rather than as a zero ttl.
+            let (mut keeper, mut answers) = match leases.keep_alive(id).await {
+                Ok(stream) => stream,
+                Err(etcd_client::Error::LeaseKeepAliveError(e)) if e.contains("not found") => {
+                    return Ok(None);
+                }
+                Err(e) => return Err(error(e)),
+            };
+            // A second renewal on the open stream, for the ttl the client does not hand back.
+            keeper.keep_alive().await.map_err(error)?;
+            answers.message().await.map_err(error)
+        };
+        // The keep-alive stream has no deadline of its own.
+        let answer = crate::clock::Clock::system()
+            .timeout(self.options.request_timeout, exchange)
+            .await
+            .map_err(|_| {
+                MetastoreError::Unavailable("etcd: lease keep-alive timed out".into())
+            })??;
+        Ok(answer.and_then(|a| {
+            u64::try_from(a.ttl())
+                .ok()
+                .filter(|&ttl| ttl > 0)
+                .map(Duration::from_secs)
+        }))
+    }
+
+    async fn revoke_lease(&self, lease: u64) -> Result<(), MetastoreError> {
+        let id = lease_id(lease)?;
+        let _turn = self.turn().await?;
+        match self.client.lease_client().revoke(id).await {
+            Ok(_) => Ok(()),
+            // Already gone is what revoking wants.
+            Err(etcd_client::Error::GRpcStatus(status))
+                if status.code() == tonic::Code::NotFound =>
+            {
+                Ok(())
+            }
+            Err(err) => Err(error(err)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn passes_the_conformance_suite_against_a_real_etcd() {
+        let etcd = nova_testkit::Etcd::start();
+        let store = EtcdMetastore::connect(EtcdOptions::new(vec![etcd.endpoint()]))
+            .await
+            .unwrap();
+        crate::metastore::conformance::run_all(&store, "conformance/").await;
+    }
+
+    #[test]
+    fn prefix_ends_cover_the_prefix_and_nothing_after() {
+        assert_eq!(prefix_end(b"a/"), b"a0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+    }
+
+    #[test]
+    fn etcd_urls_name_host_and_port_pairs() {
+        assert_eq!(
+            EtcdOptions::parse_url("etcd://127.0.0.1:2379,10.0.0.2:2379"),
+            Some(Ok(vec!["127.0.0.1:2379".into(), "10.0.0.2:2379".into()]))
+        );
+        assert!(EtcdOptions::parse_url("etcd://").unwrap().is_err());
+        assert!(EtcdOptions::parse_url("etcd://host").unwrap().is_err());
+        assert_eq!(EtcdOptions::parse_url("/var/lib/nova"), None);
+    }
+}
