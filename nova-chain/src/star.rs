@@ -252,6 +252,12 @@ impl Star {
             .map(|since| self.shared.config.clock.since(since))
     }
 
+    /// Stops acknowledging, for good: pending appends fail as not acknowledged. For a star that
+    /// can no longer trust its fleet lease (a successor may be taking its chain over).
+    pub fn fence(&self, reason: String) {
+        self.shared.fence(reason);
+    }
+
     /// Why the star refuses appends, if it lost its chain.
     pub fn fenced(&self) -> Option<String> {
         self.shared.fenced()

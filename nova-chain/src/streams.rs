@@ -270,6 +270,10 @@ impl StreamRegistry {
         self.metrics.streams.set(by_name.len() as i64);
     }
 
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
     pub fn get(&self, name: &str) -> Option<Arc<StreamState>> {
         self.by_name.read().get(name).cloned()
     }
@@ -518,6 +522,31 @@ impl StreamRegistry {
                 "reading the tail of a stream to serve: {err}"
             ),
         }
+    }
+
+    /// Takes a stream up for leading, in a fleet: reads its settings and absorbed tail from the
+    /// shared catalog (the previous leader absorbed everything before the leadership moved) and
+    /// serves from there. `None` when the catalog has no such stream.
+    pub async fn acquire(&self, name: &str) -> Result<Option<Arc<StreamState>>, CatalogError> {
+        let Some(meta) = self.catalog.stream(name).await? else {
+            return Ok(None);
+        };
+        let tail = self.catalog.stream_tail(meta.id).await?;
+        if let Some(state) = self.get_by_id(meta.id) {
+            let added = tail.stored_bytes.saturating_sub(state.stored_bytes());
+            state.set_next_seq(tail.tail_seq.max(state.tail()));
+            state.advance_tail(tail.tail_seq, added);
+            return Ok(Some(state));
+        }
+        if self.len() >= self.max_streams {
+            return Err(CatalogError::Conflict(format!(
+                "this star already serves --max-streams={} streams",
+                self.max_streams
+            )));
+        }
+        let state = Arc::new(StreamState::new(meta, tail));
+        self.insert(state.clone());
+        Ok(Some(state))
     }
 
     /// Marks the manifest of a stream that was never created deleted: a rebuild would

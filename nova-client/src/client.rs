@@ -3,16 +3,23 @@ use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
 use nova_proto::domain::SequencedRecord;
+use nova_proto::route::{Router, unlimited};
 use nova_proto::v1;
 use nova_proto::v1::nova_client::NovaClient;
 
 use crate::error::Error;
 use crate::session::AppendSession;
 
-/// A connection to one star. Cheap to clone: clones share the connection.
+/// A connection to a star, or to a fleet through any of its stars. Cheap to clone: clones
+/// share the connections and what they learned.
+///
+/// In a fleet each stream has one leading star. A star that does not lead a stream answers with
+/// a redirect naming the leader; the client follows it, remembers the leader per stream, and
+/// forgets it when the leader stops answering (the next call goes through the star it was
+/// connected to, which knows the new leader).
 #[derive(Debug, Clone)]
 pub struct Client {
-    inner: NovaClient<Channel>,
+    router: Router,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +32,10 @@ pub struct StreamInfo {
     /// The first record the stream still holds (retention trims below it).
     pub first_seq: u64,
     pub retention: Retention,
+    /// The star leading the stream (its --star-id) and where it listens; empty on a single
+    /// star.
+    pub leader_id: String,
+    pub leader_addr: String,
 }
 
 /// How long a stream keeps its records; `None` is no limit.
@@ -65,6 +76,8 @@ impl From<v1::StreamInfo> for StreamInfo {
                     bytes: r.bytes,
                 })
                 .unwrap_or_default(),
+            leader_id: info.leader_id,
+            leader_addr: info.leader_addr,
         }
     }
 }
@@ -96,6 +109,7 @@ fn stream_info(info: Option<v1::StreamInfo>) -> Result<StreamInfo, Error> {
         retry_after: None,
         next_seq: None,
         first_seq: None,
+        leader: None,
     })
 }
 
@@ -113,15 +127,28 @@ impl Client {
             .await
             .map_err(|e| connect_error(format!("{e}")))?;
         Ok(Self {
-            inner: NovaClient::new(channel)
-                .max_decoding_message_size(usize::MAX)
-                .max_encoding_message_size(usize::MAX),
+            router: Router::new(unlimited(channel)),
         })
+    }
+
+    /// Learns from a failed call about `stream` where its leader is (or that it moved).
+    pub(crate) fn learn(&self, stream: &str, error: &Error) {
+        self.router
+            .learn(stream, error.leader(), error.is_retryable());
+    }
+
+    /// Runs a call about `stream` on its leader, following redirects.
+    async fn on_leader<T, F, Fut>(&self, stream: &str, call: F) -> Result<T, Error>
+    where
+        F: Fn(NovaClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        Ok(self.router.call(stream, call).await?)
     }
 
     /// The generated client, for calls the SDK does not wrap.
     pub fn raw(&self) -> NovaClient<Channel> {
-        self.inner.clone()
+        self.router.seed()
     }
 
     pub async fn create_stream(&self, name: &str) -> Result<StreamInfo, Error> {
@@ -135,8 +162,8 @@ impl Client {
         retention: Retention,
     ) -> Result<StreamInfo, Error> {
         let response = self
-            .inner
-            .clone()
+            .router
+            .seed()
             .create_stream(v1::CreateStreamRequest {
                 stream: name.to_owned(),
                 storage_class: v1::StorageClass::Standard as i32,
@@ -148,10 +175,11 @@ impl Client {
 
     pub async fn describe_stream(&self, name: &str) -> Result<StreamInfo, Error> {
         let response = self
-            .inner
-            .clone()
-            .describe_stream(v1::DescribeStreamRequest {
-                stream: name.to_owned(),
+            .on_leader(name, |mut star| async move {
+                star.describe_stream(v1::DescribeStreamRequest {
+                    stream: name.to_owned(),
+                })
+                .await
             })
             .await?;
         stream_info(response.into_inner().info)
@@ -166,8 +194,8 @@ impl Client {
         limit: u32,
     ) -> Result<(Vec<StreamInfo>, Option<String>), Error> {
         let response = self
-            .inner
-            .clone()
+            .router
+            .seed()
             .list_streams(v1::ListStreamsRequest {
                 prefix: prefix.to_owned(),
                 start_after: start_after.to_owned(),
@@ -186,23 +214,25 @@ impl Client {
         retention: Retention,
     ) -> Result<StreamInfo, Error> {
         let response = self
-            .inner
-            .clone()
-            .reconfigure_stream(v1::ReconfigureStreamRequest {
-                stream: name.to_owned(),
-                retention: retention.to_wire(),
+            .on_leader(name, |mut star| async move {
+                star.reconfigure_stream(v1::ReconfigureStreamRequest {
+                    stream: name.to_owned(),
+                    retention: retention.to_wire(),
+                })
+                .await
             })
             .await?;
         stream_info(response.into_inner().info)
     }
 
     pub async fn delete_stream(&self, name: &str) -> Result<(), Error> {
-        self.inner
-            .clone()
-            .delete_stream(v1::DeleteStreamRequest {
+        self.on_leader(name, |mut star| async move {
+            star.delete_stream(v1::DeleteStreamRequest {
                 stream: name.to_owned(),
             })
-            .await?;
+            .await
+        })
+        .await?;
         Ok(())
     }
 
@@ -228,14 +258,15 @@ impl Client {
         options: ReadOptions,
     ) -> Result<Page, Error> {
         let response = self
-            .inner
-            .clone()
-            .read(v1::ReadRequest {
-                stream: stream.to_owned(),
-                start_seq,
-                max_records: options.max_records,
-                max_bytes: options.max_bytes,
-                wait_ms: options.wait.as_millis().min(u32::MAX as u128) as u32,
+            .on_leader(stream, |mut star| async move {
+                star.read(v1::ReadRequest {
+                    stream: stream.to_owned(),
+                    start_seq,
+                    max_records: options.max_records,
+                    max_bytes: options.max_bytes,
+                    wait_ms: options.wait.as_millis().min(u32::MAX as u128) as u32,
+                })
+                .await
             })
             .await?
             .into_inner();
@@ -246,8 +277,14 @@ impl Client {
         })
     }
 
-    /// Opens a producer session.
+    /// Opens a producer session on the star this client connected to.
     pub async fn append_session(&self) -> Result<AppendSession, Error> {
-        AppendSession::open(self.inner.clone()).await
+        AppendSession::open(self.router.seed()).await
+    }
+
+    /// Opens a producer session on `stream`'s leader, as far as this client knows it (a
+    /// `describe_stream` first finds it out).
+    pub async fn append_session_for(&self, stream: &str) -> Result<AppendSession, Error> {
+        AppendSession::open(self.router.stub(stream)).await
     }
 }

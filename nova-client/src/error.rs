@@ -19,6 +19,9 @@ pub enum Error {
         /// For a read below a stream's trim point (OUT_OF_RANGE): the first record it still
         /// holds, where a consumer that may skip ahead resumes.
         first_seq: Option<u64>,
+        /// For a redirect (UNAVAILABLE from a star that does not lead the stream): where the
+        /// leader listens. The [`crate::Client`] follows it on its own.
+        leader: Option<String>,
     },
     #[error("the append session ended: {0}")]
     SessionClosed(String),
@@ -34,6 +37,15 @@ impl Error {
         match self {
             Error::Status { first_seq, .. } => *first_seq,
             Error::RetriesExhausted { last, .. } => last.first_seq(),
+            _ => None,
+        }
+    }
+
+    /// Where the stream's leader listens, when this was a redirect.
+    pub fn leader(&self) -> Option<&str> {
+        match self {
+            Error::Status { leader, .. } => leader.as_deref(),
+            Error::RetriesExhausted { last, .. } => last.leader(),
             _ => None,
         }
     }
@@ -94,6 +106,7 @@ impl From<tonic::Status> for Error {
             message: status.message().to_owned(),
             next_seq: None,
             first_seq: nova_proto::error::first_seq(&status),
+            leader: nova_proto::error::leader(&status),
         }
     }
 }
@@ -106,6 +119,7 @@ impl From<nova_proto::v1::AppendError> for Error {
             retry_after: None,
             next_seq: e.next_seq,
             first_seq: None,
+            leader: e.leader,
         }
     }
 }

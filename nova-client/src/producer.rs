@@ -15,6 +15,7 @@
 //! stops and every pending append fails with `Error::RetriesExhausted`, naming the last cause.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -114,7 +115,9 @@ impl Producer {
             flushes: Vec::new(),
             config: config.clone(),
             stopped: Arc::new(Mutex::new(None)),
+            jitter: AtomicU64::new(0),
         };
+        worker.jitter = AtomicU64::new(jitter_seed(&config.clock, &worker.stream));
         worker.next_seq = worker.first_connect().await?;
         // Appends queue here only until the worker picks them up; the unacked-bytes budget in
         // front of it is what bounds memory.
@@ -146,6 +149,7 @@ impl Producer {
                 retry_after: None,
                 next_seq: None,
                 first_seq: None,
+                leader: None,
             });
         }
         let charge = size.clamp(1, self.max_unacked) as u32;
@@ -240,6 +244,32 @@ struct Worker {
     flushes: Vec<oneshot::Sender<Result<(), Error>>>,
     config: ProducerConfig,
     stopped: Arc<Mutex<Option<Error>>>,
+    /// State of the backoff jitter's generator.
+    jitter: AtomicU64,
+}
+
+/// Producers started by this process, to tell their jitter apart.
+static PRODUCERS: AtomicU64 = AtomicU64::new(0);
+
+/// A seed unique to this producer: start time, stream and a process-wide count.
+fn jitter_seed(clock: &Clock, stream: &str) -> u64 {
+    let mut seed = clock.unix_ms() ^ PRODUCERS.fetch_add(1, Ordering::Relaxed).rotate_left(32);
+    for byte in stream.bytes() {
+        seed = (seed ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3);
+    }
+    seed
+}
+
+/// Between half and all of `base`, drawn with splitmix64.
+fn jitter(base: Duration, state: &AtomicU64) -> Duration {
+    let mut z = state
+        .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+        .wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let fraction = 0.5 + (z >> 11) as f64 / (1u64 << 53) as f64 / 2.0;
+    base.mul_f64(fraction)
 }
 
 /// Why the current session is no longer usable.
@@ -367,8 +397,10 @@ impl Worker {
     /// Opens a session and learns where the stream ends.
     async fn connect(&mut self) -> Result<u64, Error> {
         self.session = None;
-        let session = self.client.append_session().await?;
+        // Describing the stream finds its leader (following redirects) before the session
+        // opens there.
         let tail = self.client.describe_stream(&self.stream).await?.tail_seq;
+        let session = self.client.append_session_for(&self.stream).await?;
         self.session = Some(session.split());
         Ok(tail)
     }
@@ -377,6 +409,7 @@ impl Worker {
     /// sending the rest again, within the retry budget.
     async fn reconnect(&mut self, mut cause: Error) -> Result<(), Error> {
         for attempt in 1..=self.config.max_retries {
+            self.client.learn(&self.stream, &cause);
             self.config.clock.sleep(self.backoff(attempt, &cause)).await;
             let tail = match self.connect().await {
                 Ok(tail) => tail,
@@ -406,6 +439,7 @@ impl Worker {
                     retry_after: None,
                     next_seq: Some(tail),
                     first_seq: None,
+                    leader: None,
                 };
                 continue;
             }
@@ -428,18 +462,26 @@ impl Worker {
         })
     }
 
+    /// How long to wait before attempt `attempt` after `cause`: none for a redirect (the
+    /// leader is known), the server's hint when it sent one, else an exponential backoff.
+    /// Each wait is jittered (between half and all of it) so that producers failed by one
+    /// event do not come back in lockstep.
     fn backoff(&self, attempt: u32, cause: &Error) -> Duration {
-        if let Error::Status {
-            retry_after: Some(hint),
-            ..
-        } = cause
-        {
-            return *hint;
+        if cause.leader().is_some() && attempt == 1 {
+            return Duration::ZERO;
         }
-        self.config
-            .initial_backoff
-            .saturating_mul(1 << attempt.saturating_sub(1).min(16))
-            .min(self.config.max_backoff)
+        let base = match cause {
+            Error::Status {
+                retry_after: Some(hint),
+                ..
+            } => *hint,
+            _ => self
+                .config
+                .initial_backoff
+                .saturating_mul(1 << attempt.saturating_sub(1).min(16))
+                .min(self.config.max_backoff),
+        };
+        jitter(base, &self.jitter)
     }
 
     async fn fail_everything(&mut self, error: &Error, commands: &mut mpsc::Receiver<Command>) {
@@ -475,6 +517,7 @@ fn protocol(what: &str) -> Error {
         retry_after: None,
         next_seq: None,
         first_seq: None,
+        leader: None,
     }
 }
 
@@ -505,5 +548,25 @@ async fn sleep_until(clock: Clock, deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => clock.sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoffs_are_jittered_within_half_and_all_of_the_base() {
+        let state = AtomicU64::new(jitter_seed(&Clock::system(), "s"));
+        let base = Duration::from_millis(1000);
+        let draws: Vec<Duration> = (0..200).map(|_| jitter(base, &state)).collect();
+        assert!(draws.iter().all(|d| *d >= base / 2 && *d <= base));
+        let distinct: std::collections::HashSet<_> = draws.iter().collect();
+        assert!(distinct.len() > 150, "draws repeat: {}", distinct.len());
+        // Two producers started together draw differently.
+        let other = AtomicU64::new(jitter_seed(&Clock::system(), "s"));
+        let mine: Vec<_> = (0..8).map(|_| jitter(base, &state)).collect();
+        let theirs: Vec<_> = (0..8).map(|_| jitter(base, &other)).collect();
+        assert_ne!(mine, theirs);
     }
 }

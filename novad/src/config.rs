@@ -42,9 +42,44 @@ pub struct Config {
     #[arg(long, env = "NOVA_DATA_DIR", default_value = "nova-data")]
     pub data_dir: PathBuf,
 
-    /// This star's name. Its chain of flights lives under chain/<star-id>/ in the object store.
+    /// This star's name, unique in its fleet. Its chain of flights lives under
+    /// chain/<star-id>/ in the object store. A second live star with the same id on one
+    /// etcd metastore is refused.
     #[arg(long, env = "NOVA_STAR_ID", default_value = "nova")]
     pub star_id: String,
+
+    /// Where the catalog lives: `embedded` (a redb file under --data-dir, one star, nothing to
+    /// set up) or `etcd://HOST:PORT[,HOST:PORT…]` (a fleet of stars sharing one catalog,
+    /// registering under leases and placing streams among themselves).
+    #[arg(
+        long,
+        env = "NOVA_METASTORE",
+        default_value = "embedded",
+        help_heading = "Fleet"
+    )]
+    pub metastore: String,
+
+    /// The most operations one metastore transaction may carry: etcd's --max-txn-ops (128
+    /// unless the cluster was started with more). Larger writes are split to fit.
+    #[arg(long, env = "NOVA_METASTORE_MAX_TXN_OPS", default_value_t = nova_core::metastore::ETCD_DEFAULT_MAX_TXN_OPS, help_heading = "Fleet")]
+    pub metastore_max_txn_ops: usize,
+
+    /// Where clients and other stars reach this star, as a URL (default: http:// and
+    /// --listen). Redirects name it, so it must be reachable from them.
+    #[arg(long, env = "NOVA_ADVERTISE_ADDR", help_heading = "Fleet")]
+    pub advertise_addr: Option<String>,
+
+    /// The fleet lease's time to live, seconds. A star renews it every third of it; a star
+    /// that cannot renew it for three quarters of it stops acknowledging, and once it lapses
+    /// the star's registration is gone. Shorter: faster failover; longer: more tolerance of a
+    /// slow etcd.
+    #[arg(
+        long,
+        env = "NOVA_LEASE_TTL_SECS",
+        default_value_t = 10,
+        help_heading = "Fleet"
+    )]
+    pub lease_ttl_secs: u64,
 
     #[command(flatten)]
     pub store: StoreArgs,
@@ -304,6 +339,13 @@ impl Config {
     }
 
     /// Refuses settings that cannot work, naming the flag.
+    /// Where redirects send clients for this star.
+    pub fn advertise(&self) -> String {
+        self.advertise_addr
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", self.listen))
+    }
+
     pub fn check(&self) -> Result<(), String> {
         if self.grpc_stream_window_kib < 64 {
             return Err("--grpc-stream-window-kib must be at least 64 (the HTTP/2 floor)".into());
@@ -369,6 +411,23 @@ impl Config {
         }
         nova_proto::validate::validate_stream_name(&self.star_id)
             .map_err(|e| format!("--star-id: {e}"))?;
+        if self.metastore != "embedded"
+            && nova_core::metastore::EtcdOptions::parse_url(&self.metastore).is_none()
+        {
+            return Err(format!(
+                "--metastore {:?}: expected `embedded` or etcd://HOST:PORT[,HOST:PORT…]",
+                self.metastore
+            ));
+        }
+        if let Some(Err(problem)) = nova_core::metastore::EtcdOptions::parse_url(&self.metastore) {
+            return Err(format!("--metastore: {problem}"));
+        }
+        if self.lease_ttl_secs < 3 {
+            return Err("--lease-ttl-secs must be at least 3 (etcd's shortest lease)".into());
+        }
+        if self.metastore_max_txn_ops < 128 {
+            return Err("--metastore-max-txn-ops must be at least 128".into());
+        }
         if self.star_id.contains('/') {
             return Err("--star-id must not contain '/'".into());
         }

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use nova_chain::Star;
 use nova_core::clock::Clock;
 use nova_core::memory::detect_ceiling;
-use nova_core::metastore::{EmbeddedMetastore, Metastore};
+use nova_core::metastore::{EmbeddedMetastore, EtcdMetastore, EtcdOptions, Metastore};
 use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
 use nova_core::shed::ShedLog;
@@ -27,7 +27,16 @@ use crate::service::{Context, NovaService};
 /// ordinary; seconds of them are an outage).
 const STORE_FAILING_NOT_READY_AFTER: Duration = Duration::from_secs(2);
 
-fn open_metastore(config: &Config) -> anyhow::Result<Arc<dyn Metastore>> {
+async fn open_metastore(config: &Config) -> anyhow::Result<Arc<dyn Metastore>> {
+    if let Some(endpoints) = EtcdOptions::parse_url(&config.metastore) {
+        let mut options = EtcdOptions::new(endpoints.map_err(|e| anyhow::anyhow!(e))?);
+        options.max_txn_ops = config.metastore_max_txn_ops;
+        return Ok(Arc::new(
+            EtcdMetastore::connect(options)
+                .await
+                .with_context(|| format!("connecting to {}", config.metastore))?,
+        ));
+    }
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating --data-dir {}", config.data_dir.display()))?;
     let metastore_path = config.data_dir.join("metastore.redb");
@@ -53,7 +62,7 @@ async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn ObjectStore>> {
 
 /// `novad --rebuild-catalog`: restores the catalog from the object store, then exits.
 pub async fn rebuild(config: Config) -> anyhow::Result<()> {
-    let metastore = open_metastore(&config)?;
+    let metastore = open_metastore(&config).await?;
     let store = open_store(&config).await?;
     tracing::info!(
         star = %config.star_id,
@@ -83,7 +92,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if config.rebuild_catalog {
         return rebuild(config).await;
     }
-    let metastore = open_metastore(&config)?;
+    let metastore = open_metastore(&config).await?;
     let metrics = Arc::new(Metrics::new());
     let ceiling = detect_ceiling(config.memory_ceiling.map(ByteSize::bytes));
     let memory = Arc::new(MemoryModel::new(&config, ceiling, metrics.memory.clone()));
@@ -139,6 +148,30 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         stopping.clone(),
     ));
 
+    // In a fleet the star registers before recovery, so that a second live star with its id
+    // is refused before either touches the chain.
+    let fleet = if metastore.capabilities().shared {
+        let fleet_config = crate::fleet::FleetConfig {
+            star_id: config.star_id.clone(),
+            advertise: config.advertise(),
+            lease_ttl: Duration::from_secs(config.lease_ttl_secs),
+        };
+        let joining = crate::fleet::Fleet::join(
+            metastore.clone(),
+            fleet_config,
+            &metrics.registry,
+            Clock::system(),
+        );
+        Some(tokio::select! {
+            fleet = joining => fleet?,
+            _ = nova_core::process::termination() => {
+                tracing::info!("stopped while joining the fleet; nothing was accepted");
+                return Ok(());
+            }
+        })
+    } else {
+        None
+    };
     tracing::info!(
         store = %store.describe(),
         metastore = %metastore.describe(),
@@ -171,6 +204,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let sheds = Arc::new(ShedLog::new(Clock::system()));
     let ctx = Arc::new(Context {
         star: star.clone(),
+        fleet: fleet.clone(),
         caps: config.caps(),
         max_read_bytes: config.max_read_bytes.bytes(),
         max_read_records: config.max_read_records,
@@ -199,11 +233,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tokio::spawn({
         let refresh = refresh.clone();
         let stopping = stopping.clone();
+        let fleet = fleet.clone();
+        let memory = memory.clone();
         async move {
             let mut ticker = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
-                    _ = ticker.tick() => refresh(),
+                    _ = ticker.tick() => {
+                        refresh();
+                        // Published with the next lease renewal: a saturated star takes no
+                        // new leadership.
+                        if let Some(fleet) = &fleet {
+                            fleet.set_saturated(memory.is_saturated());
+                        }
+                    }
                     _ = stopping.cancelled() => return,
                 }
             }
@@ -264,9 +307,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ));
     tracing::info!(listen = %listening, "novad accepting appends");
 
+    let lease_lost = async {
+        match &fleet {
+            Some(fleet) => fleet.lost().await,
+            None => std::future::pending().await,
+        }
+    };
     let failure = tokio::select! {
         _ = nova_core::process::termination() => None,
         reason = star.failed() => Some(reason),
+        reason = lease_lost => {
+            // A successor may take the chain over from here: acknowledge nothing more.
+            star.fence(reason.clone());
+            Some(reason)
+        }
         result = &mut server => Some(match result {
             Ok(Ok(())) => "the gRPC server stopped".to_owned(),
             Ok(Err(e)) => format!("the gRPC server failed: {e}"),
@@ -281,6 +335,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "shutting down: refusing new sessions, landing and absorbing the flights in flight"
     );
     stopping.cancel();
+    if let Some(fleet) = &fleet {
+        fleet.set_draining();
+    }
     set_health(&health, false).await;
     metrics.ready.set(0);
     if let Some(auditor) = auditor {
@@ -294,6 +351,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut server).await;
     }
     server.abort();
+    if let Some(fleet) = &fleet {
+        fleet.leave().await;
+    }
     let _ = tokio::time::timeout(Duration::from_secs(2), metrics_task).await;
     match (drained, failure) {
         (Ok(()), None) => {

@@ -18,7 +18,6 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use tonic::Status;
-use tonic::transport::Channel;
 
 use nova_core::budget::Budget;
 use nova_core::flight::page::PageBuilder;
@@ -26,8 +25,8 @@ use nova_core::flight::{FetchError, SectionEntry, verify_section};
 use nova_core::limits::COLD_READ_REFS;
 use nova_core::object_store::StoreError;
 use nova_proto::RequestError;
+use nova_proto::route::Router;
 use nova_proto::v1;
-use nova_proto::v1::nova_client::NovaClient;
 use nova_proto::validate::read_caps;
 
 use crate::footers::Footers;
@@ -35,7 +34,8 @@ use crate::metrics::GatewayMetrics;
 use crate::tier::Tier;
 
 pub struct Reader {
-    pub star: NovaClient<Channel>,
+    /// The star(s): requests about a stream go to its leader, following redirects.
+    pub star: Router,
     pub footers: Footers,
     pub tier: Arc<Tier>,
     pub pool: Budget,
@@ -89,17 +89,25 @@ impl Reader {
     async fn read_once(&self, request: &v1::ReadRequest) -> Result<v1::ReadResponse, Failure> {
         let refs = self
             .star
-            .clone()
-            .resolve_refs(v1::ResolveRefsRequest {
-                stream: request.stream.clone(),
-                start_seq: request.start_seq,
-                max_refs: COLD_READ_REFS as u32,
+            .call(&request.stream, |mut star| async move {
+                star.resolve_refs(v1::ResolveRefsRequest {
+                    stream: request.stream.clone(),
+                    start_seq: request.start_seq,
+                    max_refs: COLD_READ_REFS as u32,
+                })
+                .await
             })
             .await?
             .into_inner();
         if request.start_seq >= refs.hot_from_seq || refs.refs.is_empty() {
             self.metrics.reads.with_label_values(&["star"]).inc();
-            return Ok(self.star.clone().read(request.clone()).await?.into_inner());
+            let page = self
+                .star
+                .call(&request.stream, |mut star| async move {
+                    star.read(request.clone()).await
+                })
+                .await?;
+            return Ok(page.into_inner());
         }
         self.metrics.reads.with_label_values(&["history"]).inc();
         let (max_records, max_bytes) =

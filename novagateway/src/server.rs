@@ -12,7 +12,6 @@ use nova_core::clock::Clock;
 use nova_core::object_store::{Instrumented, ObjectStore};
 use nova_proto::server::gateway_peer_server::GatewayPeerServer;
 use nova_proto::server::nova_server::NovaServer;
-use nova_proto::v1::nova_client::NovaClient;
 
 use crate::config::Config;
 use crate::footers::Footers;
@@ -33,13 +32,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics.store.clone(),
         Clock::system(),
     ));
-    let star = NovaClient::new(
+    let star = nova_proto::route::Router::new(nova_proto::route::unlimited(
         Endpoint::from_shared(config.star.clone())
             .context("--star is not a URL")?
             .connect_timeout(Duration::from_secs(5))
             .connect_lazy(),
-    )
-    .max_decoding_message_size(usize::MAX);
+    ));
 
     let members = config.members();
     let me = members

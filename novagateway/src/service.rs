@@ -58,10 +58,13 @@ impl Nova for GatewayService {
         &self,
         request: Request<v1::ResolveRefsRequest>,
     ) -> Result<Response<v1::ResolveRefsResponse>, Status> {
+        let request = request.into_inner();
         self.reader
             .star
-            .clone()
-            .resolve_refs(request.into_inner())
+            .call(&request.stream.clone(), |mut star| {
+                let request = request.clone();
+                async move { star.resolve_refs(request).await }
+            })
             .await
     }
 
@@ -76,10 +79,13 @@ impl Nova for GatewayService {
         &self,
         request: Request<v1::DescribeStreamRequest>,
     ) -> Result<Response<v1::DescribeStreamResponse>, Status> {
+        let request = request.into_inner();
         self.reader
             .star
-            .clone()
-            .describe_stream(request.into_inner())
+            .call(&request.stream.clone(), |mut star| {
+                let request = request.clone();
+                async move { star.describe_stream(request).await }
+            })
             .await
     }
 
@@ -89,7 +95,7 @@ impl Nova for GatewayService {
     ) -> Result<Response<v1::ListStreamsResponse>, Status> {
         self.reader
             .star
-            .clone()
+            .seed()
             .list_streams(request.into_inner())
             .await
     }

@@ -12,6 +12,9 @@ pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 
 /// Metadata key carrying the stream's first available sequence number on OUT_OF_RANGE.
 pub const FIRST_SEQ: &str = "first-seq";
+/// Metadata on an UNAVAILABLE status from a star that does not lead the stream: where the
+/// leader listens.
+pub const LEADER: &str = "leader";
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,6 +80,15 @@ pub enum RequestError {
     },
     #[error("{0}")]
     Unavailable(String),
+    /// Another star leads the stream: a redirect.
+    #[error(
+        "stream {stream:?} is led by star {leader_id:?} at {leader_addr}; send its requests there"
+    )]
+    NotLeader {
+        stream: String,
+        leader_id: String,
+        leader_addr: String,
+    },
     /// The append may or may not be durable: its flight may still land, or landed but could
     /// not be acknowledged. Retrying it blindly may write it twice.
     #[error(
@@ -118,6 +130,8 @@ impl RequestError {
             }
             // Nothing was acknowledged; the client may retry (with match_seq_num to stay exact).
             RequestError::Unavailable(_) => Code::Unavailable,
+            // A redirect: nothing was done here; the leader named in the metadata will.
+            RequestError::NotLeader { .. } => Code::Unavailable,
             // gRPC's own code for "this may have happened": DEADLINE_EXCEEDED is documented as
             // possibly returned after a state change succeeded, and no client retries it blindly
             // by default. The SDK resolves it against the stream's tail.
@@ -144,6 +158,10 @@ impl RequestError {
                 RequestError::SeqMismatch { next_seq, .. } => Some(*next_seq),
                 _ => None,
             },
+            leader: match self {
+                RequestError::NotLeader { leader_addr, .. } => Some(leader_addr.clone()),
+                _ => None,
+            },
         }
     }
 }
@@ -161,6 +179,11 @@ impl From<RequestError> for Status {
         {
             status.metadata_mut().insert(FIRST_SEQ, value);
         }
+        if let RequestError::NotLeader { leader_addr, .. } = &err
+            && let Ok(value) = leader_addr.parse()
+        {
+            status.metadata_mut().insert(LEADER, value);
+        }
         status
     }
 }
@@ -174,6 +197,11 @@ pub fn first_seq(status: &Status) -> Option<u64> {
         .ok()?
         .parse()
         .ok()
+}
+
+/// Reads the leader's address off a redirect (an UNAVAILABLE status naming it), if it is one.
+pub fn leader(status: &Status) -> Option<String> {
+    Some(status.metadata().get(LEADER)?.to_str().ok()?.to_owned())
 }
 
 /// Reads the retry hint off a status, if the server sent one.
@@ -198,6 +226,23 @@ mod tests {
         assert_eq!(status.code(), Code::ResourceExhausted);
         assert!(status.message().contains("--max-producer-sessions"));
         assert_eq!(retry_after(&status), Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn a_redirect_names_the_leader() {
+        let err = RequestError::NotLeader {
+            stream: "s".into(),
+            leader_id: "b".into(),
+            leader_addr: "http://10.0.0.2:7400".into(),
+        };
+        assert_eq!(
+            err.to_append_error().leader.as_deref(),
+            Some("http://10.0.0.2:7400")
+        );
+        let status = Status::from(err);
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(status.message().contains("led by star \"b\""));
+        assert_eq!(leader(&status).as_deref(), Some("http://10.0.0.2:7400"));
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod clock;
 mod convert;
 pub mod domain;
 pub mod error;
+pub mod route;
 pub mod units;
 pub mod validate;
 pub mod wire;

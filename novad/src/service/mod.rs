@@ -30,6 +30,9 @@ use caps::Cap;
 /// What every handler shares.
 pub struct Context {
     pub star: Arc<Star>,
+    /// The fleet this star belongs to; `None` for a single star on the embedded metastore,
+    /// which leads every stream.
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
     pub caps: AppendCaps,
     pub max_read_bytes: u64,
     pub max_read_records: u32,
@@ -40,6 +43,16 @@ pub struct Context {
     pub sheds: Arc<ShedLog>,
     /// Fires when novad starts shutting down: sessions stop reading and finish.
     pub shutdown: CancellationToken,
+}
+
+impl Context {
+    /// The stream, when this star leads it; otherwise a redirect to its leader.
+    pub async fn route(&self, name: &str) -> Result<Arc<StreamState>, RequestError> {
+        match &self.fleet {
+            Some(fleet) => fleet.route(&self.star, name).await,
+            None => self.star.streams().get_or_not_found(name),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -55,6 +68,14 @@ impl NovaService {
 
 /// What the API says about a stream; `first_seq` as the caller read it.
 fn info(stream: &StreamState, first_seq: u64) -> v1::StreamInfo {
+    info_led(stream, first_seq, None)
+}
+
+fn info_led(
+    stream: &StreamState,
+    first_seq: u64,
+    leader: Option<&crate::fleet::Member>,
+) -> v1::StreamInfo {
     let retention = stream.retention();
     v1::StreamInfo {
         name: stream.name().to_owned(),
@@ -69,6 +90,8 @@ fn info(stream: &StreamState, first_seq: u64) -> v1::StreamInfo {
             age_ms: retention.age_ms,
             bytes: retention.bytes,
         }),
+        leader_id: leader.map(|m| m.id.clone()).unwrap_or_default(),
+        leader_addr: leader.map(|m| m.advertise.clone()).unwrap_or_default(),
     }
 }
 
@@ -110,7 +133,7 @@ impl Nova for NovaService {
         let peer = request.remote_addr();
         let request = request.into_inner();
         let ctx = &self.ctx;
-        let stream = ctx.star.streams().get_or_not_found(&request.stream)?;
+        let stream = ctx.route(&request.stream).await?;
         // Every read in progress is a subscription: the cap bounds how many pages (each within
         // the read caps, with at most 8 sections in flight) the star builds at once. A follow
         // read holds its slot while it waits at the tail, and nothing else: the next page is
@@ -152,7 +175,7 @@ impl Nova for NovaService {
         request: Request<v1::ResolveRefsRequest>,
     ) -> Result<Response<v1::ResolveRefsResponse>, Status> {
         let request = request.into_inner();
-        let stream = self.ctx.star.streams().get_or_not_found(&request.stream)?;
+        let stream = self.ctx.route(&request.stream).await?;
         let max_refs = match request.max_refs {
             0 => COLD_READ_REFS,
             n => (n as usize).min(MAX_RESOLVED_REFS),
@@ -197,12 +220,20 @@ impl Nova for NovaService {
             }
         };
         let retention = retention_from(request.retention)?;
+        if let Some(fleet) = &self.ctx.fleet {
+            // Refused before anything is written while no star can lead the stream.
+            fleet.check_capacity()?;
+        }
         let stream = self
             .ctx
             .star
             .streams()
             .create_with(&request.stream, class, retention)
             .await?;
+        let leader = match &self.ctx.fleet {
+            Some(fleet) => Some(fleet.place_new(&request.stream).await?),
+            None => None,
+        };
         tracing::info!(
             stream = stream.name(),
             id = stream.id(),
@@ -210,7 +241,7 @@ impl Nova for NovaService {
             "stream created"
         );
         Ok(Response::new(v1::CreateStreamResponse {
-            info: Some(info(&stream, 0)),
+            info: Some(info_led(&stream, 0, leader.as_ref())),
         }))
     }
 
@@ -218,14 +249,15 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::DescribeStreamRequest>,
     ) -> Result<Response<v1::DescribeStreamResponse>, Status> {
-        let stream = self
-            .ctx
-            .star
-            .streams()
-            .get_or_not_found(&request.into_inner().stream)?;
+        let name = request.into_inner().stream;
+        let stream = self.ctx.route(&name).await?;
         let first_seq = self.ctx.star.first_seq(&stream).await?;
+        let leader = match &self.ctx.fleet {
+            Some(fleet) => fleet.leader_of(&name).await?,
+            None => None,
+        };
         Ok(Response::new(v1::DescribeStreamResponse {
-            info: Some(info(&stream, first_seq)),
+            info: Some(info_led(&stream, first_seq, leader.as_ref())),
         }))
     }
 
@@ -265,7 +297,14 @@ impl Nova for NovaService {
         request: Request<v1::DeleteStreamRequest>,
     ) -> Result<Response<v1::DeleteStreamResponse>, Status> {
         let name = request.into_inner().stream;
+        if self.ctx.fleet.is_some() {
+            // Deleted by its leader, which holds its in-flight appends.
+            self.ctx.route(&name).await?;
+        }
         self.ctx.star.streams().delete(&name).await?;
+        if let Some(fleet) = &self.ctx.fleet {
+            fleet.forget(&name).await?;
+        }
         tracing::info!(stream = %name, "stream deleted");
         Ok(Response::new(v1::DeleteStreamResponse {}))
     }
@@ -276,6 +315,9 @@ impl Nova for NovaService {
     ) -> Result<Response<v1::ReconfigureStreamResponse>, Status> {
         let request = request.into_inner();
         let retention = retention_from(request.retention)?;
+        if self.ctx.fleet.is_some() {
+            self.ctx.route(&request.stream).await?;
+        }
         let streams = self.ctx.star.streams();
         streams.set_retention(&request.stream, retention).await?;
         tracing::info!(stream = %request.stream, ?retention, "stream reconfigured");

@@ -1,0 +1,648 @@
+//! The fleet: stars sharing one catalog in etcd. Each star registers under a lease, publishes
+//! its load, and keeps a view of the others; each stream has a leader record naming the star
+//! that leads it. A request for a stream reaches its leader: any other star answers with a
+//! redirect naming it, and a stream without a leader is placed on the least-loaded star that
+//! is neither saturated nor draining.
+//!
+//! Keys, beside the catalog's:
+//! ```text
+//! fleet/stars/{star id}        leased: advertise address, start time, load (one line each)
+//! fleet/leaders/{stream name}  the id of the star leading the stream
+//! ```
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use parking_lot::{Mutex, RwLock};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use nova_chain::Star;
+use nova_chain::streams::StreamState;
+use nova_core::clock::Clock;
+use nova_core::metastore::{Compare, Metastore, MetastoreError, Txn, TxnOutcome};
+use nova_proto::RequestError;
+use nova_proto::validate::validate_stream_name;
+
+const STARS: &str = "fleet/stars/";
+const LEADERS: &str = "fleet/leaders/";
+
+/// Placements remembered for spreading a burst of creates.
+const MAX_RECENT_PLACEMENTS: usize = 4096;
+
+/// How long a refused fleet open should wait before trying again.
+const CAPACITY_RETRY: Duration = Duration::from_secs(2);
+
+fn star_key(id: &str) -> Vec<u8> {
+    format!("{STARS}{id}").into_bytes()
+}
+
+fn leader_key(stream: &str) -> Vec<u8> {
+    format!("{LEADERS}{stream}").into_bytes()
+}
+
+/// What a star publishes about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub id: String,
+    pub advertise: String,
+    pub started_ms: u64,
+    pub saturated: bool,
+    pub draining: bool,
+    pub streams_led: u64,
+}
+
+impl Member {
+    fn encode(&self) -> Vec<u8> {
+        format!(
+            "{}\n{}\n{}\n{}\n{}",
+            self.advertise,
+            self.started_ms,
+            u8::from(self.saturated),
+            u8::from(self.draining),
+            self.streams_led
+        )
+        .into_bytes()
+    }
+
+    fn decode(id: &str, value: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(value).ok()?;
+        let mut lines = text.lines();
+        Some(Self {
+            id: id.to_owned(),
+            advertise: lines.next()?.to_owned(),
+            started_ms: lines.next()?.parse().ok()?,
+            saturated: lines.next()? == "1",
+            draining: lines.next()? == "1",
+            streams_led: lines.next()?.parse().ok()?,
+        })
+    }
+
+    /// Whether new leadership may be placed here.
+    fn open(&self) -> bool {
+        !self.saturated && !self.draining
+    }
+}
+
+/// The star's side of the fleet.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    pub star_id: String,
+    pub advertise: String,
+    pub lease_ttl: Duration,
+}
+
+struct FleetMetrics {
+    stars: IntGauge,
+    streams_led: IntGauge,
+    placements: IntCounter,
+    redirects: IntCounter,
+    capacity_refusals: IntCounter,
+    lease_age_ms: IntGauge,
+    lease_lost: IntCounterVec,
+}
+
+impl FleetMetrics {
+    fn new(registry: &Registry) -> anyhow::Result<Self> {
+        let gauge = |name: &str, help: &str| -> anyhow::Result<IntGauge> {
+            let g = IntGauge::with_opts(Opts::new(name, help))?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let counter = |name: &str, help: &str| -> anyhow::Result<IntCounter> {
+            let c = IntCounter::with_opts(Opts::new(name, help))?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let lease_lost = IntCounterVec::new(
+            Opts::new(
+                "nova_fleet_lease_lost_total",
+                "Times this star stopped leading because its fleet lease lapsed, by cause",
+            ),
+            &["cause"],
+        )?;
+        registry.register(Box::new(lease_lost.clone()))?;
+        Ok(Self {
+            stars: gauge(
+                "nova_fleet_stars",
+                "Stars registered in the fleet, as this star sees it",
+            )?,
+            streams_led: gauge("nova_fleet_streams_led", "Streams this star leads")?,
+            placements: counter(
+                "nova_fleet_placements_total",
+                "Streams without a leader that this star placed on a star",
+            )?,
+            redirects: counter(
+                "nova_fleet_redirects_total",
+                "Requests answered with a redirect to the stream's leader",
+            )?,
+            capacity_refusals: counter(
+                "nova_fleet_capacity_refusals_total",
+                "Placements refused because every star is saturated or draining",
+            )?,
+            lease_age_ms: gauge(
+                "nova_fleet_lease_age_ms",
+                "Milliseconds since this star's fleet lease was last renewed",
+            )?,
+            lease_lost,
+        })
+    }
+}
+
+pub struct Fleet {
+    metastore: Arc<dyn Metastore>,
+    config: FleetConfig,
+    lease: u64,
+    clock: Clock,
+    started_ms: u64,
+    /// The version of this star's registration, for compare-and-set updates.
+    registration: AtomicU64,
+    /// When the last renewal that succeeded was sent: the lease runs at least a ttl from it.
+    renewed: Mutex<Instant>,
+    members: RwLock<BTreeMap<String, Member>>,
+    led: RwLock<HashSet<String>>,
+    /// Placements made here in the last lease ttl: (when, star).
+    placed: Mutex<Vec<(Instant, String)>>,
+    saturated: AtomicBool,
+    draining: AtomicBool,
+    lost: CancellationToken,
+    lost_reason: Mutex<Option<String>>,
+    metrics: FleetMetrics,
+}
+
+fn metastore_unavailable(err: MetastoreError) -> RequestError {
+    RequestError::Unavailable(format!(
+        "the fleet's metastore did not answer ({err}); retry"
+    ))
+}
+
+impl Fleet {
+    /// Registers this star under a fresh lease. A registration already there under this id is
+    /// waited on for up to two lease ttls (a previous incarnation killed without revoking its
+    /// lease); one still kept alive after that is a second live star with this id, refused.
+    pub async fn join(
+        metastore: Arc<dyn Metastore>,
+        config: FleetConfig,
+        registry: &Registry,
+        clock: Clock,
+    ) -> anyhow::Result<Arc<Self>> {
+        let capabilities = metastore.capabilities();
+        anyhow::ensure!(
+            capabilities.leases && capabilities.shared,
+            "a fleet needs a shared metastore with leases (--metastore etcd://…); {} has none",
+            metastore.describe()
+        );
+        let lease = metastore
+            .grant_lease(config.lease_ttl)
+            .await
+            .context("granting the star's fleet lease")?;
+        let started_ms = clock.unix_ms();
+        let fleet = Arc::new(Self {
+            metastore,
+            lease,
+            clock,
+            started_ms,
+            registration: AtomicU64::new(0),
+            renewed: Mutex::new(clock.now()),
+            members: RwLock::default(),
+            led: RwLock::default(),
+            placed: Mutex::default(),
+            saturated: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            lost: CancellationToken::new(),
+            lost_reason: Mutex::new(None),
+            metrics: FleetMetrics::new(registry)?,
+            config,
+        });
+        fleet.register().await?;
+        fleet.refresh_members().await?;
+        tokio::spawn(fleet.clone().keep());
+        Ok(fleet)
+    }
+
+    fn me(&self) -> Member {
+        Member {
+            id: self.config.star_id.clone(),
+            advertise: self.config.advertise.clone(),
+            started_ms: self.started_ms,
+            saturated: self.saturated.load(Ordering::Relaxed),
+            draining: self.draining.load(Ordering::Relaxed),
+            streams_led: self.led.read().len() as u64,
+        }
+    }
+
+    async fn register(&self) -> anyhow::Result<()> {
+        let key = star_key(&self.config.star_id);
+        let patience = self.config.lease_ttl * 2 + Duration::from_secs(5);
+        let started = self.clock.now();
+        let mut logged = false;
+        loop {
+            let txn = Txn::new()
+                .compare(Compare::Missing(key.clone()))
+                .put_leased(key.clone(), self.me().encode(), self.lease);
+            match self.metastore.commit(txn).await? {
+                TxnOutcome::Committed { revision } => {
+                    self.registration.store(revision, Ordering::Release);
+                    tracing::info!(
+                        star = %self.config.star_id,
+                        advertise = %self.config.advertise,
+                        lease_ttl_secs = self.config.lease_ttl.as_secs(),
+                        "joined the fleet"
+                    );
+                    return Ok(());
+                }
+                TxnOutcome::Conflict => {
+                    let holder = self
+                        .metastore
+                        .get(&key)
+                        .await?
+                        .and_then(|kv| Member::decode(&self.config.star_id, &kv.value));
+                    let holder = holder.map_or_else(|| "?".to_owned(), |m| m.advertise);
+                    anyhow::ensure!(
+                        self.clock.since(started) < patience,
+                        "another live star is registered with --star-id {:?} (at {holder}) and \
+                         keeps its lease alive: give each star its own --star-id",
+                        self.config.star_id
+                    );
+                    // The new lease must outlive the wait for the old one.
+                    self.metastore.keep_alive(self.lease).await?;
+                    if !logged {
+                        tracing::warn!(
+                            star = %self.config.star_id,
+                            holder = %holder,
+                            "a star with this --star-id is registered; waiting for its lease to \
+                             lapse (a previous run killed without leaving?) before joining"
+                        );
+                        logged = true;
+                    }
+                    self.clock.sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+
+    /// Renews the lease, republishes the load and refreshes the view, every third of a ttl,
+    /// until the lease is lost.
+    async fn keep(self: Arc<Self>) {
+        let every = self.config.lease_ttl / 3;
+        // Past this without a renewal the lease may have lapsed at etcd, and a successor may be
+        // taking this star's chain over: stop acknowledging before that can happen.
+        let trust = self.config.lease_ttl * 3 / 4;
+        loop {
+            tokio::select! {
+                _ = self.clock.sleep(every) => {}
+                _ = self.lost.cancelled() => return,
+            }
+            let sent = self.clock.now();
+            match self.metastore.keep_alive(self.lease).await {
+                Ok(Some(_)) => *self.renewed.lock() = sent,
+                Ok(None) => {
+                    self.lose("expired", "the fleet lease expired at the metastore".into());
+                    return;
+                }
+                Err(err) => tracing::warn!("renewing the fleet lease failed: {err}"),
+            }
+            let age = self.clock.since(*self.renewed.lock());
+            self.metrics.lease_age_ms.set(age.as_millis() as i64);
+            if age > trust {
+                self.lose(
+                    "unrenewed",
+                    format!(
+                        "the fleet lease was not renewed for {age:?}, past {trust:?}: it can no \
+                         longer be trusted"
+                    ),
+                );
+                return;
+            }
+            if let Err(err) = self.publish().await {
+                tracing::warn!("publishing this star's load failed: {err}");
+            }
+            if let Err(err) = self.refresh_members().await {
+                tracing::warn!("refreshing the fleet view failed: {err}");
+            }
+        }
+    }
+
+    fn lose(&self, cause: &str, reason: String) {
+        self.metrics.lease_lost.with_label_values(&[cause]).inc();
+        self.lost_reason.lock().get_or_insert(reason);
+        self.lost.cancel();
+    }
+
+    /// Resolves once this star can no longer lead: its lease lapsed.
+    pub async fn lost(&self) -> String {
+        self.lost.cancelled().await;
+        self.lost_reason
+            .lock()
+            .clone()
+            .unwrap_or_else(|| "the fleet lease was lost".into())
+    }
+
+    async fn publish(&self) -> Result<(), MetastoreError> {
+        let key = star_key(&self.config.star_id);
+        let version = self.registration.load(Ordering::Acquire);
+        let txn = Txn::new()
+            .compare(Compare::Version(key.clone(), version))
+            .put_leased(key, self.me().encode(), self.lease);
+        match self.metastore.commit(txn).await? {
+            TxnOutcome::Committed { revision } => {
+                self.registration.store(revision, Ordering::Release);
+            }
+            TxnOutcome::Conflict => {
+                self.lose(
+                    "expired",
+                    "this star's registration is gone from the fleet".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn refresh_members(&self) -> Result<(), MetastoreError> {
+        let mut members = BTreeMap::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = self
+                .metastore
+                .scan(STARS.as_bytes(), after.as_deref(), 1000)
+                .await?;
+            let done = page.len() < 1000;
+            for kv in &page {
+                let id = String::from_utf8_lossy(&kv.key[STARS.len()..]).into_owned();
+                if let Some(member) = Member::decode(&id, &kv.value) {
+                    members.insert(id, member);
+                }
+            }
+            after = page.last().map(|kv| kv.key.clone());
+            if done {
+                break;
+            }
+        }
+        self.metrics.stars.set(members.len() as i64);
+        *self.members.write() = members;
+        Ok(())
+    }
+
+    pub fn set_saturated(&self, saturated: bool) {
+        self.saturated.store(saturated, Ordering::Relaxed);
+    }
+
+    /// From now on this star takes no new leadership.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Leaves the fleet: the registration goes with the lease, at once rather than a ttl later.
+    pub async fn leave(&self) {
+        self.lost.cancel();
+        if let Err(err) = self.metastore.revoke_lease(self.lease).await {
+            tracing::warn!("revoking the fleet lease failed (it lapses on its own): {err}");
+        }
+    }
+
+    /// Remembers a placement on `star` for a lease ttl, by when the star has taken the stream
+    /// up and published it; until then it counts toward the star's load here, so a burst of
+    /// creates spreads instead of piling onto one star.
+    fn count_placement(&self, star: &str) {
+        let now = self.clock.now();
+        let mut placed = self.placed.lock();
+        placed.retain(|(at, _)| now.duration_since(*at) < self.config.lease_ttl);
+        if placed.len() < MAX_RECENT_PLACEMENTS {
+            placed.push((now, star.to_owned()));
+        }
+    }
+
+    /// The least-loaded star open to new leadership, this one included, from a fresh view.
+    async fn pick_fresh(&self) -> Result<Member, RequestError> {
+        self.refresh_members()
+            .await
+            .map_err(metastore_unavailable)?;
+        self.pick()
+    }
+
+    /// The least-loaded star open to new leadership, this one included.
+    fn pick(&self) -> Result<Member, RequestError> {
+        let mut candidates: Vec<Member> = self
+            .members
+            .read()
+            .values()
+            .filter(|m| m.id != self.config.star_id)
+            .cloned()
+            .collect();
+        let mut me = self.me();
+        if let Some(seen) = self.members.read().get(&self.config.star_id) {
+            me.streams_led = me.streams_led.max(seen.streams_led);
+        }
+        candidates.push(me);
+        let now = self.clock.now();
+        let recent = self.placed.lock().clone();
+        let load = |m: &Member| {
+            let pending = recent
+                .iter()
+                .filter(|(at, id)| *id == m.id && now.duration_since(*at) < self.config.lease_ttl)
+                .count() as u64;
+            (m.streams_led + pending, m.id.clone())
+        };
+        candidates
+            .into_iter()
+            .filter(Member::open)
+            .min_by_key(load)
+            .ok_or_else(|| {
+                self.metrics.capacity_refusals.inc();
+                RequestError::CapReached {
+                    cap: "fleet capacity",
+                    limit: self.members.read().len().max(1) as u64,
+                    what: "every star of the fleet is saturated or draining",
+                    retry_after: CAPACITY_RETRY,
+                }
+            })
+    }
+
+    /// Refuses a new stream while no star can take its leadership.
+    pub fn check_capacity(&self) -> Result<(), RequestError> {
+        self.pick().map(|_| ())
+    }
+
+    fn redirect(&self, stream: &str, leader: &Member) -> RequestError {
+        self.metrics.redirects.inc();
+        RequestError::NotLeader {
+            stream: stream.to_owned(),
+            leader_id: leader.id.clone(),
+            leader_addr: leader.advertise.clone(),
+        }
+    }
+
+    async fn member(&self, id: &str) -> Result<Option<Member>, RequestError> {
+        if let Some(member) = self.members.read().get(id) {
+            return Ok(Some(member.clone()));
+        }
+        let found = self
+            .metastore
+            .get(&star_key(id))
+            .await
+            .map_err(metastore_unavailable)?;
+        Ok(found.and_then(|kv| Member::decode(id, &kv.value)))
+    }
+
+    /// The leader of `stream`, as (id, address); this star's own when it leads it.
+    pub async fn leader_of(&self, stream: &str) -> Result<Option<Member>, RequestError> {
+        if self.led.read().contains(stream) {
+            return Ok(Some(self.me()));
+        }
+        let record = self
+            .metastore
+            .get(&leader_key(stream))
+            .await
+            .map_err(metastore_unavailable)?;
+        match record {
+            Some(kv) => self.member(&String::from_utf8_lossy(&kv.value)).await,
+            None => Ok(None),
+        }
+    }
+
+    /// The stream, when this star leads it (placing it here or elsewhere if it has no leader);
+    /// otherwise a redirect to its leader.
+    pub async fn route(&self, star: &Star, stream: &str) -> Result<Arc<StreamState>, RequestError> {
+        validate_stream_name(stream)?;
+        if self.lost.is_cancelled() {
+            return Err(RequestError::Unavailable(format!(
+                "star {} left the fleet and leads nothing; retry against another star",
+                self.config.star_id
+            )));
+        }
+        if self.led.read().contains(stream)
+            && let Some(state) = star.streams().get(stream)
+        {
+            return Ok(state);
+        }
+        let key = leader_key(stream);
+        // A placement racing another star's retries once, reading the winner.
+        for _ in 0..3 {
+            let record = self
+                .metastore
+                .get(&key)
+                .await
+                .map_err(metastore_unavailable)?;
+            let target = match record {
+                Some(kv) => {
+                    let leader = String::from_utf8_lossy(&kv.value).into_owned();
+                    if leader == self.config.star_id {
+                        return self.acquire(star, stream).await;
+                    }
+                    match self.member(&leader).await? {
+                        Some(member) => return Err(self.redirect(stream, &member)),
+                        None => {
+                            return Err(RequestError::Unavailable(format!(
+                                "stream {stream:?} is led by star {leader:?}, which is not in the \
+                                 fleet now; the stream is served again once that star restarts \
+                                 and settles its chain"
+                            )));
+                        }
+                    }
+                }
+                None => {
+                    let exists = star
+                        .streams()
+                        .catalog()
+                        .stream_exists(stream)
+                        .await
+                        .map_err(|e| RequestError::Unavailable(e.to_string()))?;
+                    if !exists {
+                        return Err(RequestError::StreamNotFound(stream.to_owned()));
+                    }
+                    self.pick_fresh().await?
+                }
+            };
+            let placed = Txn::new()
+                .compare(Compare::Missing(key.clone()))
+                .put(key.clone(), target.id.clone().into_bytes());
+            match self
+                .metastore
+                .commit(placed)
+                .await
+                .map_err(metastore_unavailable)?
+            {
+                TxnOutcome::Committed { .. } => {
+                    self.metrics.placements.inc();
+                    self.count_placement(&target.id);
+                    tracing::info!(stream, star = %target.id, "placed a stream without a leader");
+                    if target.id == self.config.star_id {
+                        return self.acquire(star, stream).await;
+                    }
+                    return Err(self.redirect(stream, &target));
+                }
+                TxnOutcome::Conflict => continue,
+            }
+        }
+        Err(RequestError::Unavailable(format!(
+            "stream {stream:?}: its leadership kept moving while this star looked it up; retry"
+        )))
+    }
+
+    async fn acquire(&self, star: &Star, stream: &str) -> Result<Arc<StreamState>, RequestError> {
+        let state = star
+            .streams()
+            .acquire(stream)
+            .await
+            .map_err(|e| RequestError::Unavailable(format!("taking up stream {stream:?}: {e}")))?
+            .ok_or_else(|| RequestError::StreamNotFound(stream.to_owned()))?;
+        let mut led = self.led.write();
+        if led.insert(stream.to_owned()) {
+            tracing::info!(stream, "leading the stream");
+        }
+        self.metrics.streams_led.set(led.len() as i64);
+        Ok(state)
+    }
+
+    /// Places a new stream's leadership right away (here when this star is open to it).
+    pub async fn place_new(&self, stream: &str) -> Result<Member, RequestError> {
+        let target = self.pick_fresh().await?;
+        let placed = Txn::new()
+            .compare(Compare::Missing(leader_key(stream)))
+            .put(leader_key(stream), target.id.clone().into_bytes());
+        if let TxnOutcome::Committed { .. } = self
+            .metastore
+            .commit(placed)
+            .await
+            .map_err(metastore_unavailable)?
+        {
+            self.metrics.placements.inc();
+            self.count_placement(&target.id);
+        }
+        Ok(target)
+    }
+
+    /// Forgets a deleted stream's leadership.
+    pub async fn forget(&self, stream: &str) -> Result<(), RequestError> {
+        self.led.write().remove(stream);
+        self.metrics.streams_led.set(self.led.read().len() as i64);
+        self.metastore
+            .commit(Txn::new().delete(leader_key(stream)))
+            .await
+            .map_err(metastore_unavailable)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_reads_back_as_written() {
+        let member = Member {
+            id: "a".into(),
+            advertise: "http://127.0.0.1:7400".into(),
+            started_ms: 17,
+            saturated: true,
+            draining: false,
+            streams_led: 3,
+        };
+        assert_eq!(Member::decode("a", &member.encode()), Some(member));
+        assert_eq!(Member::decode("a", b"garbage"), None);
+    }
+}

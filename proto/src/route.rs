@@ -1,0 +1,140 @@
+//! Reaching a stream's leader in a fleet. A star that does not lead a stream answers with a
+//! redirect (UNAVAILABLE carrying the leader's address in `leader` metadata). A [`Router`]
+//! follows redirects, remembers each stream's leader, and forgets it when the leader stops
+//! answering, so the next call asks the star it started from, which knows the new leader. The
+//! SDK and the read tier both route through one.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::v1::nova_client::NovaClient;
+
+/// Redirects followed for one call before giving up (leadership moving while it is followed).
+pub const MAX_REDIRECTS: usize = 3;
+
+/// Streams whose leader is remembered; past it the memory starts over.
+const MAX_REMEMBERED_LEADERS: usize = 10_000;
+
+/// Stars connected to at once; past it the connections start over.
+const MAX_STARS: usize = 256;
+
+#[derive(Debug, Clone)]
+pub struct Router {
+    seed: NovaClient<Channel>,
+    routes: Arc<Routes>,
+}
+
+#[derive(Debug, Default)]
+struct Routes {
+    /// Stream name to its leader's URL.
+    leaders: Mutex<HashMap<String, String>>,
+    /// Leader URL to a lazily connected client.
+    stars: Mutex<HashMap<String, NovaClient<Channel>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A client without message-size limits of its own (the server's bound the messages).
+pub fn unlimited(channel: Channel) -> NovaClient<Channel> {
+    NovaClient::new(channel)
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX)
+}
+
+impl Router {
+    /// Routes through `seed` (any star, or a gateway's configured star) until told otherwise.
+    pub fn new(seed: NovaClient<Channel>) -> Self {
+        Self {
+            seed,
+            routes: Arc::default(),
+        }
+    }
+
+    pub fn seed(&self) -> NovaClient<Channel> {
+        self.seed.clone()
+    }
+
+    /// The client for `stream`'s leader when known, else the seed.
+    pub fn stub(&self, stream: &str) -> NovaClient<Channel> {
+        let Some(url) = lock(&self.routes.leaders).get(stream).cloned() else {
+            return self.seed.clone();
+        };
+        let mut stars = lock(&self.routes.stars);
+        if let Some(client) = stars.get(&url) {
+            return client.clone();
+        }
+        let Ok(endpoint) = Endpoint::from_shared(url.clone()) else {
+            return self.seed.clone();
+        };
+        let client = unlimited(
+            endpoint
+                .connect_timeout(Duration::from_secs(5))
+                .tcp_nodelay(true)
+                .connect_lazy(),
+        );
+        if stars.len() >= MAX_STARS {
+            stars.clear();
+        }
+        stars.insert(url, client.clone());
+        client
+    }
+
+    /// Learns from a failed call about `stream`: a redirect names the leader to use from now
+    /// on; a leader that failed in a way worth retrying (unreachable, stopped leading) is
+    /// forgotten.
+    pub fn learn(&self, stream: &str, leader: Option<&str>, retryable: bool) {
+        let mut leaders = lock(&self.routes.leaders);
+        match leader {
+            Some(url) => {
+                if leaders.len() >= MAX_REMEMBERED_LEADERS {
+                    leaders.clear();
+                }
+                leaders.insert(stream.to_owned(), url.to_owned());
+            }
+            None if retryable => {
+                leaders.remove(stream);
+            }
+            None => {}
+        }
+    }
+
+    /// The leader this router would send `stream`'s calls to, if it learned one.
+    pub fn leader(&self, stream: &str) -> Option<String> {
+        lock(&self.routes.leaders).get(stream).cloned()
+    }
+
+    /// Runs a call about `stream` on its leader, following up to `MAX_REDIRECTS` redirects.
+    pub async fn call<T, F, Fut>(&self, stream: &str, call: F) -> Result<T, Status>
+    where
+        F: Fn(NovaClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let mut hops = 0;
+        loop {
+            match call(self.stub(stream)).await {
+                Ok(value) => return Ok(value),
+                Err(status) => {
+                    let leader = crate::error::leader(&status);
+                    let retryable = matches!(
+                        status.code(),
+                        Code::Unavailable | Code::Unknown | Code::Cancelled
+                    );
+                    self.learn(stream, leader.as_deref(), retryable);
+                    if leader.is_some() && hops < MAX_REDIRECTS {
+                        hops += 1;
+                        continue;
+                    }
+                    return Err(status);
+                }
+            }
+        }
+    }
+}
