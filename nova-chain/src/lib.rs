@@ -19,6 +19,7 @@ pub mod recovery;
 pub mod stall;
 pub mod streams;
 pub mod tail_cache;
+pub mod takeover;
 
 mod absorber;
 mod monitor;

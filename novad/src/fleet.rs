@@ -8,7 +8,16 @@
 //! ```text
 //! fleet/stars/{star id}        leased: advertise address, start time, load (one line each)
 //! fleet/leaders/{stream name}  the id of the star leading the stream
+//! fleet/chains/{star id}       the star has a chain that may hold acknowledged records
+//! fleet/takeover/{star id}     leased by the survivor taking that star's chain over
 //! ```
+//!
+//! A star whose lease lapses leaves its chain registered and its leader records behind. One
+//! survivor, elected by creating the takeover key, settles that chain (see
+//! `nova_chain::takeover`), then clears the departed star's leader records, so the streams are
+//! placed again, and its chain registration. Requests for those streams wait meanwhile, counted
+//! as a `predecessor_settling` stall. A star that leaves cleanly (SIGTERM) lands and absorbs
+//! everything first and clears its own records on the way out.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -17,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use parking_lot::{Mutex, RwLock};
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -25,11 +34,22 @@ use nova_chain::Star;
 use nova_chain::streams::StreamState;
 use nova_core::clock::Clock;
 use nova_core::metastore::{Compare, Metastore, MetastoreError, Txn, TxnOutcome};
+use nova_core::object_store::ObjectStore;
 use nova_proto::RequestError;
 use nova_proto::validate::validate_stream_name;
 
 const STARS: &str = "fleet/stars/";
 const LEADERS: &str = "fleet/leaders/";
+const CHAINS: &str = "fleet/chains/";
+const TAKEOVERS: &str = "fleet/takeover/";
+
+fn chain_key(id: &str) -> Vec<u8> {
+    format!("{CHAINS}{id}").into_bytes()
+}
+
+fn takeover_key(id: &str) -> Vec<u8> {
+    format!("{TAKEOVERS}{id}").into_bytes()
+}
 
 /// Placements remembered for spreading a burst of creates.
 const MAX_RECENT_PLACEMENTS: usize = 4096;
@@ -104,6 +124,10 @@ struct FleetMetrics {
     capacity_refusals: IntCounter,
     lease_age_ms: IntGauge,
     lease_lost: IntCounterVec,
+    takeovers: IntCounter,
+    takeover_seconds: Histogram,
+    leaderless_age_ms: IntGauge,
+    waits: IntCounter,
 }
 
 impl FleetMetrics {
@@ -126,7 +150,29 @@ impl FleetMetrics {
             &["cause"],
         )?;
         registry.register(Box::new(lease_lost.clone()))?;
+        let takeover_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "nova_fleet_takeover_seconds",
+                "How long this star took to settle a departed star's chain",
+            )
+            .buckets(vec![0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0]),
+        )?;
+        registry.register(Box::new(takeover_seconds.clone()))?;
         Ok(Self {
+            takeovers: counter(
+                "nova_fleet_takeovers_total",
+                "Departed stars' chains this star settled, so their streams could be led again",
+            )?,
+            takeover_seconds,
+            leaderless_age_ms: gauge(
+                "nova_fleet_leaderless_age_ms",
+                "How long the oldest departed star's chain seen here has waited to be taken \
+                 over: its streams have no leader meanwhile",
+            )?,
+            waits: counter(
+                "nova_fleet_predecessor_waits_total",
+                "Requests that waited for a departed leader's chain to be settled",
+            )?,
             stars: gauge(
                 "nova_fleet_stars",
                 "Stars registered in the fleet, as this star sees it",
@@ -172,6 +218,16 @@ pub struct Fleet {
     lost: CancellationToken,
     lost_reason: Mutex<Option<String>>,
     metrics: FleetMetrics,
+    /// Departed stars' chains not yet taken over, with when this star first saw each.
+    departed: Mutex<BTreeMap<String, Instant>>,
+}
+
+/// What a takeover needs from the star running it.
+pub struct TakeoverContext {
+    pub star: Arc<Star>,
+    pub store: Arc<dyn ObjectStore>,
+    pub backoff: nova_chain::Backoff,
+    pub max_streams: usize,
 }
 
 fn metastore_unavailable(err: MetastoreError) -> RequestError {
@@ -216,6 +272,7 @@ impl Fleet {
             lost: CancellationToken::new(),
             lost_reason: Mutex::new(None),
             metrics: FleetMetrics::new(registry)?,
+            departed: Mutex::default(),
             config,
         });
         fleet.register().await?;
@@ -241,9 +298,16 @@ impl Fleet {
         let started = self.clock.now();
         let mut logged = false;
         loop {
+            // Not while a survivor is taking this star's previous chain over: it would be
+            // recovering the same chain.
             let txn = Txn::new()
                 .compare(Compare::Missing(key.clone()))
-                .put_leased(key.clone(), self.me().encode(), self.lease);
+                .compare(Compare::Missing(takeover_key(&self.config.star_id)))
+                .put_leased(key.clone(), self.me().encode(), self.lease)
+                .put(
+                    chain_key(&self.config.star_id),
+                    self.config.star_id.clone().into_bytes(),
+                );
             match self.metastore.commit(txn).await? {
                 TxnOutcome::Committed { revision } => {
                     self.registration.store(revision, Ordering::Release);
@@ -256,6 +320,25 @@ impl Fleet {
                     return Ok(());
                 }
                 TxnOutcome::Conflict => {
+                    if self
+                        .metastore
+                        .get(&takeover_key(&self.config.star_id))
+                        .await?
+                        .is_some()
+                    {
+                        // Taking a chain over takes as long as settling it; wait it out.
+                        self.metastore.keep_alive(self.lease).await?;
+                        if !logged {
+                            tracing::warn!(
+                                star = %self.config.star_id,
+                                "a survivor is taking over this star's previous chain; waiting \
+                                 for it to finish before joining"
+                            );
+                            logged = true;
+                        }
+                        self.clock.sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
                     let holder = self
                         .metastore
                         .get(&key)
@@ -396,14 +479,6 @@ impl Fleet {
         self.draining.store(true, Ordering::Relaxed);
     }
 
-    /// Leaves the fleet: the registration goes with the lease, at once rather than a ttl later.
-    pub async fn leave(&self) {
-        self.lost.cancel();
-        if let Err(err) = self.metastore.revoke_lease(self.lease).await {
-            tracing::warn!("revoking the fleet lease failed (it lapses on its own): {err}");
-        }
-    }
-
     /// Remembers a placement on `star` for a lease ttl, by when the star has taken the stream
     /// up and published it; until then it counts toward the star's load here, so a burst of
     /// creates spreads instead of piling onto one star.
@@ -514,6 +589,16 @@ impl Fleet {
                 self.config.star_id
             )));
         }
+        // A star that cannot vouch for its lease (just woken from a pause, cut off from the
+        // metastore) leads nothing until the keeper has renewed it or given up.
+        let unrenewed = self.clock.since(*self.renewed.lock());
+        if unrenewed > self.config.lease_ttl * 3 / 4 {
+            return Err(RequestError::Unavailable(format!(
+                "star {} has not renewed its fleet lease for {unrenewed:?}; retry against \
+                 another star",
+                self.config.star_id
+            )));
+        }
         if self.led.read().contains(stream)
             && let Some(state) = star.streams().get(stream)
         {
@@ -536,11 +621,9 @@ impl Fleet {
                     match self.member(&leader).await? {
                         Some(member) => return Err(self.redirect(stream, &member)),
                         None => {
-                            return Err(RequestError::Unavailable(format!(
-                                "stream {stream:?} is led by star {leader:?}, which is not in the \
-                                 fleet now; the stream is served again once that star restarts \
-                                 and settles its chain"
-                            )));
+                            self.wait_for_successor(star, stream, &leader, kv.version)
+                                .await?;
+                            continue;
                         }
                     }
                 }
@@ -581,6 +664,226 @@ impl Fleet {
         Err(RequestError::Unavailable(format!(
             "stream {stream:?}: its leadership kept moving while this star looked it up; retry"
         )))
+    }
+
+    /// Waits while `stream`'s leader record names `departed`, a star no longer in the fleet,
+    /// whose chain a survivor must settle before the stream can be led again. The wait is a
+    /// stall with the cause `predecessor_settling`. A record left by a star whose chain is
+    /// settled already (nothing to take over) is cleared at once.
+    async fn wait_for_successor(
+        &self,
+        star: &Star,
+        stream: &str,
+        departed: &str,
+        version: u64,
+    ) -> Result<(), RequestError> {
+        let key = leader_key(stream);
+        let chain_pending = async {
+            let chain = self.metastore.get(&chain_key(departed)).await?;
+            let taking = self.metastore.get(&takeover_key(departed)).await?;
+            Ok::<bool, MetastoreError>(chain.is_some() || taking.is_some())
+        };
+        if !chain_pending.await.map_err(metastore_unavailable)? {
+            let stale = Txn::new()
+                .compare(Compare::Version(key.clone(), version))
+                .delete(key.clone());
+            self.metastore
+                .commit(stale)
+                .await
+                .map_err(metastore_unavailable)?;
+            return Ok(());
+        }
+        self.metrics.waits.inc();
+        let _stall = nova_chain::stall::Stall::begin(
+            star.metrics().clone(),
+            self.clock,
+            "leadership",
+            nova_chain::stall::StallCause::PredecessorSettling,
+            &format!(
+                "stream {stream:?} waits for star {departed:?}'s chain to be taken over (its lease \
+                 lapsed)"
+            ),
+        );
+        // A lease lapses within a ttl; settling a chain takes as long as reading its unsettled
+        // slots. Past this the client is told to retry (with the hint) instead.
+        let patience = self.config.lease_ttl * 4;
+        let started = self.clock.now();
+        while self.clock.since(started) < patience {
+            self.clock.sleep(Duration::from_millis(200)).await;
+            let record = self
+                .metastore
+                .get(&key)
+                .await
+                .map_err(metastore_unavailable)?;
+            if record.is_none_or(|kv| kv.version != version) {
+                return Ok(());
+            }
+        }
+        Err(RequestError::CapReached {
+            cap: "leadership",
+            limit: 1,
+            what: "the stream's previous leader left the fleet and its chain is still being \
+                   settled (predecessor_settling)",
+            retry_after: CAPACITY_RETRY,
+        })
+    }
+
+    /// Looks for departed stars' chains (registered, with no live star) and takes one over when
+    /// elected. Runs every third of a lease ttl until the lease is lost.
+    pub fn start_takeovers(self: &Arc<Self>, ctx: TakeoverContext) {
+        let fleet = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = fleet.clock.sleep(fleet.config.lease_ttl / 3) => {}
+                    _ = fleet.lost.cancelled() => return,
+                }
+                if let Err(err) = fleet.take_over_departed(&ctx).await {
+                    tracing::warn!("looking for departed stars to take over failed: {err}");
+                }
+            }
+        });
+    }
+
+    async fn take_over_departed(&self, ctx: &TakeoverContext) -> Result<(), MetastoreError> {
+        let chains = self.metastore.scan(CHAINS.as_bytes(), None, 1000).await?;
+        let live: HashSet<String> = self.members.read().keys().cloned().collect();
+        let now = self.clock.now();
+        let mut departed: Vec<String> = Vec::new();
+        for kv in &chains {
+            let id = String::from_utf8_lossy(&kv.key[CHAINS.len()..]).into_owned();
+            if id != self.config.star_id && !live.contains(&id) {
+                departed.push(id);
+            }
+        }
+        {
+            let mut seen = self.departed.lock();
+            seen.retain(|id, _| departed.contains(id));
+            for id in &departed {
+                seen.entry(id.clone()).or_insert(now);
+            }
+            let oldest = seen.values().map(|at| now.duration_since(*at)).max();
+            self.metrics
+                .leaderless_age_ms
+                .set(oldest.map_or(0, |age| age.as_millis() as i64));
+        }
+        for id in departed {
+            if self.lost.is_cancelled() {
+                return Ok(());
+            }
+            // Elected by creating the takeover key, only while the star is still gone.
+            let elect = Txn::new()
+                .compare(Compare::Missing(star_key(&id)))
+                .compare(Compare::Missing(takeover_key(&id)))
+                .put_leased(
+                    takeover_key(&id),
+                    self.config.star_id.clone().into_bytes(),
+                    self.lease,
+                );
+            if self.metastore.commit(elect).await? == TxnOutcome::Conflict {
+                continue;
+            }
+            let outcome = self.take_over(ctx, &id).await;
+            if let Err(err) = self
+                .metastore
+                .commit(Txn::new().delete(takeover_key(&id)))
+                .await
+            {
+                tracing::warn!(star = %id, "releasing the takeover (it lapses with this star's lease): {err}");
+            }
+            if let Err(err) = outcome {
+                tracing::error!(star = %id, "taking over the chain of a departed star failed; it is tried again: {err}");
+            }
+        }
+        Ok(())
+    }
+
+    async fn take_over(&self, ctx: &TakeoverContext, departed: &str) -> anyhow::Result<()> {
+        let started = self.clock.now();
+        tracing::info!(star = %departed, "taking over the chain of a departed star");
+        let catalog = ctx.star.streams().catalog().clone();
+        let recovered = nova_chain::takeover::take_over(
+            departed,
+            &ctx.store,
+            &catalog,
+            &ctx.backoff,
+            ctx.max_streams,
+        )
+        .await?;
+        // Its streams may be placed again: clear the records naming it.
+        let released = self.release_records_of(departed).await?;
+        self.metastore
+            .commit(Txn::new().delete(chain_key(departed)))
+            .await?;
+        let took = self.clock.since(started);
+        self.metrics.takeovers.inc();
+        self.metrics.takeover_seconds.observe(took.as_secs_f64());
+        self.departed.lock().remove(departed);
+        tracing::info!(
+            star = %departed,
+            settled_flights = recovered.as_ref().map_or(0, |r| r.settled_flights),
+            streams_released = released,
+            took_ms = took.as_millis() as u64,
+            "took over the chain of a departed star; its streams are placed again on demand"
+        );
+        Ok(())
+    }
+
+    /// Deletes every leader record naming `star` (each only if unchanged since read). Returns
+    /// how many.
+    async fn release_records_of(&self, star: &str) -> Result<u64, MetastoreError> {
+        let mut released = 0;
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = self
+                .metastore
+                .scan(LEADERS.as_bytes(), after.as_deref(), 500)
+                .await?;
+            let done = page.len() < 500;
+            for kv in &page {
+                if kv.value == star.as_bytes() {
+                    let release = Txn::new()
+                        .compare(Compare::Version(kv.key.clone(), kv.version))
+                        .delete(kv.key.clone());
+                    if let TxnOutcome::Committed { .. } = self.metastore.commit(release).await? {
+                        released += 1;
+                    }
+                }
+            }
+            after = page.last().map(|kv| kv.key.clone());
+            if done {
+                return Ok(released);
+            }
+        }
+    }
+
+    /// Leaves the fleet after a clean shutdown (everything admitted landed and was absorbed):
+    /// this star's streams are released to be placed on the others and its chain needs no
+    /// takeover. After an unclean one the chain stays registered, for a survivor to settle.
+    pub async fn leave(&self, drained: bool) {
+        self.lost.cancel();
+        if drained {
+            let cleared = async {
+                let released = self.release_records_of(&self.config.star_id).await?;
+                self.metastore
+                    .commit(Txn::new().delete(chain_key(&self.config.star_id)))
+                    .await?;
+                Ok::<u64, MetastoreError>(released)
+            };
+            match cleared.await {
+                Ok(released) => tracing::info!(
+                    streams_released = released,
+                    "left the fleet: this star's streams are placed on the others on demand"
+                ),
+                Err(err) => tracing::warn!(
+                    "releasing this star's streams failed; a survivor takes its chain over once \
+                     the lease lapses: {err}"
+                ),
+            }
+        }
+        if let Err(err) = self.metastore.revoke_lease(self.lease).await {
+            tracing::warn!("revoking the fleet lease failed (it lapses on its own): {err}");
+        }
     }
 
     async fn acquire(&self, star: &Star, stream: &str) -> Result<Arc<StreamState>, RequestError> {

@@ -185,6 +185,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     };
     let _ = ready.set(star.clone());
+    if let Some(fleet) = &fleet {
+        fleet.start_takeovers(crate::fleet::TakeoverContext {
+            star: star.clone(),
+            store: store.clone(),
+            backoff: config.chain().backoff(),
+            max_streams: config.max_streams as usize,
+        });
+    }
     // After recovery: the auditor settles what the star has absorbed, never ahead of it.
     let auditor = if config.auditor {
         Some(
@@ -352,7 +360,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     server.abort();
     if let Some(fleet) = &fleet {
-        fleet.leave().await;
+        fleet.leave(drained.is_ok()).await;
     }
     let _ = tokio::time::timeout(Duration::from_secs(2), metrics_task).await;
     match (drained, failure) {

@@ -259,6 +259,20 @@ impl Novad {
         }
     }
 
+    /// Freezes the process (SIGSTOP): it neither runs nor answers, as a long GC pause or a
+    /// stalled VM would leave it, with its connections still open.
+    pub fn pause(&self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, libc::SIGSTOP);
+        }
+    }
+
+    pub fn resume(&self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, libc::SIGCONT);
+        }
+    }
+
     /// Sends SIGTERM and waits for the exit, up to `timeout`.
     pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
         let mut child = self.child.take().expect("novad is running");
