@@ -69,6 +69,7 @@ pub(crate) async fn run_absorber(
             // The chain is someone else's now; the successor settles these slots.
             continue;
         }
+        rebase_moved_streams(&shared, &group, &mut tails).await;
         let last_slot = group.last().map(|l| l.slot).unwrap_or_default();
         let mut batch = AbsorbBatch::default();
         let mut touched = HashMap::new();
@@ -104,6 +105,40 @@ pub(crate) async fn run_absorber(
         shared.pending.absorbed_through(last_slot);
         shared.metrics.flights_absorbed.inc_by(group.len() as u64);
         // Dropping the group returns its backlog permits.
+    }
+}
+
+/// Takes the absorbed tail from the catalog for each stream whose records this chain does not
+/// continue: in a fleet, a stream this star leads anew (created elsewhere, or led by another
+/// star since this star last did) continues from what its previous leader absorbed. Without
+/// this the stored bytes written back would count only this star's share.
+async fn rebase_moved_streams(
+    shared: &Shared,
+    group: &[Landed],
+    tails: &mut HashMap<u64, StreamTail>,
+) {
+    let mut seen = std::collections::HashSet::new();
+    for entry in group.iter().flat_map(|l| l.entries.iter()) {
+        if !seen.insert(entry.stream_id) {
+            continue;
+        }
+        let continues = tails
+            .get(&entry.stream_id)
+            .is_some_and(|t| t.tail_seq == entry.start_seq);
+        if continues || entry.start_seq == 0 {
+            continue;
+        }
+        match shared.catalog.stream_tail(entry.stream_id).await {
+            Ok(tail) => {
+                tails.insert(entry.stream_id, tail);
+            }
+            // The tail is then counted from what this star knew; its sequence is exact either
+            // way (each entry sets it).
+            Err(err) => tracing::warn!(
+                stream_id = entry.stream_id,
+                "reading a stream's absorbed tail to continue it: {err}"
+            ),
+        }
     }
 }
 

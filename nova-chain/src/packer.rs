@@ -284,6 +284,8 @@ impl Packer {
             let _ = sub.reply.send(Err(RequestError::Unavailable(reason)));
             return;
         }
+        let stream = sub.stream.clone();
+        let admitting = stream.admitting();
         if let Some(refusal) = sub.stream.refusal() {
             let _ = sub.reply.send(Err(refusal));
             return;
@@ -310,6 +312,7 @@ impl Packer {
             end: next + records,
         };
         sub.stream.set_next_seq(range.end);
+        drop(admitting);
         let clock = self.shared.config.clock;
         let open = self
             .open

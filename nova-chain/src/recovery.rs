@@ -165,7 +165,8 @@ impl Retryable for FetchError {
 
 impl Retryable for CatalogError {
     fn outage(&self) -> bool {
-        matches!(self, CatalogError::Metastore(_))
+        // A transaction over the metastore's limit fails the same way every time.
+        matches!(self, CatalogError::Metastore(e) if !matches!(e, nova_core::metastore::MetastoreError::TooLarge { .. }))
     }
 }
 
@@ -368,6 +369,9 @@ async fn settle_flight(
         ));
     }
     batch.tails = moved.iter().map(|(s, tail)| (s.id(), *tail)).collect();
+    // A flight written before flights were capped may move more streams than one transaction
+    // holds; recovery is the chain's only writer now, so its tails may go ahead too.
+    batch.spill_tails = true;
     let state = ChainState {
         epoch: chain.state.epoch,
         checkpoint: Some(flight.meta.slot),

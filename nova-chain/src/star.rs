@@ -258,6 +258,41 @@ impl Star {
         self.shared.fence(reason);
     }
 
+    /// Readies a stream to be led elsewhere: refuses its appends from now on, waits until every
+    /// append already admitted is resolved and absorbed (the catalog's tail reaches where the
+    /// next append would have started), and drops its records from the tail cache. On `Err`
+    /// (the wait ran past `timeout`, or the catalog failed) the stream takes appends again.
+    pub async fn release(&self, stream: &StreamState, timeout: Duration) -> Result<(), String> {
+        stream.set_released(true);
+        let clock = self.shared.config.clock;
+        let started = clock.now();
+        loop {
+            let absorbed = self
+                .shared
+                .catalog
+                .stream_tail(stream.id())
+                .await
+                .map(|t| t.tail_seq);
+            match absorbed {
+                Ok(tail) if tail >= stream.next_seq() => break,
+                Ok(_) => {}
+                Err(err) => {
+                    stream.set_released(false);
+                    return Err(format!("reading the stream's absorbed tail: {err}"));
+                }
+            }
+            if self.fenced().is_some() || clock.since(started) >= timeout {
+                stream.set_released(false);
+                return Err(format!(
+                    "appends admitted before the handoff were not absorbed within {timeout:?}"
+                ));
+            }
+            clock.sleep(Duration::from_millis(20)).await;
+        }
+        self.shared.tail_cache.forget_stream(stream.id());
+        Ok(())
+    }
+
     /// Why the star refuses appends, if it lost its chain.
     pub fn fenced(&self) -> Option<String> {
         self.shared.fenced()

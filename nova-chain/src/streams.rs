@@ -28,6 +28,11 @@ pub struct StreamState {
     /// Encoded bytes of the acknowledged records.
     stored_bytes: AtomicU64,
     deleted: AtomicBool,
+    /// Being handed to another star, in a fleet: appends are refused from here on.
+    released: AtomicBool,
+    /// Held by the packer from the refusal check to the sequence assignment, and by a release
+    /// setting `released`: once a release holds it, no batch can be between the two.
+    admitting: parking_lot::Mutex<()>,
     /// A delete of this stream has an unknown outcome: appends are refused until a delete
     /// settles it (or a restart finds what the catalog says).
     in_doubt: AtomicBool,
@@ -48,6 +53,8 @@ impl StreamState {
             acked: AtomicU64::new(tail.tail_seq),
             stored_bytes: AtomicU64::new(tail.stored_bytes),
             deleted: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+            admitting: parking_lot::Mutex::new(()),
             in_doubt: AtomicBool::new(false),
             retention: parking_lot::Mutex::new(meta.retention),
             meta,
@@ -129,13 +136,32 @@ impl StreamState {
             .store(read_ms.max(1), Ordering::Release);
     }
 
+    /// Refuses appends from now on (`true`), or takes them again. Returns once no batch is
+    /// between its refusal check and its sequence assignment, so `next_seq` read after a
+    /// release is final.
+    pub fn set_released(&self, released: bool) {
+        let _admitting = self.admitting.lock();
+        self.released.store(released, Ordering::Release);
+    }
+
+    /// Held while the packer checks and assigns a batch's sequence numbers.
+    pub(crate) fn admitting(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.admitting.lock()
+    }
+
     pub fn is_deleted(&self) -> bool {
         self.deleted.load(Ordering::Acquire)
     }
 
     /// Why an append to this stream is refused now, if it is.
     pub fn refusal(&self) -> Option<RequestError> {
-        if self.is_deleted() {
+        if self.released.load(Ordering::Acquire) {
+            Some(RequestError::Unavailable(format!(
+                "stream {:?} is being handed to another star; retry (the SDK follows the \
+                 redirect to its new leader)",
+                self.name()
+            )))
+        } else if self.is_deleted() {
             Some(RequestError::StreamNotFound(self.name().to_owned()))
         } else if self.in_doubt.load(Ordering::Acquire) {
             Some(RequestError::Unavailable(format!(
@@ -536,6 +562,7 @@ impl StreamRegistry {
             let added = tail.stored_bytes.saturating_sub(state.stored_bytes());
             state.set_next_seq(tail.tail_seq.max(state.tail()));
             state.advance_tail(tail.tail_seq, added);
+            state.set_released(false);
             return Ok(Some(state));
         }
         if self.len() >= self.max_streams {

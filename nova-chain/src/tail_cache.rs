@@ -164,6 +164,31 @@ impl TailCache {
             .map(|run| run.start_seq)
     }
 
+    /// Drops a stream's cached records, returning their share of the budget: for a stream
+    /// handed to another star, whose records this star will not serve again (if it leads the
+    /// stream later, its cache starts over from the tail it takes up).
+    pub fn forget_stream(&self, stream_id: u64) {
+        let mut inner = self.inner.lock();
+        let Some(runs) = inner.by_stream.remove(&stream_id) else {
+            return;
+        };
+        let mut freed = 0;
+        for (end_seq, run) in runs {
+            let charge = run.charge();
+            freed += charge;
+            if let Some(flight) = inner
+                .flights
+                .iter_mut()
+                .find(|f| f.runs.contains(&(stream_id, end_seq)))
+            {
+                flight.charge -= charge;
+                flight.runs.retain(|key| *key != (stream_id, end_seq));
+            }
+        }
+        inner.used -= freed;
+        self.metrics.in_use.set(inner.used as i64);
+    }
+
     /// Slots currently cached, oldest first (for tests and diagnostics).
     pub fn slots(&self) -> Vec<u64> {
         self.inner.lock().flights.iter().map(|f| f.slot).collect()
@@ -194,6 +219,25 @@ mod tests {
     fn cache(capacity: u64) -> (TailCache, TailCacheMetrics) {
         let metrics = Metrics::new().tail_cache;
         (TailCache::new(capacity, metrics.clone()), metrics)
+    }
+
+    #[test]
+    fn a_forgotten_stream_gives_its_share_back() {
+        let unit = 1000 + PER_FRAGMENT_OVERHEAD;
+        let (cache, _metrics) = cache(10 * unit);
+        cache.insert(0, vec![run(1, 0, 10, 1000), run(2, 0, 10, 1000)]);
+        cache.insert(1, vec![run(1, 10, 10, 1000)]);
+        assert_eq!(cache.used(), 3 * unit);
+        cache.forget_stream(1);
+        assert_eq!(cache.used(), unit);
+        assert!(cache.lookup(1, 5).is_none() && cache.earliest(1).is_none());
+        assert_eq!(cache.lookup(2, 5).unwrap().start_seq, 0);
+        // Eviction afterwards accounts what is left, and nothing below zero.
+        for slot in 2..12 {
+            cache.insert(slot, vec![run(3, slot * 10, 10, 1000)]);
+        }
+        assert!(cache.used() <= cache.capacity());
+        assert!(cache.lookup(2, 5).is_none());
     }
 
     #[test]

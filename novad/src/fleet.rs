@@ -125,6 +125,7 @@ struct FleetMetrics {
     lease_age_ms: IntGauge,
     lease_lost: IntCounterVec,
     takeovers: IntCounter,
+    handoffs: IntCounterVec,
     takeover_seconds: Histogram,
     leaderless_age_ms: IntGauge,
     waits: IntCounter,
@@ -150,6 +151,14 @@ impl FleetMetrics {
             &["cause"],
         )?;
         registry.register(Box::new(lease_lost.clone()))?;
+        let handoffs = IntCounterVec::new(
+            Opts::new(
+                "nova_fleet_handoffs_total",
+                "Streams this star handed to another star, by why",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(handoffs.clone()))?;
         let takeover_seconds = Histogram::with_opts(
             HistogramOpts::new(
                 "nova_fleet_takeover_seconds",
@@ -159,6 +168,7 @@ impl FleetMetrics {
         )?;
         registry.register(Box::new(takeover_seconds.clone()))?;
         Ok(Self {
+            handoffs,
             takeovers: counter(
                 "nova_fleet_takeovers_total",
                 "Departed stars' chains this star settled, so their streams could be led again",
@@ -211,6 +221,8 @@ pub struct Fleet {
     renewed: Mutex<Instant>,
     members: RwLock<BTreeMap<String, Member>>,
     led: RwLock<HashSet<String>>,
+    /// Serialises taking streams up.
+    acquiring: tokio::sync::Mutex<()>,
     /// Placements made here in the last lease ttl: (when, star).
     placed: Mutex<Vec<(Instant, String)>>,
     saturated: AtomicBool,
@@ -267,6 +279,7 @@ impl Fleet {
             members: RwLock::default(),
             led: RwLock::default(),
             placed: Mutex::default(),
+            acquiring: tokio::sync::Mutex::new(()),
             saturated: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             lost: CancellationToken::new(),
@@ -474,9 +487,12 @@ impl Fleet {
         self.saturated.store(saturated, Ordering::Relaxed);
     }
 
-    /// From now on this star takes no new leadership.
-    pub fn set_draining(&self) {
+    /// From now on this star takes no new leadership; the fleet hears it at once.
+    pub async fn set_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
+        if let Err(err) = self.publish().await {
+            tracing::warn!("publishing that this star drains failed: {err}");
+        }
     }
 
     /// Remembers a placement on `star` for a lease ttl, by when the star has taken the stream
@@ -501,6 +517,11 @@ impl Fleet {
 
     /// The least-loaded star open to new leadership, this one included.
     fn pick(&self) -> Result<Member, RequestError> {
+        self.pick_among(true)
+    }
+
+    /// The least-loaded star open to new leadership, this one included or not.
+    fn pick_among(&self, me_too: bool) -> Result<Member, RequestError> {
         let mut candidates: Vec<Member> = self
             .members
             .read()
@@ -512,7 +533,9 @@ impl Fleet {
         if let Some(seen) = self.members.read().get(&self.config.star_id) {
             me.streams_led = me.streams_led.max(seen.streams_led);
         }
-        candidates.push(me);
+        if me_too {
+            candidates.push(me);
+        }
         let now = self.clock.now();
         let recent = self.placed.lock().clone();
         let load = |m: &Member| {
@@ -780,16 +803,27 @@ impl Fleet {
                     self.config.star_id.clone().into_bytes(),
                     self.lease,
                 );
-            if self.metastore.commit(elect).await? == TxnOutcome::Conflict {
+            let TxnOutcome::Committed { revision } = self.metastore.commit(elect).await? else {
                 continue;
-            }
-            let outcome = self.take_over(ctx, &id).await;
-            if let Err(err) = self
-                .metastore
-                .commit(Txn::new().delete(takeover_key(&id)))
-                .await
-            {
-                tracing::warn!(star = %id, "releasing the takeover (it lapses with this star's lease): {err}");
+            };
+            // Every step that changes what others see holds only while this star still holds
+            // the election (its lease could lapse mid-way, and the departed star rejoin).
+            let guard = Compare::Version(takeover_key(&id), revision);
+            let outcome = tokio::select! {
+                outcome = self.take_over(ctx, &id, guard.clone()) => outcome,
+                _ = self.lost.cancelled() => Err(anyhow::anyhow!("this star's lease was lost")),
+            };
+            // Left behind, the key would keep the departed star from rejoining for as long as
+            // this star lives: retry until it goes (or the lease, and the key with it, does).
+            let release = Txn::new().compare(guard).delete(takeover_key(&id));
+            let mut attempt = 0u32;
+            while let Err(err) = self.metastore.commit(release.clone()).await {
+                attempt += 1;
+                tracing::warn!(star = %id, attempt, "releasing the takeover failed; retrying: {err}");
+                tokio::select! {
+                    _ = self.clock.sleep(Duration::from_millis(500)) => {}
+                    _ = self.lost.cancelled() => break,
+                }
             }
             if let Err(err) = outcome {
                 tracing::error!(star = %id, "taking over the chain of a departed star failed; it is tried again: {err}");
@@ -798,7 +832,12 @@ impl Fleet {
         Ok(())
     }
 
-    async fn take_over(&self, ctx: &TakeoverContext, departed: &str) -> anyhow::Result<()> {
+    async fn take_over(
+        &self,
+        ctx: &TakeoverContext,
+        departed: &str,
+        guard: Compare,
+    ) -> anyhow::Result<()> {
         let started = self.clock.now();
         tracing::info!(star = %departed, "taking over the chain of a departed star");
         let catalog = ctx.star.streams().catalog().clone();
@@ -811,10 +850,14 @@ impl Fleet {
         )
         .await?;
         // Its streams may be placed again: clear the records naming it.
-        let released = self.release_records_of(departed).await?;
-        self.metastore
-            .commit(Txn::new().delete(chain_key(departed)))
+        let released = self
+            .release_records_of(departed, Some(guard.clone()))
             .await?;
+        let cleared = Txn::new().compare(guard).delete(chain_key(departed));
+        anyhow::ensure!(
+            self.metastore.commit(cleared).await? != TxnOutcome::Conflict,
+            "lost the election for {departed:?} before clearing its chain"
+        );
         let took = self.clock.since(started);
         self.metrics.takeovers.inc();
         self.metrics.takeover_seconds.observe(took.as_secs_f64());
@@ -829,9 +872,120 @@ impl Fleet {
         Ok(())
     }
 
+    /// Moves every leader record naming `star` to the least-loaded other star open to
+    /// leadership (each only if unchanged since read), or deletes it when none is, to be
+    /// placed on demand. Returns how many. For a star leaving after landing and absorbing
+    /// everything it admitted.
+    async fn hand_off_records_of(&self, star: &str) -> Result<u64, MetastoreError> {
+        let mut moved = 0;
+        let mut after: Option<Vec<u8>> = None;
+        // A fresh view, without this star: it is leaving.
+        if let Err(err) = self.refresh_members().await {
+            tracing::warn!("refreshing the fleet view before handing streams off: {err}");
+        }
+        self.draining.store(true, Ordering::Relaxed);
+        loop {
+            let page = self
+                .metastore
+                .scan(LEADERS.as_bytes(), after.as_deref(), 500)
+                .await?;
+            let done = page.len() < 500;
+            for kv in &page {
+                if kv.value != star.as_bytes() {
+                    continue;
+                }
+                let compare = Compare::Version(kv.key.clone(), kv.version);
+                let txn = match self.pick_among(false) {
+                    Ok(target) => {
+                        self.count_placement(&target.id);
+                        Txn::new()
+                            .compare(compare)
+                            .put(kv.key.clone(), target.id.into_bytes())
+                    }
+                    Err(_) => Txn::new().compare(compare).delete(kv.key.clone()),
+                };
+                if let TxnOutcome::Committed { .. } = self.metastore.commit(txn).await? {
+                    self.metrics.handoffs.with_label_values(&["leaving"]).inc();
+                    moved += 1;
+                }
+            }
+            after = page.last().map(|kv| kv.key.clone());
+            if done {
+                return Ok(moved);
+            }
+        }
+    }
+
+    /// Hands one stream this star leads to the least-loaded other star open to leadership:
+    /// stops admitting for it, lets what was admitted land and be absorbed, then moves the
+    /// leader record with a compare-and-set. Its producers are redirected from then on.
+    pub async fn hand_off(&self, star: &Star, stream: &str, reason: &str) -> anyhow::Result<()> {
+        let target = self
+            .pick_among(false)
+            .map_err(|_| anyhow::anyhow!("no other star is open to leadership"))?;
+        let key = leader_key(stream);
+        let record = self
+            .metastore
+            .get(&key)
+            .await?
+            .filter(|kv| kv.value == self.config.star_id.as_bytes())
+            .ok_or_else(|| anyhow::anyhow!("this star no longer leads {stream:?}"))?;
+        let state = star
+            .streams()
+            .get(stream)
+            .ok_or_else(|| anyhow::anyhow!("stream {stream:?} is not here"))?;
+        star.release(&state, self.config.lease_ttl)
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?;
+        let moved = Txn::new()
+            .compare(Compare::Version(key.clone(), record.version))
+            .put(key, target.id.clone().into_bytes());
+        let outcome = self.metastore.commit(moved).await;
+        if !matches!(outcome, Ok(TxnOutcome::Committed { .. })) {
+            // Still ours (the record is only moved by its leader or a takeover of it).
+            state.set_released(false);
+            anyhow::bail!("moving the leader record failed: {outcome:?}");
+        }
+        self.led.write().remove(stream);
+        self.metrics.streams_led.set(self.led.read().len() as i64);
+        self.metrics.handoffs.with_label_values(&[reason]).inc();
+        self.count_placement(&target.id);
+        tracing::info!(stream, to = %target.id, reason, "handed the stream off");
+        Ok(())
+    }
+
+    /// While this star is saturated, hands one stream off every third of a lease ttl, until
+    /// it clears or leads nothing.
+    pub fn start_balancing(self: &Arc<Self>, star: Arc<Star>) {
+        let fleet = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = fleet.clock.sleep(fleet.config.lease_ttl / 3) => {}
+                    _ = fleet.lost.cancelled() => return,
+                }
+                if !fleet.saturated.load(Ordering::Relaxed)
+                    || fleet.draining.load(Ordering::Relaxed)
+                {
+                    continue;
+                }
+                let Some(stream) = fleet.led.read().iter().next().cloned() else {
+                    continue;
+                };
+                if let Err(err) = fleet.hand_off(&star, &stream, "saturated").await {
+                    tracing::warn!(stream, "handing a stream off while saturated failed: {err}");
+                }
+            }
+        });
+    }
+
     /// Deletes every leader record naming `star` (each only if unchanged since read). Returns
     /// how many.
-    async fn release_records_of(&self, star: &str) -> Result<u64, MetastoreError> {
+    async fn release_records_of(
+        &self,
+        star: &str,
+        guard: Option<Compare>,
+    ) -> Result<u64, MetastoreError> {
         let mut released = 0;
         let mut after: Option<Vec<u8>> = None;
         loop {
@@ -842,9 +996,12 @@ impl Fleet {
             let done = page.len() < 500;
             for kv in &page {
                 if kv.value == star.as_bytes() {
-                    let release = Txn::new()
+                    let mut release = Txn::new()
                         .compare(Compare::Version(kv.key.clone(), kv.version))
                         .delete(kv.key.clone());
+                    if let Some(guard) = &guard {
+                        release = release.compare(guard.clone());
+                    }
                     if let TxnOutcome::Committed { .. } = self.metastore.commit(release).await? {
                         released += 1;
                     }
@@ -864,7 +1021,7 @@ impl Fleet {
         self.lost.cancel();
         if drained {
             let cleared = async {
-                let released = self.release_records_of(&self.config.star_id).await?;
+                let released = self.hand_off_records_of(&self.config.star_id).await?;
                 self.metastore
                     .commit(Txn::new().delete(chain_key(&self.config.star_id)))
                     .await?;
@@ -887,6 +1044,14 @@ impl Fleet {
     }
 
     async fn acquire(&self, star: &Star, stream: &str) -> Result<Arc<StreamState>, RequestError> {
+        // One at a time: two requests taking the same stream up at once must not both reset
+        // its position (the second would rewind what the first already admitted).
+        let _acquiring = self.acquiring.lock().await;
+        if self.led.read().contains(stream)
+            && let Some(state) = star.streams().get(stream)
+        {
+            return Ok(state);
+        }
         let state = star
             .streams()
             .acquire(stream)
@@ -907,16 +1072,20 @@ impl Fleet {
         let placed = Txn::new()
             .compare(Compare::Missing(leader_key(stream)))
             .put(leader_key(stream), target.id.clone().into_bytes());
-        if let TxnOutcome::Committed { .. } = self
+        match self
             .metastore
             .commit(placed)
             .await
             .map_err(metastore_unavailable)?
         {
-            self.metrics.placements.inc();
-            self.count_placement(&target.id);
+            TxnOutcome::Committed { .. } => {
+                self.metrics.placements.inc();
+                self.count_placement(&target.id);
+                Ok(target)
+            }
+            // Placed meanwhile (a request for it arrived first): report where.
+            TxnOutcome::Conflict => Ok(self.leader_of(stream).await?.unwrap_or(target)),
         }
-        Ok(target)
     }
 
     /// Forgets a deleted stream's leadership.

@@ -192,6 +192,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             backoff: config.chain().backoff(),
             max_streams: config.max_streams as usize,
         });
+        fleet.start_balancing(star.clone());
     }
     // After recovery: the auditor settles what the star has absorbed, never ahead of it.
     let auditor = if config.auditor {
@@ -344,7 +345,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     stopping.cancel();
     if let Some(fleet) = &fleet {
-        fleet.set_draining();
+        fleet.set_draining().await;
     }
     set_health(&health, false).await;
     metrics.ready.set(0);
@@ -360,7 +361,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     server.abort();
     if let Some(fleet) = &fleet {
-        fleet.leave(drained.is_ok()).await;
+        // A star that stopped acknowledging (fenced, or its lease lapsed) may hold acknowledged
+        // flights it could not absorb: its chain stays registered for a survivor to settle.
+        fleet
+            .leave(drained.is_ok() && star.fenced().is_none())
+            .await;
     }
     let _ = tokio::time::timeout(Duration::from_secs(2), metrics_task).await;
     match (drained, failure) {

@@ -348,3 +348,145 @@ async fn a_star_paused_past_its_lease_is_taken_over_and_acknowledges_nothing_mor
     })
     .await;
 }
+
+/// Budgets small enough that a star's saturation is set by its sessions: 48 MiB of fixed terms
+/// and 8 MiB per session under a 64 MiB ceiling reads 0.75 idle (clear: below 0.9 − 0.1),
+/// 0.875 with one session, and saturated from two.
+const SMALL_BUDGETS: [&str; 15] = [
+    // The admission term is at least what the largest batch can hold.
+    "--max-batch-bytes",
+    "1MiB",
+    "--s3-memory-buffer-mib",
+    "16",
+    "--tail-window-cache-mib",
+    "16",
+    "--read-memory-mib",
+    "16",
+    "--auditor",
+    "false",
+    "--grpc-stream-window-kib",
+    "8192",
+    "--max-producer-sessions",
+    "64",
+    "--allow-memory-overcommit",
+];
+
+fn small_star(etcd: &Etcd, moto: &Moto, id: &str, ceiling: &str) -> NovadBuilder {
+    star(etcd, moto, id)
+        .args(SMALL_BUDGETS)
+        .args(["--memory-ceiling", ceiling])
+}
+
+/// A saturated star takes no new leadership: streams created while it is saturated go to the
+/// others; when every star is saturated, creating a stream is refused with RESOURCE_EXHAUSTED
+/// naming the fleet's capacity, with a retry hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saturated_stars_take_no_new_streams_and_a_full_fleet_refuses_with_a_hint() {
+    let etcd = Etcd::start();
+    let moto = Moto::start();
+    moto.create_bucket(BUCKET);
+    // 48 MiB of fixed terms under 32 MiB: saturated from the start.
+    let full = small_star(&etcd, &moto, "full-0", "32MiB").start();
+    let open = star(&etcd, &moto, "open-0").start();
+    let entry = client(&full).await;
+    let streams: Vec<String> = (0..4).map(|i| format!("n{i}")).collect();
+    eventually(
+        Duration::from_secs(10),
+        "the saturated star to say so",
+        || full.metric("nova_memory_saturated") == Some(1.0),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for stream in &streams {
+        let info = entry.create_stream(stream).await.expect("create");
+        assert_eq!(
+            info.leader_id, "open-0",
+            "{stream} placed on a saturated star"
+        );
+    }
+    drop(open);
+    // Its lease lapses, and the fleet sees it gone.
+    tokio::time::sleep(Duration::from_secs(TTL_SECS + 2)).await;
+    let mut full2 = small_star(&etcd, &moto, "full-1", "32MiB").start();
+    // The open star is gone (killed: its streams wait for a takeover); both left are full.
+    eventually(
+        Duration::from_secs(20),
+        "the fleet to see both full stars",
+        || full.metric("nova_fleet_stars") == Some(2.0),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let refused = entry
+        .create_stream("one-more")
+        .await
+        .expect_err("a full fleet refuses new streams");
+    assert_eq!(
+        refused.code(),
+        Some(tonic::Code::ResourceExhausted),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("fleet capacity"), "{refused}");
+    match &refused {
+        nova_client::Error::Status { retry_after, .. } => {
+            assert!(retry_after.is_some(), "a retry hint")
+        }
+        other => panic!("{other}"),
+    }
+    let refusals: f64 = [&full, &full2]
+        .iter()
+        .filter_map(|s| s.metric("nova_fleet_capacity_refusals_total"))
+        .sum();
+    assert!(refusals >= 1.0);
+    full2.kill9();
+}
+
+/// A star pushed over its saturation threshold by its producers' sessions hands streams off,
+/// one at a time, until it clears; the producers follow their streams and lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_star_hands_streams_off_until_it_clears() {
+    let etcd = Etcd::start();
+    let moto = Moto::start();
+    moto.create_bucket(BUCKET);
+    let stars = [
+        star(&etcd, &moto, "a").start(),
+        star(&etcd, &moto, "b").start(),
+        small_star(&etcd, &moto, "c", "64MiB").start(),
+    ];
+    let entry = client(&stars[0]).await;
+    let streams: Vec<String> = (0..9).map(|i| format!("h{i}")).collect();
+    for stream in &streams {
+        entry.create_stream(stream).await.expect("create");
+    }
+    let placed = leaders(&entry, &streams).await;
+    let on_c = placed.values().filter(|l| *l == "c").count();
+    assert!(on_c >= 2, "star c leads {on_c} streams: {placed:?}");
+    let producers: Vec<_> = streams
+        .iter()
+        .map(|stream| tokio::spawn(produce(entry.clone(), stream.clone(), 1200)))
+        .collect();
+    eventually(Duration::from_secs(20), "star c to saturate", || {
+        stars[2].metric("nova_memory_saturated") == Some(1.0)
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while stars[2].metric("nova_memory_saturated") != Some(0.0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "star c did not hand streams off and clear:\n{}",
+            stars[2].log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let handoffs = stars[2]
+        .metric("nova_fleet_handoffs_total{reason=\"saturated\"}")
+        .unwrap_or(0.0);
+    assert!(handoffs >= 1.0, "handoffs: {handoffs}");
+    let mut acked = Vec::new();
+    for producer in producers {
+        acked.push(producer.await.expect("producer task"));
+    }
+    for (stream, acked) in streams.iter().zip(&acked) {
+        assert_eq!(acked.len(), 1200);
+        check_exactly_once(&entry, stream, acked).await;
+    }
+}

@@ -185,6 +185,11 @@ pub struct AbsorbBatch {
     pub tails: Vec<(u64, StreamTail)>,
     /// Deleted streams whose tail keys are removed (a no-op when already gone).
     pub forget: Vec<u64>,
+    /// May the tails, too, be written ahead of the chain move when the whole does not fit one
+    /// transaction? Only for a writer whose tails nobody else moves meanwhile: recovery and
+    /// takeover settling a chain (a predecessor still absorbing the same flights writes the
+    /// same values).
+    pub spill_tails: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -841,13 +846,23 @@ impl Catalog {
     /// operations), so this serves flights written before that cap, met again by recovery.
     async fn spill(&self, mut batch: AbsorbBatch) -> Result<AbsorbBatch, CatalogError> {
         let limit = self.store.capabilities().max_txn_ops;
-        let fixed = 1 + batch.tails.len();
-        if fixed > limit {
-            return Err(CatalogError::Metastore(MetastoreError::TooLarge {
-                ops: fixed,
-                limit,
-            }));
+        if 1 + batch.tails.len() > limit {
+            if !batch.spill_tails {
+                return Err(CatalogError::Metastore(MetastoreError::TooLarge {
+                    ops: 1 + batch.tails.len(),
+                    limit,
+                }));
+            }
+            // Tails ahead first, then the entries below: each tail is the flight's own value.
+            while 1 + batch.tails.len() > limit {
+                let n = (batch.tails.len() + 1 - limit).min(limit);
+                let txn = batch.tails.drain(..n).fold(Txn::new(), |txn, (id, tail)| {
+                    txn.put(tail_key(id), encode_tail(&tail))
+                });
+                self.store.commit(txn).await?;
+            }
         }
+        let fixed = 1 + batch.tails.len();
         while fixed + batch.entries.len() + batch.forget.len() > limit {
             let txn = if !batch.forget.is_empty() {
                 let n = batch.forget.len().min(limit);
@@ -1035,6 +1050,7 @@ mod tests {
                 },
             )],
             forget: (1000..1000 + limit).collect(),
+            spill_tails: false,
         };
         let next = ChainState {
             epoch: 1,
@@ -1048,5 +1064,46 @@ mod tests {
         let read = catalog.index_entries(s.id, 0, 10_000).await.unwrap();
         assert_eq!(read, entries);
         assert_eq!(catalog.stream_tail(s.id).await.unwrap().tail_seq, count);
+
+        // More streams than one transaction holds: only a chain's sole writer may spill tails.
+        let many = |spill_tails| AbsorbBatch {
+            tails: (0..2 * limit)
+                .map(|id| {
+                    (
+                        10_000 + id,
+                        StreamTail {
+                            tail_seq: id,
+                            stored_bytes: 0,
+                        },
+                    )
+                })
+                .collect(),
+            spill_tails,
+            ..AbsorbBatch::default()
+        };
+        let chain = catalog.chain("star").await.unwrap().unwrap();
+        let later = ChainState {
+            epoch: 1,
+            checkpoint: Some(1),
+        };
+        assert!(matches!(
+            catalog
+                .absorb("star", Some(chain.version), later, many(false))
+                .await,
+            Err(CatalogError::Metastore(MetastoreError::TooLarge { .. }))
+        ));
+        catalog
+            .absorb("star", Some(chain.version), later, many(true))
+            .await
+            .unwrap();
+        assert_eq!(catalog.chain("star").await.unwrap().unwrap().state, later);
+        assert_eq!(
+            catalog
+                .stream_tail(10_000 + 2 * limit - 1)
+                .await
+                .unwrap()
+                .tail_seq,
+            2 * limit - 1
+        );
     }
 }

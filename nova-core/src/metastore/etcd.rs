@@ -275,7 +275,8 @@ impl Metastore for EtcdMetastore {
     }
 
     async fn grant_lease(&self, ttl: Duration) -> Result<u64, MetastoreError> {
-        let _turn = self.turn().await?;
+        // Lease calls bypass the request queue: a star's renewals must not wait behind its
+        // own request traffic, or a busy star would lose its lease.
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
         let response = self
             .client
@@ -295,7 +296,8 @@ impl Metastore for EtcdMetastore {
 
     async fn keep_alive(&self, lease: u64) -> Result<Option<Duration>, MetastoreError> {
         let id = lease_id(lease)?;
-        let _turn = self.turn().await?;
+        // Lease calls bypass the request queue: a star's renewals must not wait behind its
+        // own request traffic, or a busy star would lose its lease.
         let mut leases = self.client.lease_client();
         let exchange = async {
             // Opening the stream sends a renewal and reads its answer; the client reports a
@@ -328,7 +330,8 @@ impl Metastore for EtcdMetastore {
 
     async fn revoke_lease(&self, lease: u64) -> Result<(), MetastoreError> {
         let id = lease_id(lease)?;
-        let _turn = self.turn().await?;
+        // Lease calls bypass the request queue: a star's renewals must not wait behind its
+        // own request traffic, or a busy star would lose its lease.
         match self.client.lease_client().revoke(id).await {
             Ok(_) => Ok(()),
             // Already gone is what revoking wants.

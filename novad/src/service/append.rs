@@ -178,6 +178,7 @@ fn rejection_reason(error: &RequestError) -> &'static str {
         RequestError::RecordTooLarge { .. } => "max_record_bytes",
         RequestError::InvalidStreamName { .. } => "invalid_stream_name",
         RequestError::StreamNotFound(_) => "stream_not_found",
+        RequestError::NotLeader { .. } => "not_leader",
         RequestError::InvalidRequest(_) => "malformed",
         _ => "other",
     }
@@ -219,9 +220,13 @@ async fn admit(ctx: &Context, charges: Option<&Charges>, request: WireAppend) ->
         }
         Pending::Answer(refusal(&error))
     };
-    let stream = match validate_wire(&request, &ctx.caps)
-        .and_then(|name| ctx.star.streams().get_or_not_found(name))
-    {
+    // In a fleet, every append is routed: a stream this star does not lead (or no longer
+    // leads) is answered with a redirect naming its leader.
+    let routed = match validate_wire(&request, &ctx.caps) {
+        Ok(name) => ctx.route(name).await,
+        Err(error) => Err(error),
+    };
+    let stream = match routed {
         Ok(stream) => stream,
         Err(error) => return refuse(error),
     };
