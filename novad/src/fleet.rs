@@ -291,6 +291,7 @@ impl Fleet {
         fleet.register().await?;
         fleet.refresh_members().await?;
         tokio::spawn(fleet.clone().keep());
+        tokio::spawn(fleet.clone().watch_trust());
         Ok(fleet)
     }
 
@@ -321,8 +322,11 @@ impl Fleet {
                     chain_key(&self.config.star_id),
                     self.config.star_id.clone().into_bytes(),
                 );
+            let sent = self.clock.now();
             match self.metastore.commit(txn).await? {
                 TxnOutcome::Committed { revision } => {
+                    // A put under a lapsed lease fails: the lease was alive when it was sent.
+                    *self.renewed.lock() = sent;
                     self.registration.store(revision, Ordering::Release);
                     tracing::info!(
                         star = %self.config.star_id,
@@ -423,6 +427,31 @@ impl Fleet {
         }
     }
 
+    /// Gives the lease up the moment it can no longer be vouched for, however long a renewal
+    /// call hangs: a successor may take the chain over once the lease lapses at the metastore,
+    /// and this star must have stopped acknowledging by then.
+    async fn watch_trust(self: Arc<Self>) {
+        let trust = self.config.lease_ttl * 3 / 4;
+        let every = self.config.lease_ttl / 20;
+        loop {
+            tokio::select! {
+                _ = self.clock.sleep(every) => {}
+                _ = self.lost.cancelled() => return,
+            }
+            let age = self.clock.since(*self.renewed.lock());
+            if age > trust {
+                self.lose(
+                    "unrenewed",
+                    format!(
+                        "the fleet lease was not renewed for {age:?}, past {trust:?}: it can no \
+                         longer be trusted"
+                    ),
+                );
+                return;
+            }
+        }
+    }
+
     fn lose(&self, cause: &str, reason: String) {
         self.metrics.lease_lost.with_label_values(&[cause]).inc();
         self.lost_reason.lock().get_or_insert(reason);
@@ -490,6 +519,9 @@ impl Fleet {
     /// From now on this star takes no new leadership; the fleet hears it at once.
     pub async fn set_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
+        if self.lost.is_cancelled() {
+            return;
+        }
         if let Err(err) = self.publish().await {
             tracing::warn!("publishing that this star drains failed: {err}");
         }

@@ -353,7 +353,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // Cut off wherever its jobs are: each is safe to stop at any point.
         auditor.stop().await;
     }
-    let deadline = Duration::from_secs(config.shutdown_timeout_secs);
+    // A star that stopped acknowledging has nothing left to land that it could acknowledge;
+    // whatever it holds is settled by whoever owns its chain next.
+    let deadline = match star.fenced() {
+        Some(_) => Duration::from_secs(1),
+        None => Duration::from_secs(config.shutdown_timeout_secs),
+    };
     let drained = star.shutdown(deadline).await;
     // Sessions end once their last answers are out; the server then stops.
     if !server.is_finished() {

@@ -490,3 +490,111 @@ async fn a_saturated_star_hands_streams_off_until_it_clears() {
         check_exactly_once(&entry, stream, acked).await;
     }
 }
+
+/// A rolling restart under load: each star in turn gets SIGTERM (it lands and absorbs what it
+/// admitted, hands its streams to the others and leaves), then starts again. No producer fails
+/// beyond its retry budget; every acknowledged record reads back once, at its seq.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_under_load_loses_nothing() {
+    let (_etcd, _moto, mut stars) = fleet(3);
+    let entry = client(&stars[0]).await;
+    let streams: Vec<String> = (0..6).map(|i| format!("r{i}")).collect();
+    for stream in &streams {
+        entry.create_stream(stream).await.expect("create");
+    }
+    let producers: Vec<_> = streams
+        .iter()
+        .map(|stream| tokio::spawn(produce(entry.clone(), stream.clone(), 1500)))
+        .collect();
+    for i in [1, 2, 0] {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let status = stars[i].terminate(Duration::from_secs(60));
+        assert!(status.success(), "star-{i} drained and exited cleanly");
+        let log = stars[i].log();
+        assert!(log.contains("left the fleet"), "{log}");
+        stars[i].restart();
+    }
+    let mut acked = Vec::new();
+    for producer in producers {
+        acked.push(producer.await.expect("producer task"));
+    }
+    for (stream, acked) in streams.iter().zip(&acked) {
+        assert_eq!(acked.len(), 1500);
+        check_exactly_once(&entry, stream, acked).await;
+    }
+    let handed: f64 = stars
+        .iter()
+        .filter_map(|s| s.metric("nova_fleet_stars"))
+        .sum();
+    assert_eq!(handed, 9.0, "every star sees the whole fleet again");
+}
+
+/// A star cut off from etcd (its metastore traffic goes through a proxy that stops answering)
+/// while its producers still reach it: it stops acknowledging once its lease can no longer be
+/// trusted and exits; a survivor takes its chain over; after the partition heals it rejoins.
+/// Nothing it acknowledged is lost and nothing is acknowledged twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
+    let etcd = Etcd::start();
+    let moto = Moto::start();
+    moto.create_bucket(BUCKET);
+    let cut = nova_testkit::FaultProxy::start(etcd.endpoint().parse().expect("etcd address"));
+    let via_proxy = format!("etcd://127.0.0.1:{}", cut.port());
+    let mut stars = vec![
+        star(&etcd, &moto, "star-0").start(),
+        star(&etcd, &moto, "star-1").start(),
+        with_s3(novad(), &moto, BUCKET)
+            .args([
+                "--metastore",
+                &via_proxy,
+                "--star-id",
+                "star-2",
+                "--lease-ttl-secs",
+                &TTL_SECS.to_string(),
+            ])
+            .start(),
+    ];
+    let entry = client(&stars[0]).await;
+    let streams: Vec<String> = (0..6).map(|i| format!("x{i}")).collect();
+    for stream in &streams {
+        entry.create_stream(stream).await.expect("create");
+    }
+    let placed = leaders(&entry, &streams).await;
+    assert!(
+        placed.values().any(|l| l == "star-2"),
+        "the partitioned star leads a stream: {placed:?}"
+    );
+    let producers: Vec<_> = streams
+        .iter()
+        .map(|stream| tokio::spawn(produce(entry.clone(), stream.clone(), 1500)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cut.set(nova_testkit::Fault::Hang);
+    let status = wait_exit(&mut stars[2], Duration::from_secs(30));
+    assert!(!status.success());
+    let log = stars[2].log();
+    assert!(log.contains("can no longer be trusted"), "{log}");
+    eventually(
+        Duration::from_secs(30),
+        "a survivor to take the chain over",
+        || {
+            stars[..2]
+                .iter()
+                .filter_map(|s| s.metric("nova_fleet_takeovers_total"))
+                .sum::<f64>()
+                >= 1.0
+        },
+    )
+    .await;
+    cut.set(nova_testkit::Fault::Pass);
+    stars[2].kill9();
+    stars[2].restart();
+    let mut acked = Vec::new();
+    for producer in producers {
+        acked.push(producer.await.expect("producer task"));
+    }
+    for (stream, acked) in streams.iter().zip(&acked) {
+        assert_eq!(acked.len(), 1500);
+        check_exactly_once(&entry, stream, acked).await;
+    }
+}
