@@ -540,7 +540,7 @@ async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
     moto.create_bucket(BUCKET);
     let cut = nova_testkit::FaultProxy::start(etcd.endpoint().parse().expect("etcd address"));
     let via_proxy = format!("etcd://127.0.0.1:{}", cut.port());
-    let mut stars = vec![
+    let mut stars = [
         star(&etcd, &moto, "star-0").start(),
         star(&etcd, &moto, "star-1").start(),
         with_s3(novad(), &moto, BUCKET)
