@@ -477,6 +477,11 @@ mod tests {
             "--flight-linger-ms",
             "--memory-ceiling",
             "--saturation-threshold",
+            "--metastore",
+            "--metastore-max-txn-ops",
+            "--star-id",
+            "--advertise-addr",
+            "--lease-ttl-secs",
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");
         }

@@ -26,7 +26,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use parking_lot::{Mutex, RwLock};
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -122,12 +124,12 @@ struct FleetMetrics {
     placements: IntCounter,
     redirects: IntCounter,
     capacity_refusals: IntCounter,
-    lease_age_ms: IntGauge,
+    lease_age: Gauge,
     lease_lost: IntCounterVec,
     takeovers: IntCounter,
     handoffs: IntCounterVec,
     takeover_seconds: Histogram,
-    leaderless_age_ms: IntGauge,
+    leaderless_age: Gauge,
     waits: IntCounter,
 }
 
@@ -135,6 +137,11 @@ impl FleetMetrics {
     fn new(registry: &Registry) -> anyhow::Result<Self> {
         let gauge = |name: &str, help: &str| -> anyhow::Result<IntGauge> {
             let g = IntGauge::with_opts(Opts::new(name, help))?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let seconds = |name: &str, help: &str| -> anyhow::Result<Gauge> {
+            let g = Gauge::with_opts(Opts::new(name, help))?;
             registry.register(Box::new(g.clone()))?;
             Ok(g)
         };
@@ -174,8 +181,8 @@ impl FleetMetrics {
                 "Departed stars' chains this star settled, so their streams could be led again",
             )?,
             takeover_seconds,
-            leaderless_age_ms: gauge(
-                "nova_fleet_leaderless_age_ms",
+            leaderless_age: seconds(
+                "nova_fleet_leaderless_age_seconds",
                 "How long the oldest departed star's chain seen here has waited to be taken \
                  over: its streams have no leader meanwhile",
             )?,
@@ -200,9 +207,9 @@ impl FleetMetrics {
                 "nova_fleet_capacity_refusals_total",
                 "Placements refused because every star is saturated or draining",
             )?,
-            lease_age_ms: gauge(
-                "nova_fleet_lease_age_ms",
-                "Milliseconds since this star's fleet lease was last renewed",
+            lease_age: seconds(
+                "nova_fleet_lease_age_seconds",
+                "Seconds since this star's fleet lease was last renewed",
             )?,
             lease_lost,
         })
@@ -407,7 +414,7 @@ impl Fleet {
                 Err(err) => tracing::warn!("renewing the fleet lease failed: {err}"),
             }
             let age = self.clock.since(*self.renewed.lock());
-            self.metrics.lease_age_ms.set(age.as_millis() as i64);
+            self.metrics.lease_age.set(age.as_secs_f64());
             if age > trust {
                 self.lose(
                     "unrenewed",
@@ -819,8 +826,8 @@ impl Fleet {
             }
             let oldest = seen.values().map(|at| now.duration_since(*at)).max();
             self.metrics
-                .leaderless_age_ms
-                .set(oldest.map_or(0, |age| age.as_millis() as i64));
+                .leaderless_age
+                .set(oldest.map_or(0.0, |age| age.as_secs_f64()));
         }
         for id in departed {
             if self.lost.is_cancelled() {

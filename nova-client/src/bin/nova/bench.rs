@@ -98,7 +98,12 @@ async fn session(
     let mut latencies = histogram();
     let body = Bytes::from(vec![b'n'; args.record_bytes as usize]);
     let batch_bytes = args.record_bytes * args.batch_records as u64;
-    let (sender, mut receiver) = match client.append_session().await {
+    // In a fleet the session goes to the stream's leader (describing it finds the leader).
+    if let Err(error) = client.describe_stream(&stream).await {
+        shared.error(&error);
+        return latencies;
+    }
+    let (sender, mut receiver) = match client.append_session_for(&stream).await {
         Ok(session) => session.split(),
         Err(error) => {
             shared.error(&error);
