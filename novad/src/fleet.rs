@@ -118,7 +118,9 @@ pub struct FleetConfig {
     pub lease_ttl: Duration,
 }
 
-struct FleetMetrics {
+/// The fleet's metrics. A single star exports them too (at zero), so dashboards and alerts
+/// work unchanged when it joins a fleet.
+pub struct FleetMetrics {
     stars: IntGauge,
     streams_led: IntGauge,
     placements: IntCounter,
@@ -134,7 +136,7 @@ struct FleetMetrics {
 }
 
 impl FleetMetrics {
-    fn new(registry: &Registry) -> anyhow::Result<Self> {
+    pub fn new(registry: &Registry) -> anyhow::Result<Self> {
         let gauge = |name: &str, help: &str| -> anyhow::Result<IntGauge> {
             let g = IntGauge::with_opts(Opts::new(name, help))?;
             registry.register(Box::new(g.clone()))?;
@@ -262,7 +264,7 @@ impl Fleet {
     pub async fn join(
         metastore: Arc<dyn Metastore>,
         config: FleetConfig,
-        registry: &Registry,
+        metrics: FleetMetrics,
         clock: Clock,
     ) -> anyhow::Result<Arc<Self>> {
         let capabilities = metastore.capabilities();
@@ -291,7 +293,7 @@ impl Fleet {
             draining: AtomicBool::new(false),
             lost: CancellationToken::new(),
             lost_reason: Mutex::new(None),
-            metrics: FleetMetrics::new(registry)?,
+            metrics,
             departed: Mutex::default(),
             config,
         });

@@ -150,6 +150,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     // In a fleet the star registers before recovery, so that a second live star with its id
     // is refused before either touches the chain.
+    let fleet_metrics = crate::fleet::FleetMetrics::new(&metrics.registry)?;
     let fleet = if metastore.capabilities().shared {
         let fleet_config = crate::fleet::FleetConfig {
             star_id: config.star_id.clone(),
@@ -159,7 +160,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let joining = crate::fleet::Fleet::join(
             metastore.clone(),
             fleet_config,
-            &metrics.registry,
+            fleet_metrics,
             Clock::system(),
         );
         Some(tokio::select! {

@@ -3,10 +3,12 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nova_client::{Client, Producer, ProducerConfig, Record};
+use nova_testkit::history::History;
 use nova_testkit::{Etcd, Moto, Novad, NovadBuilder};
 
 use common::{client, eventually, novad, read_all, wait_exit, with_s3};
@@ -171,9 +173,15 @@ async fn a_star_restarted_after_kill_9_leads_its_streams_again() {
     assert!(!led.is_empty() && led.iter().all(|l| l == "star-0" || l == "star-1"));
 }
 
-/// Appends `n` records to `stream` through `client`, one at a time as fast as they are
-/// acknowledged, and returns each acknowledged record's body with its sequence number.
-async fn produce(client: Client, stream: String, n: usize) -> Vec<(u64, String)> {
+/// Appends `n` records to `stream` through `client`, a few at a time, recording each
+/// acknowledgement in `history` as it arrives, and returns each acknowledged record's body with
+/// its sequence number.
+async fn produce_into(
+    client: Client,
+    stream: String,
+    n: usize,
+    history: Arc<History>,
+) -> Vec<(u64, String)> {
     let config = ProducerConfig {
         max_retries: 20,
         ..ProducerConfig::default()
@@ -181,28 +189,133 @@ async fn produce(client: Client, stream: String, n: usize) -> Vec<(u64, String)>
     let producer = Producer::new(client, stream.clone(), config)
         .await
         .expect("producer");
-    let mut tickets = Vec::with_capacity(n);
+    // Tickets are awaited in order as they come, so each ack is recorded when it arrives.
+    let (tickets, mut pending) =
+        tokio::sync::mpsc::channel::<(String, nova_client::AppendTicket)>(n.max(1));
+    let waiter = {
+        let stream = stream.clone();
+        tokio::spawn(async move {
+            let mut acked = Vec::with_capacity(n);
+            while let Some((body, ticket)) = pending.recv().await {
+                let seq = ticket
+                    .wait()
+                    .await
+                    .expect("acknowledged within the retry budget");
+                history.acked(&stream, &body, seq);
+                acked.push((seq, body));
+            }
+            acked
+        })
+    };
     for i in 0..n {
         let body = format!("{stream}-{i}");
         let ticket = producer
             .append(Record::new(body.clone()))
             .await
             .expect("append");
-        tickets.push((body, ticket));
+        tickets.send((body, ticket)).await.expect("waiter");
         if i % 10 == 9 {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    let mut acked = Vec::with_capacity(n);
-    for (body, ticket) in tickets {
-        let seq = ticket
-            .wait()
-            .await
-            .expect("acknowledged within the retry budget");
-        acked.push((seq, body));
-    }
+    drop(tickets);
+    let acked = waiter.await.expect("waiter task");
     producer.close().await.expect("close");
     acked
+}
+
+/// Reads `stream` from 0 as a consumer following its tail would, recording every page in
+/// `history`, until it has read `until` records. Reads that fail in a way worth retrying (the
+/// leader gone, the stream being taken over or handed off) are retried.
+async fn consume(client: Client, stream: String, until: u64, history: Arc<History>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut next = 0;
+    while next < until {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{stream}: the consumer read only {next} of {until}"
+        );
+        let began = std::time::Instant::now();
+        match client.read(&stream, next, 0).await {
+            Ok(page) => {
+                let records: Vec<(u64, String)> = page
+                    .records
+                    .iter()
+                    .map(|r| {
+                        let body = String::from_utf8(r.record.body.to_vec()).expect("utf8");
+                        (r.seq, body)
+                    })
+                    .collect();
+                history.read(&stream, began, records, page.tail_seq);
+                if page.records.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                next = page.next_seq.max(next);
+            }
+            Err(err) if err.is_retryable() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("{stream}: a consumer's read failed: {err}"),
+        }
+    }
+}
+
+/// Producers and consumers on every stream, recording one history; returns each stream's
+/// acknowledged records once every producer and consumer is done.
+fn load(
+    entry: &Client,
+    streams: &[String],
+    n: usize,
+    history: &Arc<History>,
+) -> tokio::task::JoinHandle<Vec<Vec<(u64, String)>>> {
+    let producers: Vec<_> = streams
+        .iter()
+        .map(|stream| {
+            tokio::spawn(produce_into(
+                entry.clone(),
+                stream.clone(),
+                n,
+                history.clone(),
+            ))
+        })
+        .collect();
+    let consumers: Vec<_> = streams
+        .iter()
+        .map(|stream| {
+            tokio::spawn(consume(
+                entry.clone(),
+                stream.clone(),
+                n as u64,
+                history.clone(),
+            ))
+        })
+        .collect();
+    tokio::spawn(async move {
+        let mut acked = Vec::new();
+        for producer in producers {
+            acked.push(producer.await.expect("producer task"));
+        }
+        for consumer in consumers {
+            consumer.await.expect("consumer task");
+        }
+        acked
+    })
+}
+
+/// Checks the recorded history against what the streams hold in the end: no lost write, no
+/// duplicate, no read that disagrees with the log or goes backwards.
+async fn check_history(entry: &Client, streams: &[String], history: &History) {
+    let mut finals = HashMap::new();
+    for stream in streams {
+        finals.insert(stream.clone(), read_all_patiently(entry, stream).await);
+    }
+    assert!(history.len() > streams.len(), "a history was recorded");
+    let problems = history.check(&finals);
+    assert!(
+        problems.is_empty(),
+        "the history is not linearizable:\n{}",
+        problems.join("\n")
+    );
 }
 
 /// Every record of a stream, as a consumer would read it while leadership moves: a read that
@@ -259,20 +372,16 @@ async fn kill_9_of_a_star_under_load_is_taken_over_without_losing_a_record() {
     let victim = (1..3)
         .find(|i| placed.values().any(|l| *l == format!("star-{i}")))
         .expect("a star other than the entry leads a stream");
-    let producers: Vec<_> = streams
-        .iter()
-        .map(|stream| tokio::spawn(produce(entry.clone(), stream.clone(), 600)))
-        .collect();
+    let history = Arc::new(History::new());
+    let running = load(&entry, &streams, 600, &history);
     tokio::time::sleep(Duration::from_millis(1000)).await;
     stars[victim].kill9();
-    let mut acked = Vec::new();
-    for producer in producers {
-        acked.push(producer.await.expect("producer task"));
-    }
+    let acked = running.await.expect("load");
     for (stream, acked) in streams.iter().zip(&acked) {
         assert_eq!(acked.len(), 600);
         check_exactly_once(&entry, stream, acked).await;
     }
+    check_history(&entry, &streams, &history).await;
     let after = leaders(&entry, &streams).await;
     assert!(
         after.values().all(|l| *l != format!("star-{victim}")),
@@ -302,10 +411,8 @@ async fn a_star_paused_past_its_lease_is_taken_over_and_acknowledges_nothing_mor
     let victim = (1..3)
         .find(|i| placed.values().any(|l| *l == format!("star-{i}")))
         .expect("a star other than the entry leads a stream");
-    let producers: Vec<_> = streams
-        .iter()
-        .map(|stream| tokio::spawn(produce(entry.clone(), stream.clone(), 600)))
-        .collect();
+    let history = Arc::new(History::new());
+    let running = load(&entry, &streams, 600, &history);
     tokio::time::sleep(Duration::from_millis(1000)).await;
     stars[victim].pause();
     let survivors: Vec<usize> = (0..3).filter(|i| *i != victim).collect();
@@ -332,14 +439,12 @@ async fn a_star_paused_past_its_lease_is_taken_over_and_acknowledges_nothing_mor
         log.contains("fleet lease") || log.contains("no longer owns its chain"),
         "{log}"
     );
-    let mut acked = Vec::new();
-    for producer in producers {
-        acked.push(producer.await.expect("producer task"));
-    }
+    let acked = running.await.expect("load");
     for (stream, acked) in streams.iter().zip(&acked) {
         assert_eq!(acked.len(), 600);
         check_exactly_once(&entry, stream, acked).await;
     }
+    check_history(&entry, &streams, &history).await;
     // Restarted, it rejoins as a fresh incarnation and may lead again.
     stars[victim].kill9();
     stars[victim].restart();
@@ -460,10 +565,8 @@ async fn a_saturated_star_hands_streams_off_until_it_clears() {
     let placed = leaders(&entry, &streams).await;
     let on_c = placed.values().filter(|l| *l == "c").count();
     assert!(on_c >= 2, "star c leads {on_c} streams: {placed:?}");
-    let producers: Vec<_> = streams
-        .iter()
-        .map(|stream| tokio::spawn(produce(entry.clone(), stream.clone(), 1200)))
-        .collect();
+    let history = Arc::new(History::new());
+    let running = load(&entry, &streams, 1200, &history);
     eventually(Duration::from_secs(20), "star c to saturate", || {
         stars[2].metric("nova_memory_saturated") == Some(1.0)
     })
@@ -481,14 +584,12 @@ async fn a_saturated_star_hands_streams_off_until_it_clears() {
         .metric("nova_fleet_handoffs_total{reason=\"saturated\"}")
         .unwrap_or(0.0);
     assert!(handoffs >= 1.0, "handoffs: {handoffs}");
-    let mut acked = Vec::new();
-    for producer in producers {
-        acked.push(producer.await.expect("producer task"));
-    }
+    let acked = running.await.expect("load");
     for (stream, acked) in streams.iter().zip(&acked) {
         assert_eq!(acked.len(), 1200);
         check_exactly_once(&entry, stream, acked).await;
     }
+    check_history(&entry, &streams, &history).await;
 }
 
 /// A rolling restart under load: each star in turn gets SIGTERM (it lands and absorbs what it
@@ -502,10 +603,8 @@ async fn a_rolling_restart_under_load_loses_nothing() {
     for stream in &streams {
         entry.create_stream(stream).await.expect("create");
     }
-    let producers: Vec<_> = streams
-        .iter()
-        .map(|stream| tokio::spawn(produce(entry.clone(), stream.clone(), 1500)))
-        .collect();
+    let history = Arc::new(History::new());
+    let running = load(&entry, &streams, 1500, &history);
     for i in [1, 2, 0] {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let status = stars[i].terminate(Duration::from_secs(60));
@@ -514,14 +613,12 @@ async fn a_rolling_restart_under_load_loses_nothing() {
         assert!(log.contains("left the fleet"), "{log}");
         stars[i].restart();
     }
-    let mut acked = Vec::new();
-    for producer in producers {
-        acked.push(producer.await.expect("producer task"));
-    }
+    let acked = running.await.expect("load");
     for (stream, acked) in streams.iter().zip(&acked) {
         assert_eq!(acked.len(), 1500);
         check_exactly_once(&entry, stream, acked).await;
     }
+    check_history(&entry, &streams, &history).await;
     let handed: f64 = stars
         .iter()
         .filter_map(|s| s.metric("nova_fleet_stars"))
@@ -564,10 +661,8 @@ async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
         placed.values().any(|l| l == "star-2"),
         "the partitioned star leads a stream: {placed:?}"
     );
-    let producers: Vec<_> = streams
-        .iter()
-        .map(|stream| tokio::spawn(produce(entry.clone(), stream.clone(), 1500)))
-        .collect();
+    let history = Arc::new(History::new());
+    let running = load(&entry, &streams, 1500, &history);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     cut.set(nova_testkit::Fault::Hang);
     let status = wait_exit(&mut stars[2], Duration::from_secs(30));
@@ -589,12 +684,10 @@ async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
     cut.set(nova_testkit::Fault::Pass);
     stars[2].kill9();
     stars[2].restart();
-    let mut acked = Vec::new();
-    for producer in producers {
-        acked.push(producer.await.expect("producer task"));
-    }
+    let acked = running.await.expect("load");
     for (stream, acked) in streams.iter().zip(&acked) {
         assert_eq!(acked.len(), 1500);
         check_exactly_once(&entry, stream, acked).await;
     }
+    check_history(&entry, &streams, &history).await;
 }

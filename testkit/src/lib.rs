@@ -3,6 +3,7 @@
 
 pub mod crash_loop;
 mod etcd;
+pub mod history;
 mod moto;
 mod novad;
 pub mod outage;
