@@ -144,6 +144,11 @@ impl StreamState {
         self.released.store(released, Ordering::Release);
     }
 
+    /// Whether appends are refused because the stream is being handed to another star.
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
     /// Held while the packer checks and assigns a batch's sequence numbers.
     pub(crate) fn admitting(&self) -> parking_lot::MutexGuard<'_, ()> {
         self.admitting.lock()

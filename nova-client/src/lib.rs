@@ -27,12 +27,15 @@
 //! Runnable examples are in `examples/`: `produce`, `follow`, `errors`.
 
 mod client;
+mod config;
 mod consumer;
 mod error;
+mod jitter;
 mod producer;
 mod session;
 
 pub use client::{Client, Page, ReadOptions, Retention, StreamInfo};
+pub use config::{ClientConfig, RetryPolicy};
 pub use consumer::Consumer;
 pub use error::Error;
 pub use nova_proto::domain::{Header, Record, SequencedRecord};

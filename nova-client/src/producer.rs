@@ -15,7 +15,6 @@
 //! stops and every pending append fails with `Error::RetriesExhausted`, naming the last cause.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +27,7 @@ use nova_proto::domain::Record;
 
 use crate::client::Client;
 use crate::error::Error;
+use crate::jitter::Jitter;
 use crate::session::{AckReceiver, AppendSender};
 
 #[derive(Debug, Clone)]
@@ -105,6 +105,7 @@ impl Producer {
         config: ProducerConfig,
     ) -> Result<Self, Error> {
         let stream = stream.into();
+        let jitter = Jitter::new(&config.clock, &stream);
         let mut worker = Worker {
             client,
             stream,
@@ -115,9 +116,8 @@ impl Producer {
             flushes: Vec::new(),
             config: config.clone(),
             stopped: Arc::new(Mutex::new(None)),
-            jitter: AtomicU64::new(0),
+            jitter,
         };
-        worker.jitter = AtomicU64::new(jitter_seed(&config.clock, &worker.stream));
         worker.next_seq = worker.first_connect().await?;
         // Appends queue here only until the worker picks them up; the unacked-bytes budget in
         // front of it is what bounds memory.
@@ -244,32 +244,8 @@ struct Worker {
     flushes: Vec<oneshot::Sender<Result<(), Error>>>,
     config: ProducerConfig,
     stopped: Arc<Mutex<Option<Error>>>,
-    /// State of the backoff jitter's generator.
-    jitter: AtomicU64,
-}
-
-/// Producers started by this process, to tell their jitter apart.
-static PRODUCERS: AtomicU64 = AtomicU64::new(0);
-
-/// A seed unique to this producer: start time, stream and a process-wide count.
-fn jitter_seed(clock: &Clock, stream: &str) -> u64 {
-    let mut seed = clock.unix_ms() ^ PRODUCERS.fetch_add(1, Ordering::Relaxed).rotate_left(32);
-    for byte in stream.bytes() {
-        seed = (seed ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3);
-    }
-    seed
-}
-
-/// Between half and all of `base`, drawn with splitmix64.
-fn jitter(base: Duration, state: &AtomicU64) -> Duration {
-    let mut z = state
-        .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
-        .wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    let fraction = 0.5 + (z >> 11) as f64 / (1u64 << 53) as f64 / 2.0;
-    base.mul_f64(fraction)
+    /// Spreads backoffs apart from other producers'.
+    jitter: Jitter,
 }
 
 /// Why the current session is no longer usable.
@@ -481,7 +457,7 @@ impl Worker {
                 .saturating_mul(1 << attempt.saturating_sub(1).min(16))
                 .min(self.config.max_backoff),
         };
-        jitter(base, &self.jitter)
+        self.jitter.apply(base)
     }
 
     async fn fail_everything(&mut self, error: &Error, commands: &mut mpsc::Receiver<Command>) {
@@ -548,25 +524,5 @@ async fn sleep_until(clock: Clock, deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => clock.sleep_until(deadline).await,
         None => std::future::pending().await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoffs_are_jittered_within_half_and_all_of_the_base() {
-        let state = AtomicU64::new(jitter_seed(&Clock::system(), "s"));
-        let base = Duration::from_millis(1000);
-        let draws: Vec<Duration> = (0..200).map(|_| jitter(base, &state)).collect();
-        assert!(draws.iter().all(|d| *d >= base / 2 && *d <= base));
-        let distinct: std::collections::HashSet<_> = draws.iter().collect();
-        assert!(distinct.len() > 150, "draws repeat: {}", distinct.len());
-        // Two producers started together draw differently.
-        let other = AtomicU64::new(jitter_seed(&Clock::system(), "s"));
-        let mine: Vec<_> = (0..8).map(|_| jitter(base, &state)).collect();
-        let theirs: Vec<_> = (0..8).map(|_| jitter(base, &other)).collect();
-        assert_ne!(mine, theirs);
     }
 }

@@ -230,6 +230,8 @@ pub struct Fleet {
     renewed: Mutex<Instant>,
     members: RwLock<BTreeMap<String, Member>>,
     led: RwLock<HashSet<String>>,
+    /// Serialises publishing this star's registration.
+    publishing: tokio::sync::Mutex<()>,
     /// Serialises taking streams up.
     acquiring: tokio::sync::Mutex<()>,
     /// Placements made here in the last lease ttl: (when, star).
@@ -289,6 +291,7 @@ impl Fleet {
             led: RwLock::default(),
             placed: Mutex::default(),
             acquiring: tokio::sync::Mutex::new(()),
+            publishing: tokio::sync::Mutex::new(()),
             saturated: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             lost: CancellationToken::new(),
@@ -397,7 +400,10 @@ impl Fleet {
     /// Renews the lease, republishes the load and refreshes the view, every third of a ttl,
     /// until the lease is lost.
     async fn keep(self: Arc<Self>) {
-        let every = self.config.lease_ttl / 3;
+        // Renewals are frequent and short, so that one hung call leaves time for another
+        // before the trust window closes.
+        let every = self.config.lease_ttl / 4;
+        let patience = self.config.lease_ttl / 6;
         // Past this without a renewal the lease may have lapsed at etcd, and a successor may be
         // taking this star's chain over: stop acknowledging before that can happen.
         let trust = self.config.lease_ttl * 3 / 4;
@@ -407,7 +413,15 @@ impl Fleet {
                 _ = self.lost.cancelled() => return,
             }
             let sent = self.clock.now();
-            match self.metastore.keep_alive(self.lease).await {
+            match self
+                .clock
+                .timeout(patience, self.metastore.keep_alive(self.lease))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(MetastoreError::Unavailable(
+                        "lease renewal timed out".into(),
+                    ))
+                }) {
                 Ok(Some(_)) => *self.renewed.lock() = sent,
                 Ok(None) => {
                     self.lose("expired", "the fleet lease expired at the metastore".into());
@@ -477,21 +491,32 @@ impl Fleet {
     }
 
     async fn publish(&self) -> Result<(), MetastoreError> {
+        // One at a time: two publishes comparing the same version would see one another as a
+        // lost registration.
+        let _publishing = self.publishing.lock().await;
         let key = star_key(&self.config.star_id);
         let version = self.registration.load(Ordering::Acquire);
         let txn = Txn::new()
             .compare(Compare::Version(key.clone(), version))
-            .put_leased(key, self.me().encode(), self.lease);
+            .put_leased(key.clone(), self.me().encode(), self.lease);
         match self.metastore.commit(txn).await? {
             TxnOutcome::Committed { revision } => {
                 self.registration.store(revision, Ordering::Release);
             }
-            TxnOutcome::Conflict => {
-                self.lose(
+            TxnOutcome::Conflict => match self.metastore.get(&key).await? {
+                // An earlier publish landed with its answer lost: carry on from its version.
+                Some(kv)
+                    if Member::decode(&self.config.star_id, &kv.value).is_some_and(|m| {
+                        m.started_ms == self.started_ms && m.advertise == self.config.advertise
+                    }) =>
+                {
+                    self.registration.store(kv.version, Ordering::Release);
+                }
+                _ => self.lose(
                     "expired",
                     "this star's registration is gone from the fleet".into(),
-                );
-            }
+                ),
+            },
         }
         Ok(())
     }
@@ -666,6 +691,13 @@ impl Fleet {
         if self.led.read().contains(stream)
             && let Some(state) = star.streams().get(stream)
         {
+            if state.is_released() {
+                // Mid-handoff: the record may already name the next leader, so neither serve
+                // (a read would show a tail that is no longer the stream's) nor take it up.
+                return Err(RequestError::Unavailable(format!(
+                    "stream {stream:?} is being handed to another star; retry"
+                )));
+            }
             return Ok(state);
         }
         let key = leader_key(stream);
@@ -965,12 +997,19 @@ impl Fleet {
             .pick_among(false)
             .map_err(|_| anyhow::anyhow!("no other star is open to leadership"))?;
         let key = leader_key(stream);
-        let record = self
+        let Some(record) = self
             .metastore
             .get(&key)
             .await?
             .filter(|kv| kv.value == self.config.star_id.as_bytes())
-            .ok_or_else(|| anyhow::anyhow!("this star no longer leads {stream:?}"))?;
+        else {
+            // Led elsewhere now: stop treating it as ours.
+            if let Some(state) = star.streams().get(stream) {
+                state.set_released(true);
+            }
+            self.led.write().remove(stream);
+            anyhow::bail!("this star no longer leads {stream:?}");
+        };
         let state = star
             .streams()
             .get(stream)
@@ -983,9 +1022,32 @@ impl Fleet {
             .put(key, target.id.clone().into_bytes());
         let outcome = self.metastore.commit(moved).await;
         if !matches!(outcome, Ok(TxnOutcome::Committed { .. })) {
-            // Still ours (the record is only moved by its leader or a takeover of it).
-            state.set_released(false);
-            anyhow::bail!("moving the leader record failed: {outcome:?}");
+            // The move may have landed with its answer lost: take appends again only once the
+            // record is read back unchanged; anything else means the stream is led elsewhere.
+            let still_ours = loop {
+                match self.metastore.get(&leader_key(stream)).await {
+                    Ok(found) => {
+                        break found.is_some_and(|kv| kv.version == record.version);
+                    }
+                    Err(err) => {
+                        tracing::warn!(
+                            stream,
+                            "re-reading a leader record after a failed move: {err}"
+                        );
+                        tokio::select! {
+                            _ = self.clock.sleep(Duration::from_millis(200)) => {}
+                            _ = self.lost.cancelled() => break false,
+                        }
+                    }
+                }
+            };
+            if still_ours {
+                state.set_released(false);
+                anyhow::bail!("moving the leader record failed: {outcome:?}");
+            }
+            self.led.write().remove(stream);
+            self.metrics.streams_led.set(self.led.read().len() as i64);
+            anyhow::bail!("the leader record of {stream:?} moved while this star handed it off");
         }
         self.led.write().remove(stream);
         self.metrics.streams_led.set(self.led.read().len() as i64);
@@ -1000,6 +1062,8 @@ impl Fleet {
     pub fn start_balancing(self: &Arc<Self>, star: Arc<Star>) {
         let fleet = self.clone();
         tokio::spawn(async move {
+            // Streams are tried in turn, so one that cannot move now does not hold up the rest.
+            let mut turn = 0usize;
             loop {
                 tokio::select! {
                     _ = fleet.clock.sleep(fleet.config.lease_ttl / 3) => {}
@@ -1010,7 +1074,15 @@ impl Fleet {
                 {
                     continue;
                 }
-                let Some(stream) = fleet.led.read().iter().next().cloned() else {
+                turn = turn.wrapping_add(1);
+                let stream = {
+                    let led = fleet.led.read();
+                    match led.len() {
+                        0 => continue,
+                        n => led.iter().nth(turn % n).cloned(),
+                    }
+                };
+                let Some(stream) = stream else {
                     continue;
                 };
                 if let Err(err) = fleet.hand_off(&star, &stream, "saturated").await {
@@ -1059,8 +1131,9 @@ impl Fleet {
     /// this star's streams are released to be placed on the others and its chain needs no
     /// takeover. After an unclean one the chain stays registered, for a survivor to settle.
     pub async fn leave(&self, drained: bool) {
-        self.lost.cancel();
-        if drained {
+        // The lease is kept alive while the records move (a survivor would otherwise take the
+        // drained chain over); it is given up right after.
+        if drained && !self.lost.is_cancelled() {
             let cleared = async {
                 let released = self.hand_off_records_of(&self.config.star_id).await?;
                 self.metastore
@@ -1079,6 +1152,7 @@ impl Fleet {
                 ),
             }
         }
+        self.lost.cancel();
         if let Err(err) = self.metastore.revoke_lease(self.lease).await {
             tracing::warn!("revoking the fleet lease failed (it lapses on its own): {err}");
         }
@@ -1133,10 +1207,21 @@ impl Fleet {
     pub async fn forget(&self, stream: &str) -> Result<(), RequestError> {
         self.led.write().remove(stream);
         self.metrics.streams_led.set(self.led.read().len() as i64);
-        self.metastore
-            .commit(Txn::new().delete(leader_key(stream)))
+        let key = leader_key(stream);
+        let record = self
+            .metastore
+            .get(&key)
             .await
             .map_err(metastore_unavailable)?;
+        if let Some(kv) = record.filter(|kv| kv.value == self.config.star_id.as_bytes()) {
+            let forget = Txn::new()
+                .compare(Compare::Version(key.clone(), kv.version))
+                .delete(key);
+            self.metastore
+                .commit(forget)
+                .await
+                .map_err(metastore_unavailable)?;
+        }
         Ok(())
     }
 }

@@ -186,9 +186,9 @@ pub struct AbsorbBatch {
     /// Deleted streams whose tail keys are removed (a no-op when already gone).
     pub forget: Vec<u64>,
     /// May the tails, too, be written ahead of the chain move when the whole does not fit one
-    /// transaction? Only for a writer whose tails nobody else moves meanwhile: recovery and
-    /// takeover settling a chain (a predecessor still absorbing the same flights writes the
-    /// same values).
+    /// transaction? For recovery and takeover settling a chain, one flight at a time. Every
+    /// spilled write compares the chain's version, so nothing lands once another writer moved
+    /// the chain.
     pub spill_tails: bool,
 }
 
@@ -811,7 +811,7 @@ impl Catalog {
             Some(version) => Compare::Version(key.clone(), version),
             None => Compare::Missing(key.clone()),
         };
-        let batch = self.spill(batch).await?;
+        let batch = self.spill(batch, &compare, star).await?;
         let mut txn = Txn::new().compare(compare).put(key, encode_chain(&state));
         for entry in &batch.entries {
             txn = txn.put(
@@ -844,7 +844,17 @@ impl Catalog {
     /// the flight again writes the same keys) and the removal of deleted streams' tails. Live
     /// absorbs are sized to fit (the packer caps a flight's sections, the absorber groups by
     /// operations), so this serves flights written before that cap, met again by recovery.
-    async fn spill(&self, mut batch: AbsorbBatch) -> Result<AbsorbBatch, CatalogError> {
+    async fn spill(
+        &self,
+        mut batch: AbsorbBatch,
+        chain: &Compare,
+        star: &str,
+    ) -> Result<AbsorbBatch, CatalogError> {
+        // Each spilled write holds only while the chain is still where the caller saw it, so a
+        // writer that lost the chain meanwhile writes nothing.
+        let guarded = |txn: Txn| txn.compare(chain.clone());
+        let conflict =
+            || CatalogError::Conflict(format!("chain of {star} moved: another process owns it"));
         let limit = self.store.capabilities().max_txn_ops;
         if 1 + batch.tails.len() > limit {
             if !batch.spill_tails {
@@ -859,7 +869,9 @@ impl Catalog {
                 let txn = batch.tails.drain(..n).fold(Txn::new(), |txn, (id, tail)| {
                     txn.put(tail_key(id), encode_tail(&tail))
                 });
-                self.store.commit(txn).await?;
+                if self.store.commit(guarded(txn)).await? == TxnOutcome::Conflict {
+                    return Err(conflict());
+                }
             }
         }
         let fixed = 1 + batch.tails.len();
@@ -880,7 +892,9 @@ impl Catalog {
                     )
                 })
             };
-            self.store.commit(txn).await?;
+            if self.store.commit(guarded(txn)).await? == TxnOutcome::Conflict {
+                return Err(conflict());
+            }
         }
         Ok(batch)
     }

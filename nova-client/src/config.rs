@@ -1,0 +1,100 @@
+//! How a [`crate::Client`] connects and retries.
+
+use std::time::Duration;
+
+/// Where and how to connect. Any star of a fleet (or a lone star) will do as an endpoint: the
+/// client follows redirects to each stream's leader on its own.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Star URLs (`http://host:port`), tried in order until one answers.
+    pub endpoints: Vec<String>,
+    /// How long establishing a connection may take.
+    pub connect_timeout: Duration,
+    /// Deadline of one call (a read's wait at the tail counts against it too); `None` for no
+    /// deadline beyond the server's own.
+    pub request_timeout: Option<Duration>,
+    /// The largest message the client sends or accepts. Keep it at or above twice the star's
+    /// `--max-batch-bytes` and `--max-read-bytes`.
+    pub max_message_bytes: usize,
+    /// How reads, describes and lists are retried when they fail in a way worth retrying.
+    pub retry: RetryPolicy,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            endpoints: vec!["http://127.0.0.1:7400".into()],
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: None,
+            max_message_bytes: 256 << 20,
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+impl ClientConfig {
+    pub fn new(endpoints: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            ..Self::default()
+        }
+    }
+
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    pub fn with_max_message_bytes(mut self, bytes: usize) -> Self {
+        self.max_message_bytes = bytes;
+        self
+    }
+
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+}
+
+/// Retries with exponential backoff, each wait drawn between half and all of its step so that
+/// many clients failed by one event spread out instead of returning in lockstep. A server's
+/// `retry-after-ms` hint replaces the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (1: no retries).
+    pub max_attempts: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// No retries.
+    pub fn none() -> Self {
+        Self {
+            max_attempts: 1,
+            ..Self::default()
+        }
+    }
+
+    /// The un-jittered step before attempt `attempt` (2 is the first retry).
+    pub fn step(&self, attempt: u32) -> Duration {
+        self.initial_backoff
+            .saturating_mul(1 << attempt.saturating_sub(2).min(16))
+            .min(self.max_backoff)
+    }
+}
