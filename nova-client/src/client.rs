@@ -1,9 +1,15 @@
+use std::sync::Arc;
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use futures::TryStreamExt;
+use tonic::transport::Channel;
 
+use nova_proto::clock::Clock;
 use nova_proto::domain::SequencedRecord;
-use nova_proto::route::{Router, unlimited};
+use nova_proto::route::{Router, Settings};
+
+use crate::config::{ClientConfig, RetryPolicy};
+use crate::jitter::Jitter;
 use nova_proto::v1;
 use nova_proto::v1::nova_client::NovaClient;
 
@@ -20,6 +26,54 @@ use crate::session::AppendSession;
 #[derive(Debug, Clone)]
 pub struct Client {
     router: Router,
+    jitter: Arc<Jitter>,
+    retry: RetryPolicy,
+}
+
+/// One stream of a [`Client`]: the stream calls without repeating its name. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct StreamHandle {
+    client: Client,
+    name: String,
+}
+
+impl StreamHandle {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub async fn describe(&self) -> Result<StreamInfo, Error> {
+        self.client.describe_stream(&self.name).await
+    }
+
+    pub async fn reconfigure(&self, retention: Retention) -> Result<StreamInfo, Error> {
+        self.client.reconfigure_stream(&self.name, retention).await
+    }
+
+    pub async fn delete(&self) -> Result<(), Error> {
+        self.client.delete_stream(&self.name).await
+    }
+
+    /// One page from `start_seq`.
+    pub async fn read(&self, start_seq: u64, options: ReadOptions) -> Result<Page, Error> {
+        self.client.read_with(&self.name, start_seq, options).await
+    }
+
+    /// A producer appending to this stream exactly once.
+    pub async fn producer(&self, config: crate::ProducerConfig) -> Result<crate::Producer, Error> {
+        crate::Producer::new(self.client.clone(), self.name.clone(), config).await
+    }
+
+    /// A consumer reading this stream from `from_seq`.
+    pub fn consumer(&self, from_seq: u64) -> crate::Consumer {
+        crate::Consumer::new(self.client.clone(), self.name.clone(), from_seq)
+    }
+
+    /// A producer session on the stream's leader.
+    pub async fn append_session(&self) -> Result<AppendSession, Error> {
+        self.client.describe_stream(&self.name).await?;
+        self.client.append_session_for(&self.name).await
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +81,7 @@ pub struct StreamInfo {
     pub name: String,
     pub tail_seq: u64,
     pub stored_bytes: u64,
-    pub storage_class: String,
+    pub storage_class: StorageClass,
     pub created_at_ms: u64,
     /// The first record the stream still holds (retention trims below it).
     pub first_seq: u64,
@@ -36,6 +90,40 @@ pub struct StreamInfo {
     /// star.
     pub leader_id: String,
     pub leader_addr: String,
+}
+
+/// Where and how a stream's records are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum StorageClass {
+    /// Acknowledged once durable in the object store; the default.
+    #[default]
+    Standard,
+    /// A class this SDK does not know yet (a newer server).
+    Unknown(i32),
+}
+
+impl StorageClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageClass::Standard => "standard",
+            StorageClass::Unknown(_) => "unknown",
+        }
+    }
+
+    fn from_wire(value: i32) -> Self {
+        match v1::StorageClass::try_from(value) {
+            Ok(v1::StorageClass::Standard | v1::StorageClass::Unspecified) => {
+                StorageClass::Standard
+            }
+            _ => StorageClass::Unknown(value),
+        }
+    }
+}
+
+impl std::fmt::Display for StorageClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// How long a stream keeps its records; `None` is no limit.
@@ -56,17 +144,11 @@ impl Retention {
 
 impl From<v1::StreamInfo> for StreamInfo {
     fn from(info: v1::StreamInfo) -> Self {
-        let class = v1::StorageClass::try_from(info.storage_class)
-            .map(|c| match c {
-                v1::StorageClass::Standard => "standard",
-                v1::StorageClass::Unspecified => "unspecified",
-            })
-            .unwrap_or("unknown");
         Self {
             name: info.name,
             tail_seq: info.tail_seq,
             stored_bytes: info.stored_bytes,
-            storage_class: class.to_owned(),
+            storage_class: StorageClass::from_wire(info.storage_class),
             created_at_ms: info.created_at_ms,
             first_seq: info.first_seq,
             retention: info
@@ -114,21 +196,108 @@ fn stream_info(info: Option<v1::StreamInfo>) -> Result<StreamInfo, Error> {
 }
 
 impl Client {
+    /// Connects to one star with no message bound, no deadline and no retries of the
+    /// client's own (a `Producer` still retries within its budget).
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        let connect_error = |message: String| Error::Connect {
-            url: url.to_owned(),
-            message,
+        let config = ClientConfig::new([url])
+            .with_retry(RetryPolicy::none())
+            .with_max_message_bytes(usize::MAX);
+        Self::connect_with(config).await
+    }
+
+    /// Connects to the first of `config.endpoints` that answers (any star of a fleet).
+    pub async fn connect_with(config: ClientConfig) -> Result<Self, Error> {
+        let settings = Settings {
+            connect_timeout: config.connect_timeout,
+            request_timeout: config.request_timeout,
+            max_message_bytes: config.max_message_bytes,
         };
-        let channel = Endpoint::from_shared(url.to_owned())
-            .map_err(|e| connect_error(e.to_string()))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .map_err(|e| connect_error(format!("{e}")))?;
-        Ok(Self {
-            router: Router::new(unlimited(channel)),
-        })
+        let mut last = Error::Connect {
+            url: String::new(),
+            message: "no endpoints configured".into(),
+        };
+        for url in &config.endpoints {
+            let connect_error = |message: String| Error::Connect {
+                url: url.clone(),
+                message,
+            };
+            let endpoint = match settings.endpoint(url) {
+                Ok(endpoint) => endpoint,
+                Err(e) => {
+                    last = connect_error(e.to_string());
+                    continue;
+                }
+            };
+            match endpoint.connect().await {
+                Ok(channel) => {
+                    return Ok(Self {
+                        router: Router::with_settings(settings.client(channel), settings),
+                        jitter: Arc::new(Jitter::new(&Clock::system(), url)),
+                        retry: config.retry,
+                    });
+                }
+                Err(e) => last = connect_error(format!("{e}")),
+            }
+        }
+        Err(last)
+    }
+
+    /// Runs an idempotent call about `stream` on its leader, following redirects and retrying
+    /// what is worth retrying within the client's retry policy, with jittered waits.
+    async fn idempotent<T, F, Fut>(&self, stream: &str, call: F) -> Result<T, Error>
+    where
+        F: Fn(NovaClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match self.on_leader(stream, &call).await {
+                Ok(value) => return Ok(value),
+                Err(error) if error.is_retryable() && attempt < self.retry.max_attempts => {
+                    attempt += 1;
+                    let step = match &error {
+                        Error::Status {
+                            retry_after: Some(hint),
+                            ..
+                        } => *hint,
+                        _ => self.retry.step(attempt),
+                    };
+                    Clock::system().sleep(self.jitter.apply(step)).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// A handle on one stream: its calls without repeating its name.
+    pub fn stream(&self, name: impl Into<String>) -> StreamHandle {
+        StreamHandle {
+            client: self.clone(),
+            name: name.into(),
+        }
+    }
+
+    /// Every stream whose name starts with `prefix`, page by page as the stream is polled.
+    pub fn list_all_streams(
+        &self,
+        prefix: impl Into<String>,
+    ) -> impl futures::Stream<Item = Result<StreamInfo, Error>> + Send + 'static {
+        let client = self.clone();
+        let prefix = prefix.into();
+        futures::stream::try_unfold(
+            (client, prefix, Some(String::new())),
+            |(client, prefix, after)| async move {
+                let Some(after) = after else {
+                    return Ok::<_, Error>(None);
+                };
+                let (page, next) = client.list_streams(&prefix, &after, 0).await?;
+                Ok(Some((
+                    futures::stream::iter(page.into_iter().map(Ok)),
+                    (client, prefix, next),
+                )))
+            },
+        )
+        .try_flatten()
     }
 
     /// Learns from a failed call about `stream` where its leader is (or that it moved).
@@ -175,7 +344,7 @@ impl Client {
 
     pub async fn describe_stream(&self, name: &str) -> Result<StreamInfo, Error> {
         let response = self
-            .on_leader(name, |mut star| async move {
+            .idempotent(name, |mut star| async move {
                 star.describe_stream(v1::DescribeStreamRequest {
                     stream: name.to_owned(),
                 })
@@ -193,13 +362,15 @@ impl Client {
         start_after: &str,
         limit: u32,
     ) -> Result<(Vec<StreamInfo>, Option<String>), Error> {
+        // Any star answers a listing; "" is no stream, so it goes to the star connected to.
         let response = self
-            .router
-            .seed()
-            .list_streams(v1::ListStreamsRequest {
-                prefix: prefix.to_owned(),
-                start_after: start_after.to_owned(),
-                limit,
+            .idempotent("", |mut star| async move {
+                star.list_streams(v1::ListStreamsRequest {
+                    prefix: prefix.to_owned(),
+                    start_after: start_after.to_owned(),
+                    limit,
+                })
+                .await
             })
             .await?
             .into_inner();
@@ -258,7 +429,7 @@ impl Client {
         options: ReadOptions,
     ) -> Result<Page, Error> {
         let response = self
-            .on_leader(stream, |mut star| async move {
+            .idempotent(stream, |mut star| async move {
                 star.read(v1::ReadRequest {
                     stream: stream.to_owned(),
                     start_seq,

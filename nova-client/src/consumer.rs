@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+use futures::TryStreamExt;
+use nova_proto::domain::SequencedRecord;
+
 use crate::client::{Client, Page, ReadOptions};
 use crate::error::Error;
 
@@ -62,5 +65,27 @@ impl Consumer {
 
     pub fn is_following(&self) -> bool {
         self.follow
+    }
+
+    /// The stream's records one by one, as a `futures::Stream`, fetched a page at a time as it
+    /// is polled (so a slow reader slows its own reads and holds one page at most). Without
+    /// follow it ends at the tail; with follow it waits there for more and never ends. The
+    /// first error ends it.
+    pub fn records(self) -> impl futures::Stream<Item = Result<SequencedRecord, Error>> + Send {
+        futures::stream::try_unfold(self, |mut consumer| async move {
+            loop {
+                let page = consumer.next_page().await?;
+                if !page.records.is_empty() {
+                    return Ok::<_, Error>(Some((
+                        futures::stream::iter(page.records.into_iter().map(Ok)),
+                        consumer,
+                    )));
+                }
+                if !consumer.follow {
+                    return Ok(None);
+                }
+            }
+        })
+        .try_flatten()
     }
 }

@@ -30,7 +30,74 @@ pub enum Error {
     RetriesExhausted { attempts: u32, last: Box<Error> },
 }
 
+/// What kind of failure an [`Error`] is, in the SDK's own terms rather than gRPC's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// The request is wrong (a cap exceeded, a bad name); sending it again fails again.
+    InvalidArgument,
+    StreamNotFound,
+    StreamExists,
+    /// A read below the stream's first record (retention trimmed it): see `Error::first_seq`.
+    Trimmed,
+    /// `match_seq_num` did not match: see `Error::next_seq`.
+    SeqMismatch,
+    /// A cap or the fleet's capacity: retry after `Error::retry_after`.
+    Exhausted,
+    /// Nothing was done; retrying may succeed (a star down, shutting down, or redirecting).
+    Unavailable,
+    /// The append may or may not be durable: resend only with `match_seq_num`.
+    OutcomeUnknown,
+    /// The server is missing data it should have, or failed.
+    Internal,
+    /// No connection could be made, or a session ended.
+    Disconnected,
+    /// A producer's retry budget ran out.
+    GaveUp,
+    /// Anything else the server answered.
+    Other,
+}
+
 impl Error {
+    /// The SDK's code for this failure.
+    pub fn kind(&self) -> ErrorCode {
+        match self {
+            Error::Connect { .. } | Error::SessionClosed(_) => ErrorCode::Disconnected,
+            Error::RetriesExhausted { .. } => ErrorCode::GaveUp,
+            Error::Status { code, .. } => match code {
+                Code::InvalidArgument => ErrorCode::InvalidArgument,
+                Code::NotFound => ErrorCode::StreamNotFound,
+                Code::AlreadyExists => ErrorCode::StreamExists,
+                Code::OutOfRange => ErrorCode::Trimmed,
+                Code::FailedPrecondition => ErrorCode::SeqMismatch,
+                Code::ResourceExhausted => ErrorCode::Exhausted,
+                Code::Unavailable | Code::Aborted => ErrorCode::Unavailable,
+                Code::DeadlineExceeded | Code::Unknown | Code::Cancelled => {
+                    ErrorCode::OutcomeUnknown
+                }
+                Code::Internal | Code::DataLoss => ErrorCode::Internal,
+                _ => ErrorCode::Other,
+            },
+        }
+    }
+
+    /// The server's hint for when to try again, if it sent one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::Status { retry_after, .. } => *retry_after,
+            Error::RetriesExhausted { last, .. } => last.retry_after(),
+            _ => None,
+        }
+    }
+
+    /// For a `match_seq_num` mismatch: where the stream is.
+    pub fn next_seq(&self) -> Option<u64> {
+        match self {
+            Error::Status { next_seq, .. } => *next_seq,
+            Error::RetriesExhausted { last, .. } => last.next_seq(),
+            _ => None,
+        }
+    }
+
     /// The stream's first available record, when this read asked for records its retention
     /// trimmed.
     pub fn first_seq(&self) -> Option<u64> {

@@ -34,10 +34,10 @@ mod jitter;
 mod producer;
 mod session;
 
-pub use client::{Client, Page, ReadOptions, Retention, StreamInfo};
+pub use client::{Client, Page, ReadOptions, Retention, StorageClass, StreamHandle, StreamInfo};
 pub use config::{ClientConfig, RetryPolicy};
 pub use consumer::Consumer;
-pub use error::Error;
+pub use error::{Error, ErrorCode};
 pub use nova_proto::domain::{Header, Record, SequencedRecord};
 pub use producer::{AppendTicket, Producer, ProducerConfig};
 pub use session::{Ack, AckReceiver, AppendSender, AppendSession};

@@ -40,7 +40,7 @@ async fn appends_are_sequenced_densely_and_read_back() {
     let info = client.describe_stream("a").await.unwrap();
     assert_eq!(info.tail_seq, 5);
     assert!(info.stored_bytes > 0);
-    assert_eq!(info.storage_class, "standard");
+    assert_eq!(info.storage_class, nova_client::StorageClass::Standard);
     assert!(info.created_at_ms > 1_700_000_000_000);
 
     // Headers and timestamps survive; an unset timestamp is stamped by the star.

@@ -691,3 +691,66 @@ async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
     }
     check_history(&entry, &streams, &history).await;
 }
+
+/// The SDK as a fleet's users meet it: a client configured with several endpoints (the first
+/// unreachable) reaches the fleet; per-stream handles produce and consume across redirects; the
+/// consumer is a `futures::Stream` of records; listing pages through every stream; errors come
+/// with the SDK's own codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_meets_the_fleet_through_any_endpoint() {
+    use futures::StreamExt;
+    use nova_client::{ClientConfig, ErrorCode, ReadOptions, RetryPolicy, StorageClass};
+
+    let (_etcd, _moto, stars) = fleet(3);
+    let dead = format!("http://127.0.0.1:{}", nova_testkit::free_port());
+    let config = ClientConfig::new([dead, stars[1].url()])
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_request_timeout(Duration::from_secs(30))
+        .with_retry(RetryPolicy::default());
+    let client = Client::connect_with(config).await.expect("connect");
+    let names: Vec<String> = (0..7).map(|i| format!("sdk{i}")).collect();
+    for name in &names {
+        let info = client.create_stream(name).await.expect("create");
+        assert_eq!(info.storage_class, StorageClass::Standard);
+    }
+    for name in &names {
+        let handle = client.stream(name.clone());
+        let producer = handle
+            .producer(ProducerConfig::default())
+            .await
+            .expect("producer");
+        for i in 0..5 {
+            producer
+                .append(Record::new(format!("{name}-{i}")))
+                .await
+                .expect("append");
+        }
+        producer.close().await.expect("close");
+        let bodies: Vec<String> = handle
+            .consumer(0)
+            .page_size(2, 0)
+            .records()
+            .map(|r| String::from_utf8(r.expect("record").record.body.to_vec()).expect("utf8"))
+            .collect()
+            .await;
+        let expected: Vec<String> = (0..5).map(|i| format!("{name}-{i}")).collect();
+        assert_eq!(bodies, expected, "{name} as a stream of records");
+        let page = handle.read(3, ReadOptions::default()).await.expect("read");
+        assert_eq!(page.records.first().map(|r| r.seq), Some(3));
+    }
+    // Listing asks for the next page until there is none.
+    let listed: Vec<String> = client
+        .list_all_streams("sdk")
+        .map(|info| info.expect("list").name)
+        .collect()
+        .await;
+    assert_eq!(listed, names);
+    let missing = client
+        .stream("nope")
+        .describe()
+        .await
+        .expect_err("no such stream");
+    assert_eq!(missing.kind(), ErrorCode::StreamNotFound);
+    let exists = client.create_stream("sdk0").await.expect_err("exists");
+    assert_eq!(exists.kind(), ErrorCode::StreamExists);
+}

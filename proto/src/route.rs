@@ -26,6 +26,47 @@ const MAX_STARS: usize = 256;
 pub struct Router {
     seed: NovaClient<Channel>,
     routes: Arc<Routes>,
+    settings: Settings,
+}
+
+/// How connections to leaders are made.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub connect_timeout: Duration,
+    /// Deadline of one call; `None` for none beyond the server's.
+    pub request_timeout: Option<Duration>,
+    /// The largest message sent or accepted.
+    pub max_message_bytes: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: None,
+            max_message_bytes: usize::MAX,
+        }
+    }
+}
+
+impl Settings {
+    /// An endpoint for `url` made with these settings.
+    pub fn endpoint(&self, url: &str) -> Result<Endpoint, tonic::transport::Error> {
+        let endpoint = Endpoint::from_shared(url.to_owned())?
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true);
+        Ok(match self.request_timeout {
+            Some(timeout) => endpoint.timeout(timeout),
+            None => endpoint,
+        })
+    }
+
+    /// A client on `channel` with these settings' message bound.
+    pub fn client(&self, channel: Channel) -> NovaClient<Channel> {
+        NovaClient::new(channel)
+            .max_decoding_message_size(self.max_message_bytes)
+            .max_encoding_message_size(self.max_message_bytes)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -52,9 +93,15 @@ pub fn unlimited(channel: Channel) -> NovaClient<Channel> {
 impl Router {
     /// Routes through `seed` (any star, or a gateway's configured star) until told otherwise.
     pub fn new(seed: NovaClient<Channel>) -> Self {
+        Self::with_settings(seed, Settings::default())
+    }
+
+    /// Connections to leaders are made with `settings`.
+    pub fn with_settings(seed: NovaClient<Channel>, settings: Settings) -> Self {
         Self {
             seed,
             routes: Arc::default(),
+            settings,
         }
     }
 
@@ -71,15 +118,10 @@ impl Router {
         if let Some(client) = stars.get(&url) {
             return client.clone();
         }
-        let Ok(endpoint) = Endpoint::from_shared(url.clone()) else {
+        let Ok(endpoint) = self.settings.endpoint(&url) else {
             return self.seed.clone();
         };
-        let client = unlimited(
-            endpoint
-                .connect_timeout(Duration::from_secs(5))
-                .tcp_nodelay(true)
-                .connect_lazy(),
-        );
+        let client = self.settings.client(endpoint.connect_lazy());
         if stars.len() >= MAX_STARS {
             stars.clear();
         }

@@ -28,7 +28,7 @@ impl<'a> From<&'a StreamInfo> for StreamJson<'a> {
             name: &info.name,
             tail_seq: info.tail_seq,
             stored_bytes: info.stored_bytes,
-            storage_class: &info.storage_class,
+            storage_class: info.storage_class.as_str(),
             created_at_ms: info.created_at_ms,
             first_seq: info.first_seq,
             retention_age_ms: info.retention.age.map(|a| a.as_millis() as u64),
