@@ -626,6 +626,11 @@ impl Fleet {
             })
     }
 
+    /// Whether this star leads `stream` now.
+    pub fn leads(&self, stream: &str) -> bool {
+        self.led.read().contains(stream)
+    }
+
     /// Refuses a new stream while no star can take its leadership.
     pub fn check_capacity(&self) -> Result<(), RequestError> {
         self.pick().map(|_| ())

@@ -111,6 +111,17 @@ async fn streams_spread_over_the_stars_and_every_star_redirects_to_the_leader() 
             }
         }
     }
+    // Every star lists every stream, wherever it was created.
+    for novad in &stars {
+        use futures::StreamExt;
+        let listed: Vec<String> = client(novad)
+            .await
+            .list_all_streams("s")
+            .map(|info| info.expect("list").name)
+            .collect()
+            .await;
+        assert_eq!(listed, streams, "listed through {}", novad.url());
+    }
     let redirects: f64 = stars
         .iter()
         .filter_map(|s| s.metric("nova_fleet_redirects_total"))

@@ -57,6 +57,28 @@ impl Catalog {
             .collect()
     }
 
+    /// Streams whose names start with `prefix`, in name order after `after` (from the first
+    /// when empty), at most `limit`.
+    pub async fn streams_with_prefix(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<StreamMeta>, CatalogError> {
+        let scan_prefix = name_key(prefix);
+        let after = (!after.is_empty()).then(|| name_key(after));
+        self.store
+            .scan(&scan_prefix, after.as_deref(), limit)
+            .await?
+            .iter()
+            .map(|kv| {
+                let name = std::str::from_utf8(&kv.key[2..])
+                    .map_err(|_| CatalogError::Corrupt("stream name is not UTF-8".into()))?;
+                decode_meta(name, &kv.value)
+            })
+            .collect()
+    }
+
     /// Stream `id`'s trim point and its version (`None`: never trimmed, it starts at 0).
     pub async fn trim(&self, id: u64) -> Result<Option<(Trim, u64)>, CatalogError> {
         match self.store.get(&trim_key(id)).await? {

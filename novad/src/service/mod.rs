@@ -271,11 +271,40 @@ impl Nova for NovaService {
             n => n.min(LIST_STREAMS_MAX),
         } as usize;
         // One extra tells whether another page follows.
-        let mut streams =
-            self.ctx
+        let mut streams = match &self.ctx.fleet {
+            // In a fleet the shared catalog knows every stream, wherever it was created; one
+            // this star leads shows its live tail, the others their absorbed one.
+            Some(fleet) => {
+                let streams = self.ctx.star.streams();
+                let metas = streams
+                    .catalog()
+                    .streams_with_prefix(&request.prefix, &request.start_after, limit + 1)
+                    .await
+                    .map_err(|e| RequestError::Unavailable(format!("listing streams: {e}")))?;
+                let mut out = Vec::with_capacity(metas.len());
+                for meta in metas {
+                    let led = streams
+                        .get_by_id(meta.id)
+                        .filter(|state| fleet.leads(state.name()));
+                    out.push(match led {
+                        Some(state) => state,
+                        None => {
+                            let tail =
+                                streams.catalog().stream_tail(meta.id).await.map_err(|e| {
+                                    RequestError::Unavailable(format!("listing streams: {e}"))
+                                })?;
+                            Arc::new(StreamState::new(meta, tail))
+                        }
+                    });
+                }
+                out
+            }
+            None => self
+                .ctx
                 .star
                 .streams()
-                .list(&request.prefix, &request.start_after, limit + 1);
+                .list(&request.prefix, &request.start_after, limit + 1),
+        };
         let more = streams.len() > limit;
         streams.truncate(limit);
         let next_start_after = match (more, streams.last()) {
