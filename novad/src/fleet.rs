@@ -118,6 +118,15 @@ pub struct FleetConfig {
     pub lease_ttl: Duration,
 }
 
+/// Registers `collector` and hands it back.
+fn registered<C>(registry: &Registry, collector: C) -> anyhow::Result<C>
+where
+    C: prometheus::core::Collector + Clone + 'static,
+{
+    registry.register(Box::new(collector.clone()))?;
+    Ok(collector)
+}
+
 /// The fleet's metrics. A single star exports them too (at zero), so dashboards and alerts
 /// work unchanged when it joins a fleet.
 pub struct FleetMetrics {
@@ -137,45 +146,40 @@ pub struct FleetMetrics {
 
 impl FleetMetrics {
     pub fn new(registry: &Registry) -> anyhow::Result<Self> {
-        let gauge = |name: &str, help: &str| -> anyhow::Result<IntGauge> {
-            let g = IntGauge::with_opts(Opts::new(name, help))?;
-            registry.register(Box::new(g.clone()))?;
-            Ok(g)
+        let gauge = |name: &str, help: &str| {
+            registered(registry, IntGauge::with_opts(Opts::new(name, help))?)
         };
-        let seconds = |name: &str, help: &str| -> anyhow::Result<Gauge> {
-            let g = Gauge::with_opts(Opts::new(name, help))?;
-            registry.register(Box::new(g.clone()))?;
-            Ok(g)
+        let seconds =
+            |name: &str, help: &str| registered(registry, Gauge::with_opts(Opts::new(name, help))?);
+        let counter = |name: &str, help: &str| {
+            registered(registry, IntCounter::with_opts(Opts::new(name, help))?)
         };
-        let counter = |name: &str, help: &str| -> anyhow::Result<IntCounter> {
-            let c = IntCounter::with_opts(Opts::new(name, help))?;
-            registry.register(Box::new(c.clone()))?;
-            Ok(c)
-        };
-        let lease_lost = IntCounterVec::new(
-            Opts::new(
-                "nova_fleet_lease_lost_total",
-                "Times this star stopped leading because its fleet lease lapsed, by cause",
-            ),
-            &["cause"],
-        )?;
-        registry.register(Box::new(lease_lost.clone()))?;
-        let handoffs = IntCounterVec::new(
-            Opts::new(
-                "nova_fleet_handoffs_total",
-                "Streams this star handed to another star, by why",
-            ),
-            &["reason"],
-        )?;
-        registry.register(Box::new(handoffs.clone()))?;
-        let takeover_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "nova_fleet_takeover_seconds",
-                "How long this star took to settle a departed star's chain",
+        let by = |name: &str, help: &str, label: &str| {
+            registered(
+                registry,
+                IntCounterVec::new(Opts::new(name, help), &[label])?,
             )
-            .buckets(vec![0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0]),
+        };
+        let lease_lost = by(
+            "nova_fleet_lease_lost_total",
+            "Times this star stopped leading because its fleet lease lapsed, by cause",
+            "cause",
         )?;
-        registry.register(Box::new(takeover_seconds.clone()))?;
+        let handoffs = by(
+            "nova_fleet_handoffs_total",
+            "Streams this star handed to another star, by why",
+            "reason",
+        )?;
+        let takeover_seconds = registered(
+            registry,
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "nova_fleet_takeover_seconds",
+                    "How long this star took to settle a departed star's chain",
+                )
+                .buckets(vec![0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0]),
+            )?,
+        )?;
         Ok(Self {
             handoffs,
             takeovers: counter(
@@ -404,9 +408,6 @@ impl Fleet {
         // before the trust window closes.
         let every = self.config.lease_ttl / 4;
         let patience = self.config.lease_ttl / 6;
-        // Past this without a renewal the lease may have lapsed at etcd, and a successor may be
-        // taking this star's chain over: stop acknowledging before that can happen.
-        let trust = self.config.lease_ttl * 3 / 4;
         loop {
             tokio::select! {
                 _ = self.clock.sleep(every) => {}
@@ -429,18 +430,9 @@ impl Fleet {
                 }
                 Err(err) => tracing::warn!("renewing the fleet lease failed: {err}"),
             }
+            // An unrenewed lease is given up by `watch_trust`, whatever this loop waits on.
             let age = self.clock.since(*self.renewed.lock());
             self.metrics.lease_age.set(age.as_secs_f64());
-            if age > trust {
-                self.lose(
-                    "unrenewed",
-                    format!(
-                        "the fleet lease was not renewed for {age:?}, past {trust:?}: it can no \
-                         longer be trusted"
-                    ),
-                );
-                return;
-            }
             if let Err(err) = self.publish().await {
                 tracing::warn!("publishing this star's load failed: {err}");
             }
@@ -454,6 +446,8 @@ impl Fleet {
     /// call hangs: a successor may take the chain over once the lease lapses at the metastore,
     /// and this star must have stopped acknowledging by then.
     async fn watch_trust(self: Arc<Self>) {
+        // Past this without a renewal the lease may have lapsed at etcd, and a successor may be
+        // taking this star's chain over: stop acknowledging before that can happen.
         let trust = self.config.lease_ttl * 3 / 4;
         let every = self.config.lease_ttl / 20;
         loop {

@@ -148,10 +148,7 @@ async fn a_second_live_star_with_the_same_id_is_refused() {
 async fn a_star_restarted_after_kill_9_leads_its_streams_again() {
     let (_etcd, _moto, mut stars) = fleet(2);
     let first = client(&stars[0]).await;
-    let streams: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
-    for stream in &streams {
-        first.create_stream(stream).await.expect("create");
-    }
+    let streams = create_streams(&first, "k", 4).await;
     for stream in &streams {
         let producer = Producer::new(first.clone(), stream.clone(), ProducerConfig::default())
             .await
@@ -182,6 +179,40 @@ async fn a_star_restarted_after_kill_9_leads_its_streams_again() {
     }
     let led: BTreeSet<String> = leaders(&after, &streams).await.into_values().collect();
     assert!(!led.is_empty() && led.iter().all(|l| l == "star-0" || l == "star-1"));
+}
+
+/// Creates `n` streams named `prefix0`, `prefix1`, … through `client`.
+async fn create_streams(client: &Client, prefix: &str, n: usize) -> Vec<String> {
+    let streams: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
+    for stream in &streams {
+        client.create_stream(stream).await.expect("create");
+    }
+    streams
+}
+
+/// A star other than the entry point (star-0) that leads at least one of `streams`.
+async fn victim(entry: &Client, streams: &[String]) -> usize {
+    let placed = leaders(entry, streams).await;
+    (1..3)
+        .find(|i| placed.values().any(|l| *l == format!("star-{i}")))
+        .expect("a star other than the entry leads a stream")
+}
+
+/// Waits for the load to finish, then checks that every producer got all `n` records
+/// acknowledged, each reads back once at its seq, and the history is linearizable.
+async fn finish(
+    entry: &Client,
+    streams: &[String],
+    running: tokio::task::JoinHandle<Vec<Vec<(u64, String)>>>,
+    n: usize,
+    history: &History,
+) {
+    let acked = running.await.expect("load");
+    for (stream, acked) in streams.iter().zip(&acked) {
+        assert_eq!(acked.len(), n);
+        check_exactly_once(entry, stream, acked).await;
+    }
+    check_history(entry, streams, history).await;
 }
 
 /// Appends `n` records to `stream` through `client`, a few at a time, recording each
@@ -374,25 +405,13 @@ async fn check_exactly_once(client: &Client, stream: &str, acked: &[(u64, String
 async fn kill_9_of_a_star_under_load_is_taken_over_without_losing_a_record() {
     let (_etcd, _moto, mut stars) = fleet(3);
     let entry = client(&stars[0]).await;
-    let streams: Vec<String> = (0..6).map(|i| format!("t{i}")).collect();
-    for stream in &streams {
-        entry.create_stream(stream).await.expect("create");
-    }
-    let placed = leaders(&entry, &streams).await;
-    // The victim leads at least one stream, and is not the producers' entry point.
-    let victim = (1..3)
-        .find(|i| placed.values().any(|l| *l == format!("star-{i}")))
-        .expect("a star other than the entry leads a stream");
+    let streams = create_streams(&entry, "t", 6).await;
+    let victim = victim(&entry, &streams).await;
     let history = Arc::new(History::new());
     let running = load(&entry, &streams, 600, &history);
     tokio::time::sleep(Duration::from_millis(1000)).await;
     stars[victim].kill9();
-    let acked = running.await.expect("load");
-    for (stream, acked) in streams.iter().zip(&acked) {
-        assert_eq!(acked.len(), 600);
-        check_exactly_once(&entry, stream, acked).await;
-    }
-    check_history(&entry, &streams, &history).await;
+    finish(&entry, &streams, running, 600, &history).await;
     let after = leaders(&entry, &streams).await;
     assert!(
         after.values().all(|l| *l != format!("star-{victim}")),
@@ -414,14 +433,8 @@ async fn kill_9_of_a_star_under_load_is_taken_over_without_losing_a_record() {
 async fn a_star_paused_past_its_lease_is_taken_over_and_acknowledges_nothing_more() {
     let (_etcd, _moto, mut stars) = fleet(3);
     let entry = client(&stars[0]).await;
-    let streams: Vec<String> = (0..6).map(|i| format!("p{i}")).collect();
-    for stream in &streams {
-        entry.create_stream(stream).await.expect("create");
-    }
-    let placed = leaders(&entry, &streams).await;
-    let victim = (1..3)
-        .find(|i| placed.values().any(|l| *l == format!("star-{i}")))
-        .expect("a star other than the entry leads a stream");
+    let streams = create_streams(&entry, "p", 6).await;
+    let victim = victim(&entry, &streams).await;
     let history = Arc::new(History::new());
     let running = load(&entry, &streams, 600, &history);
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -450,12 +463,7 @@ async fn a_star_paused_past_its_lease_is_taken_over_and_acknowledges_nothing_mor
         log.contains("fleet lease") || log.contains("no longer owns its chain"),
         "{log}"
     );
-    let acked = running.await.expect("load");
-    for (stream, acked) in streams.iter().zip(&acked) {
-        assert_eq!(acked.len(), 600);
-        check_exactly_once(&entry, stream, acked).await;
-    }
-    check_history(&entry, &streams, &history).await;
+    finish(&entry, &streams, running, 600, &history).await;
     // Restarted, it rejoins as a fresh incarnation and may lead again.
     stars[victim].kill9();
     stars[victim].restart();
@@ -569,10 +577,7 @@ async fn a_saturated_star_hands_streams_off_until_it_clears() {
         small_star(&etcd, &moto, "c", "64MiB").start(),
     ];
     let entry = client(&stars[0]).await;
-    let streams: Vec<String> = (0..9).map(|i| format!("h{i}")).collect();
-    for stream in &streams {
-        entry.create_stream(stream).await.expect("create");
-    }
+    let streams = create_streams(&entry, "h", 9).await;
     let placed = leaders(&entry, &streams).await;
     let on_c = placed.values().filter(|l| *l == "c").count();
     assert!(on_c >= 2, "star c leads {on_c} streams: {placed:?}");
@@ -595,12 +600,7 @@ async fn a_saturated_star_hands_streams_off_until_it_clears() {
         .metric("nova_fleet_handoffs_total{reason=\"saturated\"}")
         .unwrap_or(0.0);
     assert!(handoffs >= 1.0, "handoffs: {handoffs}");
-    let acked = running.await.expect("load");
-    for (stream, acked) in streams.iter().zip(&acked) {
-        assert_eq!(acked.len(), 1200);
-        check_exactly_once(&entry, stream, acked).await;
-    }
-    check_history(&entry, &streams, &history).await;
+    finish(&entry, &streams, running, 1200, &history).await;
 }
 
 /// A rolling restart under load: each star in turn gets SIGTERM (it lands and absorbs what it
@@ -610,10 +610,7 @@ async fn a_saturated_star_hands_streams_off_until_it_clears() {
 async fn a_rolling_restart_under_load_loses_nothing() {
     let (_etcd, _moto, mut stars) = fleet(3);
     let entry = client(&stars[0]).await;
-    let streams: Vec<String> = (0..6).map(|i| format!("r{i}")).collect();
-    for stream in &streams {
-        entry.create_stream(stream).await.expect("create");
-    }
+    let streams = create_streams(&entry, "r", 6).await;
     let history = Arc::new(History::new());
     let running = load(&entry, &streams, 1500, &history);
     for i in [1, 2, 0] {
@@ -624,12 +621,7 @@ async fn a_rolling_restart_under_load_loses_nothing() {
         assert!(log.contains("left the fleet"), "{log}");
         stars[i].restart();
     }
-    let acked = running.await.expect("load");
-    for (stream, acked) in streams.iter().zip(&acked) {
-        assert_eq!(acked.len(), 1500);
-        check_exactly_once(&entry, stream, acked).await;
-    }
-    check_history(&entry, &streams, &history).await;
+    finish(&entry, &streams, running, 1500, &history).await;
     let handed: f64 = stars
         .iter()
         .filter_map(|s| s.metric("nova_fleet_stars"))
@@ -663,10 +655,7 @@ async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
             .start(),
     ];
     let entry = client(&stars[0]).await;
-    let streams: Vec<String> = (0..6).map(|i| format!("x{i}")).collect();
-    for stream in &streams {
-        entry.create_stream(stream).await.expect("create");
-    }
+    let streams = create_streams(&entry, "x", 6).await;
     let placed = leaders(&entry, &streams).await;
     assert!(
         placed.values().any(|l| l == "star-2"),
@@ -695,12 +684,7 @@ async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
     cut.set(nova_testkit::Fault::Pass);
     stars[2].kill9();
     stars[2].restart();
-    let acked = running.await.expect("load");
-    for (stream, acked) in streams.iter().zip(&acked) {
-        assert_eq!(acked.len(), 1500);
-        check_exactly_once(&entry, stream, acked).await;
-    }
-    check_history(&entry, &streams, &history).await;
+    finish(&entry, &streams, running, 1500, &history).await;
 }
 
 /// The SDK as a fleet's users meet it: a client configured with several endpoints (the first
