@@ -6,6 +6,7 @@
 
 pub mod conformance;
 mod embedded;
+#[cfg(feature = "etcd")]
 mod etcd;
 pub mod faulty;
 
@@ -14,6 +15,7 @@ use std::fmt;
 use async_trait::async_trait;
 
 pub use embedded::EmbeddedMetastore;
+#[cfg(feature = "etcd")]
 pub use etcd::{EtcdMetastore, EtcdOptions};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
