@@ -629,30 +629,55 @@ async fn a_rolling_restart_under_load_loses_nothing() {
     assert_eq!(handed, 9.0, "every star sees the whole fleet again");
 }
 
-/// A star cut off from etcd (its metastore traffic goes through a proxy that stops answering)
-/// while its producers still reach it: it stops acknowledging once its lease can no longer be
-/// trusted and exits; a survivor takes its chain over; after the partition heals it rejoins.
-/// Nothing it acknowledged is lost and nothing is acknowledged twice.
+/// A partition: a star in a network namespace of its own, joined to the host by a veth pair,
+/// reaches the object store and etcd only through forwarders on the pair's host address. Its
+/// etcd forwarder stops answering while its producers still reach it: it stops acknowledging
+/// once its lease can no longer be trusted and exits; a survivor takes its chain over; after
+/// the partition heals it rejoins. Nothing it acknowledged is lost or acknowledged twice, and
+/// the history of appends and reads is linearizable. Without root (no namespaces) the star runs
+/// on loopback behind the same forwarders, and the test says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
     let etcd = Etcd::start();
     let moto = Moto::start();
     moto.create_bucket(BUCKET);
-    let cut = nova_testkit::FaultProxy::start(etcd.endpoint().parse().expect("etcd address"));
-    let via_proxy = format!("etcd://127.0.0.1:{}", cut.port());
+    let netns = nova_testkit::netns::Netns::create()
+        .map_err(|reason| {
+            println!("no network namespace ({reason}); the star runs on loopback instead");
+        })
+        .ok();
+    let host = netns
+        .as_ref()
+        .map_or(std::net::IpAddr::from([127, 0, 0, 1]), |ns| ns.host_ip());
+    let to_etcd = nova_testkit::FaultProxy::start_on(host, etcd.endpoint().parse().expect("etcd"));
+    let to_moto = nova_testkit::FaultProxy::start_on(
+        host,
+        moto.endpoint()
+            .trim_start_matches("http://")
+            .parse()
+            .expect("moto"),
+    );
+    let cut_off = common::via_endpoint(novad(), &to_moto.endpoint(), BUCKET).args([
+        "--s3-request-timeout-ms",
+        "2000",
+        "--metastore",
+        &format!(
+            "etcd://{}",
+            to_etcd.endpoint().trim_start_matches("http://")
+        ),
+        "--star-id",
+        "star-2",
+        "--lease-ttl-secs",
+        &TTL_SECS.to_string(),
+    ]);
+    let cut_off = match &netns {
+        Some(ns) => cut_off.netns(ns.name(), ns.ns_ip()),
+        None => cut_off,
+    };
     let mut stars = [
         star(&etcd, &moto, "star-0").start(),
         star(&etcd, &moto, "star-1").start(),
-        with_s3(novad(), &moto, BUCKET)
-            .args([
-                "--metastore",
-                &via_proxy,
-                "--star-id",
-                "star-2",
-                "--lease-ttl-secs",
-                &TTL_SECS.to_string(),
-            ])
-            .start(),
+        cut_off.start(),
     ];
     let entry = client(&stars[0]).await;
     let streams = create_streams(&entry, "x", 6).await;
@@ -664,7 +689,7 @@ async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
     let history = Arc::new(History::new());
     let running = load(&entry, &streams, 1500, &history);
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    cut.set(nova_testkit::Fault::Hang);
+    to_etcd.set(nova_testkit::Fault::Hang);
     let status = wait_exit(&mut stars[2], Duration::from_secs(30));
     assert!(!status.success());
     let log = stars[2].log();
@@ -681,7 +706,7 @@ async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
         },
     )
     .await;
-    cut.set(nova_testkit::Fault::Pass);
+    to_etcd.set(nova_testkit::Fault::Pass);
     stars[2].kill9();
     stars[2].restart();
     finish(&entry, &streams, running, 1500, &history).await;

@@ -5,6 +5,7 @@ pub mod crash_loop;
 mod etcd;
 pub mod history;
 mod moto;
+pub mod netns;
 mod novad;
 pub mod outage;
 mod process;
@@ -12,6 +13,6 @@ mod proxy;
 
 pub use etcd::Etcd;
 pub use moto::{LoggedRequest, Moto};
-pub use novad::{Novad, NovadBuilder, scrape, series};
+pub use novad::{Novad, NovadBuilder, scrape, scrape_at, series};
 pub use process::{free_port, wait_for_port, workspace_binary, workspace_root};
 pub use proxy::{Fault, FaultProxy};

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -18,6 +18,8 @@ pub struct NovadBuilder {
     port: Option<u16>,
     /// novagateway takes no --data-dir.
     gateway: bool,
+    /// Run inside this network namespace, listening on this address of it.
+    netns: Option<(String, IpAddr)>,
 }
 
 impl NovadBuilder {
@@ -31,6 +33,7 @@ impl NovadBuilder {
             cgroup: None,
             port: None,
             gateway: false,
+            netns: None,
         }
     }
 
@@ -53,6 +56,13 @@ impl NovadBuilder {
     /// group before exec, so every byte it allocates is charged there.
     pub fn cgroup(mut self, dir: impl Into<PathBuf>) -> Self {
         self.cgroup = Some(dir.into());
+        self
+    }
+
+    /// Runs novad inside network namespace `name` (`ip netns exec`), listening on `ip`, an
+    /// address of the namespace the test reaches over a veth pair.
+    pub fn netns(mut self, name: &str, ip: IpAddr) -> Self {
+        self.netns = Some((name.to_owned(), ip));
         self
     }
 
@@ -118,6 +128,7 @@ impl NovadBuilder {
             gateway: self.gateway,
             data_dir,
             cgroup: self.cgroup,
+            netns: self.netns,
             _temp: temp,
             starts: 0,
         };
@@ -136,13 +147,21 @@ pub struct Novad {
     data_dir: PathBuf,
     cgroup: Option<PathBuf>,
     gateway: bool,
+    netns: Option<(String, IpAddr)>,
     _temp: Option<tempfile::TempDir>,
     starts: u32,
 }
 
 impl Novad {
+    /// The address novad listens on: loopback, or its address in its network namespace.
+    pub fn host(&self) -> IpAddr {
+        self.netns
+            .as_ref()
+            .map_or(IpAddr::from([127, 0, 0, 1]), |(_, ip)| *ip)
+    }
+
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}", SocketAddr::from((self.host(), self.port)))
     }
 
     pub fn port(&self) -> u16 {
@@ -181,13 +200,22 @@ impl Novad {
                     .arg(&self.binary);
                 shell
             }
-            None => Command::new(&self.binary),
+            None => match &self.netns {
+                // `ip netns exec` enters the namespace and then becomes novad: same PID.
+                Some((name, _)) => {
+                    let mut ip = Command::new("ip");
+                    ip.args(["netns", "exec", name]).arg(&self.binary);
+                    ip
+                }
+                None => Command::new(&self.binary),
+            },
         };
+        let host = self.host();
         command
             .arg("--listen")
-            .arg(format!("127.0.0.1:{}", self.port))
+            .arg(SocketAddr::from((host, self.port)).to_string())
             .arg("--metrics-addr")
-            .arg(format!("127.0.0.1:{}", self.metrics_port));
+            .arg(SocketAddr::from((host, self.metrics_port)).to_string());
         if !self.gateway {
             command.arg("--data-dir").arg(&self.data_dir);
         }
@@ -219,7 +247,7 @@ impl Novad {
                 }
                 panic!("novad exited before listening:\n{}", self.log());
             }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            if TcpStream::connect((self.host(), self.port)).is_ok() {
                 return false;
             }
             if Instant::now() > deadline {
@@ -241,7 +269,7 @@ impl Novad {
                     self.log()
                 );
             }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            if TcpStream::connect((self.host(), self.port)).is_ok() {
                 return;
             }
             if Instant::now() > deadline {
@@ -308,7 +336,7 @@ impl Novad {
 
     /// Whether something accepts connections on novad's port right now.
     pub fn is_listening(&self) -> bool {
-        TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+        TcpStream::connect((self.host(), self.port)).is_ok()
     }
 
     /// Whether the process has exited, and how.
@@ -324,8 +352,11 @@ impl Novad {
 
     /// The metrics page, in Prometheus text format.
     pub fn metrics(&self) -> String {
-        wait_for_port(self.metrics_port, Duration::from_secs(10), "novad metrics");
-        scrape(self.metrics_port)
+        let host = self.host();
+        if self.netns.is_none() {
+            wait_for_port(self.metrics_port, Duration::from_secs(10), "novad metrics");
+        }
+        scrape_at(host, self.metrics_port)
     }
 
     /// The value of one series on the metrics page (`name` may include labels, exactly as
@@ -337,12 +368,17 @@ impl Novad {
 
 /// GET /metrics on a loopback port; empty when nothing answers.
 pub fn scrape(port: u16) -> String {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+    scrape_at(IpAddr::from([127, 0, 0, 1]), port)
+}
+
+/// GET /metrics on `host:port`; empty when nothing answers.
+pub fn scrape_at(host: IpAddr, port: u16) -> String {
+    let addr = SocketAddr::from((host, port));
+    let Ok(mut stream) = TcpStream::connect(addr) else {
         return String::new();
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-    let request =
-        format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     if stream.write_all(request.as_bytes()).is_err() {
         return String::new();
     }

@@ -4,7 +4,7 @@
 //! pooled keep-alive connection slips through.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -46,6 +46,7 @@ struct Shared {
 }
 
 pub struct FaultProxy {
+    host: IpAddr,
     port: u16,
     shared: Arc<Shared>,
 }
@@ -53,7 +54,13 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Starts a proxy on a free loopback port, forwarding to `upstream`.
     pub fn start(upstream: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        Self::start_on(IpAddr::from([127, 0, 0, 1]), upstream)
+    }
+
+    /// Starts a proxy on a free port of `host` (an address of this machine, such as the host
+    /// end of a veth pair), forwarding to `upstream`.
+    pub fn start_on(host: IpAddr, upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind((host, 0)).expect("bind proxy");
         let port = listener.local_addr().expect("addr").port();
         let shared = Arc::new(Shared {
             mode: AtomicU8::new(Fault::Pass.code()),
@@ -71,7 +78,7 @@ impl FaultProxy {
                 thread::spawn(move || handle(client, upstream, &shared));
             }
         });
-        Self { port, shared }
+        Self { host, port, shared }
     }
 
     pub fn port(&self) -> u16 {
@@ -79,7 +86,7 @@ impl FaultProxy {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}", SocketAddr::from((self.host, self.port)))
     }
 
     pub fn set(&self, fault: Fault) {
@@ -100,7 +107,7 @@ impl Drop for FaultProxy {
         cut_all(&self.shared);
         // Wake the accept loop so it sees `stopped`.
         let _ = TcpStream::connect_timeout(
-            &SocketAddr::from(([127, 0, 0, 1], self.port)),
+            &SocketAddr::from((self.host, self.port)),
             Duration::from_millis(100),
         );
     }
