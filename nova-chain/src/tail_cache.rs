@@ -172,21 +172,24 @@ impl TailCache {
         let Some(runs) = inner.by_stream.remove(&stream_id) else {
             return;
         };
+        // One pass over the cached flights (bounded by the budget), not one per run.
         let mut freed = 0;
-        for (end_seq, run) in runs {
-            let charge = run.charge();
-            freed += charge;
-            if let Some(flight) = inner
-                .flights
-                .iter_mut()
-                .find(|f| f.runs.contains(&(stream_id, end_seq)))
-            {
+        for flight in inner.flights.iter_mut() {
+            flight.runs.retain(|(id, end_seq)| {
+                if *id != stream_id {
+                    return true;
+                }
+                let charge = runs.get(end_seq).map_or(0, CachedRun::charge);
                 flight.charge -= charge;
-                flight.runs.retain(|key| *key != (stream_id, end_seq));
-            }
+                freed += charge;
+                false
+            });
         }
+        // A flight left with nothing cached is no longer worth its place.
+        inner.flights.retain(|f| !f.runs.is_empty());
         inner.used -= freed;
         self.metrics.in_use.set(inner.used as i64);
+        self.metrics.flights.set(inner.flights.len() as i64);
     }
 
     /// Slots currently cached, oldest first (for tests and diagnostics).
@@ -230,6 +233,7 @@ mod tests {
         assert_eq!(cache.used(), 3 * unit);
         cache.forget_stream(1);
         assert_eq!(cache.used(), unit);
+        assert_eq!(cache.slots(), [0], "a flight left empty is dropped");
         assert!(cache.lookup(1, 5).is_none() && cache.earliest(1).is_none());
         assert_eq!(cache.lookup(2, 5).unwrap().start_seq, 0);
         // Eviction afterwards accounts what is left, and nothing below zero.
