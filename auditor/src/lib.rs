@@ -169,12 +169,6 @@ impl Duty {
         }
     }
 
-    /// Duties over the whole catalog rather than this star's own chain and objects: in a fleet
-    /// one star runs them for all (see `Auditor::set_catalog_duties`).
-    fn catalog_wide(self) -> bool {
-        matches!(self, Duty::DropDeleted | Duty::Rewrite | Duty::Retention)
-    }
-
     fn index(self) -> usize {
         match self {
             Duty::Settle => 0,
@@ -220,8 +214,6 @@ pub(crate) struct Ctx {
     pub(crate) retention_state: Mutex<retention::RetentionState>,
     /// Since when (unix ms) absorbed flights have waited to be settled, due or not yet.
     pub(crate) settle_pending_since: Mutex<Option<u64>>,
-    /// Whether this auditor runs the catalog-wide duties (all but one star of a fleet don't).
-    catalog_duties: std::sync::atomic::AtomicBool,
 }
 
 /// Units of the rewrite budget: 64 KiB, so small objects are charged fairly and a second's
@@ -338,7 +330,6 @@ impl Auditor {
             rewrite_state: Mutex::new(rewrite::RewriteState::default()),
             retention_state: Mutex::new(retention::RetentionState::default()),
             settle_pending_since: Mutex::new(None),
-            catalog_duties: std::sync::atomic::AtomicBool::new(true),
             config,
             store,
             catalog,
@@ -366,19 +357,6 @@ impl Auditor {
         &self.ctx.metrics
     }
 
-    /// Runs the duties over the whole catalog (drop deleted streams, rewrite, retention) or
-    /// leaves them to another star's auditor. On by default; in a fleet the stars elect one.
-    /// Each star still settles, collects and sweeps its own chain and objects.
-    pub fn set_catalog_duties(&self, on: bool) {
-        set_catalog_duties(&self.ctx, on);
-    }
-
-    /// `set_catalog_duties` as a function that outlives this handle (for an election task).
-    pub fn catalog_duties_switch(&self) -> impl Fn(bool) + Send + Sync + 'static {
-        let ctx = self.ctx.clone();
-        move |on| set_catalog_duties(&ctx, on)
-    }
-
     /// Stops every duty where it is: each is safe to cut off mid-job.
     pub async fn stop(self) {
         self.stop.cancel();
@@ -388,40 +366,9 @@ impl Auditor {
     }
 }
 
-fn set_catalog_duties(ctx: &Ctx, on: bool) {
-    let was = ctx
-        .catalog_duties
-        .swap(on, std::sync::atomic::Ordering::AcqRel);
-    if was != on {
-        tracing::info!(
-            on,
-            "the auditor's catalog-wide duties (drop_deleted, rewrite, retention) are {}",
-            if on {
-                "run here"
-            } else {
-                "left to another star"
-            }
-        );
-    }
-}
-
 async fn run_duty(ctx: Arc<Ctx>, duty: Duty, stop: CancellationToken) {
     let mut failures: u32 = 0;
     loop {
-        if duty.catalog_wide()
-            && !ctx
-                .catalog_duties
-                .load(std::sync::atomic::Ordering::Acquire)
-        {
-            // Another star's auditor runs it: nothing is due here.
-            ctx.due_since.lock()[duty.index()] = None;
-            ctx.publish_due();
-            tokio::select! {
-                biased;
-                _ = stop.cancelled() => return,
-                _ = ctx.config.clock.sleep(ctx.config.idle) => continue,
-            }
-        }
         let permit = tokio::select! {
             biased;
             _ = stop.cancelled() => return,

@@ -44,8 +44,6 @@ const STARS: &str = "fleet/stars/";
 const LEADERS: &str = "fleet/leaders/";
 const CHAINS: &str = "fleet/chains/";
 const TAKEOVERS: &str = "fleet/takeover/";
-/// Leased by the star whose auditor runs the catalog-wide duties.
-const AUDITOR: &[u8] = b"fleet/auditor";
 
 fn chain_key(id: &str) -> Vec<u8> {
     format!("{CHAINS}{id}").into_bytes()
@@ -823,46 +821,6 @@ impl Fleet {
                    settled (predecessor_settling)",
             retry_after: CAPACITY_RETRY,
         })
-    }
-
-    /// Elects one star of the fleet to run the auditor's catalog-wide duties (dropping deleted
-    /// streams, rewrite, retention), by a key under its lease; `switch` turns them on here when
-    /// this star holds it and off when it does not. Another star takes over within a ttl of the
-    /// holder's lease lapsing.
-    pub fn start_auditor_election(self: &Arc<Self>, switch: impl Fn(bool) + Send + 'static) {
-        let fleet = self.clone();
-        tokio::spawn(async move {
-            loop {
-                let claim = Txn::new()
-                    .compare(Compare::Missing(AUDITOR.to_vec()))
-                    .put_leased(
-                        AUDITOR.to_vec(),
-                        fleet.config.star_id.clone().into_bytes(),
-                        fleet.lease,
-                    );
-                let held = match fleet.metastore.commit(claim).await {
-                    Ok(TxnOutcome::Committed { .. }) => Some(true),
-                    Ok(TxnOutcome::Conflict) => match fleet.metastore.get(AUDITOR).await {
-                        Ok(holder) => Some(
-                            holder.is_some_and(|kv| kv.value == fleet.config.star_id.as_bytes()),
-                        ),
-                        Err(_) => None,
-                    },
-                    Err(_) => None,
-                };
-                // Unknown (etcd unreachable): keep what was decided last.
-                if let Some(held) = held {
-                    switch(held);
-                }
-                tokio::select! {
-                    _ = fleet.clock.sleep(fleet.config.lease_ttl / 3) => {}
-                    _ = fleet.lost.cancelled() => {
-                        switch(false);
-                        return;
-                    }
-                }
-            }
-        });
     }
 
     /// Looks for departed stars' chains (registered, with no live star) and takes one over when

@@ -210,11 +210,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tracing::warn!("--auditor false: nothing is settled or collected; the bucket only grows");
         None
     };
-    if let (Some(fleet), Some(auditor)) = (&fleet, &auditor) {
-        // One star of the fleet runs the duties over the whole catalog; off until elected.
-        auditor.set_catalog_duties(false);
-        fleet.start_auditor_election(auditor.catalog_duties_switch());
-    }
 
     let sheds = Arc::new(ShedLog::new(Clock::system()));
     let ctx = Arc::new(Context {

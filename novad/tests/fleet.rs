@@ -774,35 +774,3 @@ async fn the_sdk_meets_the_fleet_through_any_endpoint() {
     let exists = client.create_stream("sdk0").await.expect_err("exists");
     assert_eq!(exists.kind(), ErrorCode::StreamExists);
 }
-
-/// One star's auditor runs the duties over the whole catalog (drop deleted streams, rewrite,
-/// retention), elected through etcd; when that star dies, another star's auditor takes them
-/// within its lease. Every star still settles and collects its own chain.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_auditor_runs_the_catalog_wide_duties_and_another_takes_over() {
-    let (_etcd, _moto, mut stars) = fleet(3);
-    let runs_here = |novad: &Novad| novad.log().contains("are run here");
-    eventually(
-        Duration::from_secs(20),
-        "a star to run the catalog duties",
-        || stars.iter().any(runs_here),
-    )
-    .await;
-    tokio::time::sleep(Duration::from_secs(TTL_SECS)).await;
-    let running: Vec<usize> = (0..3).filter(|i| runs_here(&stars[*i])).collect();
-    assert_eq!(
-        running.len(),
-        1,
-        "exactly one auditor runs them: {running:?}"
-    );
-    let holder = running[0];
-    stars[holder].kill9();
-    let others: Vec<usize> = (0..3).filter(|i| *i != holder).collect();
-    eventually(Duration::from_secs(30), "another star to take them", || {
-        others.iter().any(|i| runs_here(&stars[*i]))
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(TTL_SECS)).await;
-    let now_running = others.iter().filter(|i| runs_here(&stars[**i])).count();
-    assert_eq!(now_running, 1, "exactly one successor runs them");
-}
