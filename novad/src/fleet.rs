@@ -76,17 +76,20 @@ pub struct Member {
     pub saturated: bool,
     pub draining: bool,
     pub streams_led: u64,
+    /// Cannot take another stream up (`--max-streams`).
+    pub full: bool,
 }
 
 impl Member {
     fn encode(&self) -> Vec<u8> {
         format!(
-            "{}\n{}\n{}\n{}\n{}",
+            "{}\n{}\n{}\n{}\n{}\n{}",
             self.advertise,
             self.started_ms,
             u8::from(self.saturated),
             u8::from(self.draining),
-            self.streams_led
+            self.streams_led,
+            u8::from(self.full)
         )
         .into_bytes()
     }
@@ -101,12 +104,14 @@ impl Member {
             saturated: lines.next()? == "1",
             draining: lines.next()? == "1",
             streams_led: lines.next()?.parse().ok()?,
+            // Added later: a registration without it is not full.
+            full: lines.next() == Some("1"),
         })
     }
 
     /// Whether new leadership may be placed here.
     fn open(&self) -> bool {
-        !self.saturated && !self.draining
+        !self.saturated && !self.draining && !self.full
     }
 }
 
@@ -242,6 +247,8 @@ pub struct Fleet {
     placed: Mutex<Vec<(Instant, String)>>,
     saturated: AtomicBool,
     draining: AtomicBool,
+    /// A take-up failed on `--max-streams`: no more leadership here.
+    full: AtomicBool,
     lost: CancellationToken,
     lost_reason: Mutex<Option<String>>,
     metrics: FleetMetrics,
@@ -298,6 +305,7 @@ impl Fleet {
             publishing: tokio::sync::Mutex::new(()),
             saturated: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            full: AtomicBool::new(false),
             lost: CancellationToken::new(),
             lost_reason: Mutex::new(None),
             metrics,
@@ -319,6 +327,7 @@ impl Fleet {
             saturated: self.saturated.load(Ordering::Relaxed),
             draining: self.draining.load(Ordering::Relaxed),
             streams_led: self.led.read().len() as u64,
+            full: self.full.load(Ordering::Relaxed),
         }
     }
 
@@ -1166,18 +1175,54 @@ impl Fleet {
         {
             return Ok(state);
         }
-        let state = star
-            .streams()
-            .acquire(stream)
-            .await
-            .map_err(|e| RequestError::Unavailable(format!("taking up stream {stream:?}: {e}")))?
-            .ok_or_else(|| RequestError::StreamNotFound(stream.to_owned()))?;
+        let state = match star.streams().acquire(stream).await {
+            Ok(Some(state)) => state,
+            Ok(None) => return Err(RequestError::StreamNotFound(stream.to_owned())),
+            // This star cannot take another stream (--max-streams): it says so to the fleet
+            // and gives the record back, so the stream is placed on a star that can.
+            Err(nova_core::catalog::CatalogError::Conflict(why)) => {
+                if !self.full.swap(true, Ordering::Relaxed) {
+                    tracing::warn!("this star takes no more streams: {why}");
+                }
+                if let Err(err) = self.publish().await {
+                    tracing::warn!("publishing that this star is full failed: {err}");
+                }
+                self.give_up_record(stream).await;
+                return Err(RequestError::Unavailable(format!(
+                    "star {} cannot take stream {stream:?} up ({why}); retry: it is placed again",
+                    self.config.star_id
+                )));
+            }
+            Err(err) => {
+                return Err(RequestError::Unavailable(format!(
+                    "taking up stream {stream:?}: {err}"
+                )));
+            }
+        };
         let mut led = self.led.write();
         if led.insert(stream.to_owned()) {
             tracing::info!(stream, "leading the stream");
         }
         self.metrics.streams_led.set(led.len() as i64);
         Ok(state)
+    }
+
+    /// Deletes `stream`'s leader record if it still names this star, for it to be placed again
+    /// (best effort: a failure leaves the record, and the next request tries again).
+    async fn give_up_record(&self, stream: &str) {
+        let key = leader_key(stream);
+        let Ok(Some(kv)) = self.metastore.get(&key).await else {
+            return;
+        };
+        if kv.value != self.config.star_id.as_bytes() {
+            return;
+        }
+        let give_up = Txn::new()
+            .compare(Compare::Version(key.clone(), kv.version))
+            .delete(key);
+        if let Err(err) = self.metastore.commit(give_up).await {
+            tracing::warn!(stream, "giving a leader record up failed: {err}");
+        }
     }
 
     /// Places a new stream's leadership right away (here when this star is open to it).
@@ -1204,6 +1249,8 @@ impl Fleet {
 
     /// Forgets a deleted stream's leadership.
     pub async fn forget(&self, stream: &str) -> Result<(), RequestError> {
+        // A delete frees a place: take streams again until a take-up finds the cap again.
+        self.full.store(false, Ordering::Relaxed);
         self.led.write().remove(stream);
         self.metrics.streams_led.set(self.led.read().len() as i64);
         let key = leader_key(stream);
@@ -1238,8 +1285,12 @@ mod tests {
             saturated: true,
             draining: false,
             streams_led: 3,
+            full: true,
         };
         assert_eq!(Member::decode("a", &member.encode()), Some(member));
         assert_eq!(Member::decode("a", b"garbage"), None);
+        // A registration written before `full` existed reads as not full.
+        let older = Member::decode("a", b"http://x:1\n17\n0\n0\n3").unwrap();
+        assert!(!older.full && older.open());
     }
 }

@@ -774,3 +774,35 @@ async fn the_sdk_meets_the_fleet_through_any_endpoint() {
     let exists = client.create_stream("sdk0").await.expect_err("exists");
     assert_eq!(exists.kind(), ErrorCode::StreamExists);
 }
+
+/// A stream placed on a star that cannot take it up (at its --max-streams) is not stuck there:
+/// the star gives the leader record back and tells the fleet it is full, and the stream is
+/// placed on a star that can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_star_gives_streams_back_to_be_placed_elsewhere() {
+    let etcd = Etcd::start();
+    let moto = Moto::start();
+    moto.create_bucket(BUCKET);
+    let open = star(&etcd, &moto, "open").start();
+    let small = star(&etcd, &moto, "small")
+        .args(["--max-streams", "1"])
+        .start();
+    let entry = client(&open).await;
+    let streams: Vec<String> = (0..4).map(|i| format!("f{i}")).collect();
+    let mut on_small = 0;
+    for stream in &streams {
+        let info = entry.create_stream(stream).await.expect("create");
+        on_small += usize::from(info.leader_id == "small");
+    }
+    assert!(on_small >= 2, "{on_small} streams placed on the small star");
+    let history = Arc::new(History::new());
+    let running = load(&entry, &streams, 50, &history);
+    finish(&entry, &streams, running, 50, &history).await;
+    let after = leaders(&entry, &streams).await;
+    assert_eq!(
+        after.values().filter(|l| *l == "small").count(),
+        1,
+        "the small star leads one stream, the rest moved: {after:?}"
+    );
+    assert!(small.log().contains("this star takes no more streams"));
+}
