@@ -19,14 +19,33 @@ const MAX_GROUP: usize = 64;
 /// Deleted streams' tails one absorb removes; more wait for the next.
 const MAX_FORGET: usize = 8;
 
-/// Operations a group of flights costs in the absorb transaction: one put per index entry and
-/// per stream whose tail moves.
-fn group_ops(group: &[Landed]) -> usize {
-    let streams: std::collections::HashSet<u64> = group
-        .iter()
-        .flat_map(|l| l.entries.iter().map(|e| e.stream_id))
-        .collect();
-    group.iter().map(|l| l.entries.len()).sum::<usize>() + streams.len()
+/// What a group of flights costs in the absorb transaction, kept up as flights join it: one
+/// put per index entry and per stream whose tail moves.
+#[derive(Default)]
+struct GroupCost {
+    entries: usize,
+    streams: std::collections::HashSet<u64>,
+}
+
+impl GroupCost {
+    /// The group's operations if `flight` joined it.
+    fn with(&self, flight: &Landed) -> usize {
+        let mut new_streams: Vec<u64> = flight
+            .entries
+            .iter()
+            .map(|e| e.stream_id)
+            .filter(|id| !self.streams.contains(id))
+            .collect();
+        new_streams.sort_unstable();
+        new_streams.dedup();
+        self.entries + flight.entries.len() + self.streams.len() + new_streams.len()
+    }
+
+    fn add(&mut self, flight: &Landed) {
+        self.entries += flight.entries.len();
+        self.streams
+            .extend(flight.entries.iter().map(|e| e.stream_id));
+    }
 }
 
 pub(crate) async fn run_absorber(
@@ -52,15 +71,18 @@ pub(crate) async fn run_absorber(
                 None => break,
             },
         };
+        let mut cost = GroupCost::default();
+        cost.add(&first);
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match landed.try_recv() {
+                Ok(next) if cost.with(&next) > room => {
+                    carried = Some(next);
+                    break;
+                }
                 Ok(next) => {
+                    cost.add(&next);
                     group.push(next);
-                    if group_ops(&group) > room {
-                        carried = group.pop();
-                        break;
-                    }
                 }
                 Err(_) => break,
             }

@@ -255,14 +255,8 @@ impl Client {
                 Ok(value) => return Ok(value),
                 Err(error) if error.is_retryable() && attempt < self.retry.max_attempts => {
                     attempt += 1;
-                    let step = match &error {
-                        Error::Status {
-                            retry_after: Some(hint),
-                            ..
-                        } => *hint,
-                        _ => self.retry.step(attempt),
-                    };
-                    Clock::system().sleep(self.jitter.apply(step)).await;
+                    let wait = self.retry.wait(attempt, &error, &self.jitter);
+                    Clock::system().sleep(wait).await;
                 }
                 Err(error) => return Err(error),
             }

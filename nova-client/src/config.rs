@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+use crate::error::Error;
+use crate::jitter::Jitter;
+
 /// Where and how to connect. Any star of a fleet (or a lone star) will do as an endpoint: the
 /// client follows redirects to each stream's leader on its own.
 #[derive(Debug, Clone)]
@@ -96,5 +99,11 @@ impl RetryPolicy {
         self.initial_backoff
             .saturating_mul(1 << attempt.saturating_sub(2).min(16))
             .min(self.max_backoff)
+    }
+
+    /// How long to wait before attempt `attempt` after `cause`: the server's hint when it sent
+    /// one, else the step, jittered either way.
+    pub(crate) fn wait(&self, attempt: u32, cause: &Error, jitter: &Jitter) -> Duration {
+        jitter.apply(cause.retry_after().unwrap_or_else(|| self.step(attempt)))
     }
 }

@@ -26,6 +26,7 @@ use tonic::Code;
 use nova_proto::domain::Record;
 
 use crate::client::Client;
+use crate::config::RetryPolicy;
 use crate::error::Error;
 use crate::jitter::Jitter;
 use crate::session::{AckReceiver, AppendSender};
@@ -446,18 +447,13 @@ impl Worker {
         if cause.leader().is_some() && attempt == 1 {
             return Duration::ZERO;
         }
-        let base = match cause {
-            Error::Status {
-                retry_after: Some(hint),
-                ..
-            } => *hint,
-            _ => self
-                .config
-                .initial_backoff
-                .saturating_mul(1 << attempt.saturating_sub(1).min(16))
-                .min(self.config.max_backoff),
+        let policy = RetryPolicy {
+            max_attempts: self.config.max_retries.saturating_add(1),
+            initial_backoff: self.config.initial_backoff,
+            max_backoff: self.config.max_backoff,
         };
-        self.jitter.apply(base)
+        // The producer counts retries from 1; the policy counts attempts, the first retry 2.
+        policy.wait(attempt + 1, cause, &self.jitter)
     }
 
     async fn fail_everything(&mut self, error: &Error, commands: &mut mpsc::Receiver<Command>) {

@@ -411,16 +411,15 @@ impl Config {
         }
         nova_proto::validate::validate_stream_name(&self.star_id)
             .map_err(|e| format!("--star-id: {e}"))?;
-        if self.metastore != "embedded"
-            && nova_core::metastore::EtcdOptions::parse_url(&self.metastore).is_none()
-        {
-            return Err(format!(
-                "--metastore {:?}: expected `embedded` or etcd://HOST:PORT[,HOST:PORT…]",
-                self.metastore
-            ));
-        }
-        if let Some(Err(problem)) = nova_core::metastore::EtcdOptions::parse_url(&self.metastore) {
-            return Err(format!("--metastore: {problem}"));
+        match nova_core::metastore::EtcdOptions::parse_url(&self.metastore) {
+            Some(Err(problem)) => return Err(format!("--metastore: {problem}")),
+            None if self.metastore != "embedded" => {
+                return Err(format!(
+                    "--metastore {:?}: expected `embedded` or etcd://HOST:PORT[,HOST:PORT…]",
+                    self.metastore
+                ));
+            }
+            _ => {}
         }
         if self.lease_ttl_secs < 3 {
             return Err("--lease-ttl-secs must be at least 3 (etcd's shortest lease)".into());

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use nova_chain::Star;
 use nova_chain::streams::StreamState;
 use nova_core::clock::Clock;
-use nova_core::metastore::{Compare, Metastore, MetastoreError, Txn, TxnOutcome};
+use nova_core::metastore::{Compare, KeyValue, Metastore, MetastoreError, Txn, TxnOutcome};
 use nova_core::object_store::ObjectStore;
 use nova_proto::RequestError;
 use nova_proto::validate::validate_stream_name;
@@ -440,8 +440,7 @@ impl Fleet {
                 Err(err) => tracing::warn!("renewing the fleet lease failed: {err}"),
             }
             // An unrenewed lease is given up by `watch_trust`, whatever this loop waits on.
-            let age = self.clock.since(*self.renewed.lock());
-            self.metrics.lease_age.set(age.as_secs_f64());
+            self.metrics.lease_age.set(self.unrenewed().as_secs_f64());
             if let Err(err) = self.publish().await {
                 tracing::warn!("publishing this star's load failed: {err}");
             }
@@ -455,16 +454,14 @@ impl Fleet {
     /// call hangs: a successor may take the chain over once the lease lapses at the metastore,
     /// and this star must have stopped acknowledging by then.
     async fn watch_trust(self: Arc<Self>) {
-        // Past this without a renewal the lease may have lapsed at etcd, and a successor may be
-        // taking this star's chain over: stop acknowledging before that can happen.
-        let trust = self.config.lease_ttl * 3 / 4;
+        let trust = self.trust();
         let every = self.config.lease_ttl / 20;
         loop {
             tokio::select! {
                 _ = self.clock.sleep(every) => {}
                 _ = self.lost.cancelled() => return,
             }
-            let age = self.clock.since(*self.renewed.lock());
+            let age = self.unrenewed();
             if age > trust {
                 self.lose(
                     "unrenewed",
@@ -476,6 +473,17 @@ impl Fleet {
                 return;
             }
         }
+    }
+
+    /// How long this star may go without renewing its lease and still lead: a successor may
+    /// take its chain over once the lease lapses, so it stops acknowledging well before.
+    fn trust(&self) -> Duration {
+        self.config.lease_ttl * 3 / 4
+    }
+
+    /// Time since the last renewal known to have reached the metastore.
+    fn unrenewed(&self) -> Duration {
+        self.clock.since(*self.renewed.lock())
     }
 
     fn lose(&self, cause: &str, reason: String) {
@@ -688,8 +696,8 @@ impl Fleet {
         }
         // A star that cannot vouch for its lease (just woken from a pause, cut off from the
         // metastore) leads nothing until the keeper has renewed it or given up.
-        let unrenewed = self.clock.since(*self.renewed.lock());
-        if unrenewed > self.config.lease_ttl * 3 / 4 {
+        let unrenewed = self.unrenewed();
+        if unrenewed > self.trust() {
             return Err(RequestError::Unavailable(format!(
                 "star {} has not renewed its fleet lease for {unrenewed:?}; retry against \
                  another star",
@@ -931,9 +939,7 @@ impl Fleet {
         )
         .await?;
         // Its streams may be placed again: clear the records naming it.
-        let released = self
-            .release_records_of(departed, Some(guard.clone()))
-            .await?;
+        let released = self.release_records_of(departed, guard.clone()).await?;
         let cleared = Txn::new().compare(guard).delete(chain_key(departed));
         anyhow::ensure!(
             self.metastore.commit(cleared).await? != TxnOutcome::Conflict,
@@ -958,41 +964,54 @@ impl Fleet {
     /// placed on demand. Returns how many. For a star leaving after landing and absorbing
     /// everything it admitted.
     async fn hand_off_records_of(&self, star: &str) -> Result<u64, MetastoreError> {
-        let mut moved = 0;
-        let mut after: Option<Vec<u8>> = None;
         // A fresh view, without this star: it is leaving.
         if let Err(err) = self.refresh_members().await {
             tracing::warn!("refreshing the fleet view before handing streams off: {err}");
         }
         self.draining.store(true, Ordering::Relaxed);
+        let moved = self
+            .rewrite_records_of(star, |kv, unchanged| match self.pick_among(false) {
+                Ok(target) => {
+                    self.count_placement(&target.id);
+                    unchanged.put(kv.key.clone(), target.id.into_bytes())
+                }
+                Err(_) => unchanged.delete(kv.key.clone()),
+            })
+            .await?;
+        self.metrics
+            .handoffs
+            .with_label_values(&["leaving"])
+            .inc_by(moved);
+        Ok(moved)
+    }
+
+    /// Commits, for every leader record naming `star`, the transaction `change` makes of it
+    /// (given one that holds only while the record is unchanged since read). Returns how many
+    /// committed.
+    async fn rewrite_records_of(
+        &self,
+        star: &str,
+        mut change: impl FnMut(&KeyValue, Txn) -> Txn,
+    ) -> Result<u64, MetastoreError> {
+        let mut changed = 0;
+        let mut after: Option<Vec<u8>> = None;
         loop {
             let page = self
                 .metastore
                 .scan(LEADERS.as_bytes(), after.as_deref(), 500)
                 .await?;
             let done = page.len() < 500;
-            for kv in &page {
-                if kv.value != star.as_bytes() {
-                    continue;
-                }
-                let compare = Compare::Version(kv.key.clone(), kv.version);
-                let txn = match self.pick_among(false) {
-                    Ok(target) => {
-                        self.count_placement(&target.id);
-                        Txn::new()
-                            .compare(compare)
-                            .put(kv.key.clone(), target.id.into_bytes())
-                    }
-                    Err(_) => Txn::new().compare(compare).delete(kv.key.clone()),
-                };
-                if let TxnOutcome::Committed { .. } = self.metastore.commit(txn).await? {
-                    self.metrics.handoffs.with_label_values(&["leaving"]).inc();
-                    moved += 1;
+            for kv in page.iter().filter(|kv| kv.value == star.as_bytes()) {
+                let unchanged = Txn::new().compare(Compare::Version(kv.key.clone(), kv.version));
+                if let TxnOutcome::Committed { .. } =
+                    self.metastore.commit(change(kv, unchanged)).await?
+                {
+                    changed += 1;
                 }
             }
             after = page.last().map(|kv| kv.key.clone());
             if done {
-                return Ok(moved);
+                return Ok(changed);
             }
         }
     }
@@ -1015,7 +1034,7 @@ impl Fleet {
             if let Some(state) = star.streams().get(stream) {
                 state.set_released(true);
             }
-            self.led.write().remove(stream);
+            self.stop_leading(stream);
             anyhow::bail!("this star no longer leads {stream:?}");
         };
         let state = star
@@ -1053,12 +1072,10 @@ impl Fleet {
                 state.set_released(false);
                 anyhow::bail!("moving the leader record failed: {outcome:?}");
             }
-            self.led.write().remove(stream);
-            self.metrics.streams_led.set(self.led.read().len() as i64);
+            self.stop_leading(stream);
             anyhow::bail!("the leader record of {stream:?} moved while this star handed it off");
         }
-        self.led.write().remove(stream);
-        self.metrics.streams_led.set(self.led.read().len() as i64);
+        self.stop_leading(stream);
         self.metrics.handoffs.with_label_values(&[reason]).inc();
         self.count_placement(&target.id);
         tracing::info!(stream, to = %target.id, reason, "handed the stream off");
@@ -1100,39 +1117,13 @@ impl Fleet {
         });
     }
 
-    /// Deletes every leader record naming `star` (each only if unchanged since read). Returns
-    /// how many.
-    async fn release_records_of(
-        &self,
-        star: &str,
-        guard: Option<Compare>,
-    ) -> Result<u64, MetastoreError> {
-        let mut released = 0;
-        let mut after: Option<Vec<u8>> = None;
-        loop {
-            let page = self
-                .metastore
-                .scan(LEADERS.as_bytes(), after.as_deref(), 500)
-                .await?;
-            let done = page.len() < 500;
-            for kv in &page {
-                if kv.value == star.as_bytes() {
-                    let mut release = Txn::new()
-                        .compare(Compare::Version(kv.key.clone(), kv.version))
-                        .delete(kv.key.clone());
-                    if let Some(guard) = &guard {
-                        release = release.compare(guard.clone());
-                    }
-                    if let TxnOutcome::Committed { .. } = self.metastore.commit(release).await? {
-                        released += 1;
-                    }
-                }
-            }
-            after = page.last().map(|kv| kv.key.clone());
-            if done {
-                return Ok(released);
-            }
-        }
+    /// Deletes every leader record naming `star` (each only if unchanged since read, and
+    /// while `guard` holds). Returns how many.
+    async fn release_records_of(&self, star: &str, guard: Compare) -> Result<u64, MetastoreError> {
+        self.rewrite_records_of(star, |kv, unchanged| {
+            unchanged.compare(guard.clone()).delete(kv.key.clone())
+        })
+        .await
     }
 
     /// Leaves the fleet after a clean shutdown (everything admitted landed and was absorbed):
@@ -1207,22 +1198,32 @@ impl Fleet {
         Ok(state)
     }
 
-    /// Deletes `stream`'s leader record if it still names this star, for it to be placed again
-    /// (best effort: a failure leaves the record, and the next request tries again).
+    /// Gives `stream`'s leader record up for it to be placed again (best effort: a failure
+    /// leaves the record, and the next request tries again).
     async fn give_up_record(&self, stream: &str) {
-        let key = leader_key(stream);
-        let Ok(Some(kv)) = self.metastore.get(&key).await else {
-            return;
-        };
-        if kv.value != self.config.star_id.as_bytes() {
-            return;
-        }
-        let give_up = Txn::new()
-            .compare(Compare::Version(key.clone(), kv.version))
-            .delete(key);
-        if let Err(err) = self.metastore.commit(give_up).await {
+        if let Err(err) = self.delete_own_record(stream).await {
             tracing::warn!(stream, "giving a leader record up failed: {err}");
         }
+    }
+
+    /// Deletes `stream`'s leader record if it still names this star (compared by version).
+    async fn delete_own_record(&self, stream: &str) -> Result<(), MetastoreError> {
+        let key = leader_key(stream);
+        let record = self.metastore.get(&key).await?;
+        if let Some(kv) = record.filter(|kv| kv.value == self.config.star_id.as_bytes()) {
+            let delete = Txn::new()
+                .compare(Compare::Version(key.clone(), kv.version))
+                .delete(key);
+            self.metastore.commit(delete).await?;
+        }
+        Ok(())
+    }
+
+    /// This star no longer leads `stream`.
+    fn stop_leading(&self, stream: &str) {
+        let mut led = self.led.write();
+        led.remove(stream);
+        self.metrics.streams_led.set(led.len() as i64);
     }
 
     /// Places a new stream's leadership right away (here when this star is open to it).
@@ -1251,24 +1252,10 @@ impl Fleet {
     pub async fn forget(&self, stream: &str) -> Result<(), RequestError> {
         // A delete frees a place: take streams again until a take-up finds the cap again.
         self.full.store(false, Ordering::Relaxed);
-        self.led.write().remove(stream);
-        self.metrics.streams_led.set(self.led.read().len() as i64);
-        let key = leader_key(stream);
-        let record = self
-            .metastore
-            .get(&key)
+        self.stop_leading(stream);
+        self.delete_own_record(stream)
             .await
-            .map_err(metastore_unavailable)?;
-        if let Some(kv) = record.filter(|kv| kv.value == self.config.star_id.as_bytes()) {
-            let forget = Txn::new()
-                .compare(Compare::Version(key.clone(), kv.version))
-                .delete(key);
-            self.metastore
-                .commit(forget)
-                .await
-                .map_err(metastore_unavailable)?;
-        }
-        Ok(())
+            .map_err(metastore_unavailable)
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::process::{free_port, signal, wait_for_port, workspace_root};
+use crate::process::{free_port, freeze, signal, thaw, wait_for_port, workspace_root};
 
 pub struct Moto {
     child: Option<Child>,
@@ -159,15 +159,11 @@ impl Moto {
 
     /// Freezes the server (SIGSTOP): connections hang, as in a network partition.
     pub fn pause(&self) {
-        if let Some(pid) = self.pid() {
-            signal(pid, libc::SIGSTOP);
-        }
+        freeze(self.pid());
     }
 
     pub fn resume(&self) {
-        if let Some(pid) = self.pid() {
-            signal(pid, libc::SIGCONT);
-        }
+        thaw(self.pid());
     }
 }
 

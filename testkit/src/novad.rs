@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::process::{free_port, signal, wait_for_port};
+use crate::process::{free_port, freeze, signal, thaw, wait_for_port};
 
 pub struct NovadBuilder {
     binary: PathBuf,
@@ -290,15 +290,11 @@ impl Novad {
     /// Freezes the process (SIGSTOP): it neither runs nor answers, as a long GC pause or a
     /// stalled VM would leave it, with its connections still open.
     pub fn pause(&self) {
-        if let Some(pid) = self.pid() {
-            signal(pid, libc::SIGSTOP);
-        }
+        freeze(self.pid());
     }
 
     pub fn resume(&self) {
-        if let Some(pid) = self.pid() {
-            signal(pid, libc::SIGCONT);
-        }
+        thaw(self.pid());
     }
 
     /// Sends SIGTERM and waits for the exit, up to `timeout`.

@@ -29,6 +29,21 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Freezes a process (SIGSTOP), if there is one: it neither runs nor answers, its connections
+/// still open.
+pub(crate) fn freeze(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        signal(pid, libc::SIGSTOP);
+    }
+}
+
+/// Lets a frozen process run again (SIGCONT).
+pub(crate) fn thaw(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        signal(pid, libc::SIGCONT);
+    }
+}
+
 /// Sends a signal to a process by PID.
 pub(crate) fn signal(pid: u32, signal: i32) {
     // SAFETY: kill(2) has no memory-safety preconditions; a stale PID only yields ESRCH.

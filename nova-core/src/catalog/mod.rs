@@ -830,19 +830,22 @@ impl Catalog {
                 state,
                 version: revision,
             }),
-            TxnOutcome::Conflict => Err(CatalogError::Conflict(format!(
-                "chain of {star} moved: another process owns it"
-            ))),
+            TxnOutcome::Conflict => Err(chain_moved(star)),
         }
     }
 }
 
+/// What a writer meets when another process moved the chain it was writing.
+fn chain_moved(star: &str) -> CatalogError {
+    CatalogError::Conflict(format!("chain of {star} moved: another process owns it"))
+}
+
 impl Catalog {
     /// Writes ahead, in transactions of their own, what of an absorb would not fit the
-    /// metastore's transaction limit beside the chain move and the tails, and returns the rest.
-    /// Only idempotent writes spill: index entries (keyed by their own position, so settling
-    /// the flight again writes the same keys) and the removal of deleted streams' tails. Live
-    /// absorbs are sized to fit (the packer caps a flight's sections, the absorber groups by
+    /// metastore's transaction limit beside the chain move, and returns the rest: the removal
+    /// of deleted streams' tails, index entries (keyed by their own position, so settling the
+    /// flight again writes the same keys) and, when `spill_tails` allows, tails. Live absorbs
+    /// are sized to fit (the packer caps a flight's sections, the absorber groups by
     /// operations), so this serves flights written before that cap, met again by recovery.
     async fn spill(
         &self,
@@ -853,8 +856,6 @@ impl Catalog {
         // Each spilled write holds only while the chain is still where the caller saw it, so a
         // writer that lost the chain meanwhile writes nothing.
         let guarded = |txn: Txn| txn.compare(chain.clone());
-        let conflict =
-            || CatalogError::Conflict(format!("chain of {star} moved: another process owns it"));
         let limit = self.store.capabilities().max_txn_ops;
         if 1 + batch.tails.len() > limit {
             if !batch.spill_tails {
@@ -870,7 +871,7 @@ impl Catalog {
                     txn.put(tail_key(id), encode_tail(&tail))
                 });
                 if self.store.commit(guarded(txn)).await? == TxnOutcome::Conflict {
-                    return Err(conflict());
+                    return Err(chain_moved(star));
                 }
             }
         }
@@ -893,7 +894,7 @@ impl Catalog {
                 })
             };
             if self.store.commit(guarded(txn)).await? == TxnOutcome::Conflict {
-                return Err(conflict());
+                return Err(chain_moved(star));
             }
         }
         Ok(batch)
@@ -1025,6 +1026,7 @@ mod tests {
             }
         );
     }
+
     /// An absorb larger than the metastore's transaction limit (a flight from before sections
     /// were capped) lands whole: its entries spill into transactions of their own ahead of the
     /// one moving the chain.

@@ -44,17 +44,9 @@ impl Catalog {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<StreamMeta>, CatalogError> {
-        let after = after.map(name_key);
-        self.store
-            .scan(b"n/", after.as_deref(), limit)
-            .await?
-            .iter()
-            .map(|kv| {
-                let name = std::str::from_utf8(&kv.key[2..])
-                    .map_err(|_| CatalogError::Corrupt("stream name is not UTF-8".into()))?;
-                decode_meta(name, &kv.value)
-            })
-            .collect()
+        // No stream is named "": it stands for "from the first".
+        self.streams_with_prefix("", after.unwrap_or(""), limit)
+            .await
     }
 
     /// Streams whose names start with `prefix`, in name order after `after` (from the first
