@@ -752,25 +752,12 @@ impl Fleet {
                     self.pick_fresh().await?
                 }
             };
-            let placed = Txn::new()
-                .compare(Compare::Missing(key.clone()))
-                .put(key.clone(), target.id.clone().into_bytes());
-            match self
-                .metastore
-                .commit(placed)
-                .await
-                .map_err(metastore_unavailable)?
-            {
-                TxnOutcome::Committed { .. } => {
-                    self.metrics.placements.inc();
-                    self.count_placement(&target.id);
-                    tracing::info!(stream, star = %target.id, "placed a stream without a leader");
-                    if target.id == self.config.star_id {
-                        return self.acquire(star, stream).await;
-                    }
-                    return Err(self.redirect(stream, &target));
+            if self.try_place(stream, &target).await? {
+                tracing::info!(stream, star = %target.id, "placed a stream without a leader");
+                if target.id == self.config.star_id {
+                    return self.acquire(star, stream).await;
                 }
-                TxnOutcome::Conflict => continue,
+                return Err(self.redirect(stream, &target));
             }
         }
         Err(RequestError::Unavailable(format!(
@@ -1229,23 +1216,31 @@ impl Fleet {
     /// Places a new stream's leadership right away (here when this star is open to it).
     pub async fn place_new(&self, stream: &str) -> Result<Member, RequestError> {
         let target = self.pick_fresh().await?;
+        if self.try_place(stream, &target).await? {
+            return Ok(target);
+        }
+        // Placed meanwhile (a request for it arrived first): report where.
+        Ok(self.leader_of(stream).await?.unwrap_or(target))
+    }
+
+    /// Writes `stream`'s leader record naming `target` if it has none; `false` when another
+    /// placement got there first.
+    async fn try_place(&self, stream: &str, target: &Member) -> Result<bool, RequestError> {
+        let key = leader_key(stream);
         let placed = Txn::new()
-            .compare(Compare::Missing(leader_key(stream)))
-            .put(leader_key(stream), target.id.clone().into_bytes());
-        match self
+            .compare(Compare::Missing(key.clone()))
+            .put(key, target.id.clone().into_bytes());
+        let outcome = self
             .metastore
             .commit(placed)
             .await
-            .map_err(metastore_unavailable)?
-        {
-            TxnOutcome::Committed { .. } => {
-                self.metrics.placements.inc();
-                self.count_placement(&target.id);
-                Ok(target)
-            }
-            // Placed meanwhile (a request for it arrived first): report where.
-            TxnOutcome::Conflict => Ok(self.leader_of(stream).await?.unwrap_or(target)),
+            .map_err(metastore_unavailable)?;
+        if outcome == TxnOutcome::Conflict {
+            return Ok(false);
         }
+        self.metrics.placements.inc();
+        self.count_placement(&target.id);
+        Ok(true)
     }
 
     /// Forgets a deleted stream's leadership.
