@@ -453,7 +453,7 @@ impl Worker {
             max_backoff: self.config.max_backoff,
         };
         // The producer counts retries from 1; the policy counts attempts, the first retry 2.
-        policy.wait(attempt + 1, cause, &self.jitter)
+        policy.wait(attempt.saturating_add(1), cause, &self.jitter)
     }
 
     async fn fail_everything(&mut self, error: &Error, commands: &mut mpsc::Receiver<Command>) {

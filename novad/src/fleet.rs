@@ -956,29 +956,29 @@ impl Fleet {
             tracing::warn!("refreshing the fleet view before handing streams off: {err}");
         }
         self.draining.store(true, Ordering::Relaxed);
-        let moved = self
-            .rewrite_records_of(star, |kv, unchanged| match self.pick_among(false) {
+        let handoffs = self.metrics.handoffs.with_label_values(&["leaving"]);
+        self.rewrite_records_of(
+            star,
+            |kv, unchanged| match self.pick_among(false) {
                 Ok(target) => {
                     self.count_placement(&target.id);
                     unchanged.put(kv.key.clone(), target.id.into_bytes())
                 }
                 Err(_) => unchanged.delete(kv.key.clone()),
-            })
-            .await?;
-        self.metrics
-            .handoffs
-            .with_label_values(&["leaving"])
-            .inc_by(moved);
-        Ok(moved)
+            },
+            || handoffs.inc(),
+        )
+        .await
     }
 
     /// Commits, for every leader record naming `star`, the transaction `change` makes of it
-    /// (given one that holds only while the record is unchanged since read). Returns how many
-    /// committed.
+    /// (given one that holds only while the record is unchanged since read), calling
+    /// `committed` after each that lands. Returns how many landed.
     async fn rewrite_records_of(
         &self,
         star: &str,
         mut change: impl FnMut(&KeyValue, Txn) -> Txn,
+        mut committed: impl FnMut(),
     ) -> Result<u64, MetastoreError> {
         let mut changed = 0;
         let mut after: Option<Vec<u8>> = None;
@@ -994,6 +994,7 @@ impl Fleet {
                     self.metastore.commit(change(kv, unchanged)).await?
                 {
                     changed += 1;
+                    committed();
                 }
             }
             after = page.last().map(|kv| kv.key.clone());
@@ -1107,9 +1108,11 @@ impl Fleet {
     /// Deletes every leader record naming `star` (each only if unchanged since read, and
     /// while `guard` holds). Returns how many.
     async fn release_records_of(&self, star: &str, guard: Compare) -> Result<u64, MetastoreError> {
-        self.rewrite_records_of(star, |kv, unchanged| {
-            unchanged.compare(guard.clone()).delete(kv.key.clone())
-        })
+        self.rewrite_records_of(
+            star,
+            |kv, unchanged| unchanged.compare(guard.clone()).delete(kv.key.clone()),
+            || {},
+        )
         .await
     }
 
