@@ -2,16 +2,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use tonic::transport::Channel;
 
 use nova_proto::clock::Clock;
 use nova_proto::domain::SequencedRecord;
-use nova_proto::route::{Router, Settings};
+use nova_proto::route::{Router, Settings, Stub};
 
 use crate::config::{ClientConfig, RetryPolicy};
 use crate::jitter::Jitter;
 use nova_proto::v1;
-use nova_proto::v1::nova_client::NovaClient;
 
 use crate::error::Error;
 use crate::session::AppendSession;
@@ -211,6 +209,7 @@ impl Client {
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
             max_message_bytes: config.max_message_bytes,
+            credentials: config.credentials.clone(),
         };
         let mut last = Error::Connect {
             url: String::new(),
@@ -231,7 +230,7 @@ impl Client {
             match endpoint.connect().await {
                 Ok(channel) => {
                     return Ok(Self {
-                        router: Router::with_settings(settings.client(channel), settings),
+                        router: Router::with_settings(settings.client(channel), settings.clone()),
                         jitter: Arc::new(Jitter::new(&Clock::system(), url)),
                         retry: config.retry,
                     });
@@ -246,7 +245,7 @@ impl Client {
     /// what is worth retrying within the client's retry policy, with jittered waits.
     async fn idempotent<T, F, Fut>(&self, stream: &str, call: F) -> Result<T, Error>
     where
-        F: Fn(NovaClient<Channel>) -> Fut,
+        F: Fn(Stub) -> Fut,
         Fut: std::future::Future<Output = Result<T, tonic::Status>>,
     {
         let mut attempt = 1;
@@ -303,14 +302,14 @@ impl Client {
     /// Runs a call about `stream` on its leader, following redirects.
     async fn on_leader<T, F, Fut>(&self, stream: &str, call: F) -> Result<T, Error>
     where
-        F: Fn(NovaClient<Channel>) -> Fut,
+        F: Fn(Stub) -> Fut,
         Fut: std::future::Future<Output = Result<T, tonic::Status>>,
     {
         Ok(self.router.call(stream, call).await?)
     }
 
     /// The generated client, for calls the SDK does not wrap.
-    pub fn raw(&self) -> NovaClient<Channel> {
+    pub fn raw(&self) -> Stub {
         self.router.seed()
     }
 

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use nova_proto::route::{Credentials, InvalidToken};
+
 use crate::error::Error;
 use crate::jitter::Jitter;
 
@@ -21,6 +23,9 @@ pub struct ClientConfig {
     pub max_message_bytes: usize,
     /// How reads, describes and lists are retried when they fail in a way worth retrying.
     pub retry: RetryPolicy,
+    /// The bearer token every call carries (see [`ClientConfig::with_token`]); printing the
+    /// config shows only whether there is one.
+    pub credentials: Credentials,
 }
 
 impl Default for ClientConfig {
@@ -31,6 +36,7 @@ impl Default for ClientConfig {
             request_timeout: None,
             max_message_bytes: 256 << 20,
             retry: RetryPolicy::default(),
+            credentials: Credentials::none(),
         }
     }
 }
@@ -61,6 +67,13 @@ impl ClientConfig {
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
+    }
+
+    /// Sends `token` with every call, to every star and gateway the client reaches, as
+    /// `authorization: Bearer <token>`. Refused when it is not printable ASCII without spaces.
+    pub fn with_token(mut self, token: &str) -> Result<Self, InvalidToken> {
+        self.credentials = Credentials::bearer(token)?;
+        Ok(self)
     }
 }
 

@@ -39,5 +39,6 @@ pub use config::{ClientConfig, RetryPolicy};
 pub use consumer::Consumer;
 pub use error::{Error, ErrorCode};
 pub use nova_proto::domain::{Header, Record, SequencedRecord};
+pub use nova_proto::route::InvalidToken;
 pub use producer::{AppendTicket, Producer, ProducerConfig};
 pub use session::{Ack, AckReceiver, AppendSender, AppendSession};

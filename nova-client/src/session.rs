@@ -4,11 +4,10 @@
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
-use tonic::transport::Channel;
 
 use nova_proto::domain::Record;
+use nova_proto::route::Stub;
 use nova_proto::v1;
-use nova_proto::v1::nova_client::NovaClient;
 
 use crate::error::Error;
 
@@ -29,7 +28,7 @@ pub struct AppendSession {
 }
 
 impl AppendSession {
-    pub(crate) async fn open(mut client: NovaClient<Channel>) -> Result<Self, Error> {
+    pub(crate) async fn open(mut client: Stub) -> Result<Self, Error> {
         let (requests, outbound) = mpsc::channel(SEND_QUEUE);
         let acks = client
             .append(ReceiverStream::new(outbound))

@@ -176,3 +176,26 @@ fn tail_prints_the_last_records_and_follows_new_ones() {
     follower.kill().unwrap();
     let _ = follower.wait();
 }
+
+#[test]
+fn the_token_is_never_printed() {
+    // `--help` lists NOVA_TOKEN without its value.
+    let help = Command::new(env!("CARGO_BIN_EXE_nova"))
+        .arg("--help")
+        .env("NOVA_TOKEN", "s3cret-value")
+        .output()
+        .expect("run nova");
+    let help = ok(help);
+    assert!(help.contains("NOVA_TOKEN"), "{help}");
+    assert!(!help.contains("s3cret-value"), "{help}");
+    // A token that cannot be sent is refused by what is wrong with it, not by its value.
+    let refused = nova(
+        "http://127.0.0.1:1",
+        &["--token", "not a token", "stream", "list"],
+        b"",
+    );
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("printable ASCII"), "{stderr}");
+    assert!(!stderr.contains("not a token"), "{stderr}");
+}

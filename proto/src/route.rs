@@ -8,8 +8,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Status};
+use tonic::{Code, Request, Status};
 
 use crate::v1::nova_client::NovaClient;
 
@@ -22,21 +25,85 @@ const MAX_REMEMBERED_LEADERS: usize = 10_000;
 /// Stars connected to at once; past it the connections start over.
 const MAX_STARS: usize = 256;
 
+/// A generated client whose calls carry the caller's credentials.
+pub type Stub = NovaClient<InterceptedService<Channel, Credentials>>;
+
+/// A bearer token sent with every call as `authorization: Bearer <token>`. It is marked
+/// sensitive, so HTTP/2 never adds it to a header compression table, and it is never printed:
+/// `Debug` says only whether there is one.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    authorization: Option<MetadataValue<Ascii>>,
+}
+
+/// A token that cannot travel in a header.
+#[derive(Debug, thiserror::Error)]
+#[error("a token must be printable ASCII without spaces (the token itself is not shown)")]
+pub struct InvalidToken;
+
+impl Credentials {
+    /// No token: calls go without an `authorization` header.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// `token` sent as a bearer token. Refused unless it is printable ASCII with no spaces (the
+    /// form of every token scheme worth using, and what a header can carry unchanged).
+    pub fn bearer(token: &str) -> Result<Self, InvalidToken> {
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(InvalidToken);
+        }
+        let mut value: MetadataValue<Ascii> = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| InvalidToken)?;
+        value.set_sensitive(true);
+        Ok(Self {
+            authorization: Some(value),
+        })
+    }
+
+    pub fn is_some(&self) -> bool {
+        self.authorization.is_some()
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let token = if self.is_some() { "<redacted>" } else { "none" };
+        f.debug_struct("Credentials")
+            .field("token", &token)
+            .finish()
+    }
+}
+
+impl Interceptor for Credentials {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Router {
-    seed: NovaClient<Channel>,
+    seed: Stub,
     routes: Arc<Routes>,
     settings: Settings,
 }
 
 /// How connections to leaders are made.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     pub connect_timeout: Duration,
     /// Deadline of one call; `None` for none beyond the server's.
     pub request_timeout: Option<Duration>,
     /// The largest message sent or accepted.
     pub max_message_bytes: usize,
+    /// Sent with every call.
+    pub credentials: Credentials,
 }
 
 impl Default for Settings {
@@ -45,6 +112,7 @@ impl Default for Settings {
             connect_timeout: Duration::from_secs(5),
             request_timeout: None,
             max_message_bytes: usize::MAX,
+            credentials: Credentials::none(),
         }
     }
 }
@@ -61,9 +129,9 @@ impl Settings {
         })
     }
 
-    /// A client on `channel` with these settings' message bound.
-    pub fn client(&self, channel: Channel) -> NovaClient<Channel> {
-        NovaClient::new(channel)
+    /// A client on `channel` with these settings' message bound and credentials.
+    pub fn client(&self, channel: Channel) -> Stub {
+        NovaClient::with_interceptor(channel, self.credentials.clone())
             .max_decoding_message_size(self.max_message_bytes)
             .max_encoding_message_size(self.max_message_bytes)
     }
@@ -74,7 +142,7 @@ struct Routes {
     /// Stream name to its leader's URL.
     leaders: Mutex<HashMap<String, String>>,
     /// Leader URL to a lazily connected client.
-    stars: Mutex<HashMap<String, NovaClient<Channel>>>,
+    stars: Mutex<HashMap<String, Stub>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -83,21 +151,22 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A client without message-size limits of its own (the server's bound the messages).
-pub fn unlimited(channel: Channel) -> NovaClient<Channel> {
-    NovaClient::new(channel)
+/// A client without message-size limits of its own (the server's bound the messages) and
+/// without credentials.
+pub fn unlimited(channel: Channel) -> Stub {
+    NovaClient::with_interceptor(channel, Credentials::none())
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX)
 }
 
 impl Router {
     /// Routes through `seed` (any star, or a gateway's configured star) until told otherwise.
-    pub fn new(seed: NovaClient<Channel>) -> Self {
+    pub fn new(seed: Stub) -> Self {
         Self::with_settings(seed, Settings::default())
     }
 
     /// Connections to leaders are made with `settings`.
-    pub fn with_settings(seed: NovaClient<Channel>, settings: Settings) -> Self {
+    pub fn with_settings(seed: Stub, settings: Settings) -> Self {
         Self {
             seed,
             routes: Arc::default(),
@@ -105,12 +174,12 @@ impl Router {
         }
     }
 
-    pub fn seed(&self) -> NovaClient<Channel> {
+    pub fn seed(&self) -> Stub {
         self.seed.clone()
     }
 
     /// The client for `stream`'s leader when known, else the seed.
-    pub fn stub(&self, stream: &str) -> NovaClient<Channel> {
+    pub fn stub(&self, stream: &str) -> Stub {
         let Some(url) = lock(&self.routes.leaders).get(stream).cloned() else {
             return self.seed.clone();
         };
@@ -156,7 +225,7 @@ impl Router {
     /// Runs a call about `stream` on its leader, following up to `MAX_REDIRECTS` redirects.
     pub async fn call<T, F, Fut>(&self, stream: &str, call: F) -> Result<T, Status>
     where
-        F: Fn(NovaClient<Channel>) -> Fut,
+        F: Fn(Stub) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
         let mut hops = 0;

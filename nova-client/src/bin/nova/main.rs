@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use nova_client::Client;
+use nova_client::{Client, ClientConfig, RetryPolicy};
 use nova_proto::units::{parse_bytes, parse_duration};
 
 #[derive(Parser)]
@@ -35,6 +35,11 @@ struct Cli {
         default_value = "http://127.0.0.1:7400"
     )]
     server: String,
+
+    /// A bearer token sent with every call (for stars and gateways that check tokens). Prefer
+    /// the environment variable: a flag's value shows in the process list.
+    #[arg(long, global = true, env = "NOVA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 
     /// Output for people (text) or for scripts (json: one JSON object per line).
     #[arg(long, global = true, value_enum, default_value = "text")]
@@ -118,7 +123,13 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let client = Client::connect(&cli.server).await?;
+    let mut config = ClientConfig::new([cli.server.as_str()])
+        .with_retry(RetryPolicy::none())
+        .with_max_message_bytes(usize::MAX);
+    if let Some(token) = &cli.token {
+        config = config.with_token(token)?;
+    }
+    let client = Client::connect_with(config).await?;
     match cli.command {
         Command::Stream { command } => stream::run(&client, command, cli.output).await,
         Command::Append {
