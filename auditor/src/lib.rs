@@ -189,12 +189,75 @@ pub fn working_memory(whole_object_max: u64, max_record_bytes: u64) -> u64 {
     settle::working_memory(whole_object_max, max_record_bytes) + rewrite::working_memory()
 }
 
-/// Where the sweep stands: the key its pass has reached, and when the next pass is due.
+/// Where the sweep stands: the data prefix and key its pass has reached (a pass covers this
+/// star's prefix, then each adopted star's), and when the next pass is due.
 #[derive(Debug, Default)]
 pub(crate) struct SweepState {
+    /// `None` between passes.
+    pub root: Option<String>,
     pub after: Option<String>,
     pub started_ms: u64,
     pub next_pass_ms: Option<u64>,
+}
+
+/// The chains of departed stars this auditor looks after besides its own: it settles what they
+/// absorbed but never settled (see `settle`) and sweeps their settled objects (see `sweep`), so
+/// nothing a star that left for good wrote stays forever. Which stars those are is decided
+/// outside (novad's fleet elects one adopter per departed star); a clone shares the set.
+#[derive(Debug, Clone, Default)]
+pub struct Adoptions {
+    inner: Arc<Mutex<AdoptionState>>,
+}
+
+#[derive(Debug, Default)]
+struct AdoptionState {
+    stars: Vec<String>,
+    /// The last failure logged per adopted star, so a lasting cause is logged once.
+    failing: std::collections::HashMap<String, String>,
+    metrics: Option<AuditorMetrics>,
+}
+
+impl Adoptions {
+    /// Replaces the adopted stars.
+    pub fn set(&self, stars: impl IntoIterator<Item = String>) {
+        let mut stars: Vec<String> = stars.into_iter().collect();
+        stars.sort();
+        stars.dedup();
+        let mut state = self.inner.lock();
+        if state.stars != stars {
+            tracing::info!(adopted = ?stars, "auditor: the departed stars' chains it looks after");
+        }
+        state.failing.retain(|star, _| stars.contains(star));
+        if let Some(metrics) = &state.metrics {
+            metrics.adopted_chains.set(stars.len() as i64);
+        }
+        state.stars = stars;
+    }
+
+    pub fn stars(&self) -> Vec<String> {
+        self.inner.lock().stars.clone()
+    }
+
+    pub(crate) fn succeeded(&self, star: &str) {
+        if self.inner.lock().failing.remove(star).is_some() {
+            tracing::info!(star, "auditor: the adopted chain settles again");
+        }
+    }
+
+    pub(crate) fn failed(&self, star: &str, err: &AuditError) {
+        let message = err.to_string();
+        let mut state = self.inner.lock();
+        if let Some(metrics) = &state.metrics {
+            metrics.adopted_failures.inc();
+        }
+        if state.failing.get(star) != Some(&message) {
+            tracing::warn!(
+                star,
+                "auditor: settling an adopted chain failed; it is tried again while the star's                  own chain is idle: {message}"
+            );
+            state.failing.insert(star.to_owned(), message);
+        }
+    }
 }
 
 /// What every job shares.
@@ -205,6 +268,7 @@ pub(crate) struct Ctx {
     pub catalog: Catalog,
     pub metrics: AuditorMetrics,
     pub cache: FetchCache,
+    pub adoptions: Adoptions,
     rewrite: RateBudget,
     workers: Arc<Semaphore>,
     /// Since when (unix ms) each duty has had work due; `None` while it has none.
@@ -322,7 +386,10 @@ impl Auditor {
         metrics.workers.set(workers as i64);
         let rewrite_units =
             (config.rewrite_mib.max(1) as u64 * MIB / REWRITE_UNIT).min(u32::MAX as u64) as u32;
+        let adoptions = Adoptions::default();
+        adoptions.inner.lock().metrics = Some(metrics.clone());
         let ctx = Arc::new(Ctx {
+            adoptions,
             rewrite: RateBudget::new(rewrite_units, config.clock),
             workers: Arc::new(Semaphore::new(workers as usize)),
             due_since: Mutex::new([None; ALL_DUTIES.len()]),
@@ -355,6 +422,12 @@ impl Auditor {
 
     pub fn metrics(&self) -> &AuditorMetrics {
         &self.ctx.metrics
+    }
+
+    /// The departed stars whose chains this auditor looks after, to be set by whoever elects
+    /// adopters.
+    pub fn adoptions(&self) -> Adoptions {
+        self.ctx.adoptions.clone()
     }
 
     /// Stops every duty where it is: each is safe to cut off mid-job.

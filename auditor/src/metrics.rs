@@ -45,6 +45,10 @@ pub struct AuditorMetrics {
     /// Settled objects the sweep found unreferenced and queued, and sweep passes completed.
     pub swept_objects: IntCounter,
     pub sweeps: IntCounter,
+    /// Chains of departed stars this auditor settles and sweeps besides its own, and the jobs
+    /// on them that failed.
+    pub adopted_chains: IntGauge,
+    pub adopted_failures: IntCounter,
     pub cache_hits: IntCounter,
     pub cache_misses: IntCounter,
     /// Objects read with ranged GETs because the fetch cache could not admit them whole.
@@ -192,6 +196,16 @@ impl AuditorMetrics {
                 r,
                 "nova_auditor_sweeps_total",
                 "Passes of the sweep over every settled object.",
+            ),
+            adopted_chains: gauge(
+                r,
+                "nova_auditor_adopted_chains",
+                "Chains of stars that left the fleet which this star's auditor settles and sweeps.",
+            ),
+            adopted_failures: counter(
+                r,
+                "nova_auditor_adopted_failures_total",
+                "Settle jobs on an adopted chain that failed (logged when the cause changes).",
             ),
             cache_hits: counter(
                 r,

@@ -96,19 +96,46 @@ enum WindowEnd {
 }
 
 struct Window {
+    /// The star whose chain the flights belong to.
+    star: String,
     flights: Vec<Flight>,
     end: WindowEnd,
 }
 
+/// A job on this star's own chain, or, when it has nothing due, on a chain it adopted (see
+/// `crate::Adoptions`). An adopted chain's failure is logged and left for the next idle turn,
+/// so it never slows the settle of the star's own chain.
 pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
-    let star = ctx.config.star.as_str();
+    if settle_chain(ctx, &ctx.config.star, true).await? == Step::Done {
+        return Ok(Step::Done);
+    }
+    for star in ctx.adoptions.stars() {
+        match settle_chain(ctx, &star, false).await {
+            Ok(Step::Done) => {
+                ctx.adoptions.succeeded(&star);
+                return Ok(Step::Done);
+            }
+            Ok(Step::Idle) => ctx.adoptions.succeeded(&star),
+            Err(err) => ctx.adoptions.failed(&star, &err),
+        }
+    }
+    Ok(Step::Idle)
+}
+
+/// One job on `star`'s chain. `own`: the star's own chain, whose current epoch grows (its
+/// absorbed slots wait for a window's worth or `settle_after`) and whose backlog is the settle
+/// duty's due age. An adopted chain belongs to a star that left: nothing is added to it, so
+/// what is absorbed is settled at once.
+async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditError> {
     let Some(chain) = ctx.catalog.chain(star).await? else {
-        ctx.set_due(Duty::Settle, None);
+        if own {
+            ctx.set_due(Duty::Settle, None);
+        }
         return Ok(Step::Idle);
     };
     let Some(at) = ctx.catalog.settle_cursor(star).await? else {
         // The first job: start at the chain's oldest epoch in the bucket.
-        let epoch = first_epoch(ctx).await?.unwrap_or(chain.state.epoch);
+        let epoch = first_epoch(ctx, star).await?.unwrap_or(chain.state.epoch);
         let cursor = SettleCursor {
             epoch,
             next_slot: 0,
@@ -128,6 +155,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     // settled to its end.
     let limit = if cursor.epoch == chain.state.epoch {
         match chain.state.checkpoint {
+            Some(checkpoint) if checkpoint >= cursor.next_slot && !own => Some(checkpoint),
             Some(checkpoint) if checkpoint >= cursor.next_slot => {
                 // Wait for a window's worth, or until the first waited long enough.
                 let now = ctx.config.clock.unix_ms();
@@ -142,13 +170,17 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
                 Some(checkpoint)
             }
             _ => {
-                *ctx.settle_pending_since.lock() = None;
-                ctx.set_due(Duty::Settle, None);
+                if own {
+                    *ctx.settle_pending_since.lock() = None;
+                    ctx.set_due(Duty::Settle, None);
+                }
                 return Ok(Step::Idle);
             }
         }
     } else {
-        ctx.mark_due(Duty::Settle);
+        if own {
+            ctx.mark_due(Duty::Settle);
+        }
         None
     };
     if cursor.next_slot == 0
@@ -195,7 +227,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
             .await?;
         return Ok(Step::Done);
     }
-    let window = load_window(ctx, cursor, limit).await?;
+    let window = load_window(ctx, star, cursor, limit).await?;
 
     let mut complete = true;
     for (stream_id, pieces) in group_by_stream(&window) {
@@ -224,9 +256,9 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     Ok(Step::Done)
 }
 
-/// The oldest epoch with objects in the bucket.
-async fn first_epoch(ctx: &Ctx) -> Result<Option<u64>, AuditError> {
-    let root = chain_root(&ctx.config.star);
+/// The oldest epoch of `star`'s chain with objects in the bucket.
+async fn first_epoch(ctx: &Ctx, star: &str) -> Result<Option<u64>, AuditError> {
+    let root = chain_root(star);
     let page = ctx.store.list(&root, None, 1).await?;
     Ok(page
         .objects
@@ -236,10 +268,10 @@ async fn first_epoch(ctx: &Ctx) -> Result<Option<u64>, AuditError> {
 
 async fn load_window(
     ctx: &Ctx,
+    star: &str,
     cursor: SettleCursor,
     limit: Option<u64>,
 ) -> Result<Window, AuditError> {
-    let star = ctx.config.star.as_str();
     let prefix = chain_prefix(star, cursor.epoch);
     let after = cursor
         .next_slot
@@ -297,6 +329,7 @@ async fn load_window(
             ObjectFooter::Flight(footer) => footer,
             ObjectFooter::Fence(_) if limit.is_none() => {
                 return Ok(Window {
+                    star: star.to_owned(),
                     flights,
                     end: WindowEnd::EpochEnd { fence: Some(slot) },
                 });
@@ -352,7 +385,11 @@ async fn load_window(
         None if !full && (gap || listed_all) => WindowEnd::EpochEnd { fence: None },
         None => WindowEnd::More,
     };
-    Ok(Window { flights, end })
+    Ok(Window {
+        star: star.to_owned(),
+        flights,
+        end,
+    })
 }
 
 /// The footer of a cached flight, reading only the object's end from disk.
@@ -475,7 +512,6 @@ async fn write_run(
     let (Some((first, _)), Some((last, _))) = (run.first(), run.last()) else {
         return Ok(true);
     };
-    let star = ctx.config.star.as_str();
     let stream_id = first.entry.stream_id;
     // Consecutive pieces merge into sections of at most MAX_SECTION_BYTES (a piece larger than
     // that stays one section), so a read of a few records still fetches at most about 1 MiB.
@@ -508,13 +544,21 @@ async fn write_run(
     let (start, end) = (first.entry.start_seq, last.entry.end_seq);
     // The footer names the epoch and the last slot the records came from.
     let meta = FlightMeta {
-        star: star.to_owned(),
+        star: window.star.clone(),
         epoch,
         slot: window.flights[last.flight].slot,
         created_at_ms,
     };
     let (payload, footer) = assemble_flight(meta, sections);
-    let key = data_key(star, stream_id, start, end, ctx.config.entropy.next_u64());
+    // Under this star's own prefix, whichever chain the records came from: this star's
+    // rewrite, retention and sweep look after it from now on.
+    let key = data_key(
+        &ctx.config.star,
+        stream_id,
+        start,
+        end,
+        ctx.config.entropy.next_u64(),
+    );
     let size = payload.len();
     // Charged before the intent is queued: a wait here must not eat into the time the intent
     // gives the write and its swap.
@@ -565,7 +609,7 @@ async fn finish(
     cursor: SettleCursor,
     window: Window,
 ) -> Result<(), AuditError> {
-    let star = ctx.config.star.as_str();
+    let star = window.star.as_str();
     let due = ctx.due_at().max(cursor.last_due_ms);
     let mut garbage = Vec::new();
     let mut next_slot = cursor.next_slot;
@@ -610,7 +654,7 @@ async fn finish(
         },
         WindowEnd::EpochEnd { fence } => {
             if let Some(fence) = fence {
-                queue_orphans(ctx, cursor.epoch, fence, due).await?;
+                queue_orphans(ctx, star, cursor.epoch, fence, due).await?;
             }
             SettleCursor {
                 epoch: cursor.epoch + 1,
@@ -639,8 +683,13 @@ async fn finish(
 /// Slots past an epoch's fence were never acknowledged (acks go out in slot order): they are
 /// queued for collection. The fence itself stays, so a paused incarnation of the star can never
 /// land its slot.
-async fn queue_orphans(ctx: &Ctx, epoch: u64, fence: u64, due: u64) -> Result<(), AuditError> {
-    let star = ctx.config.star.as_str();
+async fn queue_orphans(
+    ctx: &Ctx,
+    star: &str,
+    epoch: u64,
+    fence: u64,
+    due: u64,
+) -> Result<(), AuditError> {
     let prefix = chain_prefix(star, epoch);
     let mut after = slot_key(star, epoch, fence);
     loop {

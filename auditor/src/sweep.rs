@@ -5,8 +5,9 @@
 //! landed after its intent was collected (a slow or retried request), or one that landed after
 //! the catalog was rebuilt from the bucket. Such an object can never become referenced (its swap
 //! needs its intent, which is gone), so the sweep is what guarantees that nothing the auditor
-//! wrote stays forever. A pass lists `data/{star}/` a page per job; the next pass starts
-//! `--auditor-sweep-secs` after the last one began.
+//! wrote stays forever. A pass lists `data/{star}/` a page per job, then the prefix of each
+//! departed star this star adopted (whose objects nobody else would look at); the next pass
+//! starts `--auditor-sweep-secs` after the last one began.
 
 use nova_core::catalog::Garbage;
 use nova_core::keys::{data_root, parse_data_key};
@@ -16,18 +17,18 @@ use crate::{AuditError, Ctx, Step};
 
 pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     let now = ctx.config.clock.unix_ms();
-    let after = {
+    let (root, after) = {
         let mut sweep = ctx.sweep.lock();
         if sweep.next_pass_ms.is_some_and(|next| now < next) {
             return Ok(Step::Idle);
         }
-        if sweep.after.is_none() {
+        if sweep.root.is_none() {
             // A pass begins.
             sweep.started_ms = now;
+            sweep.root = Some(data_root(&ctx.config.star));
         }
-        sweep.after.clone()
+        (sweep.root.clone().unwrap_or_default(), sweep.after.clone())
     };
-    let root = data_root(&ctx.config.star);
     let page = ctx
         .store
         .list(&root, after.as_deref(), MAX_LIST_KEYS)
@@ -65,8 +66,24 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         Some(next) => sweep.after = Some(next),
         None => {
             sweep.after = None;
-            sweep.next_pass_ms = Some(sweep.started_ms + ctx.config.sweep_every.as_millis() as u64);
-            ctx.metrics.sweeps.inc();
+            // The next prefix in this pass: the adopted stars' in order, after the own one.
+            let mut adopted: Vec<String> =
+                ctx.adoptions.stars().iter().map(|s| data_root(s)).collect();
+            adopted.sort();
+            let next = if root == data_root(&ctx.config.star) {
+                adopted.first().cloned()
+            } else {
+                adopted.into_iter().find(|r| *r > root)
+            };
+            match next {
+                Some(next) => sweep.root = Some(next),
+                None => {
+                    sweep.root = None;
+                    sweep.next_pass_ms =
+                        Some(sweep.started_ms + ctx.config.sweep_every.as_millis() as u64);
+                    ctx.metrics.sweeps.inc();
+                }
+            }
         }
     }
     Ok(Step::Done)

@@ -9,8 +9,8 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use nova_client::{Client, ClientConfig, RetryPolicy};
-use nova_proto::v1;
 use nova_proto::server::nova_server::{Nova, NovaServer};
+use nova_proto::v1;
 
 /// A star that records the `authorization` header of each describe, and either redirects it
 /// to `leader` or answers it.

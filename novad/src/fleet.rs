@@ -10,6 +10,7 @@
 //! fleet/leaders/{stream name}  the id of the star leading the stream
 //! fleet/chains/{star id}       the star has a chain that may hold acknowledged records
 //! fleet/takeover/{star id}     leased by the survivor taking that star's chain over
+//! fleet/adopt/{star id}        leased by the star whose auditor looks after a departed chain
 //! ```
 //!
 //! A star whose lease lapses leaves its chain registered and its leader records behind. One
@@ -18,6 +19,13 @@
 //! placed again, and its chain registration. Requests for those streams wait meanwhile, counted
 //! as a `predecessor_settling` stall. A star that leaves cleanly (SIGTERM) lands and absorbs
 //! everything first and clears its own records on the way out.
+//!
+//! A star that left (taken over, or gone cleanly) may never come back, yet its chain can still
+//! hold absorbed flights its auditor had not settled, and its settled objects can still need
+//! sweeping. One star with an auditor *adopts* it, elected by creating the adopt key: its
+//! auditor settles that chain's leftovers into objects of its own and sweeps the departed
+//! star's prefix (`nova_auditor::Adoptions`). The adoption ends when the star rejoins, and
+//! passes to another star when the adopter's lease lapses.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -44,6 +52,17 @@ const STARS: &str = "fleet/stars/";
 const LEADERS: &str = "fleet/leaders/";
 const CHAINS: &str = "fleet/chains/";
 const TAKEOVERS: &str = "fleet/takeover/";
+const ADOPTIONS: &str = "fleet/adopt/";
+
+/// Departed stars' chains one star adopts at most (each costs its auditor two metastore reads
+/// per idle turn once settled); past it the others are left to other stars.
+const MAX_ADOPTED: usize = 16;
+/// Chains in the catalog looked at for adoption (stars that ever ran with this catalog).
+const MAX_CHAINS_SCANNED: usize = 1000;
+
+fn adopt_key(id: &str) -> Vec<u8> {
+    format!("{ADOPTIONS}{id}").into_bytes()
+}
 
 fn chain_key(id: &str) -> Vec<u8> {
     format!("{CHAINS}{id}").into_bytes()
@@ -262,6 +281,8 @@ pub struct TakeoverContext {
     pub store: Arc<dyn ObjectStore>,
     pub backoff: nova_chain::Backoff,
     pub max_streams: usize,
+    /// This star's auditor's adopted chains; `None` without an auditor (it adopts nothing).
+    pub adoptions: Option<nova_auditor::Adoptions>,
 }
 
 fn metastore_unavailable(err: MetastoreError) -> RequestError {
@@ -840,6 +861,11 @@ impl Fleet {
                 if let Err(err) = fleet.take_over_departed(&ctx).await {
                     tracing::warn!("looking for departed stars to take over failed: {err}");
                 }
+                if let Some(adoptions) = &ctx.adoptions
+                    && let Err(err) = fleet.adopt_departed(&ctx.star, adoptions).await
+                {
+                    tracing::warn!("looking for departed stars' chains to adopt failed: {err}");
+                }
             }
         });
     }
@@ -905,6 +931,73 @@ impl Fleet {
                 tracing::error!(star = %id, "taking over the chain of a departed star failed; it is tried again: {err}");
             }
         }
+        Ok(())
+    }
+
+    /// Elects this star to adopt departed stars' chains (in the catalog, with no live star and
+    /// nothing left to take over), up to `MAX_ADOPTED`, releases the adoptions of stars that
+    /// rejoined, and hands the auditor the result.
+    async fn adopt_departed(
+        &self,
+        star: &Star,
+        adoptions: &nova_auditor::Adoptions,
+    ) -> anyhow::Result<()> {
+        let chains = star
+            .streams()
+            .catalog()
+            .chain_stars(None, MAX_CHAINS_SCANNED)
+            .await?;
+        let pending: HashSet<Vec<u8>> = self
+            .metastore
+            .scan(CHAINS.as_bytes(), None, MAX_CHAINS_SCANNED)
+            .await?
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect();
+        let held: BTreeMap<Vec<u8>, KeyValue> = self
+            .metastore
+            .scan(ADOPTIONS.as_bytes(), None, MAX_CHAINS_SCANNED)
+            .await?
+            .into_iter()
+            .map(|kv| (kv.key.clone(), kv))
+            .collect();
+        let me = self.config.star_id.as_bytes();
+        let live: HashSet<String> = self.members.read().keys().cloned().collect();
+        let mut mine = Vec::new();
+        for id in chains {
+            if self.lost.is_cancelled() {
+                return Ok(());
+            }
+            let key = adopt_key(&id);
+            let departed = id != self.config.star_id
+                && !live.contains(&id)
+                && !pending.contains(&chain_key(&id));
+            match held.get(&key) {
+                Some(kv) if kv.value != me => {}
+                Some(_) if departed => mine.push(id),
+                Some(kv) => {
+                    // It rejoined (or has a chain to take over first): its own auditor, or the
+                    // takeover, has it now.
+                    let release = Txn::new()
+                        .compare(Compare::Version(key.clone(), kv.version))
+                        .delete(key);
+                    self.metastore.commit(release).await?;
+                }
+                None if departed && mine.len() < MAX_ADOPTED => {
+                    let elect = Txn::new()
+                        .compare(Compare::Missing(star_key(&id)))
+                        .compare(Compare::Missing(chain_key(&id)))
+                        .compare(Compare::Missing(key.clone()))
+                        .put_leased(key, me.to_vec(), self.lease);
+                    if let TxnOutcome::Committed { .. } = self.metastore.commit(elect).await? {
+                        tracing::info!(star = %id, "adopted the chain of a departed star");
+                        mine.push(id);
+                    }
+                }
+                None => {}
+            }
+        }
+        adoptions.set(mine);
         Ok(())
     }
 

@@ -186,30 +186,36 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     };
     let _ = ready.set(star.clone());
+    // After recovery: the auditor settles what the star has absorbed, never ahead of it.
+    let auditor = if config.auditor {
+        Some(
+            nova_auditor::Auditor::start(
+                config.auditor(),
+                store.clone(),
+                catalog,
+                &metrics.registry,
+            )
+            .with_context(|| {
+                format!(
+                    "preparing the auditor's fetch cache under {}",
+                    config.data_dir.display()
+                )
+            })?,
+        )
+    } else {
+        tracing::warn!("--auditor false: nothing is settled or collected; the bucket only grows");
+        None
+    };
     if let Some(fleet) = &fleet {
         fleet.start_takeovers(crate::fleet::TakeoverContext {
             star: star.clone(),
             store: store.clone(),
             backoff: config.chain().backoff(),
             max_streams: config.max_streams as usize,
+            adoptions: auditor.as_ref().map(|a| a.adoptions()),
         });
         fleet.start_balancing(star.clone());
     }
-    // After recovery: the auditor settles what the star has absorbed, never ahead of it.
-    let auditor = if config.auditor {
-        Some(
-            nova_auditor::Auditor::start(config.auditor(), store, catalog, &metrics.registry)
-                .with_context(|| {
-                    format!(
-                        "preparing the auditor's fetch cache under {}",
-                        config.data_dir.display()
-                    )
-                })?,
-        )
-    } else {
-        tracing::warn!("--auditor false: nothing is settled or collected; the bucket only grows");
-        None
-    };
 
     let sheds = Arc::new(ShedLog::new(Clock::system()));
     let ctx = Arc::new(Context {

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nova_client::{Client, Producer, ProducerConfig, Record};
+use nova_core::flight::{ObjectFooter, fetch_footer};
+use nova_core::object_store::{ObjectStore, S3Config, S3Store};
 use nova_testkit::history::History;
 use nova_testkit::{Etcd, Moto, Novad, NovadBuilder};
 
@@ -805,4 +807,115 @@ async fn a_full_star_gives_streams_back_to_be_placed_elsewhere() {
         "the small star leads one stream, the rest moved: {after:?}"
     );
     assert!(small.log().contains("this star takes no more streams"));
+}
+
+/// The flights under `chain/{star}/` (not fences, not settle markers).
+async fn flights_of(store: &dyn ObjectStore, star: &str) -> usize {
+    let mut count = 0;
+    let mut after: Option<String> = None;
+    loop {
+        let page = store
+            .list(&format!("chain/{star}/"), after.as_deref(), 1000)
+            .await
+            .expect("list");
+        for object in &page.objects {
+            if let Ok(ObjectFooter::Flight(_)) = fetch_footer(store, &object.key).await {
+                count += 1;
+            }
+        }
+        match page.next_start_after {
+            Some(next) => after = Some(next),
+            None => return count,
+        }
+    }
+}
+
+/// A star that leaves for good leaves nothing behind: after its chain is taken over, one
+/// survivor adopts it, settles the flights it had absorbed but never settled into objects under
+/// the adopter's own prefix, and the flights are collected; every record still reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_departed_stars_unsettled_flights_are_adopted_settled_and_collected() {
+    let etcd = Etcd::start();
+    let moto = Moto::start();
+    moto.create_bucket(BUCKET);
+    // Own chains settle only after an hour, so what the victim absorbed is still in its flights
+    // when it dies (and only an adopter settles it); collection follows at once.
+    let audited = [
+        "--auditor-settle-after-secs",
+        "3600",
+        "--auditor-collect-grace-secs",
+        "1",
+    ];
+    let mut stars: Vec<Novad> = (0..3)
+        .map(|i| {
+            star(&etcd, &moto, &format!("star-{i}"))
+                .args(audited)
+                .start()
+        })
+        .collect();
+    let entry = client(&stars[0]).await;
+    let streams = create_streams(&entry, "adopt", 6).await;
+    let victim = victim(&entry, &streams).await;
+    let victim_id = format!("star-{victim}");
+    let history = Arc::new(History::new());
+    let mut acked = Vec::new();
+    for stream in &streams {
+        acked.push(produce_into(entry.clone(), stream.clone(), 40, history.clone()).await);
+    }
+    let store: Arc<dyn ObjectStore> = {
+        let mut config = S3Config::new(BUCKET);
+        config.endpoint = Some(moto.endpoint());
+        config.credentials = Some(("test".into(), "testtest".into()));
+        Arc::new(S3Store::new(config).await)
+    };
+    assert!(
+        flights_of(store.as_ref(), &victim_id).await > 0,
+        "the victim's records are still in its flights"
+    );
+    stars[victim].kill9();
+
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != victim).collect();
+    eventually(
+        Duration::from_secs(60),
+        "a survivor to adopt the departed star's chain",
+        || {
+            survivors
+                .iter()
+                .filter_map(|i| stars[*i].metric("nova_auditor_adopted_chains"))
+                .sum::<f64>()
+                == 1.0
+        },
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while flights_of(store.as_ref(), &victim_id).await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the adopter did not settle and collect the departed star's flights:\n{}",
+            survivors
+                .iter()
+                .map(|i| stars[*i].log())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for (stream, acked) in streams.iter().zip(&acked) {
+        check_exactly_once(&entry, stream, acked).await;
+    }
+    check_history(&entry, &streams, &history).await;
+    // The adopter looks after it until the star comes back, and no longer then.
+    stars[victim].restart();
+    eventually(
+        Duration::from_secs(30),
+        "the adoption to end once the star rejoined",
+        || {
+            survivors
+                .iter()
+                .filter_map(|i| stars[*i].metric("nova_auditor_adopted_chains"))
+                .sum::<f64>()
+                == 0.0
+        },
+    )
+    .await;
 }

@@ -763,6 +763,22 @@ impl Catalog {
             .collect()
     }
 
+    /// The stars with a chain in the catalog, in key order after `after`, at most `limit`: every
+    /// star that ever wrote one, including those that left (a chain record is never removed, so
+    /// a star that returns continues its epochs).
+    pub async fn chain_stars(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, CatalogError> {
+        let start = after.map(chain_key);
+        let page = self.store.scan(b"c/", start.as_deref(), limit).await?;
+        Ok(page
+            .iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key[2..]).into_owned())
+            .collect())
+    }
+
     pub async fn chain(&self, star: &str) -> Result<Option<VersionedChain>, CatalogError> {
         match self.store.get(&chain_key(star)).await? {
             Some(kv) => Ok(Some(VersionedChain {
