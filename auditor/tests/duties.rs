@@ -428,7 +428,9 @@ async fn the_sweep_collects_settled_objects_nothing_references() {
     let store = world.disk.store();
     let stray = nova_core::keys::data_key(STAR, 9, 0, 10, 7);
     let writing = nova_core::keys::data_key(STAR, 9, 10, 20, 8);
-    for key in [&stray, &writing] {
+    // A departed star's stray object, swept once (and only once) its prefix is adopted.
+    let departed = nova_core::keys::data_key("departed", 9, 20, 30, 9);
+    for key in [&stray, &writing, &departed] {
         store
             .put(key, bytes::Bytes::from_static(b"bytes").into())
             .await
@@ -457,6 +459,22 @@ async fn the_sweep_collects_settled_objects_nothing_references() {
         "an object being written went"
     );
     assert!(auditor.metrics().swept_objects.get() >= 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        store.head(&departed).await.is_ok(),
+        "another star's prefix was swept without adopting it"
+    );
+    auditor.adoptions().set(["departed".to_owned()]);
+    for _ in 0..500 {
+        if store.head(&departed).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        store.head(&departed).await.is_err(),
+        "the adopted star's stray object stays"
+    );
     auditor.stop().await;
 }
 
