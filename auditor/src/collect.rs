@@ -14,7 +14,7 @@
 //! delete is safe, and nothing written by the auditor is left behind.
 
 use nova_core::catalog::{Garbage, QueuedGarbage};
-use nova_core::keys::{data_root, parse_data_key, slot_key};
+use nova_core::keys::{parse_any_data_key, slot_key};
 
 use crate::{AuditError, Ctx, Duty, Step};
 
@@ -44,8 +44,9 @@ async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {
                 // Its swap landed (the object is referenced now), or another collector has it.
                 return Ok(());
             }
-            let root = data_root(&ctx.config.star);
-            let settled = parse_data_key(&root, key);
+            // Any star's settled object (the sweep covers adopted prefixes, and every star
+            // collects from the one queue): one referenced again is never deleted.
+            let settled = parse_any_data_key(key);
             if let Some(data) = settled
                 && ctx
                     .catalog

@@ -204,6 +204,11 @@ pub(crate) struct SweepState {
 /// absorbed but never settled (see `settle`) and sweeps their settled objects (see `sweep`), so
 /// nothing a star that left for good wrote stays forever. Which stars those are is decided
 /// outside (novad's fleet elects one adopter per departed star); a clone shares the set.
+///
+/// A job on an adopted star holds an [`AdoptionGuard`], so whoever ends an adoption can wait
+/// for the jobs still running on it ([`Adoptions::wait_idle`]) before the star's own auditor
+/// takes over. A star whose jobs fail is retried with exponential backoff, so a chain that
+/// cannot be settled does not spend the request budget the star's own duties share.
 #[derive(Debug, Clone, Default)]
 pub struct Adoptions {
     inner: Arc<Mutex<AdoptionState>>,
@@ -212,13 +217,46 @@ pub struct Adoptions {
 #[derive(Debug, Default)]
 struct AdoptionState {
     stars: Vec<String>,
-    /// The last failure logged per adopted star, so a lasting cause is logged once.
-    failing: std::collections::HashMap<String, String>,
+    /// Jobs running on each star now.
+    active: std::collections::HashMap<String, usize>,
+    /// Per failing star: the last failure logged (a lasting cause is logged once), failures in
+    /// a row, and when (unix ms) it may be tried again.
+    failing: std::collections::HashMap<String, Failing>,
     metrics: Option<AuditorMetrics>,
 }
 
+#[derive(Debug)]
+struct Failing {
+    message: String,
+    count: u32,
+    retry_at_ms: u64,
+}
+
+/// The longest wait before an adopted chain that keeps failing is tried again.
+const ADOPTED_MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// A job running on an adopted star; dropping it ends the job.
+#[derive(Debug)]
+pub struct AdoptionGuard {
+    adoptions: Adoptions,
+    star: String,
+}
+
+impl Drop for AdoptionGuard {
+    fn drop(&mut self) {
+        let mut state = self.adoptions.inner.lock();
+        if let Some(active) = state.active.get_mut(&self.star) {
+            *active -= 1;
+            if *active == 0 {
+                state.active.remove(&self.star);
+            }
+        }
+    }
+}
+
 impl Adoptions {
-    /// Replaces the adopted stars.
+    /// Replaces the adopted stars. Jobs already running on a star no longer adopted finish;
+    /// no new one starts.
     pub fn set(&self, stars: impl IntoIterator<Item = String>) {
         let mut stars: Vec<String> = stars.into_iter().collect();
         stars.sort();
@@ -238,25 +276,84 @@ impl Adoptions {
         self.inner.lock().stars.clone()
     }
 
+    /// Whether a job on `star` is running now.
+    pub fn busy(&self, star: &str) -> bool {
+        self.inner.lock().active.contains_key(star)
+    }
+
+    /// Waits until no job runs on `star` (after `set` dropped it), polling every `every`.
+    pub async fn wait_idle(&self, star: &str, clock: &Clock, every: Duration) {
+        while self.busy(star) {
+            clock.sleep(every).await;
+        }
+    }
+
+    /// The adopted stars a job may start on at `now_ms` (those not backing off a failure).
+    pub(crate) fn due(&self, now_ms: u64) -> Vec<String> {
+        let state = self.inner.lock();
+        state
+            .stars
+            .iter()
+            .filter(|star| {
+                state
+                    .failing
+                    .get(*star)
+                    .is_none_or(|f| f.retry_at_ms <= now_ms)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Starts a job on `star`, unless it is no longer adopted.
+    pub(crate) fn enter(&self, star: &str) -> Option<AdoptionGuard> {
+        let mut state = self.inner.lock();
+        if !state.stars.iter().any(|s| s == star) {
+            return None;
+        }
+        *state.active.entry(star.to_owned()).or_default() += 1;
+        Some(AdoptionGuard {
+            adoptions: self.clone(),
+            star: star.to_owned(),
+        })
+    }
+
     pub(crate) fn succeeded(&self, star: &str) {
         if self.inner.lock().failing.remove(star).is_some() {
             tracing::info!(star, "auditor: the adopted chain settles again");
         }
     }
 
-    pub(crate) fn failed(&self, star: &str, err: &AuditError) {
+    pub(crate) fn failed(&self, star: &str, err: &AuditError, now_ms: u64, idle: Duration) {
         let message = err.to_string();
         let mut state = self.inner.lock();
         if let Some(metrics) = &state.metrics {
             metrics.adopted_failures.inc();
         }
-        if state.failing.get(star) != Some(&message) {
+        let count = state
+            .failing
+            .get(star)
+            .map_or(1, |f| f.count.saturating_add(1));
+        let wait = (idle * 2u32.saturating_pow(count.min(16))).min(ADOPTED_MAX_BACKOFF);
+        let logged = state
+            .failing
+            .get(star)
+            .is_some_and(|f| f.message == message);
+        if !logged {
             tracing::warn!(
                 star,
-                "auditor: settling an adopted chain failed; it is tried again while the star's                  own chain is idle: {message}"
+                retry_in_ms = wait.as_millis() as u64,
+                "auditor: a job on an adopted chain failed; it is tried again with backoff, \
+                 never ahead of the star's own duties: {message}"
             );
-            state.failing.insert(star.to_owned(), message);
         }
+        state.failing.insert(
+            star.to_owned(),
+            Failing {
+                message,
+                count,
+                retry_at_ms: now_ms.saturating_add(wait.as_millis() as u64),
+            },
+        );
     }
 }
 

@@ -103,20 +103,26 @@ struct Window {
 }
 
 /// A job on this star's own chain, or, when it has nothing due, on a chain it adopted (see
-/// `crate::Adoptions`). An adopted chain's failure is logged and left for the next idle turn,
-/// so it never slows the settle of the star's own chain.
+/// `crate::Adoptions`). An adopted chain's failure is logged and retried with backoff; it does
+/// not fail the duty, so it never slows the settle of the star's own chain.
 pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     if settle_chain(ctx, &ctx.config.star, true).await? == Step::Done {
         return Ok(Step::Done);
     }
-    for star in ctx.adoptions.stars() {
+    for star in ctx.adoptions.due(ctx.config.clock.unix_ms()) {
+        let Some(_job) = ctx.adoptions.enter(&star) else {
+            continue;
+        };
         match settle_chain(ctx, &star, false).await {
             Ok(Step::Done) => {
                 ctx.adoptions.succeeded(&star);
                 return Ok(Step::Done);
             }
             Ok(Step::Idle) => ctx.adoptions.succeeded(&star),
-            Err(err) => ctx.adoptions.failed(&star, &err),
+            Err(err) => {
+                let now = ctx.config.clock.unix_ms();
+                ctx.adoptions.failed(&star, &err, now, ctx.config.idle);
+            }
         }
     }
     Ok(Step::Idle)

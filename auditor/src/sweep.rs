@@ -29,6 +29,20 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         }
         (sweep.root.clone().unwrap_or_default(), sweep.after.clone())
     };
+    // An adopted prefix is swept only while adopted (a star that rejoined sweeps its own),
+    // under a guard its release waits for.
+    let own = root == data_root(&ctx.config.star);
+    let adopted = if own {
+        None
+    } else {
+        match data_root_star(&root).and_then(|star| ctx.adoptions.enter(star)) {
+            Some(guard) => Some(guard),
+            None => {
+                next_root(ctx, &root);
+                return Ok(Step::Done);
+            }
+        }
+    };
     let page = ctx
         .store
         .list(&root, after.as_deref(), MAX_LIST_KEYS)
@@ -38,11 +52,15 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         let Some(data) = parse_data_key(&root, &object.key) else {
             continue;
         };
-        let referenced = ctx
-            .catalog
-            .references(data.stream_id, data.end, &object.key)
-            .await?;
-        if referenced || ctx.catalog.being_written(&object.key).await? {
+        // Written-mark first: a swap removes it and adds the reference in one transaction, so
+        // an object seen unmarked and then unreferenced was never, and can never be, swapped
+        // in. The other order races a swap landing between the two reads.
+        if ctx.catalog.being_written(&object.key).await?
+            || ctx
+                .catalog
+                .references(data.stream_id, data.end, &object.key)
+                .await?
+        {
             continue;
         }
         stray.push((
@@ -61,30 +79,37 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         ctx.metrics.swept_objects.inc_by(stray.len() as u64);
         ctx.catalog.queue_garbage(&stray).await?;
     }
-    let mut sweep = ctx.sweep.lock();
+    drop(adopted);
     match page.next_start_after {
-        Some(next) => sweep.after = Some(next),
-        None => {
-            sweep.after = None;
-            // The next prefix in this pass: the adopted stars' in order, after the own one.
-            let mut adopted: Vec<String> =
-                ctx.adoptions.stars().iter().map(|s| data_root(s)).collect();
-            adopted.sort();
-            let next = if root == data_root(&ctx.config.star) {
-                adopted.first().cloned()
-            } else {
-                adopted.into_iter().find(|r| *r > root)
-            };
-            match next {
-                Some(next) => sweep.root = Some(next),
-                None => {
-                    sweep.root = None;
-                    sweep.next_pass_ms =
-                        Some(sweep.started_ms + ctx.config.sweep_every.as_millis() as u64);
-                    ctx.metrics.sweeps.inc();
-                }
-            }
-        }
+        Some(next) => ctx.sweep.lock().after = Some(next),
+        None => next_root(ctx, &root),
     }
     Ok(Step::Done)
+}
+
+/// The star whose prefix `root` (`data/{star}/`) is.
+fn data_root_star(root: &str) -> Option<&str> {
+    root.strip_prefix("data/")?.strip_suffix('/')
+}
+
+/// Moves the pass past `root`: to the next adopted star's prefix (in key order, after the
+/// star's own), or ends the pass.
+fn next_root(ctx: &Ctx, root: &str) {
+    let mut adopted: Vec<String> = ctx.adoptions.stars().iter().map(|s| data_root(s)).collect();
+    adopted.sort();
+    let next = if root == data_root(&ctx.config.star) {
+        adopted.first().cloned()
+    } else {
+        adopted.into_iter().find(|r| r.as_str() > root)
+    };
+    let mut sweep = ctx.sweep.lock();
+    sweep.after = None;
+    match next {
+        Some(next) => sweep.root = Some(next),
+        None => {
+            sweep.root = None;
+            sweep.next_pass_ms = Some(sweep.started_ms + ctx.config.sweep_every.as_millis() as u64);
+            ctx.metrics.sweeps.inc();
+        }
+    }
 }

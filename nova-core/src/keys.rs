@@ -164,6 +164,18 @@ pub fn rewritten_key(star: &str, stream_id: u64, start: u64, end: u64, nonce: u6
     )
 }
 
+/// A data object's star, from its key under `data/` (star ids hold no `/`).
+pub fn data_key_star(key: &str) -> Option<&str> {
+    key.strip_prefix("data/")?
+        .split_once('/')
+        .map(|(star, _)| star)
+}
+
+/// A data object's stream and record range, whichever star's prefix holds it.
+pub fn parse_any_data_key(key: &str) -> Option<DataKey> {
+    parse_data_key(&data_root(data_key_star(key)?), key)
+}
+
 /// A data object's stream and record range, from a key under `data_root(star)`.
 pub fn parse_data_key(root: &str, key: &str) -> Option<DataKey> {
     let rest = key.strip_prefix(root)?;
@@ -261,6 +273,11 @@ mod tests {
         );
         assert_eq!(parse_data_key(&root, "data/s/junk"), None);
         assert_eq!(parse_data_key(&data_root("t"), &a), None);
+        assert_eq!(data_key_star(&a), Some("s"));
+        assert_eq!(parse_any_data_key(&a), parse_data_key(&root, &a));
+        assert!(parse_any_data_key(&a).is_some());
+        assert_eq!(parse_any_data_key("chain/s/1/2"), None);
+        assert_eq!(parse_any_data_key("data/s"), None);
         assert_eq!(parse_data_key(&root, &data_key("s", 7, 5, 5, 0)), None);
         assert_eq!(parse_data_key(&root, &format!("{a}-0")), None);
         assert_eq!(parse_data_key(&root, &format!("{a}-r-r")), None);

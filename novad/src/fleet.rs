@@ -340,6 +340,38 @@ impl Fleet {
         Ok(fleet)
     }
 
+    /// Waits, after joining, until no other star's auditor looks after this star's chain: the
+    /// adopter lets go once it sees the registration and its running job ends (or its lease
+    /// lapses). Past two ttls the star goes on regardless: two auditors on one chain are safe
+    /// (every step is a compare-and-set), only wasteful.
+    async fn wait_for_adopter(&self) -> anyhow::Result<()> {
+        let key = adopt_key(&self.config.star_id);
+        let patience = self.config.lease_ttl * 2;
+        let started = self.clock.now();
+        let mut logged = false;
+        while let Some(kv) = self.metastore.get(&key).await? {
+            if self.clock.since(started) >= patience {
+                tracing::warn!(
+                    star = %self.config.star_id,
+                    adopter = %String::from_utf8_lossy(&kv.value),
+                    "the star that adopted this star's chain has not let go; going on regardless"
+                );
+                break;
+            }
+            if !logged {
+                tracing::info!(
+                    star = %self.config.star_id,
+                    adopter = %String::from_utf8_lossy(&kv.value),
+                    "waiting for the star that adopted this star's chain to let go"
+                );
+                logged = true;
+            }
+            self.metastore.keep_alive(self.lease).await?;
+            self.clock.sleep(Duration::from_millis(250)).await;
+        }
+        Ok(())
+    }
+
     fn me(&self) -> Member {
         Member {
             id: self.config.star_id.clone(),
@@ -380,6 +412,7 @@ impl Fleet {
                         lease_ttl_secs = self.config.lease_ttl.as_secs(),
                         "joined the fleet"
                     );
+                    self.wait_for_adopter().await?;
                     return Ok(());
                 }
                 TxnOutcome::Conflict => {
@@ -964,9 +997,10 @@ impl Fleet {
         let me = self.config.star_id.as_bytes();
         let live: HashSet<String> = self.members.read().keys().cloned().collect();
         let mut mine = Vec::new();
+        let mut released = Vec::new();
         for id in chains {
             if self.lost.is_cancelled() {
-                return Ok(());
+                break;
             }
             let key = adopt_key(&id);
             let departed = id != self.config.star_id
@@ -974,15 +1008,10 @@ impl Fleet {
                 && !pending.contains(&chain_key(&id));
             match held.get(&key) {
                 Some(kv) if kv.value != me => {}
-                Some(_) if departed => mine.push(id),
-                Some(kv) => {
-                    // It rejoined (or has a chain to take over first): its own auditor, or the
-                    // takeover, has it now.
-                    let release = Txn::new()
-                        .compare(Compare::Version(key.clone(), kv.version))
-                        .delete(key);
-                    self.metastore.commit(release).await?;
-                }
+                Some(_) if departed && mine.len() < MAX_ADOPTED => mine.push(id),
+                // It rejoined (its registration recorded its chain), has a chain to take over
+                // first, or is past this star's share: let it go.
+                Some(kv) => released.push((id, kv.version)),
                 None if departed && mine.len() < MAX_ADOPTED => {
                     let elect = Txn::new()
                         .compare(Compare::Missing(star_key(&id)))
@@ -997,7 +1026,20 @@ impl Fleet {
                 None => {}
             }
         }
+        // The auditor stops starting jobs on released stars first; the key goes once the jobs
+        // already running on them are done, so a rejoining star (which waits for the key) never
+        // has its chain settled by two auditors at once.
         adoptions.set(mine);
+        for (id, version) in released {
+            adoptions
+                .wait_idle(&id, &self.clock, Duration::from_millis(50))
+                .await;
+            let release = Txn::new()
+                .compare(Compare::Version(adopt_key(&id), version))
+                .delete(adopt_key(&id));
+            self.metastore.commit(release).await?;
+            tracing::info!(star = %id, "released the chain of a star that rejoined");
+        }
         Ok(())
     }
 

@@ -918,4 +918,14 @@ async fn a_departed_stars_unsettled_flights_are_adopted_settled_and_collected() 
         },
     )
     .await;
+    assert!(
+        survivors.iter().any(|i| stars[*i]
+            .log()
+            .contains("released the chain of a star that rejoined")),
+        "the adopter released its key for the rejoined star"
+    );
+    let rejoined = client(&stars[victim]).await;
+    for (stream, acked) in streams.iter().zip(&acked) {
+        check_exactly_once(&rejoined, stream, acked).await;
+    }
 }
