@@ -219,6 +219,8 @@ struct AdoptionState {
     stars: Vec<String>,
     /// Jobs running on each star now.
     active: std::collections::HashMap<String, usize>,
+    /// Per adopted star, cancelled when it is dropped from the set: its running job stops.
+    tokens: std::collections::HashMap<String, CancellationToken>,
     /// Per failing star: the last failure logged (a lasting cause is logged once), failures in
     /// a row, and when (unix ms) it may be tried again.
     failing: std::collections::HashMap<String, Failing>,
@@ -240,6 +242,18 @@ const ADOPTED_MAX_BACKOFF: Duration = Duration::from_secs(300);
 pub struct AdoptionGuard {
     adoptions: Adoptions,
     star: String,
+    cancelled: CancellationToken,
+}
+
+impl AdoptionGuard {
+    /// Runs `job` until it ends or the star is no longer adopted (then `None`).
+    pub(crate) async fn run<T>(&self, job: impl std::future::Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            biased;
+            _ = self.cancelled.cancelled() => None,
+            out = job => Some(out),
+        }
+    }
 }
 
 impl Drop for AdoptionGuard {
@@ -266,6 +280,13 @@ impl Adoptions {
             tracing::info!(adopted = ?stars, "auditor: the departed stars' chains it looks after");
         }
         state.failing.retain(|star, _| stars.contains(star));
+        state.tokens.retain(|star, token| {
+            let keep = stars.contains(star);
+            if !keep {
+                token.cancel();
+            }
+            keep
+        });
         if let Some(metrics) = &state.metrics {
             metrics.adopted_chains.set(stars.len() as i64);
         }
@@ -311,9 +332,11 @@ impl Adoptions {
             return None;
         }
         *state.active.entry(star.to_owned()).or_default() += 1;
+        let cancelled = state.tokens.entry(star.to_owned()).or_default().clone();
         Some(AdoptionGuard {
             adoptions: self.clone(),
             star: star.to_owned(),
+            cancelled,
         })
     }
 

@@ -110,10 +110,14 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         return Ok(Step::Done);
     }
     for star in ctx.adoptions.due(ctx.config.clock.unix_ms()) {
-        let Some(_job) = ctx.adoptions.enter(&star) else {
+        let Some(job) = ctx.adoptions.enter(&star) else {
             continue;
         };
-        match settle_chain(ctx, &star, false).await {
+        let Some(outcome) = job.run(settle_chain(ctx, &star, false)).await else {
+            // No longer adopted (its star rejoined): cut off, safely, anywhere.
+            continue;
+        };
+        match outcome {
             Ok(Step::Done) => {
                 ctx.adoptions.succeeded(&star);
                 return Ok(Step::Done);

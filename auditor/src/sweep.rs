@@ -29,27 +29,40 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         }
         (sweep.root.clone().unwrap_or_default(), sweep.after.clone())
     };
-    // An adopted prefix is swept only while adopted (a star that rejoined sweeps its own),
-    // under a guard its release waits for.
-    let own = root == data_root(&ctx.config.star);
-    let adopted = if own {
-        None
+    // An adopted prefix is swept only while adopted (a star that rejoined sweeps its own):
+    // under a guard its release waits for, cut off when the adoption ends.
+    let next = if root == data_root(&ctx.config.star) {
+        sweep_page(ctx, &root, after).await?
     } else {
-        match data_root_star(&root).and_then(|star| ctx.adoptions.enter(star)) {
-            Some(guard) => Some(guard),
-            None => {
-                next_root(ctx, &root);
-                return Ok(Step::Done);
-            }
+        let guard = data_root_star(&root).and_then(|star| ctx.adoptions.enter(star));
+        match guard {
+            Some(guard) => match guard.run(sweep_page(ctx, &root, after)).await {
+                Some(next) => next?,
+                None => None,
+            },
+            None => None,
         }
     };
+    match next {
+        Some(next) => ctx.sweep.lock().after = Some(next),
+        None => next_root(ctx, &root),
+    }
+    Ok(Step::Done)
+}
+
+/// Sweeps one page of `root` after `after`; returns where the next page starts.
+async fn sweep_page(
+    ctx: &Ctx,
+    root: &str,
+    after: Option<String>,
+) -> Result<Option<String>, AuditError> {
     let page = ctx
         .store
-        .list(&root, after.as_deref(), MAX_LIST_KEYS)
+        .list(root, after.as_deref(), MAX_LIST_KEYS)
         .await?;
     let mut stray = Vec::new();
     for object in &page.objects {
-        let Some(data) = parse_data_key(&root, &object.key) else {
+        let Some(data) = parse_data_key(root, &object.key) else {
             continue;
         };
         // Written-mark first: a swap removes it and adds the reference in one transaction, so
@@ -79,12 +92,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         ctx.metrics.swept_objects.inc_by(stray.len() as u64);
         ctx.catalog.queue_garbage(&stray).await?;
     }
-    drop(adopted);
-    match page.next_start_after {
-        Some(next) => ctx.sweep.lock().after = Some(next),
-        None => next_root(ctx, &root),
-    }
-    Ok(Step::Done)
+    Ok(page.next_start_after)
 }
 
 /// The star whose prefix `root` (`data/{star}/`) is.

@@ -349,26 +349,38 @@ impl Fleet {
         let patience = self.config.lease_ttl * 2;
         let started = self.clock.now();
         let mut logged = false;
-        while let Some(kv) = self.metastore.get(&key).await? {
-            if self.clock.since(started) >= patience {
-                tracing::warn!(
-                    star = %self.config.star_id,
-                    adopter = %String::from_utf8_lossy(&kv.value),
-                    "the star that adopted this star's chain has not let go; going on regardless"
-                );
-                break;
-            }
+        while self.clock.since(started) < patience {
+            let adopter = match self.metastore.get(&key).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(kv)) => String::from_utf8_lossy(&kv.value).into_owned(),
+                Err(err) => format!("unknown: {err}"),
+            };
             if !logged {
                 tracing::info!(
                     star = %self.config.star_id,
-                    adopter = %String::from_utf8_lossy(&kv.value),
+                    %adopter,
                     "waiting for the star that adopted this star's chain to let go"
                 );
                 logged = true;
             }
-            self.metastore.keep_alive(self.lease).await?;
+            // The renewal task is not running yet: renew here, and record it, or the lease
+            // watch would take the wait for a lost lease.
+            let sent = self.clock.now();
+            match self.metastore.keep_alive(self.lease).await {
+                Ok(Some(_)) => *self.renewed.lock() = sent,
+                Ok(None) => anyhow::bail!(
+                    "this star's fleet lease expired while it waited for its chain's adopter"
+                ),
+                Err(err) => {
+                    tracing::warn!("renewing the lease while waiting for the adopter: {err}")
+                }
+            }
             self.clock.sleep(Duration::from_millis(250)).await;
         }
+        tracing::warn!(
+            star = %self.config.star_id,
+            "the star that adopted this star's chain has not let go; going on regardless"
+        );
         Ok(())
     }
 
@@ -996,39 +1008,48 @@ impl Fleet {
             .collect();
         let me = self.config.star_id.as_bytes();
         let live: HashSet<String> = self.members.read().keys().cloned().collect();
+        let departed = |id: &str| {
+            id != self.config.star_id && !live.contains(id) && !pending.contains(&chain_key(id))
+        };
+        // Adoptions held already come first, so a new election never pushes one out.
         let mut mine = Vec::new();
         let mut released = Vec::new();
+        for id in &chains {
+            if let Some(kv) = held.get(&adopt_key(id))
+                && kv.value == me
+            {
+                if departed(id) && mine.len() < MAX_ADOPTED {
+                    mine.push(id.clone());
+                } else {
+                    // It rejoined (its registration recorded its chain), has a chain to take
+                    // over first, or is past this star's share: let it go.
+                    released.push((id.clone(), kv.version));
+                }
+            }
+        }
         for id in chains {
-            if self.lost.is_cancelled() {
+            if self.lost.is_cancelled() || mine.len() >= MAX_ADOPTED {
                 break;
             }
             let key = adopt_key(&id);
-            let departed = id != self.config.star_id
-                && !live.contains(&id)
-                && !pending.contains(&chain_key(&id));
-            match held.get(&key) {
-                Some(kv) if kv.value != me => {}
-                Some(_) if departed && mine.len() < MAX_ADOPTED => mine.push(id),
-                // It rejoined (its registration recorded its chain), has a chain to take over
-                // first, or is past this star's share: let it go.
-                Some(kv) => released.push((id, kv.version)),
-                None if departed && mine.len() < MAX_ADOPTED => {
-                    let elect = Txn::new()
-                        .compare(Compare::Missing(star_key(&id)))
-                        .compare(Compare::Missing(chain_key(&id)))
-                        .compare(Compare::Missing(key.clone()))
-                        .put_leased(key, me.to_vec(), self.lease);
-                    if let TxnOutcome::Committed { .. } = self.metastore.commit(elect).await? {
-                        tracing::info!(star = %id, "adopted the chain of a departed star");
-                        mine.push(id);
-                    }
-                }
-                None => {}
+            if held.contains_key(&key) || !departed(&id) {
+                continue;
+            }
+            let elect = Txn::new()
+                .compare(Compare::Missing(star_key(&id)))
+                .compare(Compare::Missing(chain_key(&id)))
+                .compare(Compare::Missing(key.clone()))
+                .put_leased(key, me.to_vec(), self.lease);
+            if let TxnOutcome::Committed { .. } = self.metastore.commit(elect).await? {
+                tracing::info!(star = %id, "adopted the chain of a departed star");
+                mine.push(id);
             }
         }
         // The auditor stops starting jobs on released stars first; the key goes once the jobs
         // already running on them are done, so a rejoining star (which waits for the key) never
         // has its chain settled by two auditors at once.
+        // Dropping a star from the set cuts its running job off (jobs are safe to cut anywhere),
+        // so the wait is short.
         adoptions.set(mine);
         for (id, version) in released {
             adoptions
@@ -1038,7 +1059,7 @@ impl Fleet {
                 .compare(Compare::Version(adopt_key(&id), version))
                 .delete(adopt_key(&id));
             self.metastore.commit(release).await?;
-            tracing::info!(star = %id, "released the chain of a star that rejoined");
+            tracing::info!(star = %id, "released the adopted chain of a star");
         }
         Ok(())
     }

@@ -921,7 +921,7 @@ async fn a_departed_stars_unsettled_flights_are_adopted_settled_and_collected() 
     assert!(
         survivors.iter().any(|i| stars[*i]
             .log()
-            .contains("released the chain of a star that rejoined")),
+            .contains("released the adopted chain of a star")),
         "the adopter released its key for the rejoined star"
     );
     let rejoined = client(&stars[victim]).await;
