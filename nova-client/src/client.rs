@@ -96,6 +96,9 @@ pub enum StorageClass {
     /// Acknowledged once durable in the object store; the default.
     #[default]
     Standard,
+    /// Acknowledged once a quorum of single-zone buckets holds the records: lower latency, more
+    /// requests. Only stars with express zone buckets create such streams.
+    Express,
     /// A class this SDK does not know yet (a newer server).
     Unknown(i32),
 }
@@ -104,6 +107,7 @@ impl StorageClass {
     pub fn as_str(self) -> &'static str {
         match self {
             StorageClass::Standard => "standard",
+            StorageClass::Express => "express",
             StorageClass::Unknown(_) => "unknown",
         }
     }
@@ -113,7 +117,16 @@ impl StorageClass {
             Ok(v1::StorageClass::Standard | v1::StorageClass::Unspecified) => {
                 StorageClass::Standard
             }
-            _ => StorageClass::Unknown(value),
+            Ok(v1::StorageClass::Express) => StorageClass::Express,
+            Err(_) => StorageClass::Unknown(value),
+        }
+    }
+
+    fn to_wire(self) -> i32 {
+        match self {
+            StorageClass::Standard => v1::StorageClass::Standard as i32,
+            StorageClass::Express => v1::StorageClass::Express as i32,
+            StorageClass::Unknown(value) => value,
         }
     }
 }
@@ -122,6 +135,13 @@ impl std::fmt::Display for StorageClass {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// A new stream's settings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamConfig {
+    pub storage_class: StorageClass,
+    pub retention: Retention,
 }
 
 /// How long a stream keeps its records; `None` is no limit.
@@ -317,19 +337,35 @@ impl Client {
         self.create_stream_with(name, Retention::default()).await
     }
 
-    /// Creates a stream that keeps its records as `retention` says.
+    /// Creates a Standard stream that keeps its records as `retention` says.
     pub async fn create_stream_with(
         &self,
         name: &str,
         retention: Retention,
+    ) -> Result<StreamInfo, Error> {
+        self.create_stream_configured(
+            name,
+            StreamConfig {
+                retention,
+                ..StreamConfig::default()
+            },
+        )
+        .await
+    }
+
+    /// Creates a stream with the storage class and retention of `config`.
+    pub async fn create_stream_configured(
+        &self,
+        name: &str,
+        config: StreamConfig,
     ) -> Result<StreamInfo, Error> {
         let response = self
             .router
             .seed()
             .create_stream(v1::CreateStreamRequest {
                 stream: name.to_owned(),
-                storage_class: v1::StorageClass::Standard as i32,
-                retention: retention.to_wire(),
+                storage_class: config.storage_class.to_wire(),
+                retention: config.retention.to_wire(),
             })
             .await?;
         stream_info(response.into_inner().info)

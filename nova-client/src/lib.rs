@@ -34,7 +34,9 @@ mod jitter;
 mod producer;
 mod session;
 
-pub use client::{Client, Page, ReadOptions, Retention, StorageClass, StreamHandle, StreamInfo};
+pub use client::{
+    Client, Page, ReadOptions, Retention, StorageClass, StreamConfig, StreamHandle, StreamInfo,
+};
 pub use config::{ClientConfig, RetryPolicy};
 pub use consumer::Consumer;
 pub use error::{Error, ErrorCode};

@@ -199,3 +199,28 @@ fn the_token_is_never_printed() {
     assert!(stderr.contains("printable ASCII"), "{stderr}");
     assert!(!stderr.contains("not a token"), "{stderr}");
 }
+
+#[test]
+fn an_express_stream_is_refused_by_a_star_without_zone_buckets() {
+    let novad = NovadBuilder::new(workspace_binary("novad")).start();
+    let url = novad.url();
+    let refused = nova(
+        &url,
+        &["stream", "create", "fast", "--storage-class", "express"],
+        b"",
+    );
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("EXPRESS") && stderr.contains("zone"),
+        "{stderr}"
+    );
+    assert_eq!(
+        ok(nova(
+            &url,
+            &["stream", "create", "fast", "--storage-class", "standard"],
+            b""
+        )),
+        "created fast\n"
+    );
+}

@@ -245,3 +245,27 @@ async fn streams_are_listed_paged_and_deleted() {
     assert_eq!(client.describe_stream("y").await.unwrap().tail_seq, 0);
     assert!(read_all(&client, "y").await.is_empty());
 }
+
+/// A star without express zone buckets refuses an Express stream by name and class, and
+/// creates nothing: the name stays free.
+#[tokio::test]
+async fn express_streams_are_refused_without_zone_buckets() {
+    let novad = novad().start();
+    let client = client(&novad).await;
+    let express = nova_client::StreamConfig {
+        storage_class: nova_client::StorageClass::Express,
+        ..Default::default()
+    };
+    let (code, message) = code_of(client.create_stream_configured("fast", express).await);
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(message.contains("\"fast\""), "{message}");
+    assert!(message.contains("EXPRESS"), "{message}");
+    assert!(message.contains("zone"), "{message}");
+    let (code, _) = code_of(client.describe_stream("fast").await);
+    assert_eq!(code, Code::NotFound, "nothing was created");
+    let info = client
+        .create_stream("fast")
+        .await
+        .expect("the name is free");
+    assert_eq!(info.storage_class, nova_client::StorageClass::Standard);
+}

@@ -211,6 +211,14 @@ impl Nova for NovaService {
             Ok(v1::StorageClass::Unspecified | v1::StorageClass::Standard) => {
                 StorageClass::Standard
             }
+            Ok(v1::StorageClass::Express) => {
+                return Err(RequestError::InvalidRequest(format!(
+                    "stream {:?}: storage class EXPRESS needs express zone buckets, and this star \
+                     has none configured; create it as STANDARD",
+                    request.stream
+                ))
+                .into());
+            }
             Err(_) => {
                 return Err(RequestError::InvalidRequest(format!(
                     "unknown storage class {}",

@@ -2,12 +2,12 @@
 
 use std::io::Write;
 
-use clap::Subcommand;
+use clap::{Subcommand, ValueEnum};
 use serde::Serialize;
 
 use std::time::Duration;
 
-use nova_client::{Client, Retention};
+use nova_client::{Client, Retention, StorageClass, StreamConfig};
 use nova_proto::units::{parse_bytes, parse_duration};
 
 use crate::Format;
@@ -48,6 +48,10 @@ pub enum StreamCommand {
         /// Trim the oldest records while the stream holds more than this (e.g. 10GiB).
         #[arg(long, value_parser = parse_bytes)]
         retention_bytes: Option<u64>,
+        /// Where records are acknowledged: standard (the regional bucket) or express (a
+        /// quorum of zone buckets; only on stars configured with them).
+        #[arg(long, value_enum, default_value = "standard")]
+        storage_class: Class,
     },
     /// Change a stream's retention; a limit left out stays as it is, `none` removes it.
     Reconfigure {
@@ -77,6 +81,22 @@ struct Done<'a> {
     done: &'a str,
 }
 
+/// A storage class as the CLI names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Class {
+    Standard,
+    Express,
+}
+
+impl From<Class> for StorageClass {
+    fn from(class: Class) -> Self {
+        match class {
+            Class::Standard => StorageClass::Standard,
+            Class::Express => StorageClass::Express,
+        }
+    }
+}
+
 pub async fn run(client: &Client, command: StreamCommand, format: Format) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     match command {
@@ -84,12 +104,16 @@ pub async fn run(client: &Client, command: StreamCommand, format: Format) -> any
             name,
             retention_age,
             retention_bytes,
+            storage_class,
         } => {
-            let retention = Retention {
-                age: retention_age,
-                bytes: retention_bytes,
+            let config = StreamConfig {
+                storage_class: storage_class.into(),
+                retention: Retention {
+                    age: retention_age,
+                    bytes: retention_bytes,
+                },
             };
-            let info = client.create_stream_with(&name, retention).await?;
+            let info = client.create_stream_configured(&name, config).await?;
             match format {
                 Format::Text => writeln!(out, "created {}", info.name)?,
                 Format::Json => json_line(&mut out, &StreamJson::from(&info))?,
