@@ -13,6 +13,7 @@
 
 pub mod admission;
 pub mod config;
+pub mod express;
 pub mod pending;
 pub mod rebuild;
 pub mod recovery;

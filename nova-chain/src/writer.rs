@@ -20,7 +20,7 @@ pub(crate) enum WriteError {
 
 /// Bytes of a flight's end that identify it: its footer and trailer, as the last parts of the
 /// payload (`assemble_flight` lays them out that way).
-fn identifying_suffix(payload: &PutPayload) -> Vec<u8> {
+pub(crate) fn identifying_suffix(payload: &PutPayload) -> Vec<u8> {
     let parts = payload.parts();
     parts[parts.len().saturating_sub(2)..].concat()
 }
@@ -30,7 +30,11 @@ fn identifying_suffix(payload: &PutPayload) -> Vec<u8> {
 /// the whole object back (a second copy of a flight, outside every budget), it compares the
 /// size and the footer: the footer names this star, epoch, slot and creation time, and holds
 /// every section's crc32c.
-fn is_our_flight(payload: &PutPayload, existing_size: u64, existing_suffix: &[u8]) -> bool {
+pub(crate) fn is_our_flight(
+    payload: &PutPayload,
+    existing_size: u64,
+    existing_suffix: &[u8],
+) -> bool {
     payload.len() == existing_size && identifying_suffix(payload) == existing_suffix
 }
 

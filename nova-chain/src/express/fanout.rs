@@ -1,0 +1,234 @@
+//! Writing one object to every zone at once and deciding, as the answers come in, whether a
+//! quorum holds it.
+//!
+//! Each zone gets a conditional create (`put_if_absent`), retried on transient errors with the
+//! chain's backoff until the deadline. A zone *holds* the object when the create succeeds, or
+//! when the object already there is ours (an earlier attempt landed and its answer was lost:
+//! same size, same footer and trailer). A zone *refuses* it when another writer's object is
+//! there, and *rejects* it on a permanent error. A zone with no answer by the deadline is
+//! *unanswered*: its write may still land.
+//!
+//! The call returns as soon as the outcome is decided; the zone writes still running carry on
+//! in the background until the deadline, so more zones than the quorum usually end up holding
+//! the object. Every zone write is a task bounded by the deadline, and a caller has at most as
+//! many objects in flight as its express buffer admits, so the tasks are bounded too.
+//!
+//! The outcome, for `n` zones and quorum `q`:
+//! - `Quorum`: `q` zones hold it. Durable: any later quorum read finds it.
+//! - `Fenced`: `q` zones hold another writer's object at the key; it can never reach a quorum.
+//! - `NotHeld`: it can never reach a quorum (too many zones refused or rejected it, or gave no
+//!   answer while fewer than `q` could still hold it): answered as not acknowledged.
+//! - `Unknown`: the deadline passed with fewer than `q` holding it, but with the unanswered
+//!   zones a quorum might: answered as "outcome unknown", for a recovery to settle.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use nova_core::object_store::{CreateOutcome, GetRange, ObjectStore, PutPayload, StoreError};
+
+use super::Zones;
+use crate::config::Backoff;
+
+/// What one zone answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZoneAnswer {
+    Held,
+    /// Another writer's object is at the key.
+    Refused,
+    /// A permanent error: the zone did not write it.
+    Rejected,
+    /// No answer by the deadline: the write may still land.
+    Unanswered,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Quorum,
+    Fenced,
+    NotHeld,
+    Unknown,
+}
+
+/// The outcome, with each zone's answer as known when it was decided (`Unanswered` for a zone
+/// still writing) and how long each zone that held it took.
+#[derive(Debug, Clone)]
+pub struct Publication {
+    pub outcome: Outcome,
+    pub answers: Vec<ZoneAnswer>,
+    pub latencies: Vec<Option<Duration>>,
+}
+
+/// Writes `payload` at `key` in every zone and returns once a quorum holds it, once it never
+/// can, or at `deadline` (see the module's comment).
+pub async fn publish(
+    zones: &Zones,
+    key: &str,
+    payload: PutPayload,
+    deadline: Duration,
+    backoff: &Backoff,
+) -> Publication {
+    let n = zones.len();
+    let quorum = zones.quorum();
+    let clock = backoff.clock;
+    let (answers_tx, mut answers_rx) = mpsc::channel::<(usize, ZoneAnswer, Duration)>(n);
+    for (index, zone) in zones.iter().enumerate() {
+        let store = zone.store.clone();
+        let key = key.to_owned();
+        let payload = payload.clone();
+        let backoff = Backoff {
+            policy: backoff.policy,
+            clock,
+            entropy: backoff.entropy.clone(),
+        };
+        let answers = answers_tx.clone();
+        tokio::spawn(async move {
+            let started = clock.now();
+            let answer = clock
+                .timeout(deadline, write_one(store, &key, payload, &backoff))
+                .await
+                .unwrap_or(ZoneAnswer::Unanswered);
+            // The receiver is gone once the outcome was decided: nobody needs this answer.
+            let _ = answers.send((index, answer, clock.since(started))).await;
+        });
+    }
+    drop(answers_tx);
+    let mut answers = vec![ZoneAnswer::Unanswered; n];
+    let mut latencies = vec![None; n];
+    let mut pending = n;
+    let decided = clock
+        .timeout(deadline, async {
+            while let Some((index, answer, took)) = answers_rx.recv().await {
+                answers[index] = answer;
+                pending -= 1;
+                if answer == ZoneAnswer::Held {
+                    latencies[index] = Some(took);
+                }
+                if let Some(outcome) = decide(&answers, pending, quorum, false) {
+                    return outcome;
+                }
+            }
+            // Every zone answered and nothing was decided: only possible when every answer was
+            // unanswered at the zone's own deadline.
+            decide(&answers, 0, quorum, true).unwrap_or(Outcome::Unknown)
+        })
+        .await;
+    let outcome = match decided {
+        Ok(outcome) => outcome,
+        Err(_) => decide(&answers, 0, quorum, true).unwrap_or(Outcome::Unknown),
+    };
+    Publication {
+        outcome,
+        answers,
+        latencies,
+    }
+}
+
+/// The outcome once it is certain, given the answers so far (`pending` zones have not
+/// answered). At the deadline (`final_`), the unanswered count as possibly holding it.
+fn decide(answers: &[ZoneAnswer], pending: usize, quorum: usize, final_: bool) -> Option<Outcome> {
+    let count = |a: ZoneAnswer| answers.iter().filter(|x| **x == a).count();
+    let held = count(ZoneAnswer::Held);
+    let refused = count(ZoneAnswer::Refused);
+    // Before the deadline an `Unanswered` entry is a zone still writing (`pending`).
+    let unanswered = if final_ {
+        count(ZoneAnswer::Unanswered)
+    } else {
+        pending
+    };
+    if held >= quorum {
+        return Some(Outcome::Quorum);
+    }
+    if refused >= quorum {
+        return Some(Outcome::Fenced);
+    }
+    if held + unanswered < quorum {
+        return Some(Outcome::NotHeld);
+    }
+    final_.then_some(Outcome::Unknown)
+}
+
+/// One zone's write: retried on transient errors until it is decided (the caller bounds it by
+/// the deadline).
+async fn write_one(
+    store: Arc<dyn ObjectStore>,
+    key: &str,
+    payload: PutPayload,
+    backoff: &Backoff,
+) -> ZoneAnswer {
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let error = match store.put_if_absent(key, payload.clone()).await {
+            Ok(CreateOutcome::Created) => return ZoneAnswer::Held,
+            Ok(CreateOutcome::AlreadyExists) => match ours(store.as_ref(), key, &payload).await {
+                Ok(true) => return ZoneAnswer::Held,
+                Ok(false) => return ZoneAnswer::Refused,
+                Err(error) => error,
+            },
+            Err(error) => error,
+        };
+        if !error.is_retryable() {
+            tracing::warn!(key, "express zone write rejected: {error}");
+            return ZoneAnswer::Rejected;
+        }
+        backoff.clock.sleep(backoff.delay(attempt)).await;
+    }
+}
+
+/// Whether the object at `key` is `payload`: an earlier attempt of ours landed.
+async fn ours(
+    store: &dyn ObjectStore,
+    key: &str,
+    payload: &PutPayload,
+) -> Result<bool, StoreError> {
+    let suffix = crate::writer::identifying_suffix(payload);
+    let existing = store
+        .get(key, GetRange::Suffix(suffix.len() as u64))
+        .await?;
+    Ok(crate::writer::is_our_flight(
+        payload,
+        existing.object_size,
+        &existing.bytes,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use ZoneAnswer::*;
+
+    #[test]
+    fn a_majority_decides_and_the_deadline_leaves_the_rest_unknown() {
+        // Three zones, quorum two.
+        assert_eq!(
+            decide(&[Held, Held, Unanswered], 1, 2, false),
+            Some(Outcome::Quorum)
+        );
+        assert_eq!(decide(&[Held, Unanswered, Unanswered], 2, 2, false), None);
+        assert_eq!(
+            decide(&[Refused, Refused, Unanswered], 1, 2, false),
+            Some(Outcome::Fenced)
+        );
+        // One held, two rejected: it can never reach two.
+        assert_eq!(
+            decide(&[Held, Rejected, Rejected], 0, 2, false),
+            Some(Outcome::NotHeld)
+        );
+        assert_eq!(
+            decide(&[Held, Refused, Rejected], 0, 2, false),
+            Some(Outcome::NotHeld)
+        );
+        // At the deadline: one held and one silent might be two.
+        assert_eq!(
+            decide(&[Held, Unanswered, Rejected], 0, 2, true),
+            Some(Outcome::Unknown)
+        );
+        assert_eq!(
+            decide(&[Unanswered, Rejected, Rejected], 0, 2, true),
+            Some(Outcome::NotHeld)
+        );
+    }
+}

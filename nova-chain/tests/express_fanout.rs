@@ -1,0 +1,169 @@
+//! The express quorum write against three zone stores on disk, each behind a fault injector:
+//! a quorum acknowledges, a slow or dead minority does not hold it up, a dead majority fails at
+//! the deadline as "outcome unknown", another writer's objects fence it, and a lost answer is
+//! recognised as ours.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use nova_chain::config::{Backoff, RetryPolicy};
+use nova_chain::express::{Outcome, Zone, ZoneAnswer, Zones, publish};
+use nova_core::clock::Clock;
+use nova_core::entropy::Entropy;
+use nova_core::object_store::faulty::{Fault, FaultyStore};
+use nova_core::object_store::{LocalStore, ObjectStore, Op, PutPayload, StoreLimits};
+
+const KEY: &str = "express/star/0000000001/00000000000000000007";
+const DEADLINE: Duration = Duration::from_millis(800);
+
+struct World {
+    _dir: tempfile::TempDir,
+    faults: Vec<Arc<FaultyStore>>,
+    zones: Zones,
+}
+
+fn world() -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let mut faults = Vec::new();
+    let mut zones = Vec::new();
+    for name in ["a", "b", "c"] {
+        let disk: Arc<dyn ObjectStore> =
+            Arc::new(LocalStore::open(dir.path().join(name), StoreLimits::default()).unwrap());
+        let faulty = Arc::new(FaultyStore::new(disk));
+        faults.push(faulty.clone());
+        zones.push(Zone {
+            name: name.into(),
+            store: faulty,
+        });
+    }
+    World {
+        _dir: dir,
+        faults,
+        zones: Zones::new(zones).unwrap(),
+    }
+}
+
+fn backoff() -> Backoff {
+    Backoff {
+        policy: RetryPolicy {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(50),
+        },
+        clock: Clock::system(),
+        entropy: Entropy::seeded(7),
+    }
+}
+
+/// A bundle-shaped payload: its last two parts identify it.
+fn bundle(tag: &str) -> PutPayload {
+    PutPayload::from_parts(vec![
+        Bytes::from(format!("records of {tag}")),
+        Bytes::from(format!("footer of {tag}")),
+        Bytes::from_static(b"trailer"),
+    ])
+}
+
+async fn holds(store: &dyn ObjectStore, payload: &PutPayload) -> bool {
+    match store.head(KEY).await {
+        Ok(meta) => meta.size == payload.len(),
+        Err(_) => false,
+    }
+}
+
+#[tokio::test]
+async fn three_healthy_zones_hold_it_and_a_quorum_acknowledges() {
+    let w = world();
+    let payload = bundle("x");
+    let published = publish(&w.zones, KEY, payload.clone(), DEADLINE, &backoff()).await;
+    assert_eq!(published.outcome, Outcome::Quorum);
+    assert!(
+        published
+            .answers
+            .iter()
+            .filter(|a| **a == ZoneAnswer::Held)
+            .count()
+            >= 2
+    );
+    // The third write goes on after the quorum: every zone ends up holding it.
+    for _ in 0..100 {
+        let mut all = true;
+        for zone in w.zones.iter() {
+            all &= holds(zone.store.as_ref(), &payload).await;
+        }
+        if all {
+            return;
+        }
+        Clock::system().sleep(Duration::from_millis(10)).await;
+    }
+    panic!("not every zone holds the object");
+}
+
+#[tokio::test]
+async fn a_hung_zone_does_not_hold_up_the_quorum() {
+    let w = world();
+    w.faults[0].inject(&[Op::PutIfAbsent], "", Fault::Hold, None);
+    let published = publish(&w.zones, KEY, bundle("x"), DEADLINE, &backoff()).await;
+    assert_eq!(published.outcome, Outcome::Quorum);
+    assert_eq!(published.answers[0], ZoneAnswer::Unanswered);
+    assert!(published.latencies[1].is_some() && published.latencies[2].is_some());
+    w.faults[0].release();
+}
+
+#[tokio::test]
+async fn two_hung_zones_fail_at_the_deadline_with_the_outcome_unknown() {
+    let w = world();
+    for zone in &w.faults[..2] {
+        zone.inject(&[Op::PutIfAbsent], "", Fault::Hold, None);
+    }
+    let published = publish(&w.zones, KEY, bundle("x"), DEADLINE, &backoff()).await;
+    // Either hung write might still land, so a quorum might hold it.
+    assert_eq!(published.outcome, Outcome::Unknown);
+    assert_eq!(published.answers[2], ZoneAnswer::Held);
+    for zone in &w.faults[..2] {
+        zone.release();
+    }
+}
+
+#[tokio::test]
+async fn two_zones_refusing_every_write_fail_it_as_not_held() {
+    let w = world();
+    for zone in &w.faults[..2] {
+        zone.inject(&[Op::PutIfAbsent], "", Fault::Permanent, None);
+    }
+    let published = publish(&w.zones, KEY, bundle("x"), DEADLINE, &backoff()).await;
+    assert_eq!(published.outcome, Outcome::NotHeld);
+    assert_eq!(
+        published.answers[..2],
+        [ZoneAnswer::Rejected, ZoneAnswer::Rejected]
+    );
+}
+
+#[tokio::test]
+async fn another_writers_objects_in_a_majority_fence_it() {
+    let w = world();
+    let theirs = bundle("the successor's fence");
+    for zone in w.zones.iter().take(2) {
+        zone.store.put_if_absent(KEY, theirs.clone()).await.unwrap();
+    }
+    let published = publish(&w.zones, KEY, bundle("zombie"), DEADLINE, &backoff()).await;
+    assert_eq!(published.outcome, Outcome::Fenced);
+    for zone in w.zones.iter().take(2) {
+        assert!(holds(zone.store.as_ref(), &theirs).await, "theirs stays");
+    }
+}
+
+#[tokio::test]
+async fn a_lost_answer_and_a_transient_error_still_count_as_held() {
+    let w = world();
+    w.faults[0].inject(&[Op::PutIfAbsent], "", Fault::LoseAnswer, Some(1));
+    w.faults[1].inject(&[Op::PutIfAbsent], "", Fault::Transient, Some(2));
+    w.faults[2].inject(&[Op::PutIfAbsent], "", Fault::Permanent, None);
+    let published = publish(&w.zones, KEY, bundle("x"), DEADLINE, &backoff()).await;
+    assert_eq!(published.outcome, Outcome::Quorum);
+    assert_eq!(
+        published.answers,
+        [ZoneAnswer::Held, ZoneAnswer::Held, ZoneAnswer::Rejected]
+    );
+}
