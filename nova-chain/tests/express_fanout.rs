@@ -167,3 +167,95 @@ async fn a_lost_answer_and_a_transient_error_still_count_as_held() {
         [ZoneAnswer::Held, ZoneAnswer::Held, ZoneAnswer::Rejected]
     );
 }
+
+fn fence(by: &str) -> nova_core::flight::FenceInfo {
+    nova_chain::express::fence_for("star", 1, 7, by, 1)
+}
+
+fn fence_bytes(by: &str) -> PutPayload {
+    PutPayload::from(nova_core::flight::encode_fence(&fence(by)))
+}
+
+/// A real bundle: a flight-format object, so its footer reads as one.
+fn real_bundle() -> PutPayload {
+    let meta = nova_core::flight::FlightMeta {
+        star: "star".into(),
+        epoch: 1,
+        slot: 7,
+        created_at_ms: 1,
+    };
+    let (payload, _) = nova_core::flight::assemble_flight(meta, Vec::new());
+    payload
+}
+
+#[tokio::test]
+async fn a_successor_plugs_an_empty_slot_and_a_zombie_can_no_longer_reach_a_quorum() {
+    let w = world();
+    let fate =
+        nova_chain::express::plug_or_find(&w.zones, KEY, &fence("successor"), DEADLINE, &backoff())
+            .await;
+    assert_eq!(fate, nova_chain::express::SlotFate::Plugged);
+    let zombie = publish(&w.zones, KEY, real_bundle(), DEADLINE, &backoff()).await;
+    assert_eq!(zombie.outcome, Outcome::Fenced);
+}
+
+#[tokio::test]
+async fn a_bundle_a_quorum_holds_is_found_and_kept() {
+    let w = world();
+    let bundle = real_bundle();
+    for zone in w.zones.iter().take(2) {
+        zone.store.put_if_absent(KEY, bundle.clone()).await.unwrap();
+    }
+    let fate =
+        nova_chain::express::plug_or_find(&w.zones, KEY, &fence("successor"), DEADLINE, &backoff())
+            .await;
+    assert_eq!(
+        fate,
+        nova_chain::express::SlotFate::Bundle { zones: vec![0, 1] }
+    );
+}
+
+#[tokio::test]
+async fn a_minority_bundle_is_plugged_and_a_split_slot_waits() {
+    // One zone holds the bundle: the other two take the fence, a quorum.
+    let w = world();
+    let bundle = real_bundle();
+    w.zones
+        .iter()
+        .next()
+        .unwrap()
+        .store
+        .put_if_absent(KEY, bundle.clone())
+        .await
+        .unwrap();
+    let fate =
+        nova_chain::express::plug_or_find(&w.zones, KEY, &fence("s1"), DEADLINE, &backoff()).await;
+    assert_eq!(fate, nova_chain::express::SlotFate::Plugged);
+
+    // One bundle, another successor's fence, and a zone down: neither holds a quorum yet.
+    let w = world();
+    let mut zones = w.zones.iter();
+    zones
+        .next()
+        .unwrap()
+        .store
+        .put_if_absent(KEY, bundle)
+        .await
+        .unwrap();
+    zones
+        .next()
+        .unwrap()
+        .store
+        .put_if_absent(KEY, fence_bytes("another successor"))
+        .await
+        .unwrap();
+    w.faults[2].inject(&[Op::PutIfAbsent], "", Fault::Permanent, None);
+    let fate =
+        nova_chain::express::plug_or_find(&w.zones, KEY, &fence("s2"), DEADLINE, &backoff()).await;
+    assert_eq!(fate, nova_chain::express::SlotFate::Undecided);
+    // With the zone back, the fences make a quorum: plugged.
+    w.faults[2].clear();
+    let fate =
+        nova_chain::express::plug_or_find(&w.zones, KEY, &fence("s2"), DEADLINE, &backoff()).await;
+    assert_eq!(fate, nova_chain::express::SlotFate::Plugged);
+}

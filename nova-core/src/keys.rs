@@ -90,6 +90,21 @@ pub fn slot_key(star: &str, epoch: u64, slot: u64) -> String {
     format!("{}{slot:020}", chain_prefix(star, epoch))
 }
 
+/// The prefix holding every epoch of a star's express chain, in each zone bucket.
+pub fn express_root(star: &str) -> String {
+    format!("express/{star}/")
+}
+
+/// The prefix of one epoch of a star's express chain; `parse_slot` reads its slots back.
+pub fn express_prefix(star: &str, epoch: u64) -> String {
+    format!("{}{epoch:010}/", express_root(star))
+}
+
+/// An express bundle's slot, the same key in every zone bucket.
+pub fn express_slot_key(star: &str, epoch: u64, slot: u64) -> String {
+    format!("{}{slot:020}", express_prefix(star, epoch))
+}
+
 /// The epoch out of any key under `chain_root(star)` (a slot, a fence, a settle marker).
 pub fn parse_epoch(root: &str, key: &str) -> Option<u64> {
     let epoch = key.strip_prefix(root)?.split('/').next()?;
@@ -273,6 +288,18 @@ mod tests {
         );
         assert_eq!(parse_data_key(&root, "data/s/junk"), None);
         assert_eq!(parse_data_key(&data_root("t"), &a), None);
+        assert_eq!(
+            parse_slot(&express_prefix("s", 3), &express_slot_key("s", 3, 42)),
+            Some(42)
+        );
+        assert_eq!(
+            parse_epoch(&express_root("s"), &express_slot_key("s", 3, 42)),
+            Some(3)
+        );
+        assert_eq!(
+            parse_slot(&express_prefix("s", 3), &slot_key("s", 3, 42)),
+            None
+        );
         assert_eq!(data_key_star(&a), Some("s"));
         assert_eq!(parse_any_data_key(&a), parse_data_key(&root, &a));
         assert!(parse_any_data_key(&a).is_some());

@@ -69,6 +69,20 @@ pub async fn publish(
     deadline: Duration,
     backoff: &Backoff,
 ) -> Publication {
+    publish_until(zones, key, payload, deadline, backoff, false).await
+}
+
+/// Like `publish`, but short of a quorum it waits for every zone's answer (up to the deadline)
+/// rather than returning once the outcome is certain: a successor deciding a slot's fate needs
+/// to know what every zone holds.
+pub(crate) async fn publish_until(
+    zones: &Zones,
+    key: &str,
+    payload: PutPayload,
+    deadline: Duration,
+    backoff: &Backoff,
+    every_answer: bool,
+) -> Publication {
     let n = zones.len();
     let quorum = zones.quorum();
     let clock = backoff.clock;
@@ -105,7 +119,10 @@ pub async fn publish(
                 if answer == ZoneAnswer::Held {
                     latencies[index] = Some(took);
                 }
-                if let Some(outcome) = decide(&answers, pending, quorum, false) {
+                let decided = decide(&answers, pending, quorum, false);
+                if let Some(outcome) = decided
+                    && (!every_answer || pending == 0 || outcome == Outcome::Quorum)
+                {
                     return outcome;
                 }
             }

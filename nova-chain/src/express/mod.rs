@@ -1,12 +1,14 @@
 //! The Express class: records acknowledged once a quorum of single-zone buckets holds them.
 //!
-//! Built so far: the zones and the quorum write (`fanout`), the primitive every later piece
-//! (bundles, the express chain, its fencing and recovery) stands on. Nothing routes appends
-//! here yet; a star refuses Express streams.
+//! Built so far: the zones, the quorum write (`fanout`) and a successor's decision of a slot's
+//! fate (`slot`), the primitives the rest (bundles, the express chain, its recovery) stands on.
+//! Nothing routes appends here yet; a star refuses Express streams.
 
 pub mod fanout;
+pub mod slot;
 
 pub use fanout::{Outcome, Publication, ZoneAnswer, publish};
+pub use slot::{SlotFate, fence_for, plug_or_find};
 
 use std::sync::Arc;
 
