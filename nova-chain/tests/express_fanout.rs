@@ -259,3 +259,122 @@ async fn a_minority_bundle_is_plugged_and_a_split_slot_waits() {
         nova_chain::express::plug_or_find(&w.zones, KEY, &fence("s2"), DEADLINE, &backoff()).await;
     assert_eq!(fate, nova_chain::express::SlotFate::Plugged);
 }
+
+/// A bundle of `slot` of epoch 1 of "star".
+fn bundle_at(slot: u64) -> PutPayload {
+    let meta = nova_core::flight::FlightMeta {
+        star: "star".into(),
+        epoch: 1,
+        slot,
+        created_at_ms: 1,
+    };
+    nova_core::flight::assemble_flight(meta, Vec::new()).0
+}
+
+fn slot_key(slot: u64) -> String {
+    nova_core::keys::express_slot_key("star", 1, slot)
+}
+
+async fn plant(w: &World, zones: &[usize], slot: u64) {
+    for (i, zone) in w.zones.iter().enumerate() {
+        if zones.contains(&i) {
+            zone.store
+                .put_if_absent(&slot_key(slot), bundle_at(slot))
+                .await
+                .unwrap();
+        }
+    }
+}
+
+fn walk<'a>(w: &'a World, backoff: &'a Backoff) -> nova_chain::express::Walk<'a> {
+    nova_chain::express::Walk {
+        zones: &w.zones,
+        star: "star",
+        epoch: 1,
+        successor: "successor",
+        deadline: DEADLINE,
+        backoff,
+        undecided_attempts: 2,
+    }
+}
+
+#[tokio::test]
+async fn a_walk_carries_the_quorum_bundles_in_order_and_ends_at_the_first_plug() {
+    let w = world();
+    plant(&w, &[0, 1], 0).await;
+    plant(&w, &[1, 2], 1).await;
+    // Slot 2 reached one zone only: never acknowledged. Slot 3 reached a quorum (a pipelined
+    // write of the departed star), but after an unacknowledged slot: never acknowledged either.
+    plant(&w, &[2], 2).await;
+    plant(&w, &[0, 1, 2], 3).await;
+    let backoff = backoff();
+    let mut carried = Vec::new();
+    let end = walk(&w, &backoff)
+        .run(0, |slot, bundle| {
+            carried.push((slot, bundle.len()));
+            async { Ok::<(), nova_chain::express::WalkError>(()) }
+        })
+        .await
+        .unwrap();
+    assert_eq!(end, nova_chain::express::WalkEnd::Plugged { slot: 2 });
+    assert_eq!(
+        carried,
+        [
+            (0, bundle_at(0).len() as usize),
+            (1, bundle_at(1).len() as usize)
+        ]
+    );
+    // The departed star, if it is only paused, can no longer get slot 2 to a quorum.
+    let zombie = publish(&w.zones, &slot_key(2), bundle_at(2), DEADLINE, &backoff).await;
+    assert_eq!(zombie.outcome, Outcome::Fenced);
+}
+
+#[tokio::test]
+async fn a_walk_waits_on_an_undecided_slot_and_goes_on_once_zones_answer() {
+    let w = world();
+    plant(&w, &[0], 0).await;
+    w.zones
+        .iter()
+        .nth(1)
+        .unwrap()
+        .store
+        .put_if_absent(&slot_key(0), fence_bytes("another successor"))
+        .await
+        .unwrap();
+    w.faults[2].inject(&[Op::PutIfAbsent], "", Fault::Permanent, None);
+    let backoff = backoff();
+    let nothing = |_, _| async { Ok::<(), nova_chain::express::WalkError>(()) };
+    let end = walk(&w, &backoff).run(0, nothing).await.unwrap();
+    assert_eq!(end, nova_chain::express::WalkEnd::Undecided { slot: 0 });
+    w.faults[2].clear();
+    let end = walk(&w, &backoff).run(0, nothing).await.unwrap();
+    assert_eq!(end, nova_chain::express::WalkEnd::Plugged { slot: 0 });
+}
+
+#[tokio::test]
+async fn a_wrong_copy_is_passed_over_for_an_intact_one() {
+    let w = world();
+    // Zone 0 holds, at slot 0's key, a bundle whose footer names another slot (a copy gone
+    // wrong); zones 1 and 2 hold slot 0's bundle. The walk must carry the right one.
+    plant(&w, &[1, 2], 0).await;
+    w.zones
+        .iter()
+        .next()
+        .unwrap()
+        .store
+        .put_if_absent(&slot_key(0), bundle_at(5))
+        .await
+        .unwrap();
+    let backoff = backoff();
+    let mut carried = Vec::new();
+    let end = walk(&w, &backoff)
+        .run(0, |slot, bundle| {
+            carried.push((slot, bundle));
+            async { Ok::<(), nova_chain::express::WalkError>(()) }
+        })
+        .await
+        .unwrap();
+    assert_eq!(carried.len(), 1);
+    assert_eq!(carried[0].1, bundle_at(0).parts().concat());
+    assert_eq!(end, nova_chain::express::WalkEnd::Plugged { slot: 1 });
+}

@@ -1,14 +1,17 @@
 //! The Express class: records acknowledged once a quorum of single-zone buckets holds them.
 //!
-//! Built so far: the zones, the quorum write (`fanout`) and a successor's decision of a slot's
-//! fate (`slot`), the primitives the rest (bundles, the express chain, its recovery) stands on.
+//! Built so far: the zones, the quorum write (`fanout`), a successor's decision of a slot's
+//! fate (`slot`) and its walk over an epoch (`walk`): the primitives the write path's bundles
+//! and the recovery of an express chain will stand on.
 //! Nothing routes appends here yet; a star refuses Express streams.
 
 pub mod fanout;
 pub mod slot;
+pub mod walk;
 
 pub use fanout::{Outcome, Publication, ZoneAnswer, publish};
 pub use slot::{SlotFate, fence_for, plug_or_find};
+pub use walk::{Walk, WalkEnd, WalkError};
 
 use std::sync::Arc;
 
