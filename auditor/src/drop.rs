@@ -8,7 +8,7 @@
 /// the others behind it.
 const CANDIDATES: usize = 16;
 
-use nova_core::keys::{data_root, parse_data_key};
+use nova_core::keys::parse_any_data_key;
 
 use crate::{AuditError, Ctx, Duty, Step};
 
@@ -25,11 +25,11 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         let markers = crate::retention::markers_in(ctx, id, 0..u64::MAX).await?;
         ctx.catalog.queue_garbage(&markers).await?;
     }
-    let root = data_root(&ctx.config.star);
+    // Its settled objects go, under whichever star's prefix they are.
     let dropped = ctx
         .catalog
         .drop_entries(&dropping, ctx.due_at(), |entry| {
-            parse_data_key(&root, &entry.object_key).is_some_and(|k| k.stream_id == id)
+            parse_any_data_key(&entry.object_key).is_some_and(|k| k.stream_id == id)
         })
         .await?;
     ctx.metrics.dropped_entries.inc_by(dropped as u64);

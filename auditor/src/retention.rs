@@ -22,7 +22,7 @@
 use nova_core::catalog::{Garbage, IndexEntry, StreamMeta};
 use nova_core::flight::{ObjectFooter, fetch_footer};
 use nova_core::keys::{
-    TrimMarker, data_root, parse_data_key, parse_trim_marker, trim_marker_key, trim_marker_prefix,
+    TrimMarker, parse_any_data_key, parse_trim_marker, trim_marker_key, trim_marker_prefix,
     trims_root,
 };
 use nova_core::object_store::MAX_LIST_KEYS;
@@ -134,7 +134,6 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
 /// Trims `meta`'s stream while its front object is past its retention, up to
 /// `TRIMS_PER_STREAM` objects; returns how many it trimmed and whether more may be due.
 async fn trim_stream(ctx: &Ctx, meta: &StreamMeta) -> Result<(usize, bool), AuditError> {
-    let root = data_root(&ctx.config.star);
     for done in 0..TRIMS_PER_STREAM {
         let at = ctx.catalog.trim(meta.id).await?;
         let trimmed_bytes = at.map_or(0, |(t, _)| t.trimmed_bytes);
@@ -158,8 +157,10 @@ async fn trim_stream(ctx: &Ctx, meta: &StreamMeta) -> Result<(usize, bool), Audi
             .take(FRONT_ENTRIES)
             .cloned()
             .collect();
-        // A settled object is the stream's alone; a flight is shared and goes with the chain.
-        let owned = parse_data_key(&root, &object).is_some_and(|d| d.stream_id == meta.id);
+        // A settled object is the stream's alone, whichever star's prefix holds it (a stream
+        // led by several stars over time has objects under each); a flight is shared and goes
+        // with the chain.
+        let owned = parse_any_data_key(&object).is_some_and(|d| d.stream_id == meta.id);
         let whole = page
             .get(front.len())
             .is_none_or(|(e, _)| e.stream_id != meta.id || e.object_key != object);

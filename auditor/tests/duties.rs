@@ -770,3 +770,59 @@ async fn retention_trims_by_bytes_and_by_age_and_reads_below_are_out_of_range() 
     );
     star.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+/// In a fleet a stream's settled objects sit under the prefixes of the stars that settled them;
+/// another star's retention trimming them queues them too, so they are collected without
+/// waiting for the owner's sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_collects_objects_under_another_stars_prefix() {
+    use nova_core::catalog::Retention;
+    let world = World::new();
+    let store = world.disk.store();
+    let catalog = world.catalog();
+    let star = world.star().await;
+    star.streams()
+        .create("moved", nova_core::catalog::StorageClass::Standard)
+        .await
+        .unwrap();
+    // Settled by this star's auditor: objects under data/{STAR}/.
+    let owner = start(&world, Duration::from_millis(50));
+    for i in 0..4 {
+        answer(append(&star, "moved", &format!("{i}-{}", "x".repeat(1000))).await)
+            .await
+            .unwrap();
+        wait_settled_and_collected(store.as_ref(), &catalog).await;
+    }
+    owner.stop().await;
+    let settled = data_objects(store.as_ref()).await;
+    assert!(settled.len() >= 2, "{settled:?}");
+    // Another star's auditor trims the stream to nothing (by age).
+    star.streams()
+        .set_retention(
+            "moved",
+            Retention {
+                age_ms: Some(1),
+                bytes: None,
+            },
+        )
+        .await
+        .unwrap();
+    let config = AuditorConfig {
+        star: "another".into(),
+        ..auditor_config(&world.disk, Duration::from_millis(50))
+    };
+    let other = start_with(&world, config);
+    for _ in 0..500 {
+        if data_objects(store.as_ref()).await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        data_objects(store.as_ref()).await,
+        Vec::<String>::new(),
+        "objects trimmed by another star stay"
+    );
+    assert!(other.metrics().trimmed_records.get() >= 4);
+    other.stop().await;
+}
