@@ -5,6 +5,12 @@
 //! Eviction is strictly oldest-admitted first: flights enter in slot order, which is admission
 //! order, and leave from the front. A flight larger than the whole budget is not cached at all
 //! (logged and counted); its reads go to the object store.
+//!
+//! *Pinned* runs are the exception: records acknowledged before they are anywhere a read can
+//! find them otherwise (an Express bundle held by a quorum of zones, not yet carried into a
+//! Standard flight and the index). They are never evicted and not charged to this budget: the
+//! express buffer holds their bytes until the run is unpinned, once the flight carrying them
+//! is cached and indexed. So a read never finds a gap between the ack and the index.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -49,6 +55,17 @@ struct Inner {
     used: u64,
     flights: VecDeque<CachedFlight>,
     by_stream: HashMap<u64, BTreeMap<u64, CachedRun>>,
+    /// Pinned runs by stream and end seq (see the module's comment).
+    pinned: HashMap<u64, BTreeMap<u64, CachedRun>>,
+}
+
+/// The run of `runs` holding `seq`, if any.
+fn holding(runs: Option<&BTreeMap<u64, CachedRun>>, seq: u64) -> Option<&CachedRun> {
+    runs?
+        .range(seq + 1..)
+        .next()
+        .map(|(_, run)| run)
+        .filter(|run| run.start_seq <= seq)
 }
 
 #[derive(Debug)]
@@ -67,6 +84,7 @@ impl TailCache {
                 used: 0,
                 flights: VecDeque::new(),
                 by_stream: HashMap::new(),
+                pinned: HashMap::new(),
             }),
             metrics,
         }
@@ -128,15 +146,45 @@ impl TailCache {
         self.metrics.flights.set(inner.flights.len() as i64);
     }
 
-    /// The cached run holding `seq` of the stream, if any.
+    /// Keeps `run` readable until `unpin` (see the module's comment).
+    pub fn pin(&self, run: CachedRun) {
+        let mut inner = self.inner.lock();
+        inner
+            .pinned
+            .entry(run.stream_id)
+            .or_default()
+            .insert(run.end_seq, run);
+    }
+
+    /// Ends the pin of the stream's run ending at `end_seq`: the flight carrying it is cached and
+    /// indexed by now.
+    pub fn unpin(&self, stream_id: u64, end_seq: u64) {
+        let mut inner = self.inner.lock();
+        if let Some(runs) = inner.pinned.get_mut(&stream_id) {
+            runs.remove(&end_seq);
+            if runs.is_empty() {
+                inner.pinned.remove(&stream_id);
+            }
+        }
+    }
+
+    /// Bytes held by pinned runs (charged to the express buffer, not to this cache).
+    pub fn pinned_bytes(&self) -> u64 {
+        let inner = self.inner.lock();
+        inner
+            .pinned
+            .values()
+            .flat_map(|runs| runs.values())
+            .map(CachedRun::charge)
+            .sum()
+    }
+
+    /// The cached or pinned run holding `seq` of the stream, if any.
     pub fn lookup(&self, stream_id: u64, seq: u64) -> Option<CachedRun> {
         let inner = self.inner.lock();
-        let found = inner
-            .by_stream
-            .get(&stream_id)
-            .and_then(|runs| runs.range(seq + 1..).next())
-            .filter(|(_, run)| run.start_seq <= seq)
-            .map(|(_, run)| run.clone());
+        let found = holding(inner.by_stream.get(&stream_id), seq)
+            .or_else(|| holding(inner.pinned.get(&stream_id), seq))
+            .cloned();
         match &found {
             Some(_) => self.metrics.hits.inc(),
             None => self.metrics.misses.inc(),
@@ -144,24 +192,28 @@ impl TailCache {
         found
     }
 
-    /// Whether the cache holds record `seq` of the stream (without counting a hit or miss).
+    /// Whether the cache holds record `seq` of the stream, cached or pinned (without counting
+    /// a hit or miss).
     pub fn contains(&self, stream_id: u64, seq: u64) -> bool {
         let inner = self.inner.lock();
-        inner
-            .by_stream
-            .get(&stream_id)
-            .and_then(|runs| runs.range(seq + 1..).next())
-            .is_some_and(|(_, run)| run.start_seq <= seq)
+        holding(inner.by_stream.get(&stream_id), seq).is_some()
+            || holding(inner.pinned.get(&stream_id), seq).is_some()
     }
 
-    /// The first sequence number of the stream the cache holds, if any.
+    /// The first sequence number of the stream the cache holds, cached or pinned, if any.
     pub fn earliest(&self, stream_id: u64) -> Option<u64> {
         let inner = self.inner.lock();
-        inner
-            .by_stream
-            .get(&stream_id)
-            .and_then(|runs| runs.values().next())
-            .map(|run| run.start_seq)
+        let first = |runs: Option<&BTreeMap<u64, CachedRun>>| {
+            runs.and_then(|runs| runs.values().next())
+                .map(|run| run.start_seq)
+        };
+        match (
+            first(inner.by_stream.get(&stream_id)),
+            first(inner.pinned.get(&stream_id)),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Drops a stream's cached records, returning their share of the budget: for a stream
@@ -169,6 +221,7 @@ impl TailCache {
     /// stream later, its cache starts over from the tail it takes up).
     pub fn forget_stream(&self, stream_id: u64) {
         let mut inner = self.inner.lock();
+        inner.pinned.remove(&stream_id);
         let Some(runs) = inner.by_stream.remove(&stream_id) else {
             return;
         };
@@ -270,6 +323,37 @@ mod tests {
         assert_eq!(metrics.skipped_flights.get(), 1);
         assert_eq!(cache.slots(), [0], "nothing was evicted for it");
         assert!(cache.lookup(1, 1).is_none());
+    }
+
+    #[test]
+    fn pinned_runs_read_until_unpinned_and_outlive_eviction() {
+        let unit = 1000 + PER_FRAGMENT_OVERHEAD;
+        let (cache, _) = cache(2 * unit);
+        cache.insert(0, vec![run(1, 0, 10, 1000)]);
+        // Acknowledged at the zones, not yet in a flight: pinned, outside the budget.
+        cache.pin(run(1, 10, 10, 1000));
+        cache.pin(run(1, 20, 10, 1000));
+        assert_eq!(cache.used(), unit);
+        assert_eq!(cache.pinned_bytes(), 2 * unit);
+        assert_eq!(cache.lookup(1, 25).unwrap().start_seq, 20);
+        assert!(cache.contains(1, 10));
+        // Eviction of every flight leaves the pinned runs readable.
+        for slot in 1..4 {
+            cache.insert(slot, vec![run(2, slot * 10, 10, 1000)]);
+        }
+        assert!(cache.lookup(1, 5).is_none(), "the flight was evicted");
+        assert_eq!(cache.earliest(1), Some(10));
+        assert_eq!(cache.lookup(1, 15).unwrap().end_seq, 20);
+        // Carried into a flight covering both runs, then unpinned: the flight serves them.
+        cache.insert(4, vec![run(1, 10, 20, 1000)]);
+        cache.unpin(1, 20);
+        cache.unpin(1, 30);
+        assert_eq!(cache.pinned_bytes(), 0);
+        assert_eq!(cache.lookup(1, 25).unwrap().start_seq, 10);
+        // A forgotten stream's pins go with it.
+        cache.pin(run(3, 0, 1, 10));
+        cache.forget_stream(3);
+        assert!(!cache.contains(3, 0));
     }
 
     #[test]
