@@ -190,6 +190,19 @@ pub struct AbsorbBatch {
     /// spilled write compares the chain's version, so nothing lands once another writer moved
     /// the chain.
     pub spill_tails: bool,
+    /// How far this absorb carries the star's express chain, written in the same transaction
+    /// as the entries holding the carried records (so the two never disagree).
+    pub express: Option<ExpressCheckpoint>,
+}
+
+/// How far a star's express chain has been carried into its Standard chain (and so into the
+/// index): every bundle of an express epoch below `epoch`, and of `epoch` every slot up to
+/// `through` (`None`: none yet). A successor walks the express chain from just past it, and
+/// zone copies at or below it may be collected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpressCheckpoint {
+    pub epoch: u64,
+    pub through: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -234,6 +247,40 @@ fn index_key(id: u64, end_seq: u64) -> Vec<u8> {
     let mut key = index_prefix(id);
     key.extend_from_slice(&end_seq.to_be_bytes());
     key
+}
+
+fn express_key(star: &str) -> Vec<u8> {
+    let mut key = b"x/".to_vec();
+    key.extend_from_slice(star.as_bytes());
+    key
+}
+
+fn encode_express(checkpoint: &ExpressCheckpoint) -> Vec<u8> {
+    let mut buf = vec![FORMAT];
+    buf.put_u64_le(checkpoint.epoch);
+    match checkpoint.through {
+        Some(slot) => {
+            buf.put_u8(1);
+            buf.put_u64_le(slot);
+        }
+        None => buf.put_u8(0),
+    }
+    buf
+}
+
+fn decode_express(value: &[u8]) -> Result<ExpressCheckpoint, CatalogError> {
+    let mut r = Reader::start(value)?;
+    let epoch = r.u64()?;
+    let through = match r.u8()? {
+        0 => None,
+        1 => Some(r.u64()?),
+        other => {
+            return Err(CatalogError::Corrupt(format!(
+                "bad express checkpoint tag {other}"
+            )));
+        }
+    };
+    Ok(ExpressCheckpoint { epoch, through })
 }
 
 fn chain_key(star: &str) -> Vec<u8> {
@@ -435,6 +482,7 @@ pub fn decode_every_kind(key: &[u8], value: &[u8]) -> usize {
         decode_tail(value).is_ok(),
         decode_entry(key, value).is_ok(),
         decode_chain(value).is_ok(),
+        decode_express(value).is_ok(),
         audit::decode_cursor(value).is_ok(),
         audit::decode_garbage(key, value).is_ok(),
         retention::decode_trim(value).is_ok(),
@@ -779,6 +827,17 @@ impl Catalog {
             .collect())
     }
 
+    /// How far `star`'s express chain has been carried into the index; `None` before any.
+    pub async fn express_checkpoint(
+        &self,
+        star: &str,
+    ) -> Result<Option<ExpressCheckpoint>, CatalogError> {
+        match self.store.get(&express_key(star)).await? {
+            Some(kv) => Ok(Some(decode_express(&kv.value)?)),
+            None => Ok(None),
+        }
+    }
+
     pub async fn chain(&self, star: &str) -> Result<Option<VersionedChain>, CatalogError> {
         match self.store.get(&chain_key(star)).await? {
             Some(kv) => Ok(Some(VersionedChain {
@@ -829,6 +888,9 @@ impl Catalog {
         };
         let batch = self.spill(batch, &compare, star).await?;
         let mut txn = Txn::new().compare(compare).put(key, encode_chain(&state));
+        if let Some(express) = &batch.express {
+            txn = txn.put(express_key(star), encode_express(express));
+        }
         for entry in &batch.entries {
             txn = txn.put(
                 index_key(entry.stream_id, entry.end_seq),
@@ -873,16 +935,18 @@ impl Catalog {
         // writer that lost the chain meanwhile writes nothing.
         let guarded = |txn: Txn| txn.compare(chain.clone());
         let limit = self.store.capabilities().max_txn_ops;
-        if 1 + batch.tails.len() > limit {
+        // What never spills: the chain move, and the express checkpoint beside it.
+        let moves = 1 + usize::from(batch.express.is_some());
+        if moves + batch.tails.len() > limit {
             if !batch.spill_tails {
                 return Err(CatalogError::Metastore(MetastoreError::TooLarge {
-                    ops: 1 + batch.tails.len(),
+                    ops: moves + batch.tails.len(),
                     limit,
                 }));
             }
             // Tails ahead first, then the entries below: each tail is the flight's own value.
-            while 1 + batch.tails.len() > limit {
-                let n = (batch.tails.len() + 1 - limit).min(limit);
+            while moves + batch.tails.len() > limit {
+                let n = (batch.tails.len() + moves - limit).min(limit);
                 let txn = batch.tails.drain(..n).fold(Txn::new(), |txn, (id, tail)| {
                     txn.put(tail_key(id), encode_tail(&tail))
                 });
@@ -891,7 +955,7 @@ impl Catalog {
                 }
             }
         }
-        let fixed = 1 + batch.tails.len();
+        let fixed = moves + batch.tails.len();
         while fixed + batch.entries.len() + batch.forget.len() > limit {
             let txn = if !batch.forget.is_empty() {
                 let n = batch.forget.len().min(limit);
@@ -1047,6 +1111,85 @@ mod tests {
     /// were capped) lands whole: its entries spill into transactions of their own ahead of the
     /// one moving the chain.
     #[tokio::test]
+    async fn the_express_checkpoint_moves_with_the_absorb_and_counts_toward_the_limit() {
+        let (_dir, catalog) = catalog();
+        let limit = catalog.store().capabilities().max_txn_ops as u64;
+        let fresh = ChainState {
+            epoch: 1,
+            checkpoint: None,
+        };
+        let chain = catalog.set_chain("star", None, fresh).await.unwrap();
+        assert_eq!(catalog.express_checkpoint("star").await.unwrap(), None);
+        let carried = ExpressCheckpoint {
+            epoch: 3,
+            through: Some(9),
+        };
+        let next = ChainState {
+            epoch: 1,
+            checkpoint: Some(0),
+        };
+        let batch = AbsorbBatch {
+            express: Some(carried),
+            ..AbsorbBatch::default()
+        };
+        let moved = catalog
+            .absorb("star", Some(chain.version), next, batch.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            catalog.express_checkpoint("star").await.unwrap(),
+            Some(carried)
+        );
+        // A writer that lost the chain moves neither.
+        let stale = ExpressCheckpoint {
+            epoch: 3,
+            through: Some(10),
+        };
+        let refused = catalog
+            .absorb(
+                "star",
+                Some(chain.version),
+                next,
+                AbsorbBatch {
+                    express: Some(stale),
+                    ..AbsorbBatch::default()
+                },
+            )
+            .await;
+        assert!(matches!(refused, Err(CatalogError::Conflict(_))));
+        assert_eq!(
+            catalog.express_checkpoint("star").await.unwrap(),
+            Some(carried)
+        );
+        // Tails filling the transaction beside the chain move alone no longer fit beside the
+        // checkpoint too.
+        let tails: Vec<(u64, StreamTail)> = (0..limit - 1)
+            .map(|id| {
+                (
+                    id,
+                    StreamTail {
+                        tail_seq: 1,
+                        stored_bytes: 0,
+                    },
+                )
+            })
+            .collect();
+        let full = AbsorbBatch {
+            tails,
+            express: Some(stale),
+            ..AbsorbBatch::default()
+        };
+        assert!(matches!(
+            catalog
+                .absorb("star", Some(moved.version), next, full)
+                .await,
+            Err(CatalogError::Metastore(MetastoreError::TooLarge { .. }))
+        ));
+        assert!(decode_express(&encode_express(&stale)).is_ok_and(|x| x == stale));
+        assert!(decode_express(&[FORMAT, 1, 2]).is_err());
+    }
+
+    #[tokio::test]
     async fn an_absorb_past_the_transaction_limit_spills_its_entries() {
         let (_dir, catalog) = catalog();
         let limit = catalog.store().capabilities().max_txn_ops as u64;
@@ -1083,6 +1226,7 @@ mod tests {
             )],
             forget: (1000..1000 + limit).collect(),
             spill_tails: false,
+            express: None,
         };
         let next = ChainState {
             epoch: 1,
