@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use nova_core::object_store::{CreateOutcome, GetRange, PutPayload, StoreError};
+use nova_core::object_store::{CreateOutcome, GetRange, ObjectStore, PutPayload, StoreError};
 
 use crate::shared::Shared;
 
@@ -20,7 +20,7 @@ pub(crate) enum WriteError {
 
 /// Bytes of a flight's end that identify it: its footer and trailer, as the last parts of the
 /// payload (`assemble_flight` lays them out that way).
-pub(crate) fn identifying_suffix(payload: &PutPayload) -> Vec<u8> {
+fn identifying_suffix(payload: &PutPayload) -> Vec<u8> {
     let parts = payload.parts();
     parts[parts.len().saturating_sub(2)..].concat()
 }
@@ -30,12 +30,24 @@ pub(crate) fn identifying_suffix(payload: &PutPayload) -> Vec<u8> {
 /// the whole object back (a second copy of a flight, outside every budget), it compares the
 /// size and the footer: the footer names this star, epoch, slot and creation time, and holds
 /// every section's crc32c.
-pub(crate) fn is_our_flight(
-    payload: &PutPayload,
-    existing_size: u64,
-    existing_suffix: &[u8],
-) -> bool {
+fn is_our_flight(payload: &PutPayload, existing_size: u64, existing_suffix: &[u8]) -> bool {
     payload.len() == existing_size && identifying_suffix(payload) == existing_suffix
+}
+
+/// Whether the object found at `key` by a conditional create is `payload`: an earlier attempt
+/// landed and its answer was lost.
+pub(crate) async fn is_ours(
+    store: &dyn ObjectStore,
+    key: &str,
+    payload: &PutPayload,
+) -> Result<bool, StoreError> {
+    let suffix = identifying_suffix(payload).len() as u64;
+    let existing = store.get(key, GetRange::Suffix(suffix)).await?;
+    Ok(is_our_flight(
+        payload,
+        existing.object_size,
+        &existing.bytes,
+    ))
 }
 
 pub(crate) async fn write_flight(
@@ -59,15 +71,12 @@ pub(crate) async fn write_flight(
                 return Ok(());
             }
             Ok(CreateOutcome::AlreadyExists) => {
-                let suffix = identifying_suffix(&payload).len() as u64;
-                match shared.store.get(&key, GetRange::Suffix(suffix)).await {
-                    Ok(existing)
-                        if is_our_flight(&payload, existing.object_size, &existing.bytes) =>
-                    {
+                match is_ours(shared.store.as_ref(), &key, &payload).await {
+                    Ok(true) => {
                         recovered(&shared, attempt);
                         return Ok(());
                     }
-                    Ok(_) => return Err(WriteError::Fenced { key }),
+                    Ok(false) => return Err(WriteError::Fenced { key }),
                     Err(e) => e,
                 }
             }

@@ -83,11 +83,21 @@ pub fn chain_root(star: &str) -> String {
 
 /// The prefix holding every slot of one epoch of a star's chain.
 pub fn chain_prefix(star: &str, epoch: u64) -> String {
-    format!("{}{epoch:010}/", chain_root(star))
+    epoch_prefix(&chain_root(star), epoch)
 }
 
 pub fn slot_key(star: &str, epoch: u64, slot: u64) -> String {
-    format!("{}{slot:020}", chain_prefix(star, epoch))
+    slot_under(&chain_prefix(star, epoch), slot)
+}
+
+/// One epoch's prefix under a chain's root: `parse_epoch` reads it back.
+fn epoch_prefix(root: &str, epoch: u64) -> String {
+    format!("{root}{epoch:010}/")
+}
+
+/// One slot's key under an epoch's prefix: `parse_slot` reads it back.
+fn slot_under(prefix: &str, slot: u64) -> String {
+    format!("{prefix}{slot:020}")
 }
 
 /// The prefix holding every epoch of a star's express chain, in each zone bucket.
@@ -97,12 +107,12 @@ pub fn express_root(star: &str) -> String {
 
 /// The prefix of one epoch of a star's express chain; `parse_slot` reads its slots back.
 pub fn express_prefix(star: &str, epoch: u64) -> String {
-    format!("{}{epoch:010}/", express_root(star))
+    epoch_prefix(&express_root(star), epoch)
 }
 
 /// An express bundle's slot, the same key in every zone bucket.
 pub fn express_slot_key(star: &str, epoch: u64, slot: u64) -> String {
-    format!("{}{slot:020}", express_prefix(star, epoch))
+    slot_under(&express_prefix(star, epoch), slot)
 }
 
 /// The epoch out of any key under `chain_root(star)` (a slot, a fence, a settle marker).

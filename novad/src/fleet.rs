@@ -903,11 +903,28 @@ impl Fleet {
                     _ = fleet.clock.sleep(fleet.config.lease_ttl / 3) => {}
                     _ = fleet.lost.cancelled() => return,
                 }
-                if let Err(err) = fleet.take_over_departed(&ctx).await {
+                // Chains registered now: a chain left by a star with no live registration is
+                // taken over; a star's chain showing up again (it rejoined) ends its adoption.
+                // One scan serves both. It predates this round's takeovers, so a chain taken
+                // over now is adopted next round (or, if this star held its adoption, released
+                // and elected again); the server-side compares keep every election right. A
+                // failed scan skips the round.
+                let chains = match fleet
+                    .metastore
+                    .scan(CHAINS.as_bytes(), None, MAX_CHAINS_SCANNED)
+                    .await
+                {
+                    Ok(chains) => chains,
+                    Err(err) => {
+                        tracing::warn!("reading the fleet's registered chains failed: {err}");
+                        continue;
+                    }
+                };
+                if let Err(err) = fleet.take_over_departed(&ctx, &chains).await {
                     tracing::warn!("looking for departed stars to take over failed: {err}");
                 }
                 if let Some(adoptions) = &ctx.adoptions
-                    && let Err(err) = fleet.adopt_departed(&ctx.star, adoptions).await
+                    && let Err(err) = fleet.adopt_departed(&ctx.star, adoptions, &chains).await
                 {
                     tracing::warn!("looking for departed stars' chains to adopt failed: {err}");
                 }
@@ -915,12 +932,15 @@ impl Fleet {
         });
     }
 
-    async fn take_over_departed(&self, ctx: &TakeoverContext) -> Result<(), MetastoreError> {
-        let chains = self.metastore.scan(CHAINS.as_bytes(), None, 1000).await?;
+    async fn take_over_departed(
+        &self,
+        ctx: &TakeoverContext,
+        chains: &[KeyValue],
+    ) -> Result<(), MetastoreError> {
         let live: HashSet<String> = self.members.read().keys().cloned().collect();
         let now = self.clock.now();
         let mut departed: Vec<String> = Vec::new();
-        for kv in &chains {
+        for kv in chains {
             let id = String::from_utf8_lossy(&kv.key[CHAINS.len()..]).into_owned();
             if id != self.config.star_id && !live.contains(&id) {
                 departed.push(id);
@@ -986,19 +1006,14 @@ impl Fleet {
         &self,
         star: &Star,
         adoptions: &nova_auditor::Adoptions,
+        registered: &[KeyValue],
     ) -> anyhow::Result<()> {
         let chains = star
             .streams()
             .catalog()
-            .chain_stars(None, MAX_CHAINS_SCANNED)
+            .chain_stars(MAX_CHAINS_SCANNED)
             .await?;
-        let pending: HashSet<Vec<u8>> = self
-            .metastore
-            .scan(CHAINS.as_bytes(), None, MAX_CHAINS_SCANNED)
-            .await?
-            .into_iter()
-            .map(|kv| kv.key)
-            .collect();
+        let pending: HashSet<&[u8]> = registered.iter().map(|kv| kv.key.as_slice()).collect();
         let held: BTreeMap<Vec<u8>, KeyValue> = self
             .metastore
             .scan(ADOPTIONS.as_bytes(), None, MAX_CHAINS_SCANNED)
@@ -1009,7 +1024,9 @@ impl Fleet {
         let me = self.config.star_id.as_bytes();
         let live: HashSet<String> = self.members.read().keys().cloned().collect();
         let departed = |id: &str| {
-            id != self.config.star_id && !live.contains(id) && !pending.contains(&chain_key(id))
+            id != self.config.star_id
+                && !live.contains(id)
+                && !pending.contains(chain_key(id).as_slice())
         };
         // Adoptions held already come first, so a new election never pushes one out.
         let mut mine = Vec::new();

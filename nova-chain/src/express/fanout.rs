@@ -26,10 +26,11 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use nova_core::object_store::{CreateOutcome, GetRange, ObjectStore, PutPayload, StoreError};
+use nova_core::object_store::{CreateOutcome, ObjectStore, PutPayload};
 
 use super::Zones;
 use crate::config::Backoff;
+use crate::writer::is_ours;
 
 /// What one zone answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,11 +92,7 @@ pub(crate) async fn publish_until(
         let store = zone.store.clone();
         let key = key.to_owned();
         let payload = payload.clone();
-        let backoff = Backoff {
-            policy: backoff.policy,
-            clock,
-            entropy: backoff.entropy.clone(),
-        };
+        let backoff = backoff.clone();
         let answers = answers_tx.clone();
         tokio::spawn(async move {
             let started = clock.now();
@@ -179,11 +176,13 @@ async fn write_one(
         attempt += 1;
         let error = match store.put_if_absent(key, payload.clone()).await {
             Ok(CreateOutcome::Created) => return ZoneAnswer::Held,
-            Ok(CreateOutcome::AlreadyExists) => match ours(store.as_ref(), key, &payload).await {
-                Ok(true) => return ZoneAnswer::Held,
-                Ok(false) => return ZoneAnswer::Refused,
-                Err(error) => error,
-            },
+            Ok(CreateOutcome::AlreadyExists) => {
+                match is_ours(store.as_ref(), key, &payload).await {
+                    Ok(true) => return ZoneAnswer::Held,
+                    Ok(false) => return ZoneAnswer::Refused,
+                    Err(error) => error,
+                }
+            }
             Err(error) => error,
         };
         if !error.is_retryable() {
@@ -192,23 +191,6 @@ async fn write_one(
         }
         backoff.clock.sleep(backoff.delay(attempt)).await;
     }
-}
-
-/// Whether the object at `key` is `payload`: an earlier attempt of ours landed.
-async fn ours(
-    store: &dyn ObjectStore,
-    key: &str,
-    payload: &PutPayload,
-) -> Result<bool, StoreError> {
-    let suffix = crate::writer::identifying_suffix(payload);
-    let existing = store
-        .get(key, GetRange::Suffix(suffix.len() as u64))
-        .await?;
-    Ok(crate::writer::is_our_flight(
-        payload,
-        existing.object_size,
-        &existing.bytes,
-    ))
 }
 
 #[cfg(test)]

@@ -258,9 +258,19 @@ fn express_key(star: &str) -> Vec<u8> {
 }
 
 fn encode_express(checkpoint: &ExpressCheckpoint) -> Vec<u8> {
+    encode_epoch_slot(checkpoint.epoch, checkpoint.through)
+}
+
+fn decode_express(value: &[u8]) -> Result<ExpressCheckpoint, CatalogError> {
+    let (epoch, through) = decode_epoch_slot(value, "express checkpoint")?;
+    Ok(ExpressCheckpoint { epoch, through })
+}
+
+/// An epoch and, optionally, a slot of it: a chain's checkpoint, an express checkpoint.
+fn encode_epoch_slot(epoch: u64, slot: Option<u64>) -> Vec<u8> {
     let mut buf = vec![FORMAT];
-    buf.put_u64_le(checkpoint.epoch);
-    match checkpoint.through {
+    buf.put_u64_le(epoch);
+    match slot {
         Some(slot) => {
             buf.put_u8(1);
             buf.put_u64_le(slot);
@@ -270,19 +280,15 @@ fn encode_express(checkpoint: &ExpressCheckpoint) -> Vec<u8> {
     buf
 }
 
-fn decode_express(value: &[u8]) -> Result<ExpressCheckpoint, CatalogError> {
+fn decode_epoch_slot(value: &[u8], what: &str) -> Result<(u64, Option<u64>), CatalogError> {
     let mut r = Reader::start(value)?;
     let epoch = r.u64()?;
-    let through = match r.u8()? {
+    let slot = match r.u8()? {
         0 => None,
         1 => Some(r.u64()?),
-        other => {
-            return Err(CatalogError::Corrupt(format!(
-                "bad express checkpoint tag {other}"
-            )));
-        }
+        other => return Err(CatalogError::Corrupt(format!("bad {what} tag {other}"))),
     };
-    Ok(ExpressCheckpoint { epoch, through })
+    Ok((epoch, slot))
 }
 
 fn chain_key(star: &str) -> Vec<u8> {
@@ -462,16 +468,7 @@ fn decode_entry(key: &[u8], value: &[u8]) -> Result<IndexEntry, CatalogError> {
 }
 
 fn encode_chain(state: &ChainState) -> Vec<u8> {
-    let mut buf = vec![FORMAT];
-    buf.put_u64_le(state.epoch);
-    match state.checkpoint {
-        Some(slot) => {
-            buf.put_u8(1);
-            buf.put_u64_le(slot);
-        }
-        None => buf.put_u8(0),
-    }
-    buf
+    encode_epoch_slot(state.epoch, state.checkpoint)
 }
 
 /// Runs every catalog decoder over one record. Catalog records are bytes from outside the
@@ -495,13 +492,7 @@ pub fn decode_every_kind(key: &[u8], value: &[u8]) -> usize {
 }
 
 fn decode_chain(value: &[u8]) -> Result<ChainState, CatalogError> {
-    let mut r = Reader::start(value)?;
-    let epoch = r.u64()?;
-    let checkpoint = match r.u8()? {
-        0 => None,
-        1 => Some(r.u64()?),
-        other => return Err(CatalogError::Corrupt(format!("bad checkpoint tag {other}"))),
-    };
+    let (epoch, checkpoint) = decode_epoch_slot(value, "checkpoint")?;
     Ok(ChainState { epoch, checkpoint })
 }
 
@@ -813,16 +804,11 @@ impl Catalog {
             .collect()
     }
 
-    /// The stars with a chain in the catalog, in key order after `after`, at most `limit`: every
-    /// star that ever wrote one, including those that left (a chain record is never removed, so
-    /// a star that returns continues its epochs).
-    pub async fn chain_stars(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<String>, CatalogError> {
-        let start = after.map(chain_key);
-        let page = self.store.scan(b"c/", start.as_deref(), limit).await?;
+    /// The first `limit` stars with a chain in the catalog, in key order: every star that ever
+    /// wrote one, including those that left (a chain record is never removed, so a star that
+    /// returns continues its epochs).
+    pub async fn chain_stars(&self, limit: usize) -> Result<Vec<String>, CatalogError> {
+        let page = self.store.scan(b"c/", None, limit).await?;
         Ok(page
             .iter()
             .map(|kv| String::from_utf8_lossy(&kv.key[2..]).into_owned())
