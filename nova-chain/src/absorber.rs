@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use nova_core::catalog::{AbsorbBatch, CatalogError, ChainState, StreamTail, VersionedChain};
+use nova_core::catalog::{
+    AbsorbBatch, CatalogError, ChainState, ExpressCheckpoint, StreamTail, VersionedChain,
+};
 
 use crate::resolver::Landed;
 use crate::shared::Shared;
@@ -54,13 +56,15 @@ pub(crate) async fn run_absorber(
     mut chain: VersionedChain,
     mut tails: HashMap<u64, StreamTail>,
 ) {
-    // Room in one transaction for entries and tails, beside the chain move and the forgets.
+    // Room in one transaction for entries and tails, beside the chain move, the forgets and
+    // the express checkpoint (which must land with the entries of the records it carries).
+    let express_move = usize::from(shared.config.express.is_some());
     let room = shared
         .catalog
         .store()
         .capabilities()
         .max_txn_ops
-        .saturating_sub(1 + MAX_FORGET);
+        .saturating_sub(1 + MAX_FORGET + express_move);
     // A flight that did not fit the previous group starts the next.
     let mut carried: Option<Landed> = None;
     loop {
@@ -109,6 +113,11 @@ pub(crate) async fn run_absorber(
             }
         }
         batch.tails = touched.into_iter().collect();
+        let carried = group.iter().filter_map(|l| l.express).next_back();
+        batch.express = carried.map(|(epoch, slot)| ExpressCheckpoint {
+            epoch,
+            through: Some(slot),
+        });
         // Forget deleted streams, and remove the tail key an absorb racing the delete may have
         // written back after it.
         for id in shared.streams.take_deleted(MAX_FORGET) {
@@ -119,11 +128,16 @@ pub(crate) async fn run_absorber(
             epoch: shared.epoch,
             checkpoint: Some(last_slot),
         };
+        let batch_express = batch.express;
         let Some(committed) = commit(&shared, &chain, state, batch).await else {
             // Fenced or abandoned: these flights stay in the chain for the next owner.
             continue;
         };
         chain = committed;
+        if let Some(checkpoint) = batch_express {
+            // The zone copies at or below it may go now.
+            shared.express_carried.send_replace(Some(checkpoint));
+        }
         shared.pending.absorbed_through(last_slot);
         shared.metrics.flights_absorbed.inc_by(group.len() as u64);
         // Dropping the group returns its backlog permits.

@@ -34,6 +34,8 @@ pub struct ChainConfig {
     pub clock: Clock,
     /// Where retry jitter and probe names come from: seeded under simulation.
     pub entropy: Entropy,
+    /// The Express class's zones and settings; `None` when the star has no zone buckets.
+    pub express: Option<crate::express::ExpressConfig>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -99,6 +101,7 @@ impl Default for ChainConfig {
             metastore_slow_after: Duration::from_millis(500),
             clock: Clock::system(),
             entropy: Entropy::from_os(),
+            express: None,
         }
     }
 }

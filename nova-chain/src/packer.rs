@@ -20,7 +20,10 @@ use nova_core::keys::slot_key;
 use nova_core::limits::MAX_SECTION_BYTES;
 use nova_proto::RequestError;
 
+use nova_core::catalog::StorageClass;
+
 use crate::admission::Admitted;
+use crate::express::lane::{Carried, FromLane, Lane};
 use crate::shared::Shared;
 use crate::stall::{Stall, StallCause};
 use crate::streams::StreamState;
@@ -74,12 +77,24 @@ pub(crate) struct Section {
     pub bytes: u64,
 }
 
-struct OpenFlight {
-    opened: Instant,
-    bytes: u64,
-    sections: Vec<Section>,
+pub(crate) struct OpenFlight {
+    pub(crate) opened: Instant,
+    pub(crate) bytes: u64,
+    pub(crate) sections: Vec<Section>,
     section_of: HashMap<u64, usize>,
-    batches: Vec<Batch>,
+    pub(crate) batches: Vec<Batch>,
+    /// Express bundles carried into this flight (`None` for a bundle itself).
+    pub(crate) express: ExpressCarry,
+}
+
+/// What a Standard flight carries for the express chain: the last bundle whose sections it
+/// holds (its absorb moves the express checkpoint there), the pinned runs to unpin once the
+/// sections are readable from the flight, and the batches' express-buffer charges.
+#[derive(Default)]
+pub(crate) struct ExpressCarry {
+    pub through: Option<(u64, u64)>,
+    pub pinned: Vec<(u64, u64)>,
+    pub charges: Vec<Admitted>,
 }
 
 /// A flight is full at this many absorb operations (a section's index entry, a stream's tail),
@@ -90,23 +105,48 @@ pub(crate) const FLIGHT_MAX_OPS: usize = 96;
 
 impl OpenFlight {
     /// What absorbing this flight writes: an index entry per section, a tail per stream.
-    fn ops(&self) -> usize {
+    pub(crate) fn ops(&self) -> usize {
         self.sections.len() + self.section_of.len()
     }
 
-    fn new(opened: Instant) -> Self {
+    pub(crate) fn new(opened: Instant) -> Self {
         Self {
             opened,
             bytes: 0,
             sections: Vec::new(),
             section_of: HashMap::new(),
             batches: Vec::new(),
+            express: ExpressCarry::default(),
         }
+    }
+
+    /// Adds a sequenced batch's chunks, starting at `range.start`.
+    fn add_batch(&mut self, batch: Batch, chunks: Vec<Fragment>) {
+        let mut seq = batch.range.start;
+        for chunk in chunks {
+            let records = chunk.records;
+            self.add_chunk(&batch.stream, seq, chunk);
+            seq += records;
+        }
+        self.batches.push(batch);
+    }
+
+    /// Adds an acknowledged bundle's sections, its pinned runs and its charges.
+    fn add_carried(&mut self, carried: Carried) {
+        for section in carried.sections {
+            let end = section.end_seq();
+            self.express.pinned.push((section.stream.id(), end));
+            for (seq, fragment) in section.fragments {
+                self.add_chunk(&section.stream, seq, fragment);
+            }
+        }
+        self.express.charges.extend(carried.charges);
+        self.express.through = Some((carried.epoch, carried.slot));
     }
 
     /// Adds a chunk starting at `seq` to the stream's current section, or to a new section of
     /// the stream's when the current one would grow past `MAX_SECTION_BYTES`.
-    fn add_chunk(&mut self, stream: &Arc<StreamState>, seq: u64, chunk: Fragment) {
+    pub(crate) fn add_chunk(&mut self, stream: &Arc<StreamState>, seq: u64, chunk: Fragment) {
         let len = chunk.bytes.len() as u64;
         let current = self
             .section_of
@@ -133,10 +173,17 @@ impl OpenFlight {
         self.bytes += len;
     }
 
-    fn fail(self, error: &RequestError) {
+    pub(crate) fn fail(self, error: &RequestError) {
         for batch in self.batches {
             batch.fail(error.clone());
         }
+    }
+}
+
+impl Section {
+    /// The sequence number after the section's last record.
+    pub fn end_seq(&self) -> u64 {
+        self.start_seq + self.fragments.iter().map(|(_, f)| f.records).sum::<u64>()
     }
 }
 
@@ -151,6 +198,7 @@ pub(crate) struct InFlight {
     pub write: tokio::task::JoinHandle<Result<(), WriteError>>,
     pub backlog: BudgetPermit,
     pub _writing: OwnedSemaphorePermit,
+    pub express: ExpressCarry,
 }
 
 pub(crate) struct Packer {
@@ -161,6 +209,10 @@ pub(crate) struct Packer {
     writing: Arc<Semaphore>,
     next_slot: u64,
     open: Option<OpenFlight>,
+    /// The Express lane, with zone buckets.
+    express: Option<Lane>,
+    /// What the express resolver sends back: acknowledged bundles to carry, failures, reopens.
+    from_lane: Option<mpsc::Receiver<FromLane>>,
 }
 
 impl Packer {
@@ -168,7 +220,10 @@ impl Packer {
         shared: Arc<Shared>,
         submissions: mpsc::Receiver<Submission>,
         resolver: mpsc::Sender<InFlight>,
+        next_slot: u64,
+        express: Option<(Lane, mpsc::Receiver<FromLane>)>,
     ) -> Self {
+        let (express, from_lane) = express.unzip();
         let writers = shared.config.flight_max_inflight.max(1);
         shared
             .metrics
@@ -180,8 +235,10 @@ impl Packer {
             submissions,
             resolver,
             writing,
-            next_slot: 0,
+            next_slot,
             open: None,
+            express,
+            from_lane,
         }
     }
 
@@ -219,7 +276,14 @@ impl Packer {
             let half_full = bytes.saturating_mul(2) >= max;
             let due =
                 self.open.is_some() && (full || overdue || (lingered && !half_full) || stopping);
-            if drained && self.open.is_none() {
+            let bundle = self
+                .express
+                .as_ref()
+                .map(|lane| lane.state(clock.now(), stopping));
+            let bundle_due = bundle.is_some_and(|b| b.due);
+            let bundle_wake = bundle.and_then(|b| b.wake);
+            let publishing = self.express.as_ref().map(|lane| lane.publishing.clone());
+            if drained && self.open.is_none() && self.from_lane.is_none() {
                 break;
             }
             self.track_writer_stall(due, &mut writer_stall);
@@ -229,6 +293,19 @@ impl Packer {
                     // New submissions are refused from here; queued ones still get packed.
                     stopping = true;
                     self.submissions.close();
+                }
+                // Carried bundles come first: their records are acknowledged, and their
+                // express-buffer charges return only once a flight holds them.
+                message = recv_from(&mut self.from_lane), if self.from_lane.is_some() && !full => {
+                    match message {
+                        Some(message) => self.from_lane(message).await,
+                        None => self.from_lane = None,
+                    }
+                }
+                permit = acquire(publishing), if bundle_due => {
+                    if let (Some(lane), Ok(permit)) = (self.express.as_mut(), permit) {
+                        lane.close_bundle(&self.shared, permit).await;
+                    }
                 }
                 writer = self.writing.clone().acquire_owned(), if due => {
                     writer_stall = None;
@@ -240,8 +317,17 @@ impl Packer {
                 _ = self.shared.abandon.cancelled(), if due => self.fail_open(),
                 submission = self.submissions.recv(), if !full && !drained => match submission {
                     Some(submission) => self.admit(submission),
-                    None => drained = true,
+                    None => {
+                        drained = true;
+                        // The last bundle is closed (the lane is stopping); once it and every
+                        // bundle before it are resolved, the express resolver hangs up and
+                        // `from_lane` ends.
+                        if let Some(lane) = &mut self.express {
+                            lane.drained();
+                        }
+                    }
                 },
+                _ = sleep_until(clock, bundle_wake), if bundle_wake.is_some() && !bundle_due => {}
                 _ = sleep_until(clock, linger_until), if linger_until.is_some() && !lingered => {}
                 _ = sleep_until(clock, linger_until.map(|at| at + self.shared.config.flight_linger)),
                     if lingered && !due => {}
@@ -306,6 +392,11 @@ impl Packer {
             }));
             return;
         }
+        let express = sub.stream.meta.class == StorageClass::Express;
+        if express && let Some(refusal) = Lane::refusal(self.express.as_ref()) {
+            let _ = sub.reply.send(Err(refusal));
+            return;
+        }
         let records: u64 = sub.chunks.iter().map(|c| c.records).sum();
         let range = AckRange {
             start: next,
@@ -314,22 +405,39 @@ impl Packer {
         sub.stream.set_next_seq(range.end);
         drop(admitting);
         let clock = self.shared.config.clock;
-        let open = self
-            .open
-            .get_or_insert_with(|| OpenFlight::new(clock.now()));
-        let mut seq = range.start;
-        for chunk in sub.chunks {
-            let records = chunk.records;
-            open.add_chunk(&sub.stream, seq, chunk);
-            seq += records;
-        }
-        open.batches.push(Batch {
+        let batch = Batch {
             stream: sub.stream,
             range,
             content_bytes: sub.content_bytes,
             _charge: sub.admitted,
             reply: sub.reply,
-        });
+        };
+        let open = match &mut self.express {
+            Some(lane) if express => lane
+                .bundle
+                .get_or_insert_with(|| OpenFlight::new(clock.now())),
+            _ => self
+                .open
+                .get_or_insert_with(|| OpenFlight::new(clock.now())),
+        };
+        open.add_batch(batch, sub.chunks);
+    }
+
+    /// Handles what the express resolver sends back.
+    async fn from_lane(&mut self, message: FromLane) {
+        let Some(lane) = self.express.as_mut() else {
+            return;
+        };
+        match message {
+            FromLane::Carry(carried) => {
+                let clock = self.shared.config.clock;
+                self.open
+                    .get_or_insert_with(|| OpenFlight::new(clock.now()))
+                    .add_carried(carried);
+            }
+            FromLane::Failed { reason } => lane.seal(&self.shared, reason).await,
+            FromLane::Reopen { rollback } => lane.reopen(&self.shared, rollback),
+        }
     }
 
     /// Closes the open flight (if any) and starts its write with `writing`. Waits, counted as a
@@ -350,16 +458,7 @@ impl Packer {
         self.next_slot += 1;
         let shared = &self.shared;
         let key = slot_key(&shared.config.star, shared.epoch, slot);
-        let inputs = flight
-            .sections
-            .iter()
-            .map(|s| SectionInput {
-                stream_id: s.stream.id(),
-                stream: s.stream.name().to_owned(),
-                start_seq: s.start_seq,
-                fragments: s.fragments.iter().map(|(_, f)| f.clone()).collect(),
-            })
-            .collect();
+        let inputs = section_inputs(&flight.sections);
         let meta = FlightMeta {
             star: shared.config.star.clone(),
             epoch: shared.epoch,
@@ -380,6 +479,7 @@ impl Packer {
             write,
             backlog,
             _writing: writing,
+            express: flight.express,
         };
         // The resolver's queue holds as many flights as there are writer permits, so this
         // only waits if the resolver has stopped, which happens only at shutdown.
@@ -440,8 +540,37 @@ impl Packer {
     }
 }
 
+/// The flight format's view of packed sections (the fragments are shared, not copied).
+pub(crate) fn section_inputs(sections: &[Section]) -> Vec<SectionInput> {
+    sections
+        .iter()
+        .map(|s| SectionInput {
+            stream_id: s.stream.id(),
+            stream: s.stream.name().to_owned(),
+            start_seq: s.start_seq,
+            fragments: s.fragments.iter().map(|(_, f)| f.clone()).collect(),
+        })
+        .collect()
+}
+
 fn abandoned() -> RequestError {
     RequestError::Unavailable("the star shut down before this append was durable; retry it".into())
+}
+
+async fn recv_from<T>(receiver: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+    match receiver {
+        Some(receiver) => receiver.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn acquire(
+    semaphore: Option<Arc<Semaphore>>,
+) -> Result<OwnedSemaphorePermit, tokio::sync::AcquireError> {
+    match semaphore {
+        Some(semaphore) => semaphore.acquire_owned().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn sleep_until(clock: Clock, deadline: Option<Instant>) {

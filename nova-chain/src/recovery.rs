@@ -63,6 +63,14 @@ pub enum RecoveryError {
     },
     #[error("the catalog refused recovery: {0}")]
     Catalog(CatalogError),
+    #[error(
+        "star {star:?} has written an express chain, and no express zone buckets are configured \
+         now: its zones may hold acknowledged records that nothing else has. Start novad with \
+         the same --s3-express-zone flags as before"
+    )]
+    ExpressZonesMissing { star: String },
+    #[error("settling the express chain: {0}")]
+    Express(#[from] crate::express::WalkError),
 }
 
 /// What recovery settled.
@@ -108,7 +116,7 @@ where
 
 /// Commits a chain move through outages. A retry that meets a conflict after an attempt failed
 /// checks whether that attempt landed before concluding that another writer owns the chain.
-async fn commit_patiently(
+pub(crate) async fn commit_patiently(
     what: &str,
     retry: &Backoff,
     catalog: &Catalog,
@@ -237,7 +245,10 @@ pub async fn recover(
         match footer {
             Some(ObjectFooter::Flight(flight)) => {
                 check_written_here(&key, star, epoch, next, &flight.meta)?;
-                chain = settle_flight(star, &key, flight, &chain, catalog, streams, retry).await?;
+                // A flight of the Standard chain carries no express checkpoint in its object;
+                // the express walk that follows finds what it carried already in the tails.
+                chain = settle_flight(star, &key, flight, &chain, catalog, streams, retry, None)
+                    .await?;
                 settled += 1;
                 next += 1;
             }
@@ -314,7 +325,8 @@ pub async fn recover(
     })
 }
 
-async fn settle_flight(
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn settle_flight(
     star: &str,
     key: &str,
     flight: nova_core::flight::FlightFooter,
@@ -322,8 +334,12 @@ async fn settle_flight(
     catalog: &Catalog,
     streams: &StreamRegistry,
     retry: &Backoff,
+    express: Option<nova_core::catalog::ExpressCheckpoint>,
 ) -> Result<VersionedChain, RecoveryError> {
-    let mut batch = AbsorbBatch::default();
+    let mut batch = AbsorbBatch {
+        express,
+        ..AbsorbBatch::default()
+    };
     // Each stream's tail as this flight moves it: a stream may own several sections of one
     // flight (one per MiB), and each continues the one before it, not the absorbed tail.
     let mut moved: Vec<(Arc<StreamState>, StreamTail)> = Vec::new();

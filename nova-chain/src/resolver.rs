@@ -15,7 +15,7 @@ use nova_core::budget::BudgetPermit;
 use nova_core::catalog::IndexEntry;
 use nova_proto::RequestError;
 
-use crate::packer::{InFlight, Section};
+use crate::packer::{Batch, InFlight, Section};
 use crate::shared::Shared;
 use crate::tail_cache::CachedRun;
 use crate::writer::WriteError;
@@ -24,6 +24,8 @@ use crate::writer::WriteError;
 pub(crate) struct Landed {
     pub slot: u64,
     pub entries: Vec<IndexEntry>,
+    /// The last express bundle (express epoch, slot) whose records this flight carries.
+    pub express: Option<(u64, u64)>,
     pub _backlog: BudgetPermit,
 }
 
@@ -50,14 +52,14 @@ pub(crate) async fn run_resolver(
                     "flight {} landed after the chain broke ({reason})",
                     flight.key
                 ));
-                fail(flight, error);
+                fail(&shared, flight, error);
             }
             (Err(WriteError::Fenced { key }), _) => {
                 shared.fence(format!(
                     "chain slot {key} was written by another writer: this star no longer owns its chain"
                 ));
                 let reason = shared.fenced().unwrap_or_default();
-                fail(flight, RequestError::Unavailable(reason));
+                fail(&shared, flight, RequestError::Unavailable(reason));
             }
             (Err(err @ WriteError::Abandoned { .. }), _) => {
                 // A later flight may already have landed; the chain now ends before this slot,
@@ -65,16 +67,45 @@ pub(crate) async fn run_resolver(
                 shared.fence(format!(
                     "{err}: the chain ends before this slot and acknowledges nothing after it"
                 ));
-                fail(flight, RequestError::OutcomeUnknown(err.to_string()));
+                fail(
+                    &shared,
+                    flight,
+                    RequestError::OutcomeUnknown(err.to_string()),
+                );
             }
         }
     }
 }
 
-fn fail(flight: InFlight, error: RequestError) {
+fn fail(shared: &Shared, flight: InFlight, error: RequestError) {
     for batch in flight.batches {
         batch.fail(error.clone());
     }
+    // Carried express records stay acknowledged (a quorum of zones holds them, and the chain's
+    // next owner carries them again); the star is fenced, so only the memory goes.
+    for (stream_id, end_seq) in flight.express.pinned {
+        shared.tail_cache.unpin(stream_id, end_seq);
+    }
+}
+
+/// Counts an acknowledged batch in the per-stream append metrics.
+pub(crate) fn count_appended(shared: &Shared, batch: &Batch) {
+    // A stream deleted while its batch was in flight has had its series dropped; counting it
+    // would bring them back for good.
+    if batch.stream.is_deleted() {
+        return;
+    }
+    let name = batch.stream.name();
+    shared
+        .metrics
+        .appended_records
+        .with_label_values(&[name])
+        .inc_by(batch.range.end - batch.range.start);
+    shared
+        .metrics
+        .appended_bytes
+        .with_label_values(&[name])
+        .inc_by(batch.content_bytes);
 }
 
 async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Landed>) {
@@ -86,6 +117,7 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
         batches,
         bytes,
         backlog,
+        express,
         ..
     } = flight;
     let entries: Vec<IndexEntry> = footer
@@ -100,27 +132,18 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
         .insert(slot, entries.clone(), shared.config.clock.now());
     let runs = sections.iter().map(cached_run).collect();
     shared.tail_cache.insert(slot, runs);
+    // The carried express records are readable from the flight now; their pins, and their
+    // express-buffer charges (dropped with `express` below), go.
+    for (stream_id, end_seq) in &express.pinned {
+        shared.tail_cache.unpin(*stream_id, *end_seq);
+    }
     for (section, entry) in sections.iter().zip(&footer.sections) {
         section.stream.advance_tail(entry.end_seq, entry.len);
     }
     shared.metrics.flights_written.inc();
     shared.metrics.flight_bytes.inc_by(bytes);
     for batch in batches {
-        // A stream deleted while its batch was in flight has had its series dropped; counting
-        // it would bring them back for good.
-        if !batch.stream.is_deleted() {
-            let name = batch.stream.name();
-            shared
-                .metrics
-                .appended_records
-                .with_label_values(&[name])
-                .inc_by(batch.range.end - batch.range.start);
-            shared
-                .metrics
-                .appended_bytes
-                .with_label_values(&[name])
-                .inc_by(batch.content_bytes);
-        }
+        count_appended(shared, &batch);
         // Dropping the batch after the reply releases its admission charge: the tail cache
         // holds the same fragment bytes from here on, under its own budget.
         let _ = batch.reply.send(Ok(batch.range));
@@ -128,18 +151,19 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
     let landed = Landed {
         slot,
         entries,
+        express: express.through,
         _backlog: backlog,
     };
+    drop(express.charges);
     // The absorb queue holds one entry per backlog permit, so this never waits for room.
     let _ = absorber.send(landed).await;
 }
 
-fn cached_run(section: &Section) -> CachedRun {
-    let records: u64 = section.fragments.iter().map(|(_, f)| f.records).sum();
+pub(crate) fn cached_run(section: &Section) -> CachedRun {
     CachedRun {
         stream_id: section.stream.id(),
         start_seq: section.start_seq,
-        end_seq: section.start_seq + records,
+        end_seq: section.end_seq(),
         fragments: section.fragments.clone(),
     }
 }

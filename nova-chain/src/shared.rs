@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use nova_core::budget::Budget;
-use nova_core::catalog::Catalog;
+use nova_core::catalog::{Catalog, ExpressCheckpoint};
 use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
 
@@ -29,7 +29,12 @@ pub(crate) struct Shared {
     pub streams: Arc<StreamRegistry>,
     pub metrics: Arc<Metrics>,
     pub admission: AdmissionBuffer,
+    /// `--s3-express-memory-buffer-mib`: Express batches from admission until the Standard
+    /// store holds them. `None` without zone buckets.
+    pub express_buffer: Option<AdmissionBuffer>,
     pub backlog: Budget,
+    /// How far the catalog's express checkpoint has moved: the zone collector follows it.
+    pub express_carried: tokio::sync::watch::Sender<Option<ExpressCheckpoint>>,
     /// What reads hold beyond the tail cache (`--read-memory-mib`).
     pub read_budget: Budget,
     pub tail_cache: TailCache,
@@ -76,11 +81,19 @@ impl Shared {
                 metrics.admission.clone(),
                 config.clock,
             ),
+            express_buffer: config.express.as_ref().map(|express| {
+                AdmissionBuffer::new(
+                    express.buffer_bytes,
+                    metrics.express.buffer.clone(),
+                    config.clock,
+                )
+            }),
             backlog: Budget::new(
                 config.backlog_flights as u64,
                 metrics.backlog.clone(),
                 config.clock,
             ),
+            express_carried: tokio::sync::watch::Sender::new(None),
             read_budget: Budget::new(config.read_bytes, metrics.read_memory.clone(), config.clock),
             tail_cache: TailCache::new(config.tail_cache_bytes, metrics.tail_cache.clone()),
             pending: PendingIndex::default(),

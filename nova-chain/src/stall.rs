@@ -24,6 +24,9 @@ pub enum StallCause {
     /// No fault: producers send faster than flights can be written. Admission blocking is the
     /// intended backpressure here; it is counted so saturation is visible, and logged at info.
     WriteThroughput,
+    /// Fewer than a quorum of express zones answer: the express chain cannot be sealed, and
+    /// Express appends are refused until it can.
+    ExpressZoneUnreachable,
 }
 
 impl StallCause {
@@ -35,6 +38,7 @@ impl StallCause {
             StallCause::ObjectStoreRejecting => "object_store_rejecting",
             StallCause::PredecessorSettling => "predecessor_settling",
             StallCause::WriteThroughput => "write_throughput",
+            StallCause::ExpressZoneUnreachable => "express_zone_unreachable",
         }
     }
 }

@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use nova_core::catalog::{Catalog, IndexEntry};
+use nova_core::catalog::{Catalog, IndexEntry, StorageClass};
 use nova_core::flight::section::Fragment;
 use nova_core::metastore::Metastore;
 use nova_core::metrics::Metrics;
@@ -19,6 +19,9 @@ use nova_proto::RequestError;
 use crate::absorber::run_absorber;
 use crate::admission::{AdmissionBuffer, Admitted};
 use crate::config::ChainConfig;
+use crate::express::collect::run_collector;
+use crate::express::lane::{Lane, run_express_resolver};
+use crate::express::recover::recover_express;
 use crate::monitor::run_monitor;
 use crate::packer::{AppendReply, Packer, Submission};
 use crate::reader::{self, Page};
@@ -53,6 +56,39 @@ pub enum ShutdownError {
     DeadlineExceeded(usize),
     #[error("a chain task failed: {0}")]
     TaskFailed(String),
+}
+
+/// A star without zone buckets must not leave an express chain behind unsettled: its bundles
+/// may hold acknowledged records that only the zones have.
+async fn check_no_express_chain(
+    star: &str,
+    catalog: &Catalog,
+    backoff: &crate::config::Backoff,
+) -> Result<(), RecoveryError> {
+    let checkpoint = patiently("reading the express checkpoint", backoff, || {
+        catalog.express_checkpoint(star)
+    })
+    .await
+    .map_err(RecoveryError::Catalog)?;
+    match checkpoint {
+        None => Ok(()),
+        Some(_) => Err(RecoveryError::ExpressZonesMissing {
+            star: star.to_owned(),
+        }),
+    }
+}
+
+/// The express checkpoint as recovery left it, for the collector's first pass.
+async fn catalog_express_checkpoint(
+    shared: &Shared,
+    backoff: &crate::config::Backoff,
+) -> Option<nova_core::catalog::ExpressCheckpoint> {
+    patiently("reading the express checkpoint", backoff, || {
+        shared.catalog.express_checkpoint(&shared.config.star)
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// What `resolve_refs` found.
@@ -133,7 +169,25 @@ impl Star {
             .await?,
         );
         probe_store(&config.star, &store, &backoff).await?;
-        let recovered = recover(&config.star, &store, &catalog, &streams, &backoff).await?;
+        let mut recovered = recover(&config.star, &store, &catalog, &streams, &backoff).await?;
+        match &config.express {
+            Some(express) => {
+                let successor = format!("{}/{}", config.star, recovered.chain.state.epoch);
+                let (chain, _) = recover_express(
+                    &config.star,
+                    express,
+                    &store,
+                    &catalog,
+                    &streams,
+                    recovered.chain.clone(),
+                    &successor,
+                    &backoff,
+                )
+                .await?;
+                recovered.chain = chain;
+            }
+            None => check_no_express_chain(&config.star, &catalog, &backoff).await?,
+        }
         let tails: HashMap<_, _> = streams
             .list("", "", usize::MAX)
             .iter()
@@ -157,8 +211,15 @@ impl Star {
         let died_reason = Arc::new(parking_lot::Mutex::new(None));
         let watch =
             |name, task| watched(name, task, stop.clone(), died.clone(), died_reason.clone());
-        let packer = Packer::new(shared.clone(), submissions, to_resolver);
-        let tasks = vec![
+        let next_slot = recovered.chain.state.checkpoint.map_or(0, |slot| slot + 1);
+        let mut express_ends = None;
+        let lane = shared.config.express.clone().map(|config| {
+            let (lane, ends) = Lane::new(config.clone());
+            express_ends = Some((config, ends.to_resolver, ends.to_packer));
+            (lane, ends.from_resolver)
+        });
+        let packer = Packer::new(shared.clone(), submissions, to_resolver, next_slot, lane);
+        let mut tasks = vec![
             (
                 "packer",
                 watch("packer", Box::pin(packer.run(stop.clone())) as BoxedTask),
@@ -190,6 +251,36 @@ impl Star {
                 ),
             ),
         ];
+        if let Some((config, bundles, to_packer)) = express_ends {
+            let resolver = run_express_resolver(
+                shared.clone(),
+                config.clone(),
+                bundles,
+                to_packer,
+                stop.clone(),
+            );
+            tasks.push((
+                "express resolver",
+                watch("express resolver", Box::pin(resolver)),
+            ));
+            // The collector starts from the checkpoint recovery left, and follows the absorbs.
+            let carried = shared.express_carried.subscribe();
+            shared
+                .express_carried
+                .send_replace(catalog_express_checkpoint(&shared, &backoff).await);
+            let collector = run_collector(
+                config.zones,
+                shared.config.star.clone(),
+                carried,
+                shared.metrics.clone(),
+                shared.config.clock,
+                stop.clone(),
+            );
+            tasks.push((
+                "express collector",
+                watch("express collector", Box::pin(collector)),
+            ));
+        }
         tracing::info!(
             star = %shared.config.star,
             epoch = shared.epoch,
@@ -309,6 +400,17 @@ impl Star {
         match_seq_num: Option<u64>,
         admitted: Admitted,
     ) -> Result<oneshot::Receiver<AppendReply>, RequestError> {
+        // An Express batch is charged to the express buffer instead, from here until the
+        // Standard store holds it: waiting for room there is Express's admission backpressure.
+        let admitted = match (&stream.meta.class, &self.shared.express_buffer) {
+            (StorageClass::Express, Some(express)) => {
+                let charge = admitted.charged();
+                let moved = express.admit(charge).await;
+                drop(admitted);
+                moved
+            }
+            _ => admitted,
+        };
         let (reply, receiver) = oneshot::channel();
         let submission = Submission {
             stream,
@@ -387,6 +489,22 @@ impl Star {
             .backlog
             .in_use
             .set(self.shared.backlog.in_use() as i64);
+        if let Some(express) = &self.shared.express_buffer {
+            metrics
+                .express
+                .oldest_admitted_age
+                .set(age(express.oldest_age()));
+            metrics
+                .express
+                .buffer
+                .in_use
+                .set(express.budget().in_use() as i64);
+        }
+    }
+
+    /// The express buffer, when the star has zone buckets.
+    pub fn express_buffer(&self) -> Option<&AdmissionBuffer> {
+        self.shared.express_buffer.as_ref()
     }
 
     /// Resolves if a chain task ends on its own or the star loses its chain: either way

@@ -11,7 +11,10 @@ use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
 
 use crate::config::Backoff;
-use crate::recovery::{Recovered, patiently, recover};
+use crate::express::ExpressConfig;
+use crate::express::collect::collect;
+use crate::express::recover::recover_express;
+use crate::recovery::{Recovered, RecoveryError, patiently, recover};
 use crate::star::StartError;
 use crate::streams::StreamRegistry;
 
@@ -23,6 +26,8 @@ pub async fn take_over(
     catalog: &Catalog,
     backoff: &Backoff,
     max_streams: usize,
+    express: Option<&ExpressConfig>,
+    successor: &str,
 ) -> Result<Option<Recovered>, StartError> {
     let chain = patiently("reading the predecessor's chain", backoff, || {
         catalog.chain(predecessor)
@@ -46,7 +51,45 @@ pub async fn take_over(
         )
     })
     .await?;
-    Ok(Some(
-        recover(predecessor, store, catalog, &streams, backoff).await?,
-    ))
+    let mut recovered = recover(predecessor, store, catalog, &streams, backoff).await?;
+    // The predecessor's express chain, too, may hold acknowledged records.
+    match express {
+        Some(express) => {
+            let (chain, _) = recover_express(
+                predecessor,
+                express,
+                store,
+                catalog,
+                &streams,
+                recovered.chain.clone(),
+                successor,
+                backoff,
+            )
+            .await?;
+            recovered.chain = chain;
+            if let Some(checkpoint) = catalog.express_checkpoint(predecessor).await.ok().flatten() {
+                // Its copies are collected once here (the predecessor no longer writes them).
+                let zones = express.zones.clone();
+                let predecessor = predecessor.to_owned();
+                tokio::spawn(async move {
+                    while collect(&zones, &predecessor, &checkpoint).await > 0 {}
+                });
+            }
+        }
+        None => {
+            if catalog
+                .express_checkpoint(predecessor)
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+            {
+                return Err(RecoveryError::ExpressZonesMissing {
+                    star: predecessor.to_owned(),
+                }
+                .into());
+            }
+        }
+    }
+    Ok(Some(recovered))
 }

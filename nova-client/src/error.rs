@@ -183,7 +183,7 @@ impl From<nova_proto::v1::AppendError> for Error {
         Error::Status {
             code: Code::from_i32(e.code),
             message: e.message,
-            retry_after: None,
+            retry_after: e.retry_after_ms.map(std::time::Duration::from_millis),
             next_seq: e.next_seq,
             first_seq: None,
             leader: e.leader,

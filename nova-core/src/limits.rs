@@ -79,3 +79,10 @@ pub const MAX_STREAM_NAME_BYTES: usize = 512;
 
 /// Retry hint sent with a shed session open.
 pub const SESSION_SHED_RETRY_AFTER_MS: u64 = 1000;
+
+/// `--s3-express-memory-buffer-mib`: Express bytes from admission until the Standard store
+/// holds them.
+pub const EXPRESS_BUFFER_MIB: u64 = 32;
+
+/// `--s3-express-linger-ms`: how long an express bundle waits for more batches.
+pub const EXPRESS_LINGER_MS: u64 = 5;

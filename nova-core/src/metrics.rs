@@ -76,10 +76,40 @@ impl StoreMetrics {
     }
 }
 
+/// The Express class: its buffer, its acknowledgements and its zones.
+#[derive(Debug, Clone)]
+pub struct ExpressMetrics {
+    /// `--s3-express-memory-buffer-mib`: bytes of Express batches from admission until the
+    /// Standard store holds them.
+    pub buffer: BudgetMetrics,
+    pub oldest_admitted_age: Gauge,
+    /// Bundles acknowledged at a quorum of zones.
+    pub bundles_acked: IntCounter,
+    /// Batches acknowledged at a quorum of zones.
+    pub acks: IntCounter,
+    /// Bundles that missed their quorum within the publish deadline, by what their producers
+    /// were told (`unavailable`, `outcome_unknown`).
+    pub deadline_failures: IntCounterVec,
+    /// How long each zone took to hold a bundle, by zone.
+    pub zone_latency: HistogramVec,
+    /// How long bundles took to reach their quorum.
+    pub quorum_latency: Histogram,
+    /// Bundles being published now.
+    pub bundles_in_flight: IntGauge,
+    /// 1 while Express appends are refused because a bundle missed its quorum and the express
+    /// chain is being sealed (zones unreachable).
+    pub down: IntGauge,
+    /// Times the express chain was sealed and reopened after a missed quorum.
+    pub repairs: IntCounter,
+    /// Zone copies deleted once the Standard store and the index hold their records.
+    pub collected: IntCounter,
+}
+
 #[derive(Debug, Clone)]
 pub struct Metrics {
     pub registry: Registry,
     pub admission: BudgetMetrics,
+    pub express: ExpressMetrics,
     pub backlog: BudgetMetrics,
     /// The read budget: what reads hold (fetched sections, pages, encoded responses).
     pub read_memory: BudgetMetrics,
@@ -264,8 +294,73 @@ impl Metrics {
             ),
         };
         let store = StoreMetrics::register(&r);
+        let express = ExpressMetrics {
+            buffer: budget(&r, "nova_express_buffer", "bytes", "express buffer"),
+            oldest_admitted_age: register(
+                &r,
+                Gauge::new(
+                    "nova_express_oldest_admitted_age_seconds",
+                    "Age of the oldest Express batch not yet held by the Standard store.",
+                )
+                .expect("valid metric"),
+            ),
+            bundles_acked: counter(
+                &r,
+                "nova_express_bundles_acked_total",
+                "Express bundles acknowledged at a quorum of zones.",
+            ),
+            acks: counter(
+                &r,
+                "nova_express_acks_total",
+                "Express append batches acknowledged at a quorum of zones.",
+            ),
+            deadline_failures: counter_vec(
+                &r,
+                "nova_express_deadline_failures_total",
+                "Express bundles that missed their quorum within --s3-express-publish-deadline, by the answer their producers got.",
+                &["answer"],
+            ),
+            zone_latency: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "nova_express_zone_put_seconds",
+                        "Time each zone took to hold an Express bundle, by zone.",
+                    )
+                    .buckets(wait_buckets()),
+                    &["zone"],
+                )
+                .expect("valid metric"),
+            ),
+            quorum_latency: histogram(
+                &r,
+                "nova_express_quorum_seconds",
+                "Time Express bundles took to reach a quorum of zones.",
+            ),
+            bundles_in_flight: gauge(
+                &r,
+                "nova_express_bundles_in_flight",
+                "Express bundles being written to the zones now.",
+            ),
+            down: gauge(
+                &r,
+                "nova_express_down",
+                "1 while Express appends are refused: a bundle missed its quorum and the express chain is being sealed.",
+            ),
+            repairs: counter(
+                &r,
+                "nova_express_repairs_total",
+                "Times the express chain was sealed and reopened after a bundle missed its quorum.",
+            ),
+            collected: counter(
+                &r,
+                "nova_express_collected_total",
+                "Zone copies of Express bundles deleted once the Standard store holds their records.",
+            ),
+        };
         Self {
             admission,
+            express,
             backlog,
             read_memory,
             tail_cache,
@@ -472,6 +567,13 @@ impl Metrics {
         ] {
             self.rejections.with_label_values(&[reason]);
         }
+        for answer in ["unavailable", "outcome_unknown"] {
+            self.express.deadline_failures.with_label_values(&[answer]);
+        }
+        self.stalls
+            .with_label_values(&["express_chain", "express_zone_unreachable"]);
+        self.stall_seconds
+            .with_label_values(&["express_chain", "express_zone_unreachable"]);
         for (budget, causes) in [
             ("admission_buffer", &STALL_CAUSES[..]),
             ("chain_backlog", &STALL_CAUSES[..3]),

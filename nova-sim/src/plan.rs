@@ -176,6 +176,9 @@ impl Plan {
                 metastore_slow_after: Duration::from_millis(500),
                 clock: Clock::system(),
                 entropy: Entropy::seeded(0),
+                // The simulation has no zone buckets yet: Express is tested against real
+                // servers (novad/tests/express.rs).
+                express: None,
             },
             auditor: AuditorPlan::draw(auditor),
         }

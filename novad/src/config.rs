@@ -168,6 +168,43 @@ pub struct Config {
     #[arg(long, env = "NOVA_FLIGHT_MAX_INFLIGHT", default_value_t = limits::FLIGHT_MAX_INFLIGHT, help_heading = "Flights")]
     pub flight_max_inflight: u32,
 
+    // ---- express -------------------------------------------------------------------------
+    /// An express zone bucket, `name=NAME,bucket=BUCKET[,endpoint=URL]` (S3 Express One Zone
+    /// in production; region, path style, prefix and credentials are the regional store's), or
+    /// `name=NAME,dir=PATH` (a local directory, to try Express on one machine). Repeat once per
+    /// zone (in the environment: separate them with `;`). An Express append is acknowledged once
+    /// a majority of the zones holds it. Without zones, creating an Express stream is refused.
+    #[arg(
+        long = "s3-express-zone",
+        env = "NOVA_S3_EXPRESS_ZONE",
+        value_delimiter = ';',
+        help_heading = "Express"
+    )]
+    pub s3_express_zone: Vec<crate::express::ZoneSpec>,
+
+    /// How long an express bundle may take to reach its quorum of zones (`2s`, `500ms`). Past
+    /// it the bundle's appends fail fast (UNAVAILABLE with a retry hint, or "outcome unknown"
+    /// where a zone may still hold it) instead of queueing behind a dead zone.
+    #[arg(
+        long,
+        env = "NOVA_S3_EXPRESS_PUBLISH_DEADLINE",
+        default_value = "2s",
+        help_heading = "Express"
+    )]
+    pub s3_express_publish_deadline: crate::express::DurationArg,
+
+    /// Bytes of Express appends held from admission until the Standard store holds them (the
+    /// bundles being published, and acknowledged records not yet in a flight). At the limit
+    /// Express appends block.
+    #[arg(long, env = "NOVA_S3_EXPRESS_MEMORY_BUFFER_MIB", default_value_t = limits::EXPRESS_BUFFER_MIB, help_heading = "Express")]
+    pub s3_express_memory_buffer_mib: u64,
+
+    /// An express bundle closes this many milliseconds after its first batch (or at 1 MiB).
+    /// Adds at most this much to an Express ack; caps an idle star at 1000/linger bundles (each
+    /// one PUT per zone) per second.
+    #[arg(long, env = "NOVA_S3_EXPRESS_LINGER_MS", default_value_t = limits::EXPRESS_LINGER_MS, help_heading = "Express")]
+    pub s3_express_linger_ms: u64,
+
     // ---- memory --------------------------------------------------------------------------
     /// The memory the star may use. Default: the cgroup's memory limit (v2 memory.max or v1
     /// memory.limit_in_bytes) when one is set, else 60% of physical memory. The budgets'
@@ -283,6 +320,8 @@ impl Config {
             metastore_slow_after: Duration::from_millis(500),
             clock: Clock::system(),
             entropy: Entropy::from_os(),
+            // Opened (and probed) at start-up: `crate::express::open_zones`.
+            express: None,
         }
     }
 
@@ -405,6 +444,17 @@ impl Config {
                  time; keep it above the object store's request timeout)"
                     .into(),
             );
+        }
+        if !self.s3_express_zone.is_empty() {
+            if self.s3_express_memory_buffer_mib == 0 {
+                return Err("--s3-express-memory-buffer-mib must be at least 1".into());
+            }
+            if self.s3_express_publish_deadline.0.is_zero() {
+                return Err("--s3-express-publish-deadline must be more than 0".into());
+            }
+            if self.s3_express_zone.len() > 9 {
+                return Err("--s3-express-zone: at most 9 zones".into());
+            }
         }
         if self.memory_ceiling == Some(ByteSize(0)) {
             return Err("--memory-ceiling must be more than 0".into());

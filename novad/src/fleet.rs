@@ -1096,6 +1096,8 @@ impl Fleet {
             &catalog,
             &ctx.backoff,
             ctx.max_streams,
+            ctx.star.config().express.as_ref(),
+            &format!("{}/takeover", ctx.star.config().star),
         )
         .await?;
         // Its streams may be placed again: clear the records naming it.

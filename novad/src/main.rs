@@ -1,6 +1,7 @@
 //! novad: the Nova star.
 
 mod config;
+mod express;
 mod fleet;
 mod memory;
 mod server;

@@ -25,7 +25,8 @@ use crate::config::Config;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Formula {
     pub admission: u64,
-    /// Zero until the Express class exists.
+    /// The express buffer (`--s3-express-memory-buffer-mib`), at least one batch; zero
+    /// without zone buckets.
     pub express: u64,
     /// What reads hold beyond the tail cache (`--read-memory-mib`).
     pub read: u64,
@@ -50,6 +51,7 @@ fn mib(bytes: u64) -> String {
 pub struct MemoryModel {
     ceiling: Ceiling,
     admission: u64,
+    express: u64,
     read: u64,
     tail_cache: u64,
     window: u64,
@@ -73,6 +75,17 @@ impl MemoryModel {
                     config.largest_fragment(),
                 ),
             ),
+            // The same clamp: one Express batch may be charged the whole buffer and hold more.
+            express: if config.s3_express_zone.is_empty() {
+                0
+            } else {
+                (config.s3_express_memory_buffer_mib * MIB).max(
+                    nova_chain::admission::largest_batch_hold(
+                        config.max_message_bytes() as u64,
+                        config.largest_fragment(),
+                    ),
+                )
+            },
             read: config.read_memory_mib * MIB,
             tail_cache: config.tail_window_cache_mib * MIB,
             window: config.grpc_stream_window_kib as u64 * KIB,
@@ -95,7 +108,7 @@ impl MemoryModel {
     pub fn formula(&self, open_sessions: u64) -> Formula {
         Formula {
             admission: self.admission,
-            express: 0,
+            express: self.express,
             read: self.read,
             tail_cache: self.tail_cache,
             transport: open_sessions * self.window,

@@ -178,8 +178,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metastore = %metastore.describe(),
         "recovering before accepting appends"
     );
+    let mut chain = config.chain();
+    chain.express = crate::express::open_zones(&config).await?;
+    if let Some(express) = &chain.express {
+        tracing::info!(
+            zones = express.zones.len(),
+            quorum = express.zones.quorum(),
+            publish_deadline_ms = express.publish_deadline.as_millis() as u64,
+            "express zone buckets ready"
+        );
+    }
     let star = tokio::select! {
-        star = Star::open(config.chain(), store.clone(), metastore, metrics.clone()) => Arc::new(star?),
+        star = Star::open(chain, store.clone(), metastore, metrics.clone()) => Arc::new(star?),
         _ = nova_core::process::termination() => {
             tracing::info!("stopped during recovery; nothing was accepted");
             return Ok(());

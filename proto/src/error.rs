@@ -80,6 +80,13 @@ pub enum RequestError {
     },
     #[error("{0}")]
     Unavailable(String),
+    /// Nothing was acknowledged, and the server knows when a retry may succeed: an Express
+    /// bundle missed its zone quorum and the express chain is being sealed.
+    #[error("{reason}; retry after {retry_after:?}")]
+    UnavailableFor {
+        reason: String,
+        retry_after: Duration,
+    },
     /// Another star leads the stream: a redirect.
     #[error(
         "stream {stream:?} is led by star {leader_id:?} at {leader_addr}; send its requests there"
@@ -129,7 +136,7 @@ impl RequestError {
                 Code::ResourceExhausted
             }
             // Nothing was acknowledged; the client may retry (with match_seq_num to stay exact).
-            RequestError::Unavailable(_) => Code::Unavailable,
+            RequestError::Unavailable(_) | RequestError::UnavailableFor { .. } => Code::Unavailable,
             // A redirect: nothing was done here; the leader named in the metadata will.
             RequestError::NotLeader { .. } => Code::Unavailable,
             // gRPC's own code for "this may have happened": DEADLINE_EXCEEDED is documented as
@@ -144,7 +151,8 @@ impl RequestError {
 
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            RequestError::CapReached { retry_after, .. } => Some(*retry_after),
+            RequestError::CapReached { retry_after, .. }
+            | RequestError::UnavailableFor { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -162,6 +170,7 @@ impl RequestError {
                 RequestError::NotLeader { leader_addr, .. } => Some(leader_addr.clone()),
                 _ => None,
             },
+            retry_after_ms: self.retry_after().map(|d| d.as_millis() as u64),
         }
     }
 }

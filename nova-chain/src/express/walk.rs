@@ -7,7 +7,6 @@
 //! One bundle at a time is held in memory (read whole from one zone that holds it, checked
 //! against its footer), so the walk's memory is one bundle whatever the chain's length.
 
-use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -28,6 +27,14 @@ pub enum WalkEnd {
     /// This slot stayed undecided (zones unreachable or split) for as long as the caller
     /// allowed: nothing at or past it has been decided; walk again from here later.
     Undecided { slot: u64 },
+}
+
+/// One slot's answer.
+#[derive(Debug)]
+pub enum Step {
+    /// A quorum holds this bundle, read whole and checked: carry it, then ask for the next slot.
+    Bundle(Bytes),
+    End(WalkEnd),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,11 +67,22 @@ impl Walk<'_> {
     pub async fn run<F, Fut, E>(&self, from_slot: u64, mut carry: F) -> Result<WalkEnd, E>
     where
         F: FnMut(u64, Bytes) -> Fut,
-        Fut: Future<Output = Result<(), E>>,
+        Fut: std::future::Future<Output = Result<(), E>>,
         E: From<WalkError>,
     {
         let mut slot = from_slot;
         loop {
+            match self.step(slot).await? {
+                Step::Bundle(bundle) => carry(slot, bundle).await?,
+                Step::End(end) => return Ok(end),
+            }
+            slot += 1;
+        }
+    }
+
+    /// Decides one slot: the bundle a quorum holds there, or the walk's end.
+    pub async fn step(&self, slot: u64) -> Result<Step, WalkError> {
+        {
             let key = express_slot_key(self.star, self.epoch, slot);
             let fence = fence_for(
                 self.star,
@@ -77,10 +95,10 @@ impl Walk<'_> {
             let holders = loop {
                 attempt += 1;
                 match plug_or_find(self.zones, &key, &fence, self.deadline, self.backoff).await {
-                    SlotFate::Plugged => return Ok(WalkEnd::Plugged { slot }),
+                    SlotFate::Plugged => return Ok(Step::End(WalkEnd::Plugged { slot })),
                     SlotFate::Bundle { zones } => break zones,
                     SlotFate::Undecided if attempt >= self.undecided_attempts => {
-                        return Ok(WalkEnd::Undecided { slot });
+                        return Ok(Step::End(WalkEnd::Undecided { slot }));
                     }
                     SlotFate::Undecided => {
                         tracing::warn!(
@@ -96,8 +114,7 @@ impl Walk<'_> {
                 }
             };
             let bundle = self.read_bundle(&key, slot, &holders).await?;
-            carry(slot, bundle).await?;
-            slot += 1;
+            Ok(Step::Bundle(bundle))
         }
     }
 

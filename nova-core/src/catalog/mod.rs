@@ -39,18 +39,23 @@ const FORMAT: u8 = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StorageClass {
     Standard,
+    /// Acknowledged once a quorum of zone buckets holds the records, then carried into the
+    /// Standard store and the index like any other.
+    Express,
 }
 
 impl StorageClass {
     pub fn code(self) -> u8 {
         match self {
             StorageClass::Standard => 1,
+            StorageClass::Express => 2,
         }
     }
 
     pub fn from_code(code: u8) -> Result<Self, CatalogError> {
         match code {
             1 => Ok(StorageClass::Standard),
+            2 => Ok(StorageClass::Express),
             other => Err(CatalogError::Corrupt(format!(
                 "unknown storage class {other}"
             ))),

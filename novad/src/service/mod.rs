@@ -83,6 +83,7 @@ fn info_led(
         stored_bytes: stream.stored_bytes(),
         storage_class: match stream.meta.class {
             StorageClass::Standard => v1::StorageClass::Standard as i32,
+            StorageClass::Express => v1::StorageClass::Express as i32,
         },
         created_at_ms: stream.meta.created_at_ms,
         first_seq,
@@ -211,10 +212,14 @@ impl Nova for NovaService {
             Ok(v1::StorageClass::Unspecified | v1::StorageClass::Standard) => {
                 StorageClass::Standard
             }
+            Ok(v1::StorageClass::Express) if self.ctx.star.config().express.is_some() => {
+                StorageClass::Express
+            }
             Ok(v1::StorageClass::Express) => {
                 return Err(RequestError::InvalidRequest(format!(
-                    "stream {:?}: storage class EXPRESS needs express zone buckets, and this star \
-                     has none configured; create it as STANDARD",
+                    "stream {:?}: storage class EXPRESS needs express zone buckets \
+                     (--s3-express-zone), and this star has none configured; create it as \
+                     STANDARD",
                     request.stream
                 ))
                 .into());

@@ -1,0 +1,265 @@
+//! The Express class's flags: the zone buckets, and opening a store for each.
+//!
+//! Each zone gets its own S3 client and its own concurrency limit, separate from the regional
+//! store's, so a slow zone never holds Standard flights back (or the other way round). A zone's
+//! requests are made once (no retries inside the SDK: the fanout retries within the publish
+//! deadline itself) and time out at the deadline.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use nova_chain::express::{ExpressConfig, Zone, Zones};
+use nova_core::object_store::{
+    ConcurrencyLimited, LocalStore, ObjectStore, S3Config, S3Store, StoreLimits,
+};
+
+use crate::config::Config;
+
+/// Zone-bucket writes in flight at once, per zone. Bundles in flight are bounded by the express
+/// lane (64), so this is never the bottleneck of a healthy zone; reads (a successor's walk,
+/// collection's listing) get as many.
+const ZONE_CONCURRENCY: usize = 64;
+
+/// One `--s3-express-zone`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneSpec {
+    pub name: String,
+    pub place: ZonePlace,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ZonePlace {
+    /// An S3 bucket, at `endpoint` when it differs from the regional store's.
+    Bucket {
+        bucket: String,
+        endpoint: Option<String>,
+    },
+    /// A local directory: for trying Express out on one machine.
+    Dir(PathBuf),
+}
+
+impl FromStr for ZoneSpec {
+    type Err = String;
+
+    fn from_str(spec: &str) -> Result<Self, String> {
+        let (mut name, mut bucket, mut endpoint, mut dir) = (None, None, None, None);
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?} is not key=value"))?;
+            let slot = match key {
+                "name" => &mut name,
+                "bucket" => &mut bucket,
+                "endpoint" => &mut endpoint,
+                "dir" => &mut dir,
+                other => {
+                    return Err(format!(
+                        "unknown key {other:?} (expected name, bucket, endpoint or dir)"
+                    ));
+                }
+            };
+            if value.is_empty() {
+                return Err(format!("{key} is empty"));
+            }
+            if slot.replace(value.to_owned()).is_some() {
+                return Err(format!("{key} is given twice"));
+            }
+        }
+        let name = name.ok_or("a zone needs a name=")?;
+        let place = match (bucket, dir) {
+            (Some(bucket), None) => ZonePlace::Bucket { bucket, endpoint },
+            (None, Some(dir)) if endpoint.is_none() => ZonePlace::Dir(dir.into()),
+            (None, Some(_)) => return Err("endpoint= goes with bucket=, not dir=".into()),
+            (Some(_), Some(_)) => return Err("give bucket= or dir=, not both".into()),
+            (None, None) => return Err(format!("zone {name:?} needs bucket= (or dir=)")),
+        };
+        Ok(ZoneSpec { name, place })
+    }
+}
+
+impl fmt::Display for ZoneSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "name={}", self.name)?;
+        match &self.place {
+            ZonePlace::Bucket { bucket, endpoint } => {
+                write!(f, ",bucket={bucket}")?;
+                if let Some(endpoint) = endpoint {
+                    write!(f, ",endpoint={endpoint}")?;
+                }
+                Ok(())
+            }
+            ZonePlace::Dir(dir) => write!(f, ",dir={}", dir.display()),
+        }
+    }
+}
+
+/// A duration flag: `2s`, `500ms`, or a bare number of milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurationArg(pub Duration);
+
+impl FromStr for DurationArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let (number, scale) = if let Some(ms) = s.strip_suffix("ms") {
+            (ms, 1)
+        } else if let Some(secs) = s.strip_suffix('s') {
+            (secs, 1000)
+        } else {
+            (s, 1)
+        };
+        let number: u64 = number
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration (e.g. 2s or 500ms)"))?;
+        Ok(DurationArg(Duration::from_millis(
+            number.saturating_mul(scale),
+        )))
+    }
+}
+
+impl fmt::Display for DurationArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        if ms % 1000 == 0 {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
+}
+
+/// Opens every zone's store and checks each makes conditional creates exclusive (a zone that
+/// does not would let a zombie and its successor both win a slot). `None` without zones.
+pub async fn open_zones(config: &Config) -> anyhow::Result<Option<ExpressConfig>> {
+    if config.s3_express_zone.is_empty() {
+        return Ok(None);
+    }
+    let deadline = config.s3_express_publish_deadline.0;
+    let limits = StoreLimits {
+        read_concurrency: ZONE_CONCURRENCY,
+        write_concurrency: ZONE_CONCURRENCY,
+        // A zone write past the deadline no longer counts toward its bundle's quorum.
+        request_timeout: deadline,
+        clock: nova_core::clock::Clock::system(),
+    };
+    let mut zones = Vec::new();
+    for spec in &config.s3_express_zone {
+        let store: Arc<dyn ObjectStore> = match &spec.place {
+            ZonePlace::Bucket { bucket, endpoint } => {
+                let mut s3 = S3Config::new(bucket.clone());
+                s3.prefix = config.store.s3_prefix.clone();
+                s3.endpoint = endpoint
+                    .clone()
+                    .or_else(|| config.store.s3_endpoint.clone());
+                s3.region = config.store.s3_region.clone();
+                s3.force_path_style = config.store.s3_path_style;
+                s3.limits = limits.clone();
+                // The fanout retries within the deadline itself, with its own backoff.
+                s3.max_attempts = 1;
+                Arc::new(ConcurrencyLimited::new(
+                    Arc::new(S3Store::new(s3).await),
+                    ZONE_CONCURRENCY,
+                    ZONE_CONCURRENCY,
+                ))
+            }
+            ZonePlace::Dir(dir) => {
+                Arc::new(LocalStore::open(dir, limits.clone()).with_context(|| {
+                    format!("opening express zone {} at {}", spec.name, dir.display())
+                })?)
+            }
+        };
+        let probe = format!(
+            "probe/express/{}/{}-{:016x}",
+            config.star_id,
+            nova_core::clock::Clock::system().unix_ms(),
+            rand_suffix()
+        );
+        nova_core::object_store::probe_conditional_create(store.as_ref(), &probe)
+            .await
+            .with_context(|| {
+                format!(
+                    "express zone {} ({spec}) cannot serve as a zone bucket",
+                    spec.name
+                )
+            })?;
+        zones.push(Zone {
+            name: spec.name.clone(),
+            store,
+        });
+    }
+    let zones = Zones::new(zones).context("--s3-express-zone")?;
+    Ok(Some(ExpressConfig {
+        zones,
+        publish_deadline: deadline,
+        linger: Duration::from_millis(config.s3_express_linger_ms),
+        buffer_bytes: config.s3_express_memory_buffer_mib * nova_core::limits::MIB,
+    }))
+}
+
+fn rand_suffix() -> u64 {
+    nova_core::entropy::Entropy::from_os().next_u64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zone_specs_parse_and_refuse_clearly() {
+        let zone: ZoneSpec = "name=use1-az1,bucket=nova-az1".parse().unwrap();
+        assert_eq!(zone.name, "use1-az1");
+        assert_eq!(
+            zone.place,
+            ZonePlace::Bucket {
+                bucket: "nova-az1".into(),
+                endpoint: None
+            }
+        );
+        let zone: ZoneSpec = "name=b, bucket=x, endpoint=http://127.0.0.1:9000"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            zone.to_string(),
+            "name=b,bucket=x,endpoint=http://127.0.0.1:9000"
+        );
+        let zone: ZoneSpec = "name=c,dir=/tmp/zone-c".parse().unwrap();
+        assert_eq!(zone.place, ZonePlace::Dir("/tmp/zone-c".into()));
+        for (bad, says) in [
+            ("bucket=x", "name="),
+            ("name=a", "needs bucket="),
+            ("name=a,bucket=x,dir=/y", "not both"),
+            ("name=a,dir=/y,endpoint=http://e", "goes with bucket="),
+            ("name=a,bucket=x,region=y", "unknown key"),
+            ("name=a,name=b,bucket=x", "twice"),
+            ("name=a,bucket", "key=value"),
+        ] {
+            let err = bad.parse::<ZoneSpec>().unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn durations_take_units() {
+        assert_eq!(
+            "2s".parse::<DurationArg>().unwrap().0,
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            "1500ms".parse::<DurationArg>().unwrap().0,
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            "250".parse::<DurationArg>().unwrap().0,
+            Duration::from_millis(250)
+        );
+        assert_eq!(DurationArg(Duration::from_secs(2)).to_string(), "2s");
+        assert!("soon".parse::<DurationArg>().is_err());
+    }
+}
