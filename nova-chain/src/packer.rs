@@ -298,7 +298,7 @@ impl Packer {
                 // express-buffer charges return only once a flight holds them.
                 message = recv_from(&mut self.from_lane), if self.from_lane.is_some() && !full => {
                     match message {
-                        Some(message) => self.from_lane(message).await,
+                        Some(message) => self.on_lane(message).await,
                         None => self.from_lane = None,
                     }
                 }
@@ -424,7 +424,7 @@ impl Packer {
     }
 
     /// Handles what the express resolver sends back.
-    async fn from_lane(&mut self, message: FromLane) {
+    async fn on_lane(&mut self, message: FromLane) {
         let Some(lane) = self.express.as_mut() else {
             return;
         };

@@ -179,7 +179,7 @@ impl Star {
                     &store,
                     &catalog,
                     &streams,
-                    recovered.chain.clone(),
+                    recovered.chain,
                     &successor,
                     &backoff,
                 )

@@ -61,7 +61,7 @@ pub async fn take_over(
                 store,
                 catalog,
                 &streams,
-                recovered.chain.clone(),
+                recovered.chain,
                 successor,
                 backoff,
             )
