@@ -95,6 +95,8 @@ pub(crate) struct ExpressCarry {
     pub through: Option<(u64, u64)>,
     pub pinned: Vec<(u64, u64)>,
     pub charges: Vec<Admitted>,
+    /// The carried bundles' bytes (`BundleHold`), released with the charges.
+    pub holds: Vec<crate::express::lane::BundleHold>,
 }
 
 /// A flight is full at this many absorb operations (a section's index entry, a stream's tail),
@@ -141,6 +143,7 @@ impl OpenFlight {
             }
         }
         self.express.charges.extend(carried.charges);
+        self.express.holds.push(carried.hold);
         self.express.through = Some((carried.epoch, carried.slot));
     }
 
@@ -173,9 +176,15 @@ impl OpenFlight {
         self.bytes += len;
     }
 
-    pub(crate) fn fail(self, error: &RequestError) {
+    /// Answers the flight's batches with `error`. Carried express records stay acknowledged
+    /// (a quorum of zones holds them, and the chain's next owner carries them again); only
+    /// their pins go, with their charges.
+    pub(crate) fn fail(self, shared: &Shared, error: &RequestError) {
         for batch in self.batches {
             batch.fail(error.clone());
+        }
+        for (stream_id, end_seq) in self.express.pinned {
+            shared.tail_cache.unpin(stream_id, end_seq);
         }
     }
 }
@@ -361,7 +370,7 @@ impl Packer {
 
     fn fail_open(&mut self) {
         if let Some(flight) = self.open.take() {
-            flight.fail(&abandoned());
+            flight.fail(&self.shared, &abandoned());
         }
     }
 
@@ -447,11 +456,11 @@ impl Packer {
             return;
         };
         if let Some(reason) = self.shared.fenced() {
-            flight.fail(&RequestError::Unavailable(reason));
+            flight.fail(&self.shared, &RequestError::Unavailable(reason));
             return;
         }
         let Some(backlog) = self.backlog_permit().await else {
-            flight.fail(&abandoned());
+            flight.fail(&self.shared, &abandoned());
             return;
         };
         let slot = self.next_slot;

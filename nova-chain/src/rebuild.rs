@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nova_core::catalog::{
-    Catalog, CatalogError, ChainState, Garbage, IndexEntry, Occupancy, Restored, StorageClass,
-    StreamMeta, StreamTail, Trim,
+    Catalog, CatalogError, ChainState, ExpressCheckpoint, Garbage, IndexEntry, Occupancy, Restored,
+    StorageClass, StreamMeta, StreamTail, Trim,
 };
 use nova_core::clock::Clock;
 use nova_core::flight::{FetchError, ObjectFooter, fetch_footer, latest_settle_marker};
@@ -77,6 +77,8 @@ pub enum RebuildError {
     Foreign { key: String, what: String },
     #[error("writing the catalog: {0}")]
     Catalog(#[from] CatalogError),
+    #[error("{0}")]
+    ExpressCheckpoint(#[from] crate::express::marker::MarkerError),
 }
 
 /// What a rebuild restored.
@@ -101,6 +103,9 @@ pub struct RebuildReport {
     pub orphaned_slots: u64,
     /// The chain the star resumes from.
     pub chain: Option<ChainState>,
+    /// Where the star's express chain resumes from (its checkpoint's copy in the bucket):
+    /// the walk at the next start carries what the zones hold past it.
+    pub express: Option<ExpressCheckpoint>,
 }
 
 struct Stream {
@@ -499,7 +504,12 @@ pub async fn rebuild_catalog(
             )
         })
         .collect();
+    // The express checkpoint cannot be recomputed from the Standard chain (a flight does not
+    // say which bundles it carried); its copy is at or behind the lost one, and nothing ahead
+    // of it was collected, so the next start's walk from it finds every bundle not yet carried.
+    report.express = retrying(clock, || crate::express::marker::read(store, star)).await?;
     let restored = Restored {
+        express: report.express.map(|c| (star.to_owned(), c)),
         trims,
         streams: streams.into_values().map(|s| (s.meta, s.tail)).collect(),
         next_stream_id: max_id + 1,

@@ -69,6 +69,8 @@ pub enum RecoveryError {
          the same --s3-express-zone flags as before"
     )]
     ExpressZonesMissing { star: String },
+    #[error("reading the express checkpoint's copy in the bucket: {0}")]
+    ExpressCheckpointCopy(String),
     #[error("settling the express chain: {0}")]
     Express(#[from] crate::express::WalkError),
 }
@@ -160,6 +162,12 @@ impl Retryable for StoreError {
 }
 
 impl Retryable for ProbeError {
+    fn outage(&self) -> bool {
+        self.is_retryable()
+    }
+}
+
+impl Retryable for crate::express::marker::MarkerError {
     fn outage(&self) -> bool {
         self.is_retryable()
     }

@@ -33,6 +33,10 @@ pub(crate) struct Shared {
     /// store holds them. `None` without zone buckets.
     pub express_buffer: Option<AdmissionBuffer>,
     pub backlog: Budget,
+    /// Why Express appends are refused right now (a bundle missed its quorum and the express
+    /// chain is being sealed), `None` while they are accepted. Appends waiting for room in the
+    /// express buffer give up when it is set, so nothing waits on a dead zone.
+    pub express_down: tokio::sync::watch::Sender<Option<String>>,
     /// How far the catalog's express checkpoint has moved: the zone collector follows it.
     pub express_carried: tokio::sync::watch::Sender<Option<ExpressCheckpoint>>,
     /// What reads hold beyond the tail cache (`--read-memory-mib`).
@@ -93,6 +97,7 @@ impl Shared {
                 metrics.backlog.clone(),
                 config.clock,
             ),
+            express_down: tokio::sync::watch::Sender::new(None),
             express_carried: tokio::sync::watch::Sender::new(None),
             read_budget: Budget::new(config.read_bytes, metrics.read_memory.clone(), config.clock),
             tail_cache: TailCache::new(config.tail_cache_bytes, metrics.tail_cache.clone()),

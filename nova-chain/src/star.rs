@@ -19,7 +19,7 @@ use nova_proto::RequestError;
 use crate::absorber::run_absorber;
 use crate::admission::{AdmissionBuffer, Admitted};
 use crate::config::ChainConfig;
-use crate::express::collect::run_collector;
+use crate::express::collect::{Collector, run_collector};
 use crate::express::lane::{Lane, run_express_resolver};
 use crate::express::recover::recover_express;
 use crate::monitor::run_monitor;
@@ -59,10 +59,12 @@ pub enum ShutdownError {
 }
 
 /// A star without zone buckets must not leave an express chain behind unsettled: its bundles
-/// may hold acknowledged records that only the zones have.
-async fn check_no_express_chain(
+/// may hold acknowledged records that only the zones have. The catalog's checkpoint says so,
+/// and so does its copy in the bucket (which a rebuilt catalog may be all that is left of).
+pub(crate) async fn check_no_express_chain(
     star: &str,
     catalog: &Catalog,
+    store: &Arc<dyn ObjectStore>,
     backoff: &crate::config::Backoff,
 ) -> Result<(), RecoveryError> {
     let checkpoint = patiently("reading the express checkpoint", backoff, || {
@@ -70,7 +72,15 @@ async fn check_no_express_chain(
     })
     .await
     .map_err(RecoveryError::Catalog)?;
-    match checkpoint {
+    let copy = match checkpoint {
+        Some(_) => None,
+        None => patiently("reading the express checkpoint's copy", backoff, || {
+            crate::express::marker::read(store.as_ref(), star)
+        })
+        .await
+        .map_err(|e| RecoveryError::ExpressCheckpointCopy(e.to_string()))?,
+    };
+    match checkpoint.or(copy) {
         None => Ok(()),
         Some(_) => Err(RecoveryError::ExpressZonesMissing {
             star: star.to_owned(),
@@ -186,7 +196,7 @@ impl Star {
                 .await?;
                 recovered.chain = chain;
             }
-            None => check_no_express_chain(&config.star, &catalog, &backoff).await?,
+            None => check_no_express_chain(&config.star, &catalog, &store, &backoff).await?,
         }
         let tails: HashMap<_, _> = streams
             .list("", "", usize::MAX)
@@ -269,8 +279,11 @@ impl Star {
                 .express_carried
                 .send_replace(catalog_express_checkpoint(&shared, &backoff).await);
             let collector = run_collector(
-                config.zones,
-                shared.config.star.clone(),
+                Collector::new(
+                    config.zones,
+                    shared.config.star.clone(),
+                    shared.store.clone(),
+                ),
                 carried,
                 shared.metrics.clone(),
                 shared.config.clock,
@@ -402,10 +415,27 @@ impl Star {
     ) -> Result<oneshot::Receiver<AppendReply>, RequestError> {
         // An Express batch is charged to the express buffer instead, from here until the
         // Standard store holds it: waiting for room there is Express's admission backpressure.
-        let admitted = match (&stream.meta.class, &self.shared.express_buffer) {
-            (StorageClass::Express, Some(express)) => {
+        // While the express chain is being sealed (zones unreachable) Express appends are
+        // refused at once, and one already waiting for room gives up: the room would come only
+        // once the zones answer.
+        let admitted = match (
+            &stream.meta.class,
+            &self.shared.express_buffer,
+            &self.shared.config.express,
+        ) {
+            (StorageClass::Express, Some(express), Some(config)) => {
+                let mut down = self.shared.express_down.subscribe();
                 let charge = admitted.charged();
-                let moved = express.admit(charge).await;
+                let moved = tokio::select! {
+                    moved = express.admit(charge) => moved,
+                    reason = down.wait_for(Option::is_some) => {
+                        let reason = reason
+                            .ok()
+                            .and_then(|r| r.clone())
+                            .unwrap_or_else(|| "the express lane stopped".into());
+                        return Err(crate::express::lane::refused_while_down(config, &reason));
+                    }
+                };
                 drop(admitted);
                 moved
             }

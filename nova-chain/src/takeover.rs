@@ -12,10 +12,10 @@ use nova_core::object_store::ObjectStore;
 
 use crate::config::Backoff;
 use crate::express::ExpressConfig;
-use crate::express::collect::collect;
+use crate::express::collect::Collector;
 use crate::express::recover::recover_express;
 use crate::recovery::{Recovered, RecoveryError, patiently, recover};
-use crate::star::StartError;
+use crate::star::{StartError, check_no_express_chain};
 use crate::streams::StreamRegistry;
 
 /// Settles `predecessor`'s chain. `None` when the catalog holds no chain for it (it never
@@ -67,29 +67,20 @@ pub async fn take_over(
             )
             .await?;
             recovered.chain = chain;
-            if let Some(checkpoint) = catalog.express_checkpoint(predecessor).await.ok().flatten() {
-                // Its copies are collected once here (the predecessor no longer writes them).
-                let zones = express.zones.clone();
-                let predecessor = predecessor.to_owned();
-                tokio::spawn(async move {
-                    while collect(&zones, &predecessor, &checkpoint).await > 0 {}
-                });
+            let checkpoint = patiently("reading the express checkpoint", backoff, || {
+                catalog.express_checkpoint(predecessor)
+            })
+            .await
+            .map_err(RecoveryError::Catalog)?;
+            if let Some(checkpoint) = checkpoint {
+                // Its copies are collected once here (the predecessor no longer writes them;
+                // its fences stay, should it be only paused).
+                let mut collector =
+                    Collector::new(express.zones.clone(), predecessor.to_owned(), store.clone());
+                tokio::spawn(async move { collector.drain(&checkpoint).await });
             }
         }
-        None => {
-            if catalog
-                .express_checkpoint(predecessor)
-                .await
-                .ok()
-                .flatten()
-                .is_some()
-            {
-                return Err(RecoveryError::ExpressZonesMissing {
-                    star: predecessor.to_owned(),
-                }
-                .into());
-            }
-        }
+        None => check_no_express_chain(predecessor, catalog, store, backoff).await?,
     }
     Ok(Some(recovered))
 }

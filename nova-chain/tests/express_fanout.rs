@@ -194,7 +194,10 @@ async fn a_successor_plugs_an_empty_slot_and_a_zombie_can_no_longer_reach_a_quor
     let fate =
         nova_chain::express::plug_or_find(&w.zones, KEY, &fence("successor"), DEADLINE, &backoff())
             .await;
-    assert_eq!(fate, nova_chain::express::SlotFate::Plugged);
+    assert_eq!(
+        fate.fate,
+        nova_chain::express::SlotFate::Plugged { sole: true }
+    );
     let zombie = publish(&w.zones, KEY, real_bundle(), DEADLINE, &backoff()).await;
     assert_eq!(zombie.outcome, Outcome::Fenced);
 }
@@ -210,7 +213,7 @@ async fn a_bundle_a_quorum_holds_is_found_and_kept() {
         nova_chain::express::plug_or_find(&w.zones, KEY, &fence("successor"), DEADLINE, &backoff())
             .await;
     assert_eq!(
-        fate,
+        fate.fate,
         nova_chain::express::SlotFate::Bundle { zones: vec![0, 1] }
     );
 }
@@ -230,7 +233,10 @@ async fn a_minority_bundle_is_plugged_and_a_split_slot_waits() {
         .unwrap();
     let fate =
         nova_chain::express::plug_or_find(&w.zones, KEY, &fence("s1"), DEADLINE, &backoff()).await;
-    assert_eq!(fate, nova_chain::express::SlotFate::Plugged);
+    assert_eq!(
+        fate.fate,
+        nova_chain::express::SlotFate::Plugged { sole: true }
+    );
 
     // One bundle, another successor's fence, and a zone down: neither holds a quorum yet.
     let w = world();
@@ -252,12 +258,18 @@ async fn a_minority_bundle_is_plugged_and_a_split_slot_waits() {
     w.faults[2].inject(&[Op::PutIfAbsent], "", Fault::Permanent, None);
     let fate =
         nova_chain::express::plug_or_find(&w.zones, KEY, &fence("s2"), DEADLINE, &backoff()).await;
-    assert_eq!(fate, nova_chain::express::SlotFate::Undecided);
+    assert_eq!(fate.fate, nova_chain::express::SlotFate::Undecided);
+    assert_eq!(fate.foreign_fences, 1, "another successor's fence is seen");
     // With the zone back, the fences make a quorum: plugged.
     w.faults[2].clear();
     let fate =
         nova_chain::express::plug_or_find(&w.zones, KEY, &fence("s2"), DEADLINE, &backoff()).await;
-    assert_eq!(fate, nova_chain::express::SlotFate::Plugged);
+    // Ours and another's: plugged, but not by this caller's fences alone.
+    assert_eq!(
+        fate.fate,
+        nova_chain::express::SlotFate::Plugged { sole: false }
+    );
+    assert_eq!(fate.foreign_fences, 1);
 }
 
 /// A bundle of `slot` of epoch 1 of "star".
@@ -316,7 +328,13 @@ async fn a_walk_carries_the_quorum_bundles_in_order_and_ends_at_the_first_plug()
         })
         .await
         .unwrap();
-    assert_eq!(end, nova_chain::express::WalkEnd::Plugged { slot: 2 });
+    assert_eq!(
+        end,
+        nova_chain::express::WalkEnd::Plugged {
+            slot: 2,
+            sole: true
+        }
+    );
     assert_eq!(
         carried,
         [
@@ -348,7 +366,13 @@ async fn a_walk_waits_on_an_undecided_slot_and_goes_on_once_zones_answer() {
     assert_eq!(end, nova_chain::express::WalkEnd::Undecided { slot: 0 });
     w.faults[2].clear();
     let end = walk(&w, &backoff).run(0, nothing).await.unwrap();
-    assert_eq!(end, nova_chain::express::WalkEnd::Plugged { slot: 0 });
+    assert_eq!(
+        end,
+        nova_chain::express::WalkEnd::Plugged {
+            slot: 0,
+            sole: false
+        }
+    );
 }
 
 #[tokio::test]
@@ -376,5 +400,11 @@ async fn a_wrong_copy_is_passed_over_for_an_intact_one() {
         .unwrap();
     assert_eq!(carried.len(), 1);
     assert_eq!(carried[0].1, bundle_at(0).parts().concat());
-    assert_eq!(end, nova_chain::express::WalkEnd::Plugged { slot: 1 });
+    assert_eq!(
+        end,
+        nova_chain::express::WalkEnd::Plugged {
+            slot: 1,
+            sole: true
+        }
+    );
 }

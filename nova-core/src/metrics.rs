@@ -564,6 +564,7 @@ impl Metrics {
             "stream_not_found",
             "match_seq_num",
             "malformed",
+            "express_unavailable",
         ] {
             self.rejections.with_label_values(&[reason]);
         }

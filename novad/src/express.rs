@@ -150,6 +150,7 @@ pub async fn open_zones(config: &Config) -> anyhow::Result<Option<ExpressConfig>
         clock: nova_core::clock::Clock::system(),
     };
     let mut zones = Vec::new();
+    let mut answered = 0;
     for spec in &config.s3_express_zone {
         let store: Arc<dyn ObjectStore> = match &spec.place {
             ZonePlace::Bucket { bucket, endpoint } => {
@@ -181,20 +182,49 @@ pub async fn open_zones(config: &Config) -> anyhow::Result<Option<ExpressConfig>
             nova_core::clock::Clock::system().unix_ms(),
             rand_suffix()
         );
-        nova_core::object_store::probe_conditional_create(store.as_ref(), &probe)
-            .await
-            .with_context(|| {
-                format!(
-                    "express zone {} ({spec}) cannot serve as a zone bucket",
-                    spec.name
-                )
-            })?;
+        // A zone that is down now must not keep the star (and its Standard streams) from
+        // starting: Express needs only a quorum, and the fanout keeps trying every zone. A zone
+        // that answers wrongly (no exclusive conditional creates, refused credentials, a
+        // missing bucket) is a configuration error and stops the start.
+        match tokio::time::timeout(
+            deadline.max(Duration::from_secs(1)) * 2,
+            nova_core::object_store::probe_conditional_create(store.as_ref(), &probe),
+        )
+        .await
+        {
+            Ok(Ok(())) => answered += 1,
+            Ok(Err(err)) if err.is_retryable() => {
+                tracing::warn!(
+                    zone = spec.name,
+                    "express zone unreachable at start-up: {err}"
+                );
+            }
+            Ok(Err(err)) => {
+                return Err(err).with_context(|| {
+                    format!(
+                        "express zone {} ({spec}) cannot serve as a zone bucket",
+                        spec.name
+                    )
+                });
+            }
+            Err(_) => {
+                tracing::warn!(zone = spec.name, "express zone did not answer at start-up");
+            }
+        }
         zones.push(Zone {
             name: spec.name.clone(),
             store,
         });
     }
     let zones = Zones::new(zones).context("--s3-express-zone")?;
+    if answered < zones.quorum() {
+        tracing::warn!(
+            answered,
+            quorum = zones.quorum(),
+            "fewer than a quorum of express zones answered at start-up: settling the express \
+             chain waits for them, and Express appends fail fast until they answer"
+        );
+    }
     Ok(Some(ExpressConfig {
         zones,
         publish_deadline: deadline,

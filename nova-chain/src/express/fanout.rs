@@ -70,19 +70,33 @@ pub async fn publish(
     deadline: Duration,
     backoff: &Backoff,
 ) -> Publication {
-    publish_until(zones, key, payload, deadline, backoff, false).await
+    publish_holding(zones, key, payload, deadline, backoff, Arc::new(())).await
+}
+
+/// `publish`, with `hold` kept by every zone write until it ends: what charges the payload's
+/// bytes must outlive the writes still sending them, not only the outcome.
+pub async fn publish_holding<H: Send + Sync + 'static>(
+    zones: &Zones,
+    key: &str,
+    payload: PutPayload,
+    deadline: Duration,
+    backoff: &Backoff,
+    hold: Arc<H>,
+) -> Publication {
+    publish_until(zones, key, payload, deadline, backoff, false, hold).await
 }
 
 /// Like `publish`, but short of a quorum it waits for every zone's answer (up to the deadline)
 /// rather than returning once the outcome is certain: a successor deciding a slot's fate needs
 /// to know what every zone holds.
-pub(crate) async fn publish_until(
+pub(crate) async fn publish_until<H: Send + Sync + 'static>(
     zones: &Zones,
     key: &str,
     payload: PutPayload,
     deadline: Duration,
     backoff: &Backoff,
     every_answer: bool,
+    hold: Arc<H>,
 ) -> Publication {
     let n = zones.len();
     let quorum = zones.quorum();
@@ -94,7 +108,9 @@ pub(crate) async fn publish_until(
         let payload = payload.clone();
         let backoff = backoff.clone();
         let answers = answers_tx.clone();
+        let hold = hold.clone();
         tokio::spawn(async move {
+            let _hold = hold;
             let started = clock.now();
             let answer = clock
                 .timeout(deadline, write_one(store, &key, payload, &backoff))
@@ -116,7 +132,7 @@ pub(crate) async fn publish_until(
                 if answer == ZoneAnswer::Held {
                     latencies[index] = Some(took);
                 }
-                let decided = decide(&answers, pending, quorum, false);
+                let decided = decide(&answers, quorum, false);
                 if let Some(outcome) = decided
                     && (!every_answer || pending == 0 || outcome == Outcome::Quorum)
                 {
@@ -125,12 +141,12 @@ pub(crate) async fn publish_until(
             }
             // Every zone answered and nothing was decided: only possible when every answer was
             // unanswered at the zone's own deadline.
-            decide(&answers, 0, quorum, true).unwrap_or(Outcome::Unknown)
+            decide(&answers, quorum, true).unwrap_or(Outcome::Unknown)
         })
         .await;
     let outcome = match decided {
         Ok(outcome) => outcome,
-        Err(_) => decide(&answers, 0, quorum, true).unwrap_or(Outcome::Unknown),
+        Err(_) => decide(&answers, quorum, true).unwrap_or(Outcome::Unknown),
     };
     Publication {
         outcome,
@@ -139,18 +155,19 @@ pub(crate) async fn publish_until(
     }
 }
 
-/// The outcome once it is certain, given the answers so far (`pending` zones have not
-/// answered). At the deadline (`final_`), the unanswered count as possibly holding it.
-fn decide(answers: &[ZoneAnswer], pending: usize, quorum: usize, final_: bool) -> Option<Outcome> {
+/// The outcome once it is certain, given the answers so far. At the deadline (`final_`) an
+/// undecided outcome is `Unknown`.
+///
+/// Every `Unanswered` entry counts as a zone that may yet hold the object: a zone still writing,
+/// and just as much a zone whose own timeout fired, since its last PUT may have been sent and
+/// may still land. Counting only the zones still writing would answer a producer "never
+/// acknowledged" for a bundle that a late PUT then completes into a quorum, which a seal or a
+/// successor would carry: a retry would store its records twice.
+fn decide(answers: &[ZoneAnswer], quorum: usize, final_: bool) -> Option<Outcome> {
     let count = |a: ZoneAnswer| answers.iter().filter(|x| **x == a).count();
     let held = count(ZoneAnswer::Held);
     let refused = count(ZoneAnswer::Refused);
-    // Before the deadline an `Unanswered` entry is a zone still writing (`pending`).
-    let unanswered = if final_ {
-        count(ZoneAnswer::Unanswered)
-    } else {
-        pending
-    };
+    let unanswered = count(ZoneAnswer::Unanswered);
     if held >= quorum {
         return Some(Outcome::Quorum);
     }
@@ -203,30 +220,33 @@ mod tests {
     fn a_majority_decides_and_the_deadline_leaves_the_rest_unknown() {
         // Three zones, quorum two.
         assert_eq!(
-            decide(&[Held, Held, Unanswered], 1, 2, false),
+            decide(&[Held, Held, Unanswered], 2, false),
             Some(Outcome::Quorum)
         );
-        assert_eq!(decide(&[Held, Unanswered, Unanswered], 2, 2, false), None);
+        assert_eq!(decide(&[Held, Unanswered, Unanswered], 2, false), None);
         assert_eq!(
-            decide(&[Refused, Refused, Unanswered], 1, 2, false),
+            decide(&[Refused, Refused, Unanswered], 2, false),
             Some(Outcome::Fenced)
         );
         // One held, two rejected: it can never reach two.
         assert_eq!(
-            decide(&[Held, Rejected, Rejected], 0, 2, false),
+            decide(&[Held, Rejected, Rejected], 2, false),
             Some(Outcome::NotHeld)
         );
         assert_eq!(
-            decide(&[Held, Refused, Rejected], 0, 2, false),
+            decide(&[Held, Refused, Rejected], 2, false),
             Some(Outcome::NotHeld)
         );
+        // A zone that timed out on its own may still land its PUT: never "not held" while
+        // one held and one timed out could yet make two.
+        assert_eq!(decide(&[Held, Unanswered, Rejected], 2, false), None);
         // At the deadline: one held and one silent might be two.
         assert_eq!(
-            decide(&[Held, Unanswered, Rejected], 0, 2, true),
+            decide(&[Held, Unanswered, Rejected], 2, true),
             Some(Outcome::Unknown)
         );
         assert_eq!(
-            decide(&[Unanswered, Rejected, Rejected], 0, 2, true),
+            decide(&[Unanswered, Rejected, Rejected], 2, true),
             Some(Outcome::NotHeld)
         );
     }

@@ -24,11 +24,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use nova_core::budget::BudgetPermit;
 use nova_core::flight::{FlightMeta, assemble_flight};
 use nova_core::keys::express_slot_key;
 use nova_proto::RequestError;
 
-use super::fanout::{Outcome, Publication, ZoneAnswer, publish};
+use super::fanout::{Outcome, Publication, ZoneAnswer, publish_holding};
 use super::slot::{SlotFate, fence_for, plug_or_find};
 use super::{
     BUNDLE_MAX_BYTES, ExpressConfig, GENERATIONS_PER_EPOCH, MAX_BUNDLES_IN_FLIGHT, express_epoch,
@@ -58,6 +59,11 @@ pub(crate) enum FromLane {
     Reopen { rollback: Vec<Arc<StreamState>> },
 }
 
+/// A bundle's bytes in the express buffer, shared by the bundle and every zone write still
+/// sending it: the writes that go on after a quorum (or past a failure) hold the payload, so
+/// the charge returns only once the last of them ends and the Standard store holds the records.
+pub(crate) type BundleHold = Arc<Vec<BudgetPermit>>;
+
 /// A bundle being published.
 pub(crate) struct InBundle {
     epoch: u64,
@@ -65,6 +71,7 @@ pub(crate) struct InBundle {
     key: String,
     sections: Vec<Section>,
     batches: Vec<Batch>,
+    hold: BundleHold,
     publish: JoinHandle<Publication>,
     _publishing: OwnedSemaphorePermit,
 }
@@ -76,6 +83,7 @@ pub(crate) struct Carried {
     pub sections: Vec<Section>,
     /// The batches' express-buffer charges, released once a flight holds the sections.
     pub charges: Vec<Admitted>,
+    pub hold: BundleHold,
 }
 
 /// Whether the open bundle should close now, and when to look again.
@@ -143,10 +151,7 @@ impl Lane {
             Some(lane) => lane
                 .down
                 .as_ref()
-                .map(|reason| RequestError::UnavailableFor {
-                    reason: format!("express appends are refused for now: {reason}"),
-                    retry_after: lane.config.retry_hint(),
-                }),
+                .map(|reason| refused_while_down(&lane.config, reason)),
         }
     }
 
@@ -178,20 +183,23 @@ impl Lane {
     }
 
     pub async fn close_bundle(&mut self, shared: &Arc<Shared>, publishing: OwnedSemaphorePermit) {
-        let Some(bundle) = self.bundle.take() else {
+        let Some(mut bundle) = self.bundle.take() else {
             return;
         };
         let Some(sender) = self.to_resolver.clone() else {
-            bundle.fail(&RequestError::Unavailable(
-                "the star is shutting down; retry against its successor".into(),
-            ));
+            bundle.fail(
+                shared,
+                &RequestError::Unavailable(
+                    "the star is shutting down; retry against its successor".into(),
+                ),
+            );
             return;
         };
         if self.stopping {
             self.to_resolver = None;
         }
         if let Some(reason) = shared.fenced() {
-            bundle.fail(&RequestError::Unavailable(reason));
+            bundle.fail(shared, &RequestError::Unavailable(reason));
             return;
         }
         let epoch = express_epoch(shared.epoch, self.generation);
@@ -206,12 +214,32 @@ impl Lane {
             created_at_ms: shared.config.clock.unix_ms(),
         };
         let (payload, _footer) = assemble_flight(meta, section_inputs(&bundle.sections));
+        // The batches keep one unit each (their age); the bytes move to the shared hold.
+        let hold: BundleHold = Arc::new(
+            bundle
+                .batches
+                .iter_mut()
+                .filter_map(|batch| {
+                    let charged = batch._charge.charged();
+                    batch._charge.split_off(charged)
+                })
+                .collect(),
+        );
         let zones = self.config.zones.clone();
         let deadline = self.config.publish_deadline;
         let backoff = shared.config.backoff();
         let publish_key = key.clone();
+        let writes_hold = hold.clone();
         let publish = tokio::spawn(async move {
-            publish(&zones, &publish_key, payload, deadline, &backoff).await
+            publish_holding(
+                &zones,
+                &publish_key,
+                payload,
+                deadline,
+                &backoff,
+                writes_hold,
+            )
+            .await
         });
         shared.metrics.express.bundles_in_flight.inc();
         let in_bundle = InBundle {
@@ -220,6 +248,7 @@ impl Lane {
             key,
             sections: bundle.sections,
             batches: bundle.batches,
+            hold,
             publish,
             _publishing: publishing,
         };
@@ -248,7 +277,8 @@ impl Lane {
             return;
         }
         tracing::warn!("express appends are refused while the express chain is sealed: {reason}");
-        self.down = Some(reason);
+        self.down = Some(reason.clone());
+        shared.express_down.send_replace(Some(reason));
         shared.metrics.express.down.set(1);
         if let Some(bundle) = self.bundle.take() {
             self.rollback
@@ -256,7 +286,7 @@ impl Lane {
             let refusal = Lane::refusal(Some(self)).unwrap_or_else(|| {
                 RequestError::Unavailable("express appends are refused for now".into())
             });
-            bundle.fail(&refusal);
+            bundle.fail(shared, &refusal);
         }
         if let Some(sender) = &self.to_resolver {
             // Room is reserved for it (see `new`).
@@ -281,6 +311,7 @@ impl Lane {
             ));
         }
         self.down = None;
+        shared.express_down.send_replace(None);
         shared.metrics.express.down.set(0);
         shared.metrics.express.repairs.inc();
         tracing::info!(
@@ -290,11 +321,20 @@ impl Lane {
     }
 }
 
+/// The answer to an Express append while the express chain is being sealed.
+pub(crate) fn refused_while_down(config: &ExpressConfig, reason: &str) -> RequestError {
+    RequestError::UnavailableFor {
+        reason: format!("express appends are refused for now: {reason}"),
+        retry_after: config.retry_hint(),
+    }
+}
+
 /// A failed bundle kept until sealing decides its slot: a quorum may hold it after all.
 struct Kept {
     slot: u64,
     sections: Vec<Section>,
     charges: Vec<Admitted>,
+    hold: BundleHold,
 }
 
 /// A missed quorum being handled: the express epoch and the bundles from the failed slot on.
@@ -332,9 +372,16 @@ pub(crate) async fn run_express_resolver(
                 match &mut failure {
                     None if publication.outcome == Outcome::Quorum && fenced.is_none() => {
                         let carried = acknowledge(&shared, bundle);
-                        if packer.send(FromLane::Carry(carried)).await.is_err() {
+                        if let Err(mpsc::error::SendError(FromLane::Carry(lost))) =
+                            packer.send(FromLane::Carry(carried)).await
+                        {
                             // Only at a shutdown that abandoned the packer: the zones hold the
                             // bundle, and the next recovery carries it.
+                            for section in &lost.sections {
+                                shared
+                                    .tail_cache
+                                    .unpin(section.stream.id(), section.end_seq());
+                            }
                             break;
                         }
                     }
@@ -465,6 +512,7 @@ fn acknowledge(shared: &Shared, bundle: InBundle) -> Carried {
         slot: bundle.slot,
         sections: bundle.sections,
         charges,
+        hold: bundle.hold,
     }
 }
 
@@ -509,6 +557,7 @@ fn refuse(
         slot: bundle.slot,
         sections: bundle.sections,
         charges,
+        hold: bundle.hold,
     };
     (bundle.epoch, kept)
 }
@@ -543,13 +592,24 @@ async fn seal(
             &format!("{star}/{epoch}/sealed"),
             clock.unix_ms(),
         );
-        let fate = tokio::select! {
-            fate = plug_or_find(&config.zones, &key, &fence, config.publish_deadline, &backoff) => fate,
+        let found = tokio::select! {
+            found = plug_or_find(&config.zones, &key, &fence, config.publish_deadline, &backoff) => found,
             _ = stop.cancelled() => return None,
             _ = shared.abandon.cancelled() => return None,
         };
-        match fate {
-            SlotFate::Plugged => break,
+        if found.foreign_fences > 0 {
+            // A successor (a restart or a takeover elsewhere) is plugging this express chain:
+            // this star is a zombie. Reopening in a next express epoch would write where no
+            // successor looks.
+            shared.fence(format!(
+                "express slot {key} holds another writer's fence in {} zone(s): a successor \
+                 has taken this star's express chain over",
+                found.foreign_fences
+            ));
+            return None;
+        }
+        match found.fate {
+            SlotFate::Plugged { .. } => break,
             SlotFate::Bundle { .. } => {
                 let Some(bundle) = kept.pop_front().filter(|b| b.slot == slot) else {
                     shared.fence(format!(
@@ -570,6 +630,7 @@ async fn seal(
                     slot,
                     sections: bundle.sections,
                     charges: bundle.charges,
+                    hold: bundle.hold,
                 };
                 packer.send(FromLane::Carry(carried)).await.ok()?;
                 slot += 1;

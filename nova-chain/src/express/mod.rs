@@ -18,12 +18,13 @@
 pub mod collect;
 pub mod fanout;
 pub(crate) mod lane;
+pub mod marker;
 pub mod recover;
 pub mod slot;
 pub mod walk;
 
 pub use fanout::{Outcome, Publication, ZoneAnswer, publish};
-pub use slot::{SlotFate, fence_for, plug_or_find};
+pub use slot::{Finding, SlotFate, fence_for, plug_or_find};
 pub use walk::{Step, Walk, WalkEnd, WalkError};
 
 use std::sync::Arc;

@@ -3,16 +3,17 @@
 //! acknowledged, so its records not yet in the Standard chain are written there, as flights at
 //! the fresh epoch's first slots, and absorbed with the checkpoint moved past them.
 //!
-//! The express epochs to walk are found by listing a quorum of zones (a bundle a quorum holds
-//! is in at least one of any quorum). Each is walked from just past the checkpoint (from its
-//! first slot if it is newer) until its first plugged slot. A bundle's sections are either
+//! The walk starts just past the checkpoint (or its copy in the bucket, after a rebuild) and
+//! goes through every express epoch a star of an earlier chain epoch could have written, each
+//! to its first plugged slot, so that a predecessor that is only paused can never reach a
+//! quorum again in any of them (see the loop in `recover_express`). A bundle's sections are either
 //! wholly in the Standard chain already (a flight carried them before the crash: the stream's
 //! tail is past them) or wholly not, because a bundle is always carried into one flight.
 //!
 //! Memory: one bundle read at a time, and the flight being filled (at most
 //! `FLIGHT_MAX_BYTES` beyond its last section).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -22,12 +23,12 @@ use nova_core::flight::section::Fragment;
 use nova_core::flight::{
     FlightMeta, ObjectFooter, SectionInput, TailParse, assemble_flight, parse_tail,
 };
-use nova_core::keys::{express_root, parse_epoch, slot_key};
+use nova_core::keys::slot_key;
 use nova_core::limits::FLIGHT_MAX_BYTES;
-use nova_core::object_store::{CreateOutcome, ObjectStore, StoreError};
+use nova_core::object_store::{CreateOutcome, ObjectStore};
 
 use super::walk::{Step, Walk, WalkEnd};
-use super::{ExpressConfig, Zones, express_epoch};
+use super::{ExpressConfig, GENERATIONS_PER_EPOCH, express_epoch, marker};
 use crate::config::Backoff;
 use crate::packer::FLIGHT_MAX_OPS;
 use crate::recovery::{RecoveryError, commit_patiently, patiently, settle_flight};
@@ -61,13 +62,32 @@ pub async fn recover_express(
     })
     .await
     .map_err(RecoveryError::Catalog)?;
-    let from_epoch = checkpoint.map_or(0, |c| c.epoch);
-    let epochs = patiently("listing the express zones", retry, || {
-        express_epochs(&config.zones, star, from_epoch)
-    })
-    .await
-    .map_err(|e| RecoveryError::Store(nova_core::object_store::ProbeError::Refused(e)))?;
-    let fresh = express_epoch(chain.state.epoch, 0);
+    // A catalog rebuilt from the bucket has no checkpoint; its copy in the bucket says where
+    // collection stopped (see `marker`).
+    let start = match checkpoint {
+        Some(checkpoint) => Some(checkpoint),
+        None => patiently("reading the express checkpoint's copy", retry, || {
+            marker::read(store.as_ref(), star)
+        })
+        .await
+        .map_err(|e| RecoveryError::ExpressCheckpointCopy(e.to_string()))?,
+    };
+    let fresh_chain_epoch = chain.state.epoch;
+    let fresh = express_epoch(fresh_chain_epoch, 0);
+    // Just past the checkpoint; without one, the previous chain epoch's first express epoch
+    // (nothing of it can have been collected: collection follows a checkpoint).
+    let mut at = match start {
+        Some(c) => Position {
+            chain_epoch: c.epoch / GENERATIONS_PER_EPOCH,
+            generation: c.epoch % GENERATIONS_PER_EPOCH,
+            slot: c.through.map_or(0, |t| t + 1),
+        },
+        None => Position {
+            chain_epoch: fresh_chain_epoch.saturating_sub(1),
+            generation: 0,
+            slot: 0,
+        },
+    };
     let mut carrier = Carrier {
         star,
         store,
@@ -78,11 +98,17 @@ pub async fn recover_express(
         open: Open::default(),
         done: ExpressRecovered::default(),
     };
-    for epoch in epochs.into_iter().filter(|e| *e < fresh) {
-        let from_slot = match checkpoint {
-            Some(c) if c.epoch == epoch => c.through.map_or(0, |t| t + 1),
-            _ => 0,
-        };
+    // Every chain epoch before the fresh one may have had a star writing express bundles, and
+    // one that is only paused (a zombie) may write more. Within a chain epoch the star moves
+    // to its next express epoch only after sealing the last one with fences of its own, so each
+    // express epoch is walked to its plug, and the walk goes on into the next one until it ends
+    // at a plug of this walk's fences alone: no quorum of anyone else's fences can be there, so
+    // no star sealed that epoch, and none can have moved past it.
+    while at.chain_epoch < fresh_chain_epoch {
+        let epoch = express_epoch(at.chain_epoch, at.generation);
+        if epoch >= fresh {
+            break;
+        }
         let walk = Walk {
             zones: &config.zones,
             star,
@@ -94,18 +120,19 @@ pub async fn recover_express(
             // acknowledged bundle or invent one.
             undecided_attempts: u32::MAX,
         };
-        let mut slot = from_slot;
-        loop {
+        let mut slot = at.slot;
+        let sole = loop {
             match walk.step(slot).await? {
                 Step::Bundle(bundle) => carrier.carry(epoch, slot, bundle).await?,
-                Step::End(WalkEnd::Plugged { slot }) => {
+                Step::End(WalkEnd::Plugged { slot, sole }) => {
                     tracing::info!(
                         star,
                         express_epoch = epoch,
                         plugged = slot,
+                        sealed_before = !sole,
                         "express epoch settled"
                     );
-                    break;
+                    break sole;
                 }
                 // Not with unlimited attempts; kept honest should that change.
                 Step::End(WalkEnd::Undecided { slot }) => {
@@ -116,7 +143,21 @@ pub async fn recover_express(
                 }
             }
             slot += 1;
-        }
+        };
+        // A star exhausting its express epochs fences itself instead of writing the next.
+        at = if sole || at.generation + 1 >= GENERATIONS_PER_EPOCH {
+            Position {
+                chain_epoch: at.chain_epoch + 1,
+                generation: 0,
+                slot: 0,
+            }
+        } else {
+            Position {
+                generation: at.generation + 1,
+                slot: 0,
+                ..at
+            }
+        };
     }
     carrier.flush().await?;
     // Everything before the fresh express epoch is in the Standard chain now.
@@ -138,6 +179,15 @@ pub async fn recover_express(
         batch,
     )
     .await?;
+    // The bucket's copy follows the catalog's, before the express lane starts.
+    patiently("writing the express checkpoint's copy", retry, || {
+        marker::write(store.as_ref(), star, &settled)
+    })
+    .await
+    .map_err(|e| RecoveryError::Corrupt {
+        key: nova_core::keys::express_checkpoint_key(star),
+        source: e.into(),
+    })?;
     if carrier.done.bundles > 0 {
         tracing::info!(
             star,
@@ -149,47 +199,12 @@ pub async fn recover_express(
     Ok((chain, carrier.done))
 }
 
-/// The express epochs at or after `from` that any zone of a quorum holds objects of.
-async fn express_epochs(zones: &Zones, star: &str, from: u64) -> Result<BTreeSet<u64>, StoreError> {
-    let root = express_root(star);
-    let mut found = BTreeSet::new();
-    let mut answered = 0;
-    let mut last_error = None;
-    for zone in zones.iter() {
-        // Just before the first key of `from`, then past each epoch seen.
-        let mut after = format!("{root}{from:010}");
-        let listed = loop {
-            match zone.store.list(&root, Some(&after), 1).await {
-                Ok(page) => match page.objects.first() {
-                    Some(object) => match parse_epoch(&root, &object.key) {
-                        Some(epoch) => {
-                            found.insert(epoch);
-                            after = format!("{root}{epoch:010}/~");
-                        }
-                        // Not an express slot: step over it.
-                        None => after = object.key.clone(),
-                    },
-                    None => break Ok(()),
-                },
-                Err(err) => break Err(err),
-            }
-        };
-        match listed {
-            Ok(()) => answered += 1,
-            Err(err) => {
-                tracing::warn!(zone = zone.name, "listing an express zone: {err}");
-                last_error = Some(err);
-            }
-        }
-    }
-    if answered >= zones.quorum() {
-        return Ok(found);
-    }
-    Err(last_error.unwrap_or_else(|| StoreError::Transient {
-        op: nova_core::object_store::Op::List,
-        key: root,
-        message: "no zone answered".into(),
-    }))
+/// Where a walk of the express chain is.
+#[derive(Debug, Clone, Copy)]
+struct Position {
+    chain_epoch: u64,
+    generation: u64,
+    slot: u64,
 }
 
 /// The flight being filled with carried sections.

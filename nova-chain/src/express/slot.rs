@@ -11,13 +11,14 @@
 //! of both (zones unreachable, or split) is undecided, and the successor waits and asks again
 //! rather than guess.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use nova_core::flight::{FenceInfo, ObjectFooter, encode_fence, fetch_footer};
 use nova_core::object_store::PutPayload;
 
 use super::Zones;
-use super::fanout::{Outcome, ZoneAnswer, publish_until};
+use super::fanout::{ZoneAnswer, publish_until};
 use crate::config::Backoff;
 
 /// What a quorum of zones holds at a slot.
@@ -25,10 +26,22 @@ use crate::config::Backoff;
 pub enum SlotFate {
     /// A bundle, held by these zones (a quorum of them): carry it on.
     Bundle { zones: Vec<usize> },
-    /// Fences: no bundle was, or ever can be, acknowledged here.
-    Plugged,
+    /// Fences: no bundle was, or ever can be, acknowledged here. `sole` when the caller's own
+    /// fences alone make the quorum, so no other writer's fences can hold one: nobody else
+    /// ended the express epoch at this slot (a star that sealed it there has moved on to its
+    /// next express epoch; see `recover`).
+    Plugged { sole: bool },
     /// Neither yet (zones unreachable, or answers split): ask again later.
     Undecided,
+}
+
+/// A slot's fate, and how many zones hold another writer's fence there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub fate: SlotFate,
+    /// Zones holding a fence written by someone else (another `fenced_by`): a star sealing
+    /// its own express epoch that meets one has a successor, and must stop.
+    pub foreign_fences: usize,
 }
 
 /// Plugs `key` with `fence` in every zone it can, and says what a quorum holds there.
@@ -38,17 +51,16 @@ pub async fn plug_or_find(
     fence: &FenceInfo,
     deadline: Duration,
     backoff: &Backoff,
-) -> SlotFate {
+) -> Finding {
     let payload = PutPayload::from(encode_fence(fence));
-    let published = publish_until(zones, key, payload, deadline, backoff, true).await;
-    if published.outcome == Outcome::Quorum {
-        return SlotFate::Plugged;
-    }
-    let mut fences = published
+    let published = publish_until(zones, key, payload, deadline, backoff, true, Arc::new(())).await;
+    // Held: this very fence, or an earlier attempt's (same size and footer).
+    let mut own = published
         .answers
         .iter()
         .filter(|a| **a == ZoneAnswer::Held)
         .count();
+    let mut foreign = 0;
     let mut bundles = Vec::new();
     for (index, (zone, answer)) in zones.iter().zip(&published.answers).enumerate() {
         if *answer != ZoneAnswer::Refused {
@@ -56,7 +68,9 @@ pub async fn plug_or_find(
         }
         match fetch_footer(zone.store.as_ref(), key).await {
             Ok(ObjectFooter::Flight(_)) => bundles.push(index),
-            Ok(ObjectFooter::Fence(_)) => fences += 1,
+            // An earlier attempt of this caller's, written at another time.
+            Ok(ObjectFooter::Fence(found)) if found.fenced_by == fence.fenced_by => own += 1,
+            Ok(ObjectFooter::Fence(_)) => foreign += 1,
             Err(err) => {
                 tracing::warn!(
                     zone = zone.name,
@@ -66,12 +80,19 @@ pub async fn plug_or_find(
             }
         }
     }
-    if bundles.len() >= zones.quorum() {
+    let quorum = zones.quorum();
+    let fate = if bundles.len() >= quorum {
         SlotFate::Bundle { zones: bundles }
-    } else if fences >= zones.quorum() {
-        SlotFate::Plugged
+    } else if own >= quorum {
+        SlotFate::Plugged { sole: true }
+    } else if own + foreign >= quorum {
+        SlotFate::Plugged { sole: false }
     } else {
         SlotFate::Undecided
+    };
+    Finding {
+        fate,
+        foreign_fences: foreign,
     }
 }
 

@@ -22,8 +22,9 @@ use crate::config::Backoff;
 /// Where a walk stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WalkEnd {
-    /// The epoch ends at this slot, now plugged in a quorum of zones.
-    Plugged { slot: u64 },
+    /// The epoch ends at this slot, now plugged in a quorum of zones; `sole` when the walk's
+    /// own fences alone make that quorum (`SlotFate::Plugged`).
+    Plugged { slot: u64, sole: bool },
     /// This slot stayed undecided (zones unreachable or split) for as long as the caller
     /// allowed: nothing at or past it has been decided; walk again from here later.
     Undecided { slot: u64 },
@@ -94,8 +95,12 @@ impl Walk<'_> {
             let mut attempt = 0u32;
             let holders = loop {
                 attempt += 1;
-                match plug_or_find(self.zones, &key, &fence, self.deadline, self.backoff).await {
-                    SlotFate::Plugged => return Ok(Step::End(WalkEnd::Plugged { slot })),
+                let found =
+                    plug_or_find(self.zones, &key, &fence, self.deadline, self.backoff).await;
+                match found.fate {
+                    SlotFate::Plugged { sole } => {
+                        return Ok(Step::End(WalkEnd::Plugged { slot, sole }));
+                    }
                     SlotFate::Bundle { zones } => break zones,
                     SlotFate::Undecided if attempt >= self.undecided_attempts => {
                         return Ok(Step::End(WalkEnd::Undecided { slot }));

@@ -210,6 +210,17 @@ pub struct ExpressCheckpoint {
     pub through: Option<u64>,
 }
 
+impl ExpressCheckpoint {
+    /// The catalog's encoding, also the body of the checkpoint's copy in the bucket.
+    pub fn encode(&self) -> Vec<u8> {
+        encode_express(self)
+    }
+
+    pub fn decode(value: &[u8]) -> Result<Self, CatalogError> {
+        decode_express(value)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
     #[error("stream {0:?} already exists")]
@@ -340,6 +351,8 @@ pub struct Restored {
     pub chain: Option<(String, ChainState)>,
     /// Streams whose first record in the bucket is past 0 (retention trimmed them).
     pub trims: Vec<(u64, Trim)>,
+    /// The star's express checkpoint, from its copy in the bucket.
+    pub express: Option<(String, ExpressCheckpoint)>,
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -692,6 +705,9 @@ impl Catalog {
             )
             .put(MANIFESTS_KEY.to_vec(), vec![FORMAT])
             .delete(RESTORING_KEY.to_vec());
+        if let Some((star, checkpoint)) = &restored.express {
+            txn = txn.put(express_key(star), encode_express(checkpoint));
+        }
         if let Some((star, state)) = &restored.chain {
             txn = txn.put(chain_key(star), encode_chain(state));
         }

@@ -180,6 +180,7 @@ fn rejection_reason(error: &RequestError) -> &'static str {
         RequestError::StreamNotFound(_) => "stream_not_found",
         RequestError::NotLeader { .. } => "not_leader",
         RequestError::InvalidRequest(_) => "malformed",
+        RequestError::UnavailableFor { .. } => "express_unavailable",
         _ => "other",
     }
 }
@@ -254,6 +255,6 @@ async fn admit(ctx: &Context, charges: Option<&Charges>, request: WireAppend) ->
         .await
     {
         Ok(reply) => Pending::Durable(reply),
-        Err(error) => Pending::Answer(refusal(&error)),
+        Err(error) => refuse(error),
     }
 }
