@@ -299,3 +299,65 @@ async fn kill_9_with_express_bundles_in_flight_loses_no_acknowledged_record() {
         novad.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_catalog_resumes_the_express_chain_behind_its_collected_slots() {
+    let regional = Moto::start();
+    regional.create_bucket("regional");
+    let zones = Zones::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    // Carried bundles sit in a Standard flight for its whole linger, so a kill soon after an
+    // ack finds records only the zones hold.
+    let builder = || {
+        zones
+            .args(with_s3(
+                novad().data_dir(path.clone()),
+                &regional,
+                "regional",
+            ))
+            .args(["--flight-linger-ms", "1500"])
+    };
+    let mut star = builder().start();
+    let client = client(&star).await;
+    create_express(&client, "x").await;
+    let mut session = client.append_session().await.unwrap();
+    let mut acked = Vec::new();
+    for batch in 0..5 {
+        let bodies = bodies(&format!("early-{batch}"), 4);
+        session
+            .append("x", to_records(&bodies), None)
+            .await
+            .unwrap();
+        acked.extend(bodies);
+    }
+    // Those bundles land in a Standard flight, are absorbed, and their zone copies go.
+    eventually(Duration::from_secs(30), "zone copies collected", || {
+        star.metric("nova_express_collected_total").unwrap_or(0.0) >= 5.0
+    })
+    .await;
+    // These are acknowledged at the zones, then the star dies before their flight lands.
+    for batch in 0..3 {
+        let bodies = bodies(&format!("late-{batch}"), 4);
+        session
+            .append("x", to_records(&bodies), None)
+            .await
+            .unwrap();
+        acked.extend(bodies);
+    }
+    star.kill9();
+    drop(session);
+    // The metastore is lost with the data directory; the catalog is rebuilt from the bucket.
+    std::fs::remove_file(path.join("metastore.redb")).unwrap();
+    let mut rebuild = builder().arg("--rebuild-catalog").start_detached();
+    let status = wait_exit(&mut rebuild, Duration::from_secs(60));
+    assert!(status.success(), "{}", rebuild.log());
+    let restored = builder().start();
+    let client = common::client(&restored).await;
+    assert_eq!(
+        read_all(&client, "x").await,
+        acked,
+        "every acknowledged record, the ones only the zones held too\n{}",
+        restored.log()
+    );
+}
