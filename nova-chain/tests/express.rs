@@ -1,5 +1,4 @@
 //! Express fencing across express epochs, in process: a star (the zombie) and its successor
-
 //! share one metastore and one set of zone stores, as a paused star and the star that took its
 //! chain over do. Whatever the zombie does after the successor's recovery, it acknowledges
 //! nothing more, and the successor holds every record the zombie acknowledged before.
