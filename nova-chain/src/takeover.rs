@@ -62,7 +62,9 @@ pub async fn take_over(
                 catalog,
                 &streams,
                 recovered.chain,
-                successor,
+                // Unique to this settling, as a restart's is: a fence of an earlier one is
+                // not taken for this walk's own.
+                &format!("{successor}/{}", recovered.chain.state.epoch),
                 backoff,
             )
             .await?;

@@ -16,10 +16,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tokio::sync::{Semaphore, mpsc};
 
-use nova_client::{Client, Error, Record};
+use nova_client::{Client, Error, Record, StreamConfig};
 use nova_proto::units::{parse_bytes, parse_duration};
 
 use crate::Format;
+use crate::stream::Class;
 use crate::output::json_line;
 
 #[derive(Args, Debug, Clone)]
@@ -33,6 +34,10 @@ pub struct BenchArgs {
     /// Stream names are <prefix>-<n>; they are created when missing.
     #[arg(long, default_value = "bench")]
     stream_prefix: String,
+    /// The class of the streams it creates: standard, or express (the star needs zone
+    /// buckets). Streams that already exist keep theirs.
+    #[arg(long, value_enum, default_value = "standard")]
+    storage_class: Class,
     /// Bytes per record body.
     #[arg(long, default_value = "1KiB", value_parser = parse_bytes)]
     record_bytes: u64,
@@ -262,9 +267,13 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
         (None, Some(_)) => None,
         (None, None) => Some(Duration::from_secs(30)),
     };
+    let config = StreamConfig {
+        storage_class: args.storage_class.into(),
+        ..StreamConfig::default()
+    };
     for n in 0..streams {
         match client
-            .create_stream(&format!("{}-{n}", args.stream_prefix))
+            .create_stream_configured(&format!("{}-{n}", args.stream_prefix), config)
             .await
         {
             Ok(_) => {}
