@@ -2,10 +2,11 @@
 # Express against its floor, in one run on four S3-compatible servers (three zones and the
 # regional bucket), each its own process on this machine:
 #
-#   1. raw conditional PUTs of bundle-sized objects to all three zones at once, as the express
+#   1. `nova bench` on Express streams at a moderate fixed rate: ack latency, and the mean
+#      bundle size it produced;
+#   2. raw conditional PUTs of objects of that size to all three zones at once, as the express
 #      fanout writes them: each zone's PUT latency, and per object the time until two of the
 #      three held it (the quorum);
-#   2. `nova bench` on Express streams at a moderate fixed rate: ack latency;
 #   3. the same load on Standard streams of the same star: ack latency, for comparison.
 #
 # The target (issue 12): Express ack p99 <= express linger + the slowest quorum member's PUT
@@ -93,13 +94,6 @@ REGIONAL=$(start_server regional)
 ZONES=()
 for zone in az1 az2 az3; do ZONES+=("$(start_server "$zone")"); done
 
-# A bundle holds what arrives in one express linger.
-BUNDLE_BYTES=$(python3 -c "print(max(4096, round($RATE * $RECORD_BYTES * $EXPRESS_LINGER_MS / 1000)))")
-RAW_ARGS=()
-for endpoint in "${ZONES[@]}"; do RAW_ARGS+=(--endpoint "$endpoint"); done
-say "raw fanout PUTs: $BUNDLE_BYTES B objects to 3 zones at once, 4 at a time, for $DURATION ($SERVER_NOTE)"
-"$BIN/raw-put" "${RAW_ARGS[@]}" --bucket raw --create-bucket --object-bytes "$BUNDLE_BYTES" \
-    --concurrency 4 --duration "$DURATION" >"$WORK/raw.json"
 "$BIN/raw-put" --endpoint "$REGIONAL" --bucket nova --create-bucket --duration 0s
 ZONE_ARGS=()
 i=0
@@ -130,6 +124,13 @@ say "nova bench, Express: $SESSIONS sessions, $RATE records/s of $RECORD_BYTES B
 BUNDLES_BEFORE=$(metric nova_express_bundles_acked_total)
 "${NOVA[@]}" bench --stream-prefix express --storage-class express "${LOAD[@]}" >"$WORK/express.json"
 BUNDLES_AFTER=$(metric nova_express_bundles_acked_total)
+# The raw fanout writes objects of the size Nova's bundles had in that run, 4 at a time.
+BUNDLE_BYTES=$(python3 -c "import json; r=json.load(open('$WORK/express.json')); b=float('$BUNDLES_AFTER')-float('$BUNDLES_BEFORE'); print(max(4096, round(r['bytes']/b)) if b > 0 else 65536)")
+RAW_ARGS=()
+for endpoint in "${ZONES[@]}"; do RAW_ARGS+=(--endpoint "$endpoint"); done
+say "raw fanout PUTs: $BUNDLE_BYTES B objects (the mean bundle) to 3 zones at once, 4 at a time, for $DURATION ($SERVER_NOTE)"
+"$BIN/raw-put" "${RAW_ARGS[@]}" --bucket raw --create-bucket --object-bytes "$BUNDLE_BYTES" \
+    --concurrency 4 --duration "$DURATION" >"$WORK/raw.json"
 say "nova bench, Standard: the same load"
 "${NOVA[@]}" bench --stream-prefix standard --storage-class standard "${LOAD[@]}" >"$WORK/standard.json"
 
