@@ -507,6 +507,9 @@ impl Packer {
             for batch in lost.batches {
                 batch.fail(error.clone());
             }
+            for (stream_id, end_seq) in lost.express.pinned {
+                shared.tail_cache.unpin(stream_id, end_seq);
+            }
         }
     }
 

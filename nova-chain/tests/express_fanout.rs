@@ -408,3 +408,53 @@ async fn a_wrong_copy_is_passed_over_for_an_intact_one() {
         }
     );
 }
+
+#[tokio::test]
+async fn a_zone_that_may_have_written_before_a_permanent_error_is_not_counted_out() {
+    // Zone 0 holds it. Zone 1's first write lands but its answer is lost, and its retry is
+    // refused for good; zone 2 refuses for good. Zone 1 may hold it (it does): with zone 0 that
+    // is a quorum, so the producer must not hear "never stored".
+    let w = world();
+    w.faults[1].inject(&[Op::PutIfAbsent], "", Fault::LoseAnswer, Some(1));
+    w.faults[1].inject(
+        &[Op::PutIfAbsent, Op::Get, Op::Head],
+        "",
+        Fault::Permanent,
+        None,
+    );
+    w.faults[2].inject(&[Op::PutIfAbsent], "", Fault::Permanent, None);
+    let published = publish(&w.zones, KEY, bundle("x"), DEADLINE, &backoff()).await;
+    assert_eq!(published.outcome, Outcome::Unknown);
+    assert_eq!(published.answers[1], ZoneAnswer::Unanswered);
+    assert_eq!(published.answers[2], ZoneAnswer::Rejected);
+}
+
+#[tokio::test]
+async fn a_dead_zone_gives_up_its_hold_soon_after_the_quorum() {
+    let w = world();
+    w.faults[0].inject(&[Op::PutIfAbsent], "", Fault::Hold, None);
+    let hold = Arc::new(());
+    let deadline = Duration::from_secs(30);
+    let published = nova_chain::express::fanout::publish_holding(
+        &w.zones,
+        KEY,
+        bundle("x"),
+        deadline,
+        &backoff(),
+        hold.clone(),
+    )
+    .await;
+    assert_eq!(published.outcome, Outcome::Quorum);
+    // The hung zone's write stops after the grace, long before the deadline, and with it the
+    // hold on the bundle's bytes.
+    let clock = Clock::system();
+    let started = clock.now();
+    while Arc::strong_count(&hold) > 1 {
+        assert!(
+            clock.since(started) < Duration::from_secs(10),
+            "the dead zone's write still holds the bundle"
+        );
+        clock.sleep(Duration::from_millis(10)).await;
+    }
+    w.faults[0].release();
+}

@@ -110,11 +110,11 @@ pub fn express_prefix(star: &str, epoch: u64) -> String {
     epoch_prefix(&express_root(star), epoch)
 }
 
-/// The copy, in the regional bucket, of how far a star's express chain has been carried: what
-/// a rebuild of the catalog restores the express checkpoint from. Zone copies are collected
-/// only behind it.
-pub fn express_checkpoint_key(star: &str) -> String {
-    format!("express-checkpoint/{star}")
+/// The prefix, in the regional bucket, of the copies of how far a star's express chain has
+/// been carried: what a rebuild of the catalog restores the express checkpoint from. Zone
+/// copies are collected only behind it.
+pub fn express_checkpoint_prefix(star: &str) -> String {
+    format!("express-checkpoint/{star}/")
 }
 
 /// An express bundle's slot, the same key in every zone bucket.

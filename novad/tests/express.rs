@@ -92,9 +92,13 @@ async fn a_quorum_of_real_zones_holds_each_write_through_one_zone_down_not_two()
     // a recovery does with a bundle a minority holds, before deciding its slot).
     let retried = publish(&zones, &key(3), bundle(3), DEADLINE, &backoff()).await;
     assert_eq!(retried.outcome, Outcome::Quorum);
-    assert_eq!(
-        retried.answers[2],
-        ZoneAnswer::Held,
-        "recognised as its own"
+    // Zone c held it already, and a and b too once resumed (the paused writes landed late):
+    // whichever answered first, each recognised the object as this write's own.
+    assert!(
+        retried
+            .answers
+            .iter()
+            .all(|a| matches!(a, ZoneAnswer::Held | ZoneAnswer::Unanswered)),
+        "recognised as its own: {retried:?}"
     );
 }

@@ -17,7 +17,8 @@
 //! collected slot.
 //!
 //! Deletes go zone by zone in key order, each zone from where its last pass stopped, so kept
-//! fences are read once per process; a zone that is down keeps its copies until a later pass.
+//! fences are read once per rescan (`RESCAN_EVERY`); a zone that is down keeps its copies
+//! until a later pass.
 //! Each pass looks at most at `MAX_PER_PASS` objects per zone.
 
 use std::sync::Arc;
@@ -39,6 +40,11 @@ pub const MAX_PER_PASS: usize = 1000;
 
 /// How often the collector looks at the checkpoint at most: deletes are batched behind it.
 const PASS_EVERY: Duration = Duration::from_secs(1);
+
+/// Every this many passes each zone is listed from its start again: a zone write that was
+/// still running when its bundle's copy was deleted (or a zombie's late write) can put an
+/// object back behind the cursor, and it is found then. The kept fences are read again too.
+const RESCAN_EVERY: u64 = 600;
 
 /// Where the object at `key` (under `express_root(star)`) stands against `checkpoint`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +93,7 @@ pub struct Collector {
     after: Vec<Option<String>>,
     /// The checkpoint whose copy was last written.
     marked: Option<ExpressCheckpoint>,
+    passes: u64,
 }
 
 impl Collector {
@@ -98,6 +105,7 @@ impl Collector {
             store,
             after,
             marked: None,
+            passes: 0,
         }
     }
 
@@ -114,6 +122,10 @@ impl Collector {
                 return Pass::default();
             }
             self.marked = Some(*checkpoint);
+        }
+        self.passes += 1;
+        if self.passes.is_multiple_of(RESCAN_EVERY) {
+            self.after.iter_mut().for_each(|after| *after = None);
         }
         let star = self.star.as_str();
         let passes = self

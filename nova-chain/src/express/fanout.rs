@@ -8,9 +8,10 @@
 //! there, and *rejects* it on a permanent error. A zone with no answer by the deadline is
 //! *unanswered*: its write may still land.
 //!
-//! The call returns as soon as the outcome is decided; the zone writes still running carry on
-//! in the background until the deadline, so more zones than the quorum usually end up holding
-//! the object. Every zone write is a task bounded by the deadline, and a caller has at most as
+//! The call returns as soon as the outcome is decided. Once a quorum holds the object the zone
+//! writes still running get `STRAGGLER_GRACE` to finish (so a healthy zone a little behind the
+//! others still ends up holding it) and then stop; short of a quorum they run on until the
+//! deadline, since a late write may still make one. Every zone write is a task bounded by the deadline, and a caller has at most as
 //! many objects in flight as its express buffer admits, so the tasks are bounded too.
 //!
 //! The outcome, for `n` zones and quorum `q`:
@@ -24,13 +25,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use nova_core::object_store::{CreateOutcome, ObjectStore, PutPayload};
 
 use super::Zones;
 use crate::config::Backoff;
 use crate::writer::is_ours;
+
+/// How long the zone writes still running once a quorum holds an object go on: enough for a
+/// healthy zone a little behind the others to finish (a copy in every zone makes a successor's
+/// walk cheaper), short enough that a dead zone holds each bundle's bytes only briefly past its
+/// quorum.
+pub const STRAGGLER_GRACE: Duration = Duration::from_millis(100);
 
 /// What one zone answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +109,9 @@ pub(crate) async fn publish_until<H: Send + Sync + 'static>(
     let quorum = zones.quorum();
     let clock = backoff.clock;
     let (answers_tx, mut answers_rx) = mpsc::channel::<(usize, ZoneAnswer, Duration)>(n);
+    // Set once a quorum holds the object: the zone writes still running get a short grace,
+    // then stop, so a dead zone does not keep every bundle's bytes for a whole deadline.
+    let (held_tx, held_rx) = watch::channel(false);
     for (index, zone) in zones.iter().enumerate() {
         let store = zone.store.clone();
         let key = key.to_owned();
@@ -109,13 +119,25 @@ pub(crate) async fn publish_until<H: Send + Sync + 'static>(
         let backoff = backoff.clone();
         let answers = answers_tx.clone();
         let hold = hold.clone();
+        let mut held = held_rx.clone();
         tokio::spawn(async move {
             let _hold = hold;
             let started = clock.now();
-            let answer = clock
-                .timeout(deadline, write_one(store, &key, payload, &backoff))
-                .await
-                .unwrap_or(ZoneAnswer::Unanswered);
+            let straggling = async {
+                let reached = held.wait_for(|held| *held).await.is_ok();
+                if reached {
+                    clock.sleep(STRAGGLER_GRACE).await;
+                } else {
+                    // Decided otherwise: a late write may still matter, so it runs on.
+                    std::future::pending::<()>().await;
+                }
+            };
+            let answer = tokio::select! {
+                answer = clock.timeout(deadline, write_one(store, &key, payload, &backoff)) => {
+                    answer.unwrap_or(ZoneAnswer::Unanswered)
+                }
+                _ = straggling => ZoneAnswer::Unanswered,
+            };
             // The receiver is gone once the outcome was decided: nobody needs this answer.
             let _ = answers.send((index, answer, clock.since(started))).await;
         });
@@ -148,6 +170,9 @@ pub(crate) async fn publish_until<H: Send + Sync + 'static>(
         Ok(outcome) => outcome,
         Err(_) => decide(&answers, quorum, true).unwrap_or(Outcome::Unknown),
     };
+    if outcome == Outcome::Quorum {
+        let _ = held_tx.send(true);
+    }
     Publication {
         outcome,
         answers,
@@ -189,6 +214,9 @@ async fn write_one(
     backoff: &Backoff,
 ) -> ZoneAnswer {
     let mut attempt = 0u32;
+    // Whether an earlier attempt may have written it (a timeout, a lost answer): a permanent
+    // error after one does not say the zone does not hold it.
+    let mut uncertain = false;
     loop {
         attempt += 1;
         let error = match store.put_if_absent(key, payload.clone()).await {
@@ -204,8 +232,13 @@ async fn write_one(
         };
         if !error.is_retryable() {
             tracing::warn!(key, "express zone write rejected: {error}");
-            return ZoneAnswer::Rejected;
+            return if uncertain {
+                ZoneAnswer::Unanswered
+            } else {
+                ZoneAnswer::Rejected
+            };
         }
+        uncertain = true;
         backoff.clock.sleep(backoff.delay(attempt)).await;
     }
 }

@@ -377,11 +377,7 @@ pub(crate) async fn run_express_resolver(
                         {
                             // Only at a shutdown that abandoned the packer: the zones hold the
                             // bundle, and the next recovery carries it.
-                            for section in &lost.sections {
-                                shared
-                                    .tail_cache
-                                    .unpin(section.stream.id(), section.end_seq());
-                            }
+                            unpin(&shared, &lost.sections);
                             break;
                         }
                     }
@@ -433,6 +429,15 @@ pub(crate) async fn run_express_resolver(
                 }
             }
         }
+    }
+}
+
+/// Ends the pins of a bundle's runs that no flight will carry (shutdown).
+fn unpin(shared: &Shared, sections: &[Section]) {
+    for section in sections {
+        shared
+            .tail_cache
+            .unpin(section.stream.id(), section.end_seq());
     }
 }
 
@@ -632,7 +637,13 @@ async fn seal(
                     charges: bundle.charges,
                     hold: bundle.hold,
                 };
-                packer.send(FromLane::Carry(carried)).await.ok()?;
+                if let Err(mpsc::error::SendError(FromLane::Carry(lost))) =
+                    packer.send(FromLane::Carry(carried)).await
+                {
+                    // Shutting down: the next recovery carries it from the zones.
+                    unpin(shared, &lost.sections);
+                    return None;
+                }
                 slot += 1;
                 attempt = 0;
                 stall = None;

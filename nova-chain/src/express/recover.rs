@@ -185,7 +185,7 @@ pub async fn recover_express(
     })
     .await
     .map_err(|e| RecoveryError::Corrupt {
-        key: nova_core::keys::express_checkpoint_key(star),
+        key: nova_core::keys::express_checkpoint_prefix(star),
         source: e.into(),
     })?;
     if carrier.done.bundles > 0 {

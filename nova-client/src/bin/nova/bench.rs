@@ -20,8 +20,8 @@ use nova_client::{Client, Error, Record, StreamConfig};
 use nova_proto::units::{parse_bytes, parse_duration};
 
 use crate::Format;
-use crate::stream::Class;
 use crate::output::json_line;
+use crate::stream::Class;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
