@@ -177,14 +177,14 @@ impl OpenFlight {
     }
 
     /// Answers the flight's batches with `error`. Carried express records stay acknowledged
-    /// (a quorum of zones holds them, and the chain's next owner carries them again); only
-    /// their pins go, with their charges.
+    /// (a quorum of zones holds them, and the chain's next owner carries them again), and
+    /// readable until the star exits (`Shared::keep_until_exit`).
     pub(crate) fn fail(self, shared: &Shared, error: &RequestError) {
         for batch in self.batches {
             batch.fail(error.clone());
         }
-        for (stream_id, end_seq) in self.express.pinned {
-            shared.tail_cache.unpin(stream_id, end_seq);
+        if !self.express.pinned.is_empty() {
+            shared.keep_until_exit(self.express);
         }
     }
 }
@@ -507,8 +507,8 @@ impl Packer {
             for batch in lost.batches {
                 batch.fail(error.clone());
             }
-            for (stream_id, end_seq) in lost.express.pinned {
-                shared.tail_cache.unpin(stream_id, end_seq);
+            if !lost.express.pinned.is_empty() {
+                shared.keep_until_exit(lost.express);
             }
         }
     }

@@ -82,9 +82,9 @@ fn fail(shared: &Shared, flight: InFlight, error: RequestError) {
         batch.fail(error.clone());
     }
     // Carried express records stay acknowledged (a quorum of zones holds them, and the chain's
-    // next owner carries them again); the star is fenced, so only the memory goes.
-    for (stream_id, end_seq) in flight.express.pinned {
-        shared.tail_cache.unpin(stream_id, end_seq);
+    // next owner carries them again), and readable until the star exits.
+    if !flight.express.pinned.is_empty() {
+        shared.keep_until_exit(flight.express);
     }
 }
 

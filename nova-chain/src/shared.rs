@@ -37,6 +37,11 @@ pub(crate) struct Shared {
     /// chain is being sealed), `None` while they are accepted. Appends waiting for room in the
     /// express buffer give up when it is set, so nothing waits on a dead zone.
     pub express_down: tokio::sync::watch::Sender<Option<String>>,
+    /// Acknowledged Express records whose flight failed (the star is fenced or shutting down),
+    /// with their pins and express-buffer charges: kept until the star is dropped, so they stay
+    /// readable while it still serves reads and their memory stays inside the express buffer.
+    /// Its successor carries them again from the zones. Bounded by the express buffer.
+    pub express_leftovers: Mutex<Vec<Box<dyn std::any::Any + Send>>>,
     /// How far the catalog's express checkpoint has moved: the zone collector follows it.
     pub express_carried: tokio::sync::watch::Sender<Option<ExpressCheckpoint>>,
     /// What reads hold beyond the tail cache (`--read-memory-mib`).
@@ -98,6 +103,7 @@ impl Shared {
                 config.clock,
             ),
             express_down: tokio::sync::watch::Sender::new(None),
+            express_leftovers: Mutex::new(Vec::new()),
             express_carried: tokio::sync::watch::Sender::new(None),
             read_budget: Budget::new(config.read_bytes, metrics.read_memory.clone(), config.clock),
             tail_cache: TailCache::new(config.tail_cache_bytes, metrics.tail_cache.clone()),
@@ -118,6 +124,12 @@ impl Shared {
 
     pub fn fenced(&self) -> Option<String> {
         self.fenced.lock().clone()
+    }
+
+    /// Keeps what a failed flight carried for the express chain until the star is dropped (see
+    /// `express_leftovers`).
+    pub fn keep_until_exit<T: Send + 'static>(&self, leftover: T) {
+        self.express_leftovers.lock().push(Box::new(leftover));
     }
 
     pub fn fence(&self, reason: String) {

@@ -2,8 +2,10 @@
 //! many times the star dies. Drawing it all from one generator at the start keeps a seed's
 //! shape stable when the run itself changes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use nova_chain::express::{ExpressConfig, Zone, Zones};
 use nova_chain::{ChainConfig, RetryPolicy};
 use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
@@ -36,6 +38,59 @@ pub struct Plan {
     pub chain: ChainConfig,
     /// The auditor's settings, when this seed runs one beside the star.
     pub auditor: Option<AuditorPlan>,
+    /// Zone buckets and Express streams, when this seed has them.
+    pub express: Option<ExpressPlan>,
+}
+
+/// Express in a seed: three zone stores with faults of their own, the odd-numbered streams
+/// Express, and in some lives two zones out at once (no quorum) for a while. Drawn from its
+/// own entropy, so adding it left the rest of every seed's plan as it was.
+#[derive(Debug, Clone)]
+pub struct ExpressPlan {
+    pub zone_faults: StoreFaults,
+    pub publish_deadline: Duration,
+    pub linger: Duration,
+    pub buffer_bytes: u64,
+    /// Per life: when two zones go out, for how long, and which zone stays up.
+    pub outages: Vec<Option<(Duration, Duration, usize)>>,
+}
+
+impl ExpressPlan {
+    /// Half the seeds have zones.
+    pub fn draw(entropy: &Entropy, lives: &[Life]) -> Option<Self> {
+        if !entropy.chance(0.5) {
+            return None;
+        }
+        let faulty = !entropy.chance(0.2);
+        let p = |max: f64| if faulty { entropy.unit() * max } else { 0.0 };
+        let zone_faults = StoreFaults {
+            transient: p(0.2),
+            lost_answer: p(0.1),
+            late: p(0.05),
+            stuck: p(0.1),
+            short_page: p(0.5),
+            latency_ms: (entropy.below(3), 2 + entropy.below(20)),
+        };
+        let outages = lives
+            .iter()
+            .map(|life| {
+                (faulty && entropy.chance(0.3)).then(|| {
+                    (
+                        ms(entropy, 0, life.run_for.as_millis() as u64),
+                        ms(entropy, 50, 3000),
+                        entropy.below(3) as usize,
+                    )
+                })
+            })
+            .collect();
+        Some(ExpressPlan {
+            zone_faults,
+            publish_deadline: ms(entropy, 100, 2000),
+            linger: ms(entropy, 1, 10),
+            buffer_bytes: pick(entropy, &[256 * KIB, 2 * MIB, 8 * MIB]),
+            outages,
+        })
+    }
 }
 
 /// How the auditor runs in a seed. Drawn from its own entropy, so adding it left the rest of
@@ -108,7 +163,7 @@ fn pick<T: Copy>(entropy: &Entropy, choices: &[T]) -> T {
 }
 
 impl Plan {
-    pub fn draw(entropy: &Entropy, auditor: &Entropy) -> Self {
+    pub fn draw(entropy: &Entropy, auditor: &Entropy, express: &Entropy) -> Self {
         // A fifth of the seeds run without faults, so the plain paths are covered too.
         let faulty = !entropy.chance(0.2);
         let p = |max: f64| if faulty { entropy.unit() * max } else { 0.0 };
@@ -147,7 +202,7 @@ impl Plan {
                 }
             })
             .collect();
-        Plan {
+        let mut plan = Plan {
             streams: 1 + entropy.below(3) as usize,
             window: 1 + entropy.below(4) as usize,
             batches_per_life: 5 + entropy.below(40) as usize,
@@ -176,18 +231,43 @@ impl Plan {
                 metastore_slow_after: Duration::from_millis(500),
                 clock: Clock::system(),
                 entropy: Entropy::seeded(0),
-                // The simulation has no zone buckets yet: Express is tested against real
-                // servers (novad/tests/express.rs).
+                // Set per incarnation from `express` (`chain_config`): the zones are the
+                // world's stores.
                 express: None,
             },
             auditor: AuditorPlan::draw(auditor),
-        }
+            express: None,
+        };
+        plan.express = ExpressPlan::draw(express, &plan.lives);
+        plan
     }
 
-    pub fn chain_config(&self, entropy: Entropy, clock: Clock) -> ChainConfig {
+    pub fn chain_config(
+        &self,
+        entropy: Entropy,
+        clock: Clock,
+        zones: &[crate::store::SimStore],
+    ) -> ChainConfig {
+        let express = self.express.as_ref().map(|plan| ExpressConfig {
+            zones: Zones::new(
+                zones
+                    .iter()
+                    .enumerate()
+                    .map(|(i, store)| Zone {
+                        name: format!("z{i}"),
+                        store: Arc::new(store.clone()),
+                    })
+                    .collect(),
+            )
+            .expect("three zones"),
+            publish_deadline: plan.publish_deadline,
+            linger: plan.linger,
+            buffer_bytes: plan.buffer_bytes,
+        });
         ChainConfig {
             clock,
             entropy,
+            express,
             ..self.chain.clone()
         }
     }

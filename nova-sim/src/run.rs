@@ -92,6 +92,8 @@ struct World {
     store: SimStore,
     metastore: SimMetastore,
     oracle: Arc<Mutex<Oracle>>,
+    /// The express zone buckets (three, when the seed has them).
+    zones: Vec<SimStore>,
     /// Wall time carried from one incarnation to the next.
     wall: SystemTime,
     /// Decides when the metastore is lost and the catalog rebuilt from the bucket. Apart from
@@ -109,10 +111,27 @@ struct World {
 
 pub fn run_seed(seed: u64) -> Result<Report, Failure> {
     let entropy = Entropy::seeded(seed);
-    let plan = Plan::draw(&entropy, &Entropy::seeded(seed ^ 0xa0d1_7042_5e77_1e00));
+    let plan = Plan::draw(
+        &entropy,
+        &Entropy::seeded(seed ^ 0xa0d1_7042_5e77_1e00),
+        &Entropy::seeded(seed ^ 0xe9b7_e55a_2017_0c11),
+    );
     tracing::info!(?plan, "seed {seed}");
+    let zone_entropy = Entropy::seeded(seed ^ 0x2083_5a11_90e5);
+    let zones = match &plan.express {
+        Some(express) => (0..3)
+            .map(|_| {
+                SimStore::new(
+                    express.zone_faults.clone(),
+                    Entropy::seeded(zone_entropy.next_u64()),
+                )
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let mut world = World {
         seed,
+        zones,
         store: SimStore::new(plan.store.clone(), Entropy::seeded(entropy.next_u64())),
         metastore: SimMetastore::new(plan.metastore.clone(), Entropy::seeded(entropy.next_u64())),
         plan,
@@ -140,6 +159,9 @@ pub fn run_seed(seed: u64) -> Result<Report, Failure> {
     }
     // The last start: no faults, read everything back.
     world.store.set_faults(StoreFaults::none());
+    for zone in &world.zones {
+        zone.set_faults(StoreFaults::none());
+    }
     world.metastore.set_faults(MetastoreFaults::none());
     tracing::info!(seed, "final incarnation: reading every stream back");
     if incarnation(&mut world, lives.len(), None).is_err()
@@ -190,6 +212,9 @@ fn incarnation(world: &mut World, index: usize, life: Option<&Life>) -> Result<(
         .expect("a current-thread runtime");
     let clock = runtime.block_on(async { Clock::simulated(world.wall) });
     world.store.attach(clock);
+    for zone in &world.zones {
+        zone.attach(clock);
+    }
     world.metastore.attach(clock);
     let started = runtime.block_on(async { clock.now() });
     let outcome = runtime.block_on(live(world, index, life, clock));
@@ -207,6 +232,15 @@ fn incarnation(world: &mut World, index: usize, life: Option<&Life>) -> Result<(
     }
     check_chain(world);
     outcome
+}
+
+/// With zones, the odd-numbered streams are Express.
+fn class_of(world: &World, stream: usize) -> StorageClass {
+    if world.plan.express.is_some() && stream % 2 == 1 {
+        StorageClass::Express
+    } else {
+        StorageClass::Standard
+    }
 }
 
 /// Nothing is acknowledged past a slot that did not land: in each epoch of the chain, every
@@ -260,6 +294,16 @@ fn check_chain(world: &World) {
                 }
             };
             for section in &flight.sections {
+                // An Express stream's records are acknowledged at the zones before a flight
+                // carries them; recovery carries them again from the zones.
+                let express = section
+                    .stream
+                    .strip_prefix('s')
+                    .and_then(|i| i.parse().ok())
+                    .is_some_and(|i| class_of(world, i) == StorageClass::Express);
+                if express {
+                    continue;
+                }
                 let range = section.offset as usize..(section.offset + section.len) as usize;
                 let acked = RecordIter::new(object.slice(range))
                     .filter_map(Result::ok)
@@ -279,12 +323,17 @@ fn check_chain(world: &World) {
 async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) -> Result<(), ()> {
     // Writes the last incarnation left landing late may land during this one's recovery.
     world.store.resume_late_writes();
+    for zone in &world.zones {
+        zone.resume_late_writes();
+    }
     if index > 0 && world.rebuilds.chance(0.1) {
         rebuild(world, index, clock).await?;
     }
-    let config = world
-        .plan
-        .chain_config(Entropy::seeded(world.entropy.next_u64()), clock);
+    let config = world.plan.chain_config(
+        Entropy::seeded(world.entropy.next_u64()),
+        clock,
+        &world.zones,
+    );
     let open = Star::open(
         config,
         Arc::new(world.store.clone()),
@@ -339,6 +388,26 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
         let victim = world.retire_a_stream();
         let after = Duration::from_millis(world.entropy.below(life.run_for.as_millis() as u64));
         tasks.spawn(delete_stream(world.context(&star, clock), victim, after));
+    }
+    if let Some((after, lasting, up)) = world
+        .plan
+        .express
+        .as_ref()
+        .and_then(|e| e.outages.get(index).copied().flatten())
+    {
+        // Two zones of three out at once: no quorum, so Express appends fail fast and the
+        // express chain is sealed once they are back.
+        let down: Vec<SimStore> = (0..3)
+            .filter(|z| *z != up)
+            .map(|z| world.zones[z].clone())
+            .collect();
+        tasks.spawn(async move {
+            clock.sleep(after).await;
+            tracing::info!(?lasting, "two express zones go out");
+            for zone in &down {
+                zone.outage(lasting);
+            }
+        });
     }
     if let Some((after, lasting)) = life.outage {
         let store = world.store.clone();
@@ -539,7 +608,7 @@ async fn open_streams(
             };
             match star
                 .streams()
-                .create_with(&name, StorageClass::Standard, retention)
+                .create_with(&name, class_of(world, i), retention)
                 .await
             {
                 Ok(stream) => break stream,
@@ -648,9 +717,12 @@ async fn produce(cx: Context, stream_index: usize, stream: Arc<StreamState>) {
         };
         let charge = encoded_charge(records.len() as u64, 0, content);
         let admitted = cx.star.admission().admit(charge).await;
-        cx.oracle
-            .lock()
-            .admitted(batch, charge, cx.star.config().admission_bytes);
+        // An Express batch's charge moves to the express buffer (checked in `watch_budgets`).
+        if stream.meta.class == StorageClass::Standard {
+            cx.oracle
+                .lock()
+                .admitted(batch, charge, cx.star.config().admission_bytes);
+        }
         let chunks = encode_chunks(&records, MAX_SECTION_BYTES as usize);
         match cx
             .star
@@ -746,7 +818,14 @@ async fn watch_budgets(cx: Context) {
                 star.tail_cache().capacity(),
             ),
         ];
-        for (what, used, limit) in checks {
+        let express = star.express_buffer().map(|buffer| {
+            (
+                "express buffer",
+                buffer.budget().in_use(),
+                buffer.budget().capacity(),
+            )
+        });
+        for (what, used, limit) in checks.into_iter().chain(express) {
             if used > limit {
                 cx.oracle
                     .lock()

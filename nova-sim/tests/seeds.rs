@@ -51,10 +51,12 @@ fn seeds_fourth_quarter() {
 
 /// Seeds that found defects when their fixes were reverted (nova-sim/regressions/), with the
 /// auditor in the simulation: 31, 55 and 71 the restart defect; 2, 21 and 36 the shutdown
-/// defect.
+/// defect. With Express in the simulation: 68 and 182 found acknowledged Express records
+/// unreadable once a failed flight dropped their pins; 747 a rebuilt catalog whose Standard
+/// chain resumed at the epoch of the express chain it should have walked.
 #[test]
 fn seeds_that_found_defects_stay_clean() {
-    for seed in [2, 21, 31, 36, 55, 71] {
+    for seed in [2, 21, 31, 36, 55, 71, 68, 182, 747] {
         if let Err(failure) = run_seed(seed) {
             panic!("{failure}");
         }

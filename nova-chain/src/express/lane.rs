@@ -377,7 +377,7 @@ pub(crate) async fn run_express_resolver(
                         {
                             // Only at a shutdown that abandoned the packer: the zones hold the
                             // bundle, and the next recovery carries it.
-                            unpin(&shared, &lost.sections);
+                            shared.keep_until_exit(lost);
                             break;
                         }
                     }
@@ -429,15 +429,6 @@ pub(crate) async fn run_express_resolver(
                 }
             }
         }
-    }
-}
-
-/// Ends the pins of a bundle's runs that no flight will carry (shutdown).
-fn unpin(shared: &Shared, sections: &[Section]) {
-    for section in sections {
-        shared
-            .tail_cache
-            .unpin(section.stream.id(), section.end_seq());
     }
 }
 
@@ -641,7 +632,7 @@ async fn seal(
                     packer.send(FromLane::Carry(carried)).await
                 {
                     // Shutting down: the next recovery carries it from the zones.
-                    unpin(shared, &lost.sections);
+                    shared.keep_until_exit(lost);
                     return None;
                 }
                 slot += 1;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use nova_core::catalog::{AbsorbBatch, Catalog, ExpressCheckpoint, VersionedChain};
+use nova_core::catalog::{AbsorbBatch, Catalog, ChainState, ExpressCheckpoint, VersionedChain};
 use nova_core::flight::section::Fragment;
 use nova_core::flight::{
     FlightMeta, ObjectFooter, SectionInput, TailParse, assemble_flight, parse_tail,
@@ -72,8 +72,6 @@ pub async fn recover_express(
         .await
         .map_err(|e| RecoveryError::ExpressCheckpointCopy(e.to_string()))?,
     };
-    let fresh_chain_epoch = chain.state.epoch;
-    let fresh = express_epoch(fresh_chain_epoch, 0);
     // Just past the checkpoint; without one, the previous chain epoch's first express epoch
     // (nothing of it can have been collected: collection follows a checkpoint).
     let mut at = match start {
@@ -83,11 +81,34 @@ pub async fn recover_express(
             slot: c.through.map_or(0, |t| t + 1),
         },
         None => Position {
-            chain_epoch: fresh_chain_epoch.saturating_sub(1),
+            chain_epoch: chain.state.epoch.saturating_sub(1),
             generation: 0,
             slot: 0,
         },
     };
+    // The fresh chain epoch must be newer than every express epoch written before. After a
+    // rebuild from a bucket where the last star's Standard flights never landed, the Standard
+    // chain resumes at (or below) the epoch that star wrote its express chain in: reusing it
+    // would skip the walk of that chain and write over its slots. Nothing is at the fresh
+    // epoch yet, so it can move on.
+    let mut chain = chain;
+    if at.chain_epoch >= chain.state.epoch {
+        chain = commit_patiently(
+            "moving past the express chain's epoch",
+            retry,
+            catalog,
+            star,
+            Some(chain.version),
+            ChainState {
+                epoch: at.chain_epoch + 1,
+                checkpoint: None,
+            },
+            AbsorbBatch::default(),
+        )
+        .await?;
+    }
+    let fresh_chain_epoch = chain.state.epoch;
+    let fresh = express_epoch(fresh_chain_epoch, 0);
     let mut carrier = Carrier {
         star,
         store,

@@ -123,41 +123,58 @@ impl Walk<'_> {
         }
     }
 
-    /// The bundle at `key`, whole, from the first of `holders` that returns it intact.
+    /// The bundle at `key`, whole, from the first of `holders` that returns it intact. While a
+    /// holder's failure is an outage (a 503, a timeout) it is asked again, as recovery waits
+    /// out any outage; only when every holder answered with a copy that is not the bundle is
+    /// the slot reported corrupt.
     async fn read_bundle(
         &self,
         key: &str,
         slot: u64,
         holders: &[usize],
     ) -> Result<Bytes, WalkError> {
-        let mut reasons = Vec::new();
-        let mut corrupt = false;
-        for (index, zone) in self.zones.iter().enumerate() {
-            if !holders.contains(&index) {
-                continue;
-            }
-            let got = match zone.store.get(key, GetRange::All).await {
-                Ok(got) => got,
-                Err(err) => {
-                    reasons.push(format!("{}: {err}", zone.name));
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let mut reasons = Vec::new();
+            let (mut corrupt, mut unreachable) = (false, false);
+            for (index, zone) in self.zones.iter().enumerate() {
+                if !holders.contains(&index) {
                     continue;
                 }
-            };
-            match self.check(&got.bytes, slot) {
-                Ok(()) => return Ok(got.bytes),
-                // Another zone's copy may be intact.
-                Err(reason) => {
-                    corrupt = true;
-                    reasons.push(format!("{} holds {reason}", zone.name));
+                let got = match zone.store.get(key, GetRange::All).await {
+                    Ok(got) => got,
+                    Err(err) => {
+                        unreachable |= err.is_retryable();
+                        reasons.push(format!("{}: {err}", zone.name));
+                        continue;
+                    }
+                };
+                match self.check(&got.bytes, slot) {
+                    Ok(()) => return Ok(got.bytes),
+                    // Another zone's copy may be intact.
+                    Err(reason) => {
+                        corrupt = true;
+                        reasons.push(format!("{} holds {reason}", zone.name));
+                    }
                 }
             }
+            let (key, reason) = (key.to_owned(), reasons.join("; "));
+            if unreachable {
+                tracing::warn!(
+                    key,
+                    attempt,
+                    "reading an express bundle failed; retrying: {reason}"
+                );
+                self.backoff.clock.sleep(self.backoff.delay(attempt)).await;
+                continue;
+            }
+            return Err(if corrupt {
+                WalkError::Corrupt { key, reason }
+            } else {
+                WalkError::Unreadable { key, reason }
+            });
         }
-        let (key, reason) = (key.to_owned(), reasons.join("; "));
-        Err(if corrupt {
-            WalkError::Corrupt { key, reason }
-        } else {
-            WalkError::Unreadable { key, reason }
-        })
     }
 
     /// Whether `bytes` is a bundle of this chain's `slot`.
