@@ -508,6 +508,22 @@ pub async fn rebuild_catalog(
     // say which bundles it carried); its copy is at or behind the lost one, and nothing ahead
     // of it was collected, so the next start's walk from it finds every bundle not yet carried.
     report.express = retrying(clock, || crate::express::marker::read(store, star)).await?;
+    // The star that wrote the express chain ran at that chain epoch, whether or not any of its
+    // Standard flights landed: the next start must walk that Standard epoch (settling what
+    // landed, fencing the rest, so a late or paused writer can never land a flight there
+    // unnoticed) and the express chain behind it, so the chain resumes there at least.
+    if let Some(express) = report.express {
+        let express_chain_epoch = express.epoch / crate::express::GENERATIONS_PER_EPOCH;
+        if report
+            .chain
+            .is_none_or(|chain| chain.epoch < express_chain_epoch)
+        {
+            report.chain = Some(ChainState {
+                epoch: express_chain_epoch,
+                checkpoint: None,
+            });
+        }
+    }
     let restored = Restored {
         express: report.express.map(|c| (star.to_owned(), c)),
         trims,

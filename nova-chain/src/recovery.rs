@@ -69,6 +69,17 @@ pub enum RecoveryError {
          the same --s3-express-zone flags as before"
     )]
     ExpressZonesMissing { star: String },
+    #[error(
+        "the bucket holds star {star:?}'s express chain up to express epoch {express_epoch}, \
+         beyond the catalog's chain (epoch {chain_epoch}): the metastore does not belong to \
+         this bucket, or lost its catalog. Refusing to start beside data it does not know: run \
+         `novad --rebuild-catalog` with the same flags, then start novad again"
+    )]
+    ExpressAhead {
+        star: String,
+        express_epoch: u64,
+        chain_epoch: u64,
+    },
     #[error("reading the express checkpoint's copy in the bucket: {0}")]
     ExpressCheckpointCopy(String),
     #[error("settling the express chain: {0}")]

@@ -46,6 +46,9 @@ pub struct Oracle {
     /// Admission charges of the batches admitted and not yet answered, and their sum.
     charges: HashMap<usize, u64>,
     charged: u64,
+    /// The same for Express batches once their charge has moved to the express buffer.
+    express_charges: HashMap<usize, u64>,
+    express_charged: u64,
     /// Streams deleted: their records may vanish.
     deleted: std::collections::BTreeSet<usize>,
     /// A running digest of every event, to prove a seed replays exactly.
@@ -99,6 +102,25 @@ impl Oracle {
         self.charged += charge;
     }
 
+    /// An Express batch handed to the packer: its charge is in the express buffer from now
+    /// until after its answer.
+    pub fn admitted_express(&mut self, batch: usize, charge: u64, capacity: u64) {
+        let charge = charge.min(capacity);
+        self.express_charges.insert(batch, charge);
+        self.express_charged += charge;
+    }
+
+    /// Express batches handed over and not yet answered all hold their charge in the express
+    /// buffer, so together they may never exceed it.
+    pub fn check_express_charges(&mut self, capacity: u64) {
+        if self.express_charged > capacity {
+            self.violation(format!(
+                "Express batches handed over and not yet answered hold {} bytes of charge, over the {capacity}-byte express buffer",
+                self.express_charged
+            ));
+        }
+    }
+
     /// What admitted batches hold until they are answered may never exceed the buffer. Checked
     /// when every task that can run has run: an answer sent but not yet taken by its client
     /// would otherwise count twice.
@@ -114,6 +136,9 @@ impl Oracle {
     fn answered(&mut self, batch: usize) {
         if let Some(charge) = self.charges.remove(&batch) {
             self.charged -= charge;
+        }
+        if let Some(charge) = self.express_charges.remove(&batch) {
+            self.express_charged -= charge;
         }
     }
 
@@ -165,6 +190,8 @@ impl Oracle {
         self.event(&[5]);
         self.charges.clear();
         self.charged = 0;
+        self.express_charges.clear();
+        self.express_charged = 0;
         for batch in &mut self.batches {
             if batch.fate == Fate::Pending {
                 batch.fate = Fate::Maybe;

@@ -730,6 +730,15 @@ async fn produce(cx: Context, stream_index: usize, stream: Arc<StreamState>) {
             .await
         {
             Ok(receiver) => {
+                if let Some(buffer) = cx
+                    .star
+                    .express_buffer()
+                    .filter(|_| stream.meta.class == StorageClass::Express)
+                {
+                    cx.oracle
+                        .lock()
+                        .admitted_express(batch, charge, buffer.budget().capacity());
+                }
                 // The answer is recorded the moment it arrives, not when the window next
                 // needs room: an ack the client holds when the process dies counts as one.
                 let oracle = cx.oracle.clone();
@@ -805,6 +814,11 @@ async fn watch_budgets(cx: Context) {
         cx.oracle
             .lock()
             .check_charges(cx.star.config().admission_bytes);
+        if let Some(buffer) = cx.star.express_buffer() {
+            cx.oracle
+                .lock()
+                .check_express_charges(buffer.budget().capacity());
+        }
         let star = &cx.star;
         let checks = [
             (

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use nova_core::catalog::{AbsorbBatch, Catalog, ChainState, ExpressCheckpoint, VersionedChain};
+use nova_core::catalog::{AbsorbBatch, Catalog, ExpressCheckpoint, VersionedChain};
 use nova_core::flight::section::Fragment;
 use nova_core::flight::{
     FlightMeta, ObjectFooter, SectionInput, TailParse, assemble_flight, parse_tail,
@@ -86,26 +86,17 @@ pub async fn recover_express(
             slot: 0,
         },
     };
-    // The fresh chain epoch must be newer than every express epoch written before. After a
-    // rebuild from a bucket where the last star's Standard flights never landed, the Standard
-    // chain resumes at (or below) the epoch that star wrote its express chain in: reusing it
-    // would skip the walk of that chain and write over its slots. Nothing is at the fresh
-    // epoch yet, so it can move on.
-    let mut chain = chain;
+    // Every express epoch written before is older than the fresh chain epoch: a star writes
+    // its express chain in its own chain epoch, which this recovery's Standard walk fenced
+    // (a rebuild resumes the Standard chain at the express chain's epoch at least, for that).
+    // A copy in the bucket ahead of the catalog's chain means a catalog that does not know
+    // this bucket: walking would skip that express chain, and writing would go over it.
     if at.chain_epoch >= chain.state.epoch {
-        chain = commit_patiently(
-            "moving past the express chain's epoch",
-            retry,
-            catalog,
-            star,
-            Some(chain.version),
-            ChainState {
-                epoch: at.chain_epoch + 1,
-                checkpoint: None,
-            },
-            AbsorbBatch::default(),
-        )
-        .await?;
+        return Err(RecoveryError::ExpressAhead {
+            star: star.to_owned(),
+            express_epoch: express_epoch(at.chain_epoch, at.generation),
+            chain_epoch: chain.state.epoch,
+        });
     }
     let fresh_chain_epoch = chain.state.epoch;
     let fresh = express_epoch(fresh_chain_epoch, 0);
