@@ -191,7 +191,7 @@ pub struct Config {
         default_value = "2s",
         help_heading = "Express"
     )]
-    pub s3_express_publish_deadline: crate::express::DurationArg,
+    pub s3_express_publish_deadline: nova_proto::units::DurationArg,
 
     /// Bytes of Express appends held from admission until the Standard store holds them (the
     /// bundles being published, and acknowledged records not yet in a flight). At the limit

@@ -98,43 +98,6 @@ impl fmt::Display for ZoneSpec {
     }
 }
 
-/// A duration flag: `2s`, `500ms`, or a bare number of milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DurationArg(pub Duration);
-
-impl FromStr for DurationArg {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        let (number, scale) = if let Some(ms) = s.strip_suffix("ms") {
-            (ms, 1)
-        } else if let Some(secs) = s.strip_suffix('s') {
-            (secs, 1000)
-        } else {
-            (s, 1)
-        };
-        let number: u64 = number
-            .trim()
-            .parse()
-            .map_err(|_| format!("{s:?} is not a duration (e.g. 2s or 500ms)"))?;
-        Ok(DurationArg(Duration::from_millis(
-            number.saturating_mul(scale),
-        )))
-    }
-}
-
-impl fmt::Display for DurationArg {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ms = self.0.as_millis();
-        if ms.is_multiple_of(1000) {
-            write!(f, "{}s", ms / 1000)
-        } else {
-            write!(f, "{ms}ms")
-        }
-    }
-}
-
 /// Opens every zone's store and checks each makes conditional creates exclusive (a zone that
 /// does not would let a zombie and its successor both win a slot). `None` without zones.
 pub async fn open_zones(config: &Config) -> anyhow::Result<Option<ExpressConfig>> {
@@ -273,23 +236,5 @@ mod tests {
             let err = bad.parse::<ZoneSpec>().unwrap_err();
             assert!(err.contains(says), "{bad}: {err}");
         }
-    }
-
-    #[test]
-    fn durations_take_units() {
-        assert_eq!(
-            "2s".parse::<DurationArg>().unwrap().0,
-            Duration::from_secs(2)
-        );
-        assert_eq!(
-            "1500ms".parse::<DurationArg>().unwrap().0,
-            Duration::from_millis(1500)
-        );
-        assert_eq!(
-            "250".parse::<DurationArg>().unwrap().0,
-            Duration::from_millis(250)
-        );
-        assert_eq!(DurationArg(Duration::from_secs(2)).to_string(), "2s");
-        assert!("soon".parse::<DurationArg>().is_err());
     }
 }

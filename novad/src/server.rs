@@ -15,7 +15,7 @@ use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
 use nova_core::shed::ShedLog;
 use nova_proto::server::nova_server::NovaServer;
-use nova_proto::units::ByteSize;
+use nova_proto::units::{ByteSize, human_bytes};
 
 use crate::config::Config;
 use crate::memory::MemoryModel;
@@ -98,12 +98,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let memory = Arc::new(MemoryModel::new(&config, ceiling, metrics.memory.clone()));
     let worst = memory.at_session_cap();
     tracing::info!(
-        ceiling_bytes = ceiling.bytes,
+        ceiling = %human_bytes(ceiling.bytes),
         ceiling_source = %ceiling.source,
-        formula_at_session_cap_bytes = worst.total(),
-        admission_bytes = worst.admission,
-        tail_cache_bytes = worst.tail_cache,
-        transport_at_cap_bytes = worst.transport,
+        formula_at_session_cap = %human_bytes(worst.total()),
+        admission = %human_bytes(worst.admission),
+        express = %human_bytes(worst.express),
+        read = %human_bytes(worst.read),
+        tail_cache = %human_bytes(worst.tail_cache),
+        transport_at_session_cap = %human_bytes(worst.transport),
+        auditor = %human_bytes(worst.auditor),
         "memory ceiling"
     );
     if let Err(problem) = memory.check_fits() {

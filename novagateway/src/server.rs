@@ -12,6 +12,7 @@ use nova_core::clock::Clock;
 use nova_core::object_store::{Instrumented, ObjectStore};
 use nova_proto::server::gateway_peer_server::GatewayPeerServer;
 use nova_proto::server::nova_server::NovaServer;
+use nova_proto::units::human_bytes;
 
 use crate::config::Config;
 use crate::footers::Footers;
@@ -118,6 +119,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         star = %config.star,
         members = %members.join(","),
         store = %store.describe(),
+        fetch_inflight = %human_bytes(config.fetch_inflight),
+        footer_cache = %human_bytes(config.footer_cache_bytes),
+        object_cache = %human_bytes(config.object_cache_bytes),
+        max_read_bytes = %human_bytes(config.max_read_bytes),
         "novagateway serving reads"
     );
     let failure = tokio::select! {
