@@ -10,6 +10,12 @@ use crate::v1;
 /// Metadata key carrying a retry hint in milliseconds on RESOURCE_EXHAUSTED and UNAVAILABLE.
 pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 
+/// The retry hint of an UNAVAILABLE refusal that knows no better one (a star shutting down or
+/// fenced, a metastore or object store that did not answer): about what a restart, a takeover
+/// or a blip takes to pass, and long enough that a fleet of producers does not hammer a star
+/// that is going away.
+pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// Metadata key carrying the stream's first available sequence number on OUT_OF_RANGE.
 pub const FIRST_SEQ: &str = "first-seq";
 /// Metadata on an UNAVAILABLE status from a star that does not lead the stream: where the
@@ -149,10 +155,14 @@ impl RequestError {
         }
     }
 
+    /// When a retry may succeed, on every refusal a retry can fix: the caps' hints, the
+    /// express chain's, and a default for every other UNAVAILABLE. A redirect needs none (the
+    /// leader is named), and neither does a refusal a retry cannot fix.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             RequestError::CapReached { retry_after, .. }
             | RequestError::UnavailableFor { retry_after, .. } => Some(*retry_after),
+            RequestError::Unavailable(_) => Some(UNAVAILABLE_RETRY_AFTER),
             _ => None,
         }
     }
@@ -276,5 +286,31 @@ mod tests {
         let wire = err.to_append_error();
         assert_eq!(wire.code, Code::FailedPrecondition as i32);
         assert_eq!(wire.next_seq, Some(10));
+    }
+
+    #[test]
+    fn every_retryable_refusal_says_when_to_come_back() {
+        let unavailable = Status::from(RequestError::Unavailable(
+            "the star is shutting down; retry against its successor".into(),
+        ));
+        assert_eq!(unavailable.code(), Code::Unavailable);
+        assert_eq!(retry_after(&unavailable), Some(UNAVAILABLE_RETRY_AFTER));
+        let express = RequestError::UnavailableFor {
+            reason: "zones".into(),
+            retry_after: Duration::from_millis(2000),
+        };
+        assert_eq!(express.to_append_error().retry_after_ms, Some(2000));
+        // Refusals a retry cannot fix, and redirects, carry none.
+        for err in [
+            RequestError::EmptyBatch,
+            RequestError::StreamNotFound("s".into()),
+            RequestError::NotLeader {
+                stream: "s".into(),
+                leader_id: "b".into(),
+                leader_addr: "http://b".into(),
+            },
+        ] {
+            assert_eq!(err.retry_after(), None, "{err}");
+        }
     }
 }
