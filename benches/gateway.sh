@@ -82,7 +82,7 @@ PIDS+=($!)
 wait_port "$GW_PORT"
 
 say "loading $BYTES over 16 streams"
-"$BIN/nova" --server "http://127.0.0.1:$NOVA_PORT" --output json bench --sessions 16 --record-bytes 4KiB \
+"$BIN/nova" --server "http://127.0.0.1:$NOVA_PORT" --output json bench --reuse-streams --sessions 16 --record-bytes 4KiB \
     --batch-records 64 --bytes "$BYTES" --quiet >"$WORK/load.json"
 
 say "raw ranged GETs of every section, 64 at a time"

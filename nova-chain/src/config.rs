@@ -36,6 +36,8 @@ pub struct ChainConfig {
     pub entropy: Entropy,
     /// The Express class's zones and settings; `None` when the star has no zone buckets.
     pub express: Option<crate::express::ExpressConfig>,
+    /// `--metrics-top-streams`: streams exported with series of their own (the busiest).
+    pub metrics_top_streams: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -102,6 +104,7 @@ impl Default for ChainConfig {
             clock: Clock::system(),
             entropy: Entropy::from_os(),
             express: None,
+            metrics_top_streams: limits::METRICS_TOP_STREAMS,
         }
     }
 }

@@ -29,6 +29,7 @@ mod reader;
 mod resolver;
 mod shared;
 mod star;
+mod stream_series;
 mod writer;
 
 pub use config::{Backoff, ChainConfig, RetryPolicy};

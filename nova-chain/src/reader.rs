@@ -327,6 +327,52 @@ pub(crate) async fn resolve(
     Ok(refs)
 }
 
+/// Where a read by time starts: the first index entry at or after `from_seq` whose object was
+/// written at or after `timestamp_ms` (unix ms), found by a binary search over the stream's
+/// sequence numbers that reads one entry per step (O(log n) metastore reads).
+///
+/// An object's write time is at or after the admission time of every record in it, and records
+/// the star stamps are stamped at admission, so no record stamped at or after `timestamp_ms`
+/// lies before the entry found; the reader passes over the earlier records in it. Records
+/// still in the tail cache are not in the index: a search that reaches them stops there, and
+/// the reader passes over them the same way. Entries written before objects carried a write
+/// time (0) count as older than any time. A producer's own timestamps are taken as they are:
+/// one ahead of the star's clock may be passed over.
+pub(crate) async fn seek_time(
+    shared: &Shared,
+    stream: &StreamState,
+    from_seq: u64,
+    timestamp_ms: u64,
+) -> Result<u64, RequestError> {
+    check_not_trimmed(shared, stream, from_seq, false).await?;
+    let mut lo = from_seq;
+    let mut hi = stream.tail();
+    if let Some(hot) = shared.tail_cache.earliest(stream.id()) {
+        hi = hi.min(hot.max(lo));
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let entry = match shared.pending.lookup(stream.id(), mid) {
+            Some(entry) => Some(entry),
+            None => shared
+                .catalog
+                .index_entries(stream.id(), mid, 1)
+                .await
+                .map_err(|e| RequestError::Unavailable(format!("index lookup: {e}")))?
+                .into_iter()
+                .next()
+                .filter(|e| e.start_seq <= mid),
+        };
+        match entry {
+            Some(entry) if entry.created_at_ms < timestamp_ms => lo = entry.end_seq.max(mid + 1),
+            Some(entry) => hi = entry.start_seq.max(lo),
+            // Not indexed (trimmed or deleted meanwhile): start no later than here.
+            None => hi = mid,
+        }
+    }
+    Ok(lo)
+}
+
 fn no_entry(stream: &StreamState, seq: u64) -> RequestError {
     // A stream deleted while this read ran has its index dropped: that is the delete, not a
     // loss. (Found by the simulation: such reads answered DATA_LOSS.)

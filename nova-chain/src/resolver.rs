@@ -88,24 +88,13 @@ fn fail(shared: &Shared, flight: InFlight, error: RequestError) {
     }
 }
 
-/// Counts an acknowledged batch in the per-stream append metrics.
+/// Counts an acknowledged batch in the append metrics: the totals, and the stream's own counts
+/// (exported for the busiest streams only, `stream_series`).
 pub(crate) fn count_appended(shared: &Shared, batch: &Batch) {
-    // A stream deleted while its batch was in flight has had its series dropped; counting it
-    // would bring them back for good.
-    if batch.stream.is_deleted() {
-        return;
-    }
-    let name = batch.stream.name();
-    shared
-        .metrics
-        .appended_records
-        .with_label_values(&[name])
-        .inc_by(batch.range.end - batch.range.start);
-    shared
-        .metrics
-        .appended_bytes
-        .with_label_values(&[name])
-        .inc_by(batch.content_bytes);
+    let records = batch.range.end - batch.range.start;
+    shared.metrics.appended_records.inc_by(records);
+    shared.metrics.appended_bytes.inc_by(batch.content_bytes);
+    batch.stream.count_appended(records, batch.content_bytes);
 }
 
 async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Landed>) {

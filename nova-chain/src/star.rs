@@ -178,6 +178,16 @@ impl Star {
             })
             .await?,
         );
+        if config.metrics_top_streams > 0 {
+            // A star's registry takes its series once; a second star on one registry (tests)
+            // keeps the first's.
+            let _ = metrics
+                .registry
+                .register(Box::new(crate::stream_series::StreamSeries::new(
+                    &streams,
+                    config.metrics_top_streams,
+                )));
+        }
         probe_store(&config.star, &store, &backoff).await?;
         let mut recovered = recover(&config.star, &store, &catalog, &streams, &backoff).await?;
         match &config.express {
@@ -468,6 +478,17 @@ impl Star {
         reader::read(&self.shared, stream, start_seq, max_records, max_bytes).await
     }
 
+    /// Where a read of `stream` from `from_seq` for records at or after `timestamp_ms` (unix ms)
+    /// starts: at or after `from_seq`, at or before the first such record (`reader::seek_time`).
+    pub async fn seek_time(
+        &self,
+        stream: &StreamState,
+        from_seq: u64,
+        timestamp_ms: u64,
+    ) -> Result<u64, RequestError> {
+        reader::seek_time(&self.shared, stream, from_seq, timestamp_ms).await
+    }
+
     /// Where the stream's records from `start_seq` live in the object store: index entries in
     /// order, at most `max_refs`, up to the first record held in memory, and where that
     /// in-memory stretch begins (`hot_from`): a read tier serves refs itself and sends the rest
@@ -503,6 +524,10 @@ impl Star {
     /// Refreshes the gauges that are ages rather than counts, for a metrics scrape.
     pub fn refresh_gauges(&self) {
         let metrics = &self.shared.metrics;
+        metrics.epoch.set(self.shared.epoch as i64);
+        metrics
+            .stored_bytes
+            .set(self.shared.streams.stored_bytes_total() as i64);
         let age = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64());
         metrics
             .oldest_admitted_age
@@ -511,6 +536,7 @@ impl Star {
             .shared
             .pending
             .oldest_age(self.shared.config.clock.now())));
+        metrics.store_failing_age.set(age(self.store_failing_for()));
         metrics
             .admission
             .in_use

@@ -44,6 +44,10 @@ pub struct StreamState {
     first_seq_read_ms: AtomicU64,
     /// Wakes readers waiting at the tail.
     tail_moved: tokio::sync::Notify,
+    /// Records and content bytes acknowledged since this star loaded the stream, for its
+    /// metrics (`stream_series`).
+    appended_records: AtomicU64,
+    appended_bytes: AtomicU64,
 }
 
 impl StreamState {
@@ -61,7 +65,24 @@ impl StreamState {
             first_seq: AtomicU64::new(0),
             first_seq_read_ms: AtomicU64::new(0),
             tail_moved: tokio::sync::Notify::new(),
+            appended_records: AtomicU64::new(0),
+            appended_bytes: AtomicU64::new(0),
         }
+    }
+
+    /// Counts an acknowledged batch in the stream's append metrics.
+    pub(crate) fn count_appended(&self, records: u64, content_bytes: u64) {
+        self.appended_records.fetch_add(records, Ordering::Relaxed);
+        self.appended_bytes
+            .fetch_add(content_bytes, Ordering::Relaxed);
+    }
+
+    /// Records and content bytes acknowledged since this star loaded the stream.
+    pub fn appended(&self) -> (u64, u64) {
+        (
+            self.appended_records.load(Ordering::Relaxed),
+            self.appended_bytes.load(Ordering::Relaxed),
+        )
     }
 
     pub fn id(&self) -> u64 {
@@ -382,7 +403,8 @@ impl StreamRegistry {
             *state.retention.lock() = retention;
             registry.write_manifest(&meta, false).await.map_err(|e| {
                 RequestError::Unavailable(format!(
-                    "the retention of stream {name:?} is set, but writing its manifest failed                      (set it again): {e}"
+                    "the retention of stream {name:?} is set, but writing its manifest failed \
+                     (set it again): {e}"
                 ))
             })?;
             Ok(meta)
@@ -465,6 +487,7 @@ impl StreamRegistry {
         }
         if self.len() >= self.max_streams {
             self.metrics.sheds.with_label_values(&["max_streams"]).inc();
+            self.metrics.refused.hit(Some(name), None);
             tracing::warn!(
                 stream = name,
                 limit = self.max_streams,
@@ -645,7 +668,6 @@ impl StreamRegistry {
         state.tail_moved.notify_waiters();
         self.deleted.lock().push(state.id());
         self.metrics.streams.set(self.len() as i64);
-        self.metrics.forget_stream(name);
     }
 
     /// Marks a deleted stream's manifest deleted, then forgets the catalog's pending
@@ -676,6 +698,41 @@ impl StreamRegistry {
                 manifest.encode().into(),
             )
             .await
+    }
+
+    /// Bytes stored over every stream this registry holds (one pass, nothing collected).
+    pub fn stored_bytes_total(&self) -> u64 {
+        self.by_name
+            .read()
+            .values()
+            .map(|state| state.stored_bytes())
+            .sum()
+    }
+
+    /// The `n` streams with the most appended bytes, as (name, records, bytes), busiest first;
+    /// streams that took no append are left out. One pass over the streams.
+    pub fn busiest(&self, n: usize) -> Vec<(String, u64, u64)> {
+        if n == 0 {
+            return Vec::new();
+        }
+        let mut active: Vec<(u64, u64, Arc<StreamState>)> = self
+            .by_name
+            .read()
+            .values()
+            .filter_map(|state| {
+                let (records, bytes) = state.appended();
+                (records > 0).then(|| (bytes, records, state.clone()))
+            })
+            .collect();
+        if active.len() > n {
+            active.select_nth_unstable_by(n - 1, |a, b| b.0.cmp(&a.0));
+            active.truncate(n);
+        }
+        active.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.name().cmp(b.2.name())));
+        active
+            .into_iter()
+            .map(|(bytes, records, state)| (state.name().to_owned(), records, bytes))
+            .collect()
     }
 
     /// Streams whose names start with `prefix`, after `start_after`, at most `limit`.

@@ -191,6 +191,10 @@ pub struct ReadOptions {
     /// When reading at the tail, how long the server may wait for new records before answering
     /// with an empty page (capped by the server at 60 s).
     pub wait: Duration,
+    /// Start at the first record at or after the start sequence number whose timestamp is at or
+    /// after this (unix ms). The server may answer an empty page whose `next_seq` moved on:
+    /// keep reading from it with the same start time ([`crate::Consumer::from_time`] does).
+    pub start_timestamp: Option<u64>,
 }
 
 /// One page of a stream.
@@ -243,7 +247,7 @@ impl Client {
             let endpoint = match settings.endpoint(url) {
                 Ok(endpoint) => endpoint,
                 Err(e) => {
-                    last = connect_error(e.to_string());
+                    last = connect_error(crate::error::with_causes(&e));
                     continue;
                 }
             };
@@ -255,7 +259,7 @@ impl Client {
                         retry: config.retry,
                     });
                 }
-                Err(e) => last = connect_error(format!("{e}")),
+                Err(e) => last = connect_error(crate::error::with_causes(&e)),
             }
         }
         Err(last)
@@ -465,6 +469,7 @@ impl Client {
                     max_records: options.max_records,
                     max_bytes: options.max_bytes,
                     wait_ms: options.wait.as_millis().min(u32::MAX as u128) as u32,
+                    start_timestamp: options.start_timestamp,
                 })
                 .await
             })
@@ -475,6 +480,17 @@ impl Client {
             next_seq: response.next_seq,
             tail_seq: response.tail_seq,
         })
+    }
+
+    /// What the server this client connected to says about itself: version, role, readiness,
+    /// and the limits appends and reads must stay within.
+    pub async fn server_info(&self) -> Result<crate::ServerInfo, Error> {
+        let response = self
+            .idempotent("", |mut star| async move {
+                star.get_server_info(v1::GetServerInfoRequest {}).await
+            })
+            .await?;
+        Ok(response.into_inner().into())
     }
 
     /// Opens a producer session on the star this client connected to.

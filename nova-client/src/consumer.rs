@@ -39,6 +39,14 @@ impl Consumer {
         self
     }
 
+    /// Starts at the first record (from the start sequence number on) whose timestamp is at or
+    /// after `timestamp_ms` (unix ms), as the server finds it: by the index, then passing over
+    /// earlier records. Pages before the first such record may come back empty.
+    pub fn from_time(mut self, timestamp_ms: u64) -> Self {
+        self.options.start_timestamp = Some(timestamp_ms);
+        self
+    }
+
     /// Caps each page (0: the server's cap).
     pub fn page_size(mut self, max_records: u32, max_bytes: u64) -> Self {
         self.options.max_records = max_records;
@@ -60,11 +68,23 @@ impl Consumer {
             .read_with(&self.stream, self.next_seq, self.options)
             .await?;
         self.next_seq = page.next_seq.max(self.next_seq);
+        if !page.records.is_empty() {
+            // Found: from here on every record is read, whatever its timestamp.
+            self.options.start_timestamp = None;
+        }
         Ok(page)
     }
 
     pub fn is_following(&self) -> bool {
         self.follow
+    }
+
+    /// Whether an empty `page` is a read by time that has not found its first record yet
+    /// and has more of the stream to look through.
+    pub fn seeking_past(&self, page: &Page) -> bool {
+        page.records.is_empty()
+            && self.options.start_timestamp.is_some()
+            && page.next_seq < page.tail_seq
     }
 
     /// The stream's records one by one, as a `futures::Stream`, fetched a page at a time as it
@@ -81,7 +101,9 @@ impl Consumer {
                         consumer,
                     )));
                 }
-                if !consumer.follow {
+                // An empty page short of the tail is a read by time passing over earlier
+                // records: keep going.
+                if !consumer.follow && !consumer.seeking_past(&page) {
                     return Ok(None);
                 }
             }

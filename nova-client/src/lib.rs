@@ -30,6 +30,7 @@ mod client;
 mod config;
 mod consumer;
 mod error;
+mod info;
 mod jitter;
 mod producer;
 mod session;
@@ -40,6 +41,7 @@ pub use client::{
 pub use config::{ClientConfig, RetryPolicy};
 pub use consumer::Consumer;
 pub use error::{Error, ErrorCode};
+pub use info::{ServerInfo, ServerLimits, ServerRole};
 pub use nova_proto::domain::{Header, Record, SequencedRecord};
 pub use nova_proto::route::InvalidToken;
 pub use producer::{AppendTicket, Producer, ProducerConfig};

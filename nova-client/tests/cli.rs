@@ -60,7 +60,7 @@ fn create_append_read_round_trip_and_survive_kill_9() {
         "beta\n"
     );
     let described = ok(nova(&url, &["stream", "describe", "events"], b""));
-    assert!(described.contains("tail_seq: 3"), "{described}");
+    assert!(described.contains("records:        0..3"), "{described}");
     assert_eq!(ok(nova(&url, &["stream", "list"], b"")), "events\ttail=3\n");
 
     // Errors go to stderr with the reason, and a non-zero exit.

@@ -106,6 +106,12 @@ impl Nova for Recorder {
     ) -> Result<Response<v1::ReconfigureStreamResponse>, Status> {
         Err(Status::unimplemented("not in this test"))
     }
+    async fn get_server_info(
+        &self,
+        _: Request<v1::GetServerInfoRequest>,
+    ) -> Result<Response<v1::GetServerInfoResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
 }
 
 async fn serve(star: Recorder) -> SocketAddr {

@@ -17,6 +17,9 @@ pub const MAX_SUBSCRIPTIONS: u32 = 16_384;
 /// `--max-streams`: streams a star holds. Each costs about 1 KiB of fixed memory (its entry in
 /// the registry and two metric series), so the default adds at most ~10 MiB to the overhead.
 pub const MAX_STREAMS: u32 = 10_000;
+
+/// Streams exported with metric series of their own: the busiest, by appended bytes.
+pub const METRICS_TOP_STREAMS: usize = 100;
 /// The longest a read may wait at the tail (`wait_ms` is capped to it).
 pub const MAX_READ_WAIT_MS: u64 = 60_000;
 /// `--read-memory-mib`: bytes reads hold at once beyond the tail window cache: fetched

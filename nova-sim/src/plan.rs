@@ -234,6 +234,7 @@ impl Plan {
                 // Set per incarnation from `express` (`chain_config`): the zones are the
                 // world's stores.
                 express: None,
+                metrics_top_streams: 10,
             },
             auditor: AuditorPlan::draw(auditor),
             express: None,

@@ -38,6 +38,12 @@ pub struct Config {
     #[arg(long, env = "NOVA_METRICS_ADDR", default_value = "127.0.0.1:7401")]
     pub metrics_addr: SocketAddr,
 
+    /// Streams exported with metric series of their own (a `stream` label): the ones with the
+    /// most appended bytes, chosen afresh at each scrape. Stream names are unbounded, so the
+    /// rest count only in the totals; 0 exports no per-stream series.
+    #[arg(long, env = "NOVA_METRICS_TOP_STREAMS", default_value_t = nova_core::limits::METRICS_TOP_STREAMS)]
+    pub metrics_top_streams: usize,
+
     /// Directory for the embedded metastore and, without --s3-bucket, the local object store.
     #[arg(long, env = "NOVA_DATA_DIR", default_value = "nova-data")]
     pub data_dir: PathBuf,
@@ -299,6 +305,26 @@ pub struct Config {
     /// metastore, never the object store, while nothing is due).
     #[arg(long, env = "NOVA_AUDITOR_IDLE_MS", default_value_t = auditor_defaults::IDLE_MS, help_heading = "Auditor")]
     pub auditor_idle_ms: u64,
+
+    /// Print every setting as an example environment file (what ops/novad.env.example holds)
+    /// and exit.
+    #[arg(long, hide = true)]
+    pub print_env_example: bool,
+}
+
+/// What `--print-env-example` prints: ops/novad.env.example.
+pub fn env_example() -> String {
+    use clap::CommandFactory;
+    nova_core::envdoc::env_example(
+        &Config::command(),
+        "Every novad setting as an environment variable (NOVA_ and the flag's name), with its\n\
+         default: uncomment and change what you need. Load it with `set -a; . ./novad.env;\n\
+         set +a`, or an EnvironmentFile= line in a systemd unit. Generated from the flags by\n\
+         `novad --print-env-example` (scripts/env-examples); a test keeps it current.\n\
+         \n\
+         Object-store credentials come from the standard AWS chain (AWS_ACCESS_KEY_ID and\n\
+         AWS_SECRET_ACCESS_KEY, a profile, or instance metadata), not from these settings.",
+    )
 }
 
 impl Config {
@@ -322,6 +348,7 @@ impl Config {
             entropy: Entropy::from_os(),
             // Opened (and probed) at start-up: `crate::express::open_zones`.
             express: None,
+            metrics_top_streams: self.metrics_top_streams,
         }
     }
 
@@ -586,17 +613,21 @@ mod tests {
         }
     }
 
-    /// The example environment file names every setting novad reads from the environment.
+    /// The example environment file is what the flags make of it now: every setting novad
+    /// reads from the environment, with its help and default.
     #[test]
-    fn the_example_env_file_lists_every_setting() {
+    fn the_example_env_file_is_generated_from_the_flags() {
         let example = docs("ops/novad.env.example");
+        nova_core::envdoc::check_current(
+            "ops/novad.env.example",
+            &example,
+            &env_example(),
+            "scripts/env-examples",
+        );
         for arg in Config::command().get_arguments() {
             if let Some(env) = arg.get_env() {
                 let env = env.to_string_lossy();
-                assert!(
-                    example.contains(&format!("{env}=")),
-                    "{env} is missing from ops/novad.env.example"
-                );
+                assert!(example.contains(&format!("# {env}=")), "{env}");
             }
         }
     }

@@ -13,6 +13,10 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let config = config::Config::parse();
+    if config.print_env_example {
+        print!("{}", config::env_example());
+        return ExitCode::SUCCESS;
+    }
     nova_core::process::init_logging();
     if let Err(problem) = config.check() {
         eprintln!("novad: {problem}");

@@ -93,7 +93,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         return rebuild(config).await;
     }
     let metastore = open_metastore(&config).await?;
+    let started_at_ms = Clock::system().unix_ms();
     let metrics = Arc::new(Metrics::new());
+    nova_core::metrics::register_build_info(
+        &metrics.registry,
+        "nova",
+        env!("CARGO_PKG_VERSION"),
+        started_at_ms as f64 / 1000.0,
+    );
     let ceiling = detect_ceiling(config.memory_ceiling.map(ByteSize::bytes));
     let memory = Arc::new(MemoryModel::new(&config, ceiling, metrics.memory.clone()));
     let worst = memory.at_session_cap();
@@ -144,6 +151,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             metrics.render()
         })
     };
+    tokio::spawn(watch_metastore_size(
+        metastore.clone(),
+        metrics.metastore_size.clone(),
+        stopping.clone(),
+    ));
     let metrics_listener = nova_core::process::bind_metrics(config.metrics_addr).await?;
     let metrics_task = tokio::spawn(nova_core::process::serve_metrics(
         metrics_listener,
@@ -256,6 +268,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         sheds,
         shutdown: stopping.clone(),
+        identity: crate::service::info::Identity {
+            version: env!("CARGO_PKG_VERSION"),
+            started_at_ms,
+            store: store.describe(),
+            max_message_bytes: config.max_message_bytes() as u64,
+        },
     });
     let _ = sessions_open.set(ctx.clone());
     // Saturation moves with the sessions open; keep it current between scrapes.
@@ -311,6 +329,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .initial_connection_window_size(connection_window(window, config.max_producer_sessions))
         .http2_adaptive_window(Some(false))
         .tcp_nodelay(true)
+        // Every call counted by method and code, and timed (outermost, so it sees them all).
+        .layer(nova_proto::rpc::RpcLayer::new(
+            metrics.rpc.clone(),
+            Clock::system(),
+        ))
         // Appends are charged from their length prefix, before tonic buffers them.
         .layer(ChargeLayer::new(
             star.admission().clone(),
@@ -409,6 +432,25 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 /// still needs half the window free to get it back. (HTTP/2 caps a window at 2^31 - 1 bytes.)
 fn connection_window(stream_window: u32, max_sessions: u32) -> u32 {
     (2 * stream_window as u64 * max_sessions.max(1) as u64).clamp(1 << 20, (1u64 << 31) - 1) as u32
+}
+
+/// Keeps `nova_metastore_size_bytes` current. A failure leaves the last value (the metastore's
+/// own errors show elsewhere, where they matter).
+async fn watch_metastore_size(
+    metastore: Arc<dyn Metastore>,
+    gauge: prometheus::IntGauge,
+    stopping: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stopping.cancelled() => return,
+        }
+        if let Ok(Some(bytes)) = metastore.size_bytes().await {
+            gauge.set(bytes.min(i64::MAX as u64) as i64);
+        }
+    }
 }
 
 async fn set_health(health: &tonic_health::server::HealthReporter, serving: bool) {

@@ -50,6 +50,18 @@ async fn every_metric_is_exported_from_the_first_scrape() {
         "nova_memory_formula_bytes{term=\"transport\"}",
         "nova_memory_saturation_ratio",
         "nova_memory_saturated",
+        // What the star is and how it is doing.
+        "nova_build_info{version=",
+        "nova_process_start_time_seconds",
+        "nova_star_ready",
+        "nova_star_fenced",
+        "nova_star_epoch",
+        "nova_streams",
+        "nova_stored_bytes",
+        "nova_metastore_size_bytes",
+        "nova_object_store_failing_age_seconds",
+        "nova_append_ack_seconds_bucket{class=\"standard\"",
+        "nova_appended_records_total",
     ] {
         assert!(page.contains(name), "{name} missing from the metrics page");
     }
@@ -80,6 +92,25 @@ async fn every_metric_is_exported_from_the_first_scrape() {
             .metric("nova_stream_appended_bytes_total{stream=\"orders\"}")
             .unwrap()
             > 0.0
+    );
+    // Every call is counted by method and code, and timed.
+    let page = novad.metrics();
+    assert!(
+        page.contains("nova_rpc_requests_total{code=\"OK\",method=\"CreateStream\"} 1"),
+        "{page}"
+    );
+    assert!(page.contains("nova_rpc_duration_seconds_bucket{method=\"CreateStream\""));
+    assert_eq!(novad.metric("nova_appended_records_total"), Some(3.0));
+    assert!(novad.metric("nova_append_ack_seconds_count{class=\"standard\"}") >= Some(1.0));
+    // An unknown stream is refused, and who asked is tallied.
+    assert!(session.append("nope", records("r", 1), None).await.is_err());
+    assert_eq!(
+        novad.metric("nova_top_refused_streams{stream=\"nope\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        novad.metric("nova_top_refused_peers{peer=\"127.0.0.1\"}"),
+        Some(1.0)
     );
     // One open session is one stream window in the formula.
     assert_eq!(
@@ -186,18 +217,57 @@ async fn a_star_whose_store_is_down_at_start_keeps_retrying_and_accepts_nothing(
     );
 }
 
-/// Every `nova_*` name the shipped alerts and dashboard query is one novad exports.
+/// Every `nova_*` name the shipped alerts and dashboards query is one a star (or, for
+/// `nova_gateway_*` names and the gateway's dashboard, a gateway) exports: a panel or an alert on
+/// a misspelled or retired metric would show nothing, silently.
 #[tokio::test]
-async fn the_alerts_and_dashboard_query_only_exported_metrics() {
+async fn the_alerts_and_dashboards_query_only_exported_metrics() {
     let novad = novad().start();
-    // Per-stream series exist once a stream has taken an append.
+    let gateway =
+        nova_testkit::NovadBuilder::gateway(nova_testkit::workspace_binary("novagateway"))
+            .args([
+                "--star",
+                &novad.url(),
+                "--store-dir",
+                novad.data_dir().join("store").to_str().unwrap(),
+            ])
+            .start();
+    // Per-stream series exist once a stream has taken an append; the most-refused series once
+    // something was refused (an append to a stream that does not exist).
     let client = client(&novad).await;
     client.create_stream("s").await.unwrap();
     let mut session = client.append_session().await.unwrap();
     session.append("s", records("r", 1), None).await.unwrap();
-    let page = novad.metrics();
+    assert!(
+        session
+            .append("missing", records("r", 1), None)
+            .await
+            .is_err()
+    );
+    // A read through the gateway, so its read and RPC series exist.
+    let through_gateway = nova_client::Client::connect(&gateway.url()).await.unwrap();
+    through_gateway.read("s", 0, 0).await.unwrap();
+    let star_page = novad.metrics();
+    let gateway_page = gateway.metrics();
+    let exports = |page: &str, name: &str| {
+        page.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.strip_prefix(name))
+            .any(|rest| {
+                // A histogram's series carry suffixes.
+                let rest = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|suffix| rest.strip_prefix(suffix))
+                    .unwrap_or(rest);
+                rest.starts_with(['{', ' '])
+            })
+    };
     let root = nova_testkit::workspace_root();
-    for file in ["ops/alerts.yml", "ops/grafana-dashboard.json"] {
+    for (file, gateway_file) in [
+        ("ops/alerts.yml", false),
+        ("ops/grafana-dashboard.json", false),
+        ("ops/grafana-gateway-dashboard.json", true),
+    ] {
         let text = std::fs::read_to_string(root.join(file)).unwrap();
         let mut names: Vec<&str> = text
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
@@ -207,21 +277,14 @@ async fn the_alerts_and_dashboard_query_only_exported_metrics() {
         names.dedup();
         assert!(!names.is_empty(), "{file} queries no metric");
         for name in names {
-            let exported = page
-                .lines()
-                .filter(|l| !l.starts_with('#'))
-                .filter_map(|l| l.strip_prefix(name))
-                .any(|rest| {
-                    // A histogram's series carry suffixes.
-                    let rest = ["_bucket", "_sum", "_count"]
-                        .iter()
-                        .find_map(|suffix| rest.strip_prefix(suffix))
-                        .unwrap_or(rest);
-                    rest.starts_with(['{', ' '])
-                });
+            let (page, who) = if gateway_file || name.starts_with("nova_gateway_") {
+                (&gateway_page, "novagateway")
+            } else {
+                (&star_page, "novad")
+            };
             assert!(
-                exported,
-                "{file} queries {name}, which novad does not export"
+                exports(page, name),
+                "{file} queries {name}, which {who} does not export"
             );
         }
     }

@@ -106,6 +106,26 @@ pub struct Config {
     /// How long a peer that failed is skipped (its share goes straight to the object store).
     #[arg(long, env = "NOVA_GATEWAY_DEAD_PEER_MS", default_value_t = 5000)]
     pub dead_peer_ms: u64,
+
+    /// Print every setting as an example environment file (what
+    /// ops/novagateway.env.example holds) and exit.
+    #[arg(long, hide = true)]
+    pub print_env_example: bool,
+}
+
+/// What `--print-env-example` prints: ops/novagateway.env.example.
+pub fn env_example() -> String {
+    use clap::CommandFactory;
+    nova_core::envdoc::env_example(
+        &Config::command(),
+        "Every novagateway setting as an environment variable, with its default: uncomment and\n\
+         change what you need. Load it with `set -a; . ./novagateway.env; set +a`, or an\n\
+         EnvironmentFile= line in a systemd unit. Generated from the flags by\n\
+         `novagateway --print-env-example` (scripts/env-examples); a test keeps it current.\n\
+         \n\
+         Object-store credentials come from the standard AWS chain (AWS_ACCESS_KEY_ID and\n\
+         AWS_SECRET_ACCESS_KEY, a profile, or instance metadata), not from these settings.",
+    )
 }
 
 impl Config {
@@ -180,6 +200,20 @@ mod tests {
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");
         }
+    }
+
+    /// ops/novagateway.env.example is what the flags make of it now.
+    #[test]
+    fn the_example_env_file_is_generated_from_the_flags() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/novagateway.env.example");
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        nova_core::envdoc::check_current(
+            "ops/novagateway.env.example",
+            &on_disk,
+            &env_example(),
+            "scripts/env-examples",
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use prometheus::{
 };
 
 use nova_core::metrics::{
-    BudgetMetrics, StoreMetrics, budget, counter, counter_vec, gauge, register,
+    BudgetMetrics, RpcMetrics, StoreMetrics, budget, counter, counter_vec, gauge, register,
 };
 
 #[derive(Debug, Clone)]
@@ -34,7 +34,17 @@ pub struct GatewayMetrics {
     pub reads: IntCounterVec,
     /// Reads that found an object gone (the auditor moved and collected it) and resolved again.
     pub stale_refs: IntCounter,
+    /// Reads that failed, by the code the consumer got (`UNAVAILABLE`: the store or the star
+    /// did not answer; `NOT_FOUND`, `OUT_OF_RANGE`: the consumer asked for what is not there).
+    pub read_errors: IntCounterVec,
     pub store: StoreMetrics,
+    pub rpc: RpcMetrics,
+    /// 1 while the object store answers the gateway's probes.
+    pub store_reachable: IntGauge,
+    /// 1 while the star (--star) answers the gateway's probes.
+    pub star_reachable: IntGauge,
+    /// 1 while both answer: the gateway can serve history and the tail.
+    pub ready: IntGauge,
 }
 
 impl GatewayMetrics {
@@ -61,7 +71,12 @@ impl GatewayMetrics {
             peer_failures: counter_vec(&r, "nova_gateway_peer_failures_total", "Fetches from a peer that failed (the peer is skipped for a while).", &["member"]),
             reads: counter_vec(&r, "nova_gateway_reads_total", "Reads served, by where the records came from.", &["source"]),
             stale_refs: counter(&r, "nova_gateway_stale_refs_total", "Reads that found an object the auditor had collected and resolved their refs again."),
+            read_errors: counter_vec(&r, "nova_gateway_read_errors_total", "Reads that failed, by the gRPC code the consumer got.", &["code"]),
             store: StoreMetrics::register(&r),
+            rpc: RpcMetrics::register(&r, "nova_gateway"),
+            store_reachable: gauge(&r, "nova_gateway_store_reachable", "1 while the object store answers the gateway's probes (every 5 s)."),
+            star_reachable: gauge(&r, "nova_gateway_star_reachable", "1 while the star (--star) answers the gateway's probes (every 5 s)."),
+            ready: gauge(&r, "nova_gateway_ready", "1 while the gateway's object store and star both answer."),
             registry: r,
         };
         for route in ["owner", "peer", "spilled", "direct"] {
@@ -69,6 +84,15 @@ impl GatewayMetrics {
         }
         for source in ["history", "star"] {
             metrics.reads.with_label_values(&[source]);
+        }
+        for code in [
+            "UNAVAILABLE",
+            "NOT_FOUND",
+            "OUT_OF_RANGE",
+            "INTERNAL",
+            "DATA_LOSS",
+        ] {
+            metrics.read_errors.with_label_values(&[code]);
         }
         metrics
     }

@@ -94,12 +94,18 @@ impl Reader {
                     stream: request.stream.clone(),
                     start_seq: request.start_seq,
                     max_refs: COLD_READ_REFS as u32,
+                    start_timestamp: request.start_timestamp,
                 })
                 .await
             })
             .await?
             .into_inner();
-        if request.start_seq >= refs.hot_from_seq || refs.refs.is_empty() {
+        // A read by time starts where the star's seek put the refs, never before the request.
+        let start_seq = refs
+            .refs
+            .first()
+            .map_or(request.start_seq, |r| r.start_seq.max(request.start_seq));
+        if start_seq >= refs.hot_from_seq || refs.refs.is_empty() {
             self.metrics.reads.with_label_values(&["star"]).inc();
             let page = self
                 .star
@@ -161,7 +167,7 @@ impl Reader {
         );
 
         let mut page = PageBuilder::new(
-            request.start_seq,
+            start_seq,
             refs.next_seq.min(refs.tail_seq),
             max_records.max(1) as usize,
             max_bytes,
@@ -188,8 +194,17 @@ impl Reader {
             page.take_from(start, bytes)
                 .map_err(|e| Status::from(RequestError::DataLoss(e.to_string())))?;
         }
+        let mut records = page.records;
+        if let Some(timestamp) = request.start_timestamp {
+            // As the star does: pass over the records before the first one at `timestamp`.
+            let first = records
+                .iter()
+                .position(|r| r.record.timestamp >= timestamp)
+                .unwrap_or(records.len());
+            records.drain(..first);
+        }
         Ok(v1::ReadResponse {
-            records: page.records.into_iter().map(Into::into).collect(),
+            records: records.into_iter().map(Into::into).collect(),
             next_seq: page.next_seq,
             tail_seq: refs.tail_seq,
         })

@@ -22,7 +22,17 @@ use crate::service::{GatewayService, PeerService};
 use crate::tier::Tier;
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    let started_at_ms = Clock::system().unix_ms();
     let metrics = GatewayMetrics::new();
+    nova_core::metrics::register_build_info(
+        &metrics.registry,
+        "nova_gateway",
+        env!("CARGO_PKG_VERSION"),
+        started_at_ms as f64 / 1000.0,
+    );
+    if config.store.s3().is_none() {
+        crate::health::check_store_dir(&config.store_dir)?;
+    }
     let store = config
         .store
         .open(&config.store_dir, false)
@@ -39,6 +49,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .connect_timeout(Duration::from_secs(5))
             .connect_lazy(),
     ));
+
+    let health = crate::health::Health::new(metrics.clone());
+    crate::health::check_at_start(&store, &star, &config.star, &health).await?;
 
     let members = config.members();
     let me = members
@@ -83,8 +96,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         render,
         stopping.clone(),
     ));
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<NovaServer<GatewayService>>().await;
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    if health.is_ready() {
+        reporter.set_serving::<NovaServer<GatewayService>>().await;
+    } else {
+        reporter
+            .set_not_serving::<NovaServer<GatewayService>>()
+            .await;
+    }
+    tokio::spawn(crate::health::watch(
+        store.clone(),
+        reader.star.clone(),
+        config.star.clone(),
+        health.clone(),
+        reporter.clone(),
+        stopping.clone(),
+    ));
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(nova_proto::v1::FILE_DESCRIPTOR_SET)
@@ -99,11 +126,25 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let nova = NovaServer::new(GatewayService {
         reader,
         star_url: config.star.clone(),
+        errors_logged: Arc::new(nova_core::shed::ShedLog::new(Clock::system())),
+        health: health.clone(),
+        identity: crate::service::GatewayIdentity {
+            version: env!("CARGO_PKG_VERSION"),
+            id: config.advertise(),
+            started_at_ms,
+            store: store.describe(),
+            max_read_bytes: config.max_read_bytes,
+            max_read_records: config.max_read_records,
+        },
     })
     .max_encoding_message_size(usize::MAX);
     let peer = GatewayPeerServer::new(PeerService { tier }).max_encoding_message_size(usize::MAX);
     let server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        .layer(nova_proto::rpc::RpcLayer::new(
+            metrics.rpc.clone(),
+            Clock::system(),
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -134,7 +175,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }),
     };
     tracing::info!("shutting down: finishing the reads in progress");
-    health.set_not_serving::<NovaServer<GatewayService>>().await;
+    reporter
+        .set_not_serving::<NovaServer<GatewayService>>()
+        .await;
     stopping.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(30), &mut server).await;
     server.abort();

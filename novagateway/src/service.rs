@@ -18,9 +18,64 @@ use crate::tier::Tier;
 pub struct GatewayService {
     pub reader: Arc<Reader>,
     pub star_url: String,
+    /// Throttles the read-failure log to a line a second per code.
+    pub errors_logged: Arc<nova_core::shed::ShedLog>,
+    pub health: Arc<crate::health::Health>,
+    /// What `GetServerInfo` says that does not change while the gateway runs.
+    pub identity: GatewayIdentity,
+}
+
+#[derive(Debug, Clone)]
+pub struct GatewayIdentity {
+    pub version: &'static str,
+    /// The URL this instance advertises to its peers.
+    pub id: String,
+    pub started_at_ms: u64,
+    pub store: String,
+    pub max_read_bytes: u64,
+    pub max_read_records: u32,
 }
 
 impl GatewayService {
+    /// Counts a failed read by its code and logs it: the ones the gateway's own dependencies
+    /// caused (the store, the star, a corrupt object) as warnings, at most one a second per
+    /// code with the number left out; the ones the consumer asked for (a stream that is not
+    /// there, a seq past retention) at debug.
+    fn count_read_error(&self, request: &v1::ReadRequest, status: &Status) {
+        let code = nova_core::metrics::code_name(status.code());
+        self.reader
+            .metrics
+            .read_errors
+            .with_label_values(&[code])
+            .inc();
+        let ours = matches!(
+            status.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::Internal
+                | tonic::Code::DataLoss
+                | tonic::Code::Unknown
+        );
+        if !ours {
+            tracing::debug!(
+                stream = request.stream,
+                code,
+                "read refused: {}",
+                status.message()
+            );
+            return;
+        }
+        if let Some(unlogged) = self.errors_logged.admit(code) {
+            tracing::warn!(
+                stream = request.stream,
+                start_seq = request.start_seq,
+                code,
+                unlogged_since_last = unlogged,
+                "read failed: {}",
+                status.message()
+            );
+        }
+    }
+
     fn writes_go_to_the_star(&self) -> Status {
         RequestError::Unimplemented(format!(
             "novagateway serves reads; append and manage streams on the star at {}",
@@ -48,10 +103,14 @@ impl Nova for GatewayService {
         &self,
         request: Request<v1::ReadRequest>,
     ) -> Result<Response<v1::ReadResponse>, Status> {
-        self.reader
-            .read(request.into_inner())
-            .await
-            .map(Response::new)
+        let request = request.into_inner();
+        match self.reader.read(request.clone()).await {
+            Ok(response) => Ok(Response::new(response)),
+            Err(status) => {
+                self.count_read_error(&request, &status);
+                Err(status)
+            }
+        }
     }
 
     async fn resolve_refs(
@@ -112,6 +171,29 @@ impl Nova for GatewayService {
         _request: Request<v1::ReconfigureStreamRequest>,
     ) -> Result<Response<v1::ReconfigureStreamResponse>, Status> {
         Err(self.writes_go_to_the_star())
+    }
+
+    async fn get_server_info(
+        &self,
+        _request: Request<v1::GetServerInfoRequest>,
+    ) -> Result<Response<v1::GetServerInfoResponse>, Status> {
+        let identity = &self.identity;
+        Ok(Response::new(v1::GetServerInfoResponse {
+            version: identity.version.to_owned(),
+            role: "gateway".to_owned(),
+            id: identity.id.clone(),
+            ready: self.health.is_ready(),
+            not_ready_reason: self.health.problem(),
+            started_at_ms: identity.started_at_ms,
+            limits: Some(v1::ServerLimits {
+                max_read_bytes: identity.max_read_bytes,
+                max_read_records: identity.max_read_records,
+                ..v1::ServerLimits::default()
+            }),
+            store: identity.store.clone(),
+            star: self.star_url.clone(),
+            ..v1::GetServerInfoResponse::default()
+        }))
     }
 }
 

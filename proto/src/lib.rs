@@ -3,10 +3,14 @@
 //! of Nova's.
 
 pub mod clock;
+
+/// gRPC status codes, for crates that see them without using tonic themselves.
+pub use tonic::Code;
 mod convert;
 pub mod domain;
 pub mod error;
 pub mod route;
+pub mod rpc;
 pub mod units;
 pub mod validate;
 pub mod wire;

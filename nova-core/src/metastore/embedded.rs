@@ -104,6 +104,12 @@ impl Metastore for EmbeddedMetastore {
         format!("embedded metastore {}", self.path)
     }
 
+    async fn size_bytes(&self) -> Result<Option<u64>, MetastoreError> {
+        let path = self.path.clone();
+        let meta = tokio::fs::metadata(&path).await.map_err(internal)?;
+        Ok(Some(meta.len()))
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             leases: false,

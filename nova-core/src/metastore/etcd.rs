@@ -189,6 +189,19 @@ impl Metastore for EtcdMetastore {
         format!("etcd metastore {}", self.options.endpoints.join(","))
     }
 
+    /// The database size of the member this client is connected to (etcd's own
+    /// `etcd_mvcc_db_total_size_in_bytes`): what counts against its --quota-backend-bytes.
+    async fn size_bytes(&self) -> Result<Option<u64>, MetastoreError> {
+        let _turn = self.turn().await?;
+        let status = self
+            .client
+            .maintenance_client()
+            .status()
+            .await
+            .map_err(error)?;
+        Ok(Some(status.db_size().max(0) as u64))
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             leases: true,

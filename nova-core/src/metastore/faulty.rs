@@ -102,6 +102,10 @@ impl Metastore for FaultyMetastore {
         self.inner.capabilities()
     }
 
+    async fn size_bytes(&self) -> Result<Option<u64>, MetastoreError> {
+        self.inner.size_bytes().await
+    }
+
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError> {
         self.inner.get(key).await
     }

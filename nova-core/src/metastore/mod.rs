@@ -191,4 +191,10 @@ pub trait Metastore: Send + Sync + fmt::Debug + 'static {
     async fn revoke_lease(&self, _lease: u64) -> Result<(), MetastoreError> {
         Err(MetastoreError::Unsupported("leases"))
     }
+
+    /// How many bytes the metastore takes where it keeps its data (a file, etcd's database),
+    /// for the operator; `None` when the backend cannot tell.
+    async fn size_bytes(&self) -> Result<Option<u64>, MetastoreError> {
+        Ok(None)
+    }
 }

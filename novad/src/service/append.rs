@@ -7,15 +7,19 @@
 //! once its batch is durable or refused. A producer that stops reading acks fills the queue,
 //! which stops the reader; nothing in a session grows without bound.
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
+use prometheus::Histogram;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status, Streaming};
 
 use nova_chain::admission::{encoded_charge, received_charge, receiving_charge};
 use nova_chain::{AckRange, AppendReply};
+use nova_core::catalog::StorageClass;
+use nova_core::clock::{Clock, Instant};
 use nova_core::flight::section::{encode_wire_chunks, wire_encoded_bytes};
 use nova_core::limits::{MAX_SECTION_BYTES, SESSION_PIPELINE_DEPTH};
 use nova_proto::RequestError;
@@ -33,9 +37,19 @@ enum Pending {
     /// Refused before it was admitted.
     Answer(v1::AppendAck),
     /// Admitted; resolves when durable or failed.
-    Durable(oneshot::Receiver<AppendReply>),
+    Durable(Durable),
     /// The session ends here, after the answers before it.
     Close(Status),
+}
+
+/// An admitted append waiting to be durable, and what its ack time is measured from.
+struct Durable {
+    reply: oneshot::Receiver<AppendReply>,
+    /// When its message had arrived whole and charged.
+    arrived: Instant,
+    clock: Clock,
+    /// `nova_append_ack_seconds` for its stream's class.
+    ack_time: Histogram,
 }
 
 fn ack(range: AckRange) -> v1::AppendAck {
@@ -57,17 +71,18 @@ fn refusal(error: &RequestError) -> v1::AppendAck {
 /// Opens a session (or sheds it at the cap) and returns its stream of answers.
 pub fn open_session(
     ctx: Arc<Context>,
-    peer: Option<std::net::SocketAddr>,
+    peer: Option<SocketAddr>,
     charges: Option<Arc<Charges>>,
     inbound: Streaming<WireAppend>,
 ) -> Result<AckStream, Status> {
     if let Some(reason) = ctx.star.fenced() {
         return Err(RequestError::Unavailable(reason).into());
     }
-    let permit = ctx.sessions.admit(peer)?;
+    // A session names its streams only in its appends: the shed names the peer.
+    let permit = ctx.sessions.admit(peer, None)?;
     let (pending_tx, pending_rx) = mpsc::channel(SESSION_PIPELINE_DEPTH);
     // One task per session, bounded by --max-producer-sessions.
-    tokio::spawn(read_requests(ctx, charges, inbound, pending_tx));
+    tokio::spawn(read_requests(ctx, peer, charges, inbound, pending_tx));
     Ok(Box::pin(answers(pending_rx, permit)))
 }
 
@@ -85,8 +100,13 @@ fn answers(
             }
             let item = match pending.recv().await? {
                 Pending::Answer(answer) => Ok(answer),
-                Pending::Durable(reply) => Ok(match reply.await {
-                    Ok(Ok(range)) => ack(range),
+                Pending::Durable(durable) => Ok(match durable.reply.await {
+                    Ok(Ok(range)) => {
+                        durable
+                            .ack_time
+                            .observe(durable.clock.since(durable.arrived).as_secs_f64());
+                        ack(range)
+                    }
                     Ok(Err(error)) => refusal(&error),
                     Err(_) => refusal(&RequestError::Unavailable(
                         "the star stopped before this append was durable; retry it".into(),
@@ -101,6 +121,7 @@ fn answers(
 
 async fn read_requests(
     ctx: Arc<Context>,
+    peer: Option<SocketAddr>,
     charges: Option<Arc<Charges>>,
     mut inbound: Streaming<WireAppend>,
     pending: mpsc::Sender<Pending>,
@@ -138,7 +159,7 @@ async fn read_requests(
             }
         };
         let answer = tokio::select! {
-            answer = admit(&ctx, charges.as_deref(), request) => answer,
+            answer = admit(&ctx, peer, charges.as_deref(), request) => answer,
             _ = pending.closed() => return,
             _ = ctx.shutdown.cancelled() => {
                 let _ = pending.send(shutting_down()).await;
@@ -185,7 +206,12 @@ fn rejection_reason(error: &RequestError) -> &'static str {
     }
 }
 
-async fn admit(ctx: &Context, charges: Option<&Charges>, request: WireAppend) -> Pending {
+async fn admit(
+    ctx: &Context,
+    peer: Option<SocketAddr>,
+    charges: Option<&Charges>,
+    request: WireAppend,
+) -> Pending {
     // The message was charged from its length prefix and assembled outside tonic
     // (`charge.rs`), which saw only an empty placeholder for it. Without that layer in front (a
     // test calling the service directly) tonic's message is the request, charged now.
@@ -209,12 +235,21 @@ async fn admit(ctx: &Context, charges: Option<&Charges>, request: WireAppend) ->
         }
     };
     admitted.received();
-    let refuse = |error: RequestError| {
+    let clock = ctx.star.config().clock;
+    let arrived = clock.now();
+    // Counted by reason; tallied and logged with the stream and the peer (a redirect is
+    // routing, not a refusal, so it is not tallied against them).
+    let refuse = |error: RequestError, stream: &str| {
         let reason = rejection_reason(&error);
         ctx.metrics.rejections.with_label_values(&[reason]).inc();
+        if !matches!(error, RequestError::NotLeader { .. }) {
+            ctx.metrics.refused.hit(Some(stream), peer);
+        }
         if let Some(unlogged) = ctx.sheds.admit(reason) {
             tracing::info!(
                 reason,
+                stream,
+                peer = %nova_core::top::peer_key(peer),
                 unlogged_since_last = unlogged,
                 "append rejected: {error}"
             );
@@ -229,7 +264,13 @@ async fn admit(ctx: &Context, charges: Option<&Charges>, request: WireAppend) ->
     };
     let stream = match routed {
         Ok(stream) => stream,
-        Err(error) => return refuse(error),
+        Err(error) => {
+            let name = request.stream_bytes();
+            return refuse(
+                error,
+                &String::from_utf8_lossy(&name[..name.len().min(128)]),
+            );
+        }
     };
     let (records, headers, content) = (
         request.record_count(),
@@ -249,12 +290,22 @@ async fn admit(ctx: &Context, charges: Option<&Charges>, request: WireAppend) ->
     );
     drop(request);
     admitted.shrink_to(encoded_charge(records, headers, content));
+    let class = match stream.meta.class {
+        StorageClass::Standard => "standard",
+        StorageClass::Express => "express",
+    };
+    let ack_time = ctx.metrics.append_ack.with_label_values(&[class]);
     match ctx
         .star
-        .submit(stream, chunks, content, match_seq_num, admitted)
+        .submit(stream.clone(), chunks, content, match_seq_num, admitted)
         .await
     {
-        Ok(reply) => Pending::Durable(reply),
-        Err(error) => refuse(error),
+        Ok(reply) => Pending::Durable(Durable {
+            reply,
+            arrived,
+            clock,
+            ack_time,
+        }),
+        Err(error) => refuse(error, stream.name()),
     }
 }

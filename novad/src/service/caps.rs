@@ -86,8 +86,13 @@ impl Cap {
         (self.limit as usize - self.permits.available_permits()) as u64
     }
 
-    /// Takes a place for new work from `peer`, or sheds it.
-    pub fn admit(&self, peer: Option<SocketAddr>) -> Result<CapPermit, RequestError> {
+    /// Takes a place for new work from `peer` (on `stream`, when the work names one yet), or
+    /// sheds it: counted by cap, tallied by stream and peer, logged naming all three.
+    pub fn admit(
+        &self,
+        peer: Option<SocketAddr>,
+        stream: Option<&str>,
+    ) -> Result<CapPermit, RequestError> {
         if let Ok(permit) = self.permits.clone().try_acquire_owned() {
             self.open.inc();
             return Ok(CapPermit {
@@ -97,11 +102,13 @@ impl Cap {
         }
         let kind = self.kind;
         self.metrics.sheds.with_label_values(&[kind.label]).inc();
+        self.metrics.refused.hit(stream, peer);
         if let Some(unlogged) = self.sheds.admit(kind.label) {
             tracing::warn!(
                 cap = kind.label,
                 limit = self.limit,
-                peer = ?peer,
+                stream = stream.unwrap_or("-"),
+                peer = %nova_core::top::peer_key(peer),
                 unlogged_since_last = unlogged,
                 "shed new work at {}={}: {}",
                 kind.flag,

@@ -4,6 +4,7 @@
 mod append;
 pub mod caps;
 pub mod charge;
+pub mod info;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +44,8 @@ pub struct Context {
     pub sheds: Arc<ShedLog>,
     /// Fires when novad starts shutting down: sessions stop reading and finish.
     pub shutdown: CancellationToken,
+    /// What `GetServerInfo` says that does not change while the star runs.
+    pub identity: info::Identity,
 }
 
 impl Context {
@@ -139,11 +142,19 @@ impl Nova for NovaService {
         // the read caps, with at most 8 sections in flight) the star builds at once. A follow
         // read holds its slot while it waits at the tail, and nothing else: the next page is
         // produced only when the consumer asks for it.
-        let _subscription = ctx.subscriptions.admit(peer)?;
-        if request.wait_ms > 0 && request.start_seq >= stream.tail() {
+        let _subscription = ctx.subscriptions.admit(peer, Some(&request.stream))?;
+        let start_seq = match request.start_timestamp {
+            Some(timestamp) => {
+                ctx.star
+                    .seek_time(&stream, request.start_seq, timestamp)
+                    .await?
+            }
+            None => request.start_seq,
+        };
+        if request.wait_ms > 0 && start_seq >= stream.tail() {
             let wait = Duration::from_millis((request.wait_ms as u64).min(MAX_READ_WAIT_MS));
             stream
-                .wait_past(request.start_seq, wait, ctx.star.config().clock)
+                .wait_past(start_seq, wait, ctx.star.config().clock)
                 .await;
             if stream.is_deleted() {
                 return Err(RequestError::StreamNotFound(request.stream).into());
@@ -151,10 +162,21 @@ impl Nova for NovaService {
         }
         let (max_records, max_bytes) =
             read_caps(&request, ctx.max_read_records, ctx.max_read_bytes);
-        let page = ctx
+        let mut page = ctx
             .star
-            .read(&stream, request.start_seq, max_records, max_bytes)
+            .read(&stream, start_seq, max_records, max_bytes)
             .await?;
+        if let Some(timestamp) = request.start_timestamp {
+            // The seek lands at or before the first record stamped at `timestamp`: pass over
+            // what precedes it. A page of only earlier records comes back empty, its next_seq
+            // moved on.
+            let first = page
+                .records
+                .iter()
+                .position(|r| r.record.timestamp >= timestamp)
+                .unwrap_or(page.records.len());
+            page.records.drain(..first);
+        }
         ctx.metrics.read_records.inc_by(page.records.len() as u64);
         ctx.metrics
             .read_bytes
@@ -181,10 +203,19 @@ impl Nova for NovaService {
             0 => COLD_READ_REFS,
             n => (n as usize).min(MAX_RESOLVED_REFS),
         };
+        let start_seq = match request.start_timestamp {
+            Some(timestamp) => {
+                self.ctx
+                    .star
+                    .seek_time(&stream, request.start_seq, timestamp)
+                    .await?
+            }
+            None => request.start_seq,
+        };
         let found = self
             .ctx
             .star
-            .resolve_refs(&stream, request.start_seq, max_refs)
+            .resolve_refs(&stream, start_seq, max_refs)
             .await?;
         Ok(Response::new(v1::ResolveRefsResponse {
             refs: found
@@ -368,5 +399,12 @@ impl Nova for NovaService {
         Ok(Response::new(v1::ReconfigureStreamResponse {
             info: Some(info(&stream, first_seq)),
         }))
+    }
+
+    async fn get_server_info(
+        &self,
+        _request: Request<v1::GetServerInfoRequest>,
+    ) -> Result<Response<v1::GetServerInfoResponse>, Status> {
+        Ok(Response::new(info::server_info(&self.ctx)))
     }
 }

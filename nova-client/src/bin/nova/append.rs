@@ -1,61 +1,46 @@
-//! `nova append`: records from stdin or files, through the SDK's exactly-once producer.
+//! `nova append`: records from stdin or files, through the SDK's exactly-once producer, sized to
+//! the server's limits.
+//!
+//! At the first record it cannot send (input it cannot parse, or a record over the server's
+//! `--max-record-bytes`) it stops: the records before it are appended and their range printed,
+//! nothing after it is sent, and the error names the input and line.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::Args;
 use serde::Serialize;
 
-use nova_client::{AppendTicket, Client, Producer, ProducerConfig, Record};
+use nova_client::{AppendTicket, Client, Producer, ProducerConfig, ServerLimits, ServerRole};
+use nova_proto::units::{human_bytes, parse_bytes, parse_duration};
 
+use crate::Format;
+use crate::framing::{Framing, Records};
 use crate::output::json_line;
-use crate::{Format, Framing};
+use crate::report::CliError;
 
-/// Yields records from a reader in the chosen framing.
-struct Records<R> {
-    input: R,
-    framing: Framing,
-}
-
-impl<R: BufRead> Iterator for Records<R> {
-    type Item = anyhow::Result<Vec<u8>>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        match self.framing {
-            Framing::Lines => {
-                let mut line = Vec::new();
-                match self.input.read_until(b'\n', &mut line) {
-                    Ok(0) => None,
-                    Ok(_) => {
-                        if line.last() == Some(&b'\n') {
-                            line.pop();
-                        }
-                        if line.last() == Some(&b'\r') {
-                            line.pop();
-                        }
-                        Some(Ok(line))
-                    }
-                    Err(e) => Some(Err(e.into())),
-                }
-            }
-            Framing::LengthPrefixed => {
-                let mut len = [0u8; 4];
-                match self.input.read_exact(&mut len) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
-                    Err(e) => return Some(Err(e.into())),
-                }
-                let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-                Some(
-                    self.input
-                        .read_exact(&mut body)
-                        .map(|()| body)
-                        .context("input ends inside a length-prefixed record"),
-                )
-            }
-        }
-    }
+#[derive(Args, Debug)]
+pub struct AppendArgs {
+    /// The stream to append to.
+    stream: String,
+    /// Files to read records from, in order; stdin when none.
+    files: Vec<PathBuf>,
+    /// How records are delimited in the input.
+    #[arg(long, value_enum, default_value = "lines")]
+    format: Framing,
+    /// A batch is sent once it holds this many bytes (never more than the server's
+    /// --max-batch-bytes).
+    #[arg(long, default_value = "256KiB", value_parser = parse_bytes)]
+    batch_bytes: u64,
+    /// A batch is sent this long after its first record, full or not.
+    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    linger: Duration,
+    /// The largest record to send. Default: the server's --max-record-bytes, learned from it
+    /// (1 MiB from a server too old to say).
+    #[arg(long, value_parser = parse_bytes)]
+    max_record_bytes: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -68,39 +53,89 @@ struct Appended<'a> {
     end_seq: Option<u64>,
 }
 
-pub async fn run(
-    client: &Client,
-    stream: &str,
-    files: &[PathBuf],
-    framing: Framing,
-    batch_bytes: u64,
-    linger: Duration,
-    format: Format,
-) -> anyhow::Result<()> {
+/// What the server allows, or a star's defaults from one too old to say.
+pub async fn learn_limits(client: &Client) -> anyhow::Result<ServerLimits> {
+    match client.server_info().await {
+        Ok(info) if info.role == ServerRole::Gateway => Err(CliError::invalid(format!(
+            "{} is a gateway, which serves reads only",
+            info.id
+        ))
+        .with_hint(format!(
+            "append on its star: --server {}",
+            if info.star.is_empty() {
+                "the star's URL"
+            } else {
+                &info.star
+            }
+        ))
+        .into()),
+        Ok(info) => Ok(info.limits),
+        Err(error) if error.code() == Some(tonic::Code::Unimplemented) => {
+            Ok(ServerLimits::star_defaults())
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+pub async fn run(client: &Client, args: AppendArgs, format: Format) -> anyhow::Result<()> {
+    let defaults = ServerLimits::star_defaults();
+    let limits = learn_limits(client).await?;
+    let max_record_bytes = args.max_record_bytes.unwrap_or_else(|| {
+        limits
+            .max_record_bytes
+            .or(defaults.max_record_bytes)
+            .unwrap_or(1 << 20)
+    });
+    let max_batch_bytes = limits.max_batch_bytes.or(defaults.max_batch_bytes);
+    let max_batch_records = limits.max_batch_records.or(defaults.max_batch_records);
     let config = ProducerConfig {
-        batch_bytes: batch_bytes as usize,
-        linger,
+        batch_bytes: args
+            .batch_bytes
+            .min(max_batch_bytes.unwrap_or(u64::MAX))
+            .max(1) as usize,
+        batch_records: ProducerConfig::default()
+            .batch_records
+            .min(max_batch_records.unwrap_or(u32::MAX) as usize)
+            .max(1),
+        linger: args.linger,
+        max_record_bytes: max_record_bytes as usize,
         ..ProducerConfig::default()
     };
-    let producer = Producer::new(client.clone(), stream, config).await?;
-    let mut first: Option<AppendTicket> = None;
-    let mut last: Option<AppendTicket> = None;
-    let mut count = 0u64;
-    let inputs: Vec<Box<dyn BufRead>> = if files.is_empty() {
-        vec![Box::new(BufReader::new(std::io::stdin()))]
+    let producer = Producer::new(client.clone(), &args.stream, config).await?;
+    let inputs: Vec<(String, Box<dyn BufRead>)> = if args.files.is_empty() {
+        vec![(
+            "stdin".to_owned(),
+            Box::new(BufReader::new(std::io::stdin())),
+        )]
     } else {
-        files
+        args.files
             .iter()
             .map(|path| {
                 std::fs::File::open(path)
-                    .map(|f| Box::new(BufReader::new(f)) as Box<dyn BufRead>)
+                    .map(|f| {
+                        (
+                            path.display().to_string(),
+                            Box::new(BufReader::new(f)) as Box<dyn BufRead>,
+                        )
+                    })
                     .with_context(|| format!("opening {}", path.display()))
             })
             .collect::<anyhow::Result<_>>()?
     };
-    for input in inputs {
-        for body in (Records { input, framing }) {
-            let ticket = producer.append(Record::new(body?)).await?;
+    let mut first: Option<AppendTicket> = None;
+    let mut last: Option<AppendTicket> = None;
+    let mut count = 0u64;
+    let mut stopped = None;
+    'inputs: for (name, input) in inputs {
+        for item in Records::new(input, name, args.format, max_record_bytes) {
+            let record = match item {
+                Ok((_, record)) => record,
+                Err(bad) => {
+                    stopped = Some(bad);
+                    break 'inputs;
+                }
+            };
+            let ticket = producer.append(record).await?;
             count += 1;
             // Only the first and the last tickets matter for the range; the producer resolves
             // the rest in order between them.
@@ -123,16 +158,40 @@ pub async fn run(
     let mut out = std::io::stdout().lock();
     match (format, start, end) {
         (Format::Text, Some(start), Some(end)) => writeln!(out, "{start}..{end}")?,
-        (Format::Text, _, _) => eprintln!("nova: no records on the input"),
+        (Format::Text, _, _) if stopped.is_none() => eprintln!("nova: no records on the input"),
+        (Format::Text, _, _) => {}
         (Format::Json, start, end) => json_line(
             &mut out,
             &Appended {
-                stream,
+                stream: &args.stream,
                 records: count,
                 start_seq: start,
                 end_seq: end,
             },
         )?,
     }
-    Ok(())
+    out.flush()?;
+    match stopped {
+        None => Ok(()),
+        Some(bad) => {
+            let before = match (start, end) {
+                (Some(start), Some(end)) => {
+                    format!("the {count} records before it were appended ({start}..{end})")
+                }
+                _ => "nothing before it was appended".to_owned(),
+            };
+            let mut error = CliError::invalid(format!(
+                "{}: {}; {before}, and nothing after it was sent",
+                bad.position, bad.problem
+            ));
+            if bad.problem.contains("--max-record-bytes") {
+                error = error.with_hint(format!(
+                    "split the record, or raise the server's --max-record-bytes (now {}); \
+                     --max-record-bytes on nova only lowers what nova sends",
+                    human_bytes(max_record_bytes)
+                ));
+            }
+            Err(error.into())
+        }
+    }
 }

@@ -31,9 +31,17 @@ pub struct BenchArgs {
     /// Streams the sessions spread over (default: one per session).
     #[arg(long)]
     streams: Option<usize>,
-    /// Stream names are <prefix>-<n>; they are created when missing.
+    /// Stream names start with this. Each run makes fresh streams, <prefix>-<run>-<n>, and
+    /// deletes them at the end (see --keep-streams, --reuse-streams).
     #[arg(long, default_value = "bench")]
     stream_prefix: String,
+    /// Append to <prefix>-<n> instead, creating those that are missing and keeping them all
+    /// afterwards (to read them back, or to measure on streams that already hold data).
+    #[arg(long)]
+    reuse_streams: bool,
+    /// Keep the fresh streams of this run instead of deleting them; their names are printed.
+    #[arg(long)]
+    keep_streams: bool,
     /// The class of the streams it creates: standard, or express (the star needs zone
     /// buckets). Streams that already exist keep theirs.
     #[arg(long, value_enum, default_value = "standard")]
@@ -233,6 +241,13 @@ struct Report {
     mib_per_sec: f64,
     records_per_sec: f64,
     ack_latency_ms: Latency,
+    /// With --rate: the share of it achieved, and whether the run fell short of it (under 95%).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate_achieved: Option<f64>,
+    rate_shortfall: bool,
+    /// The streams appended to, when they are kept.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    streams_kept: Vec<String>,
     errors: BTreeMap<String, u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     star: Option<StarReport>,
@@ -256,6 +271,18 @@ struct StarReport {
     peak_rss_mib: f64,
 }
 
+fn radix36(mut n: u64) -> String {
+    let mut digits = Vec::new();
+    loop {
+        digits.push(std::char::from_digit((n % 36) as u32, 36).unwrap_or('0'));
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    digits.iter().rev().collect()
+}
+
 fn ms(micros: u64) -> f64 {
     micros as f64 / 1000.0
 }
@@ -271,13 +298,22 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
         storage_class: args.storage_class.into(),
         ..StreamConfig::default()
     };
-    for n in 0..streams {
-        match client
-            .create_stream_configured(&format!("{}-{n}", args.stream_prefix), config)
-            .await
-        {
+    let names: Vec<String> = if args.reuse_streams {
+        (0..streams)
+            .map(|n| format!("{}-{n}", args.stream_prefix))
+            .collect()
+    } else {
+        // A run id from the clock, in base 36: short, and fresh for every run.
+        let run = radix36(crate::when::now_ms());
+        (0..streams)
+            .map(|n| format!("{}-{run}-{n}", args.stream_prefix))
+            .collect()
+    };
+    for name in &names {
+        match client.create_stream_configured(name, config).await {
             Ok(_) => {}
-            Err(error) if error.code() == Some(tonic::Code::AlreadyExists) => {}
+            Err(error)
+                if args.reuse_streams && error.code() == Some(tonic::Code::AlreadyExists) => {}
             Err(error) => return Err(error.into()),
         }
     }
@@ -296,7 +332,7 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
     let started = Instant::now();
     let sessions: Vec<_> = (0..args.sessions)
         .map(|n| {
-            let stream = format!("{}-{}", args.stream_prefix, n % streams);
+            let stream = names[n % streams].clone();
             tokio::spawn(session(
                 client.clone(),
                 stream,
@@ -380,6 +416,16 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
         }
         _ => None,
     };
+    let keep = args.reuse_streams || args.keep_streams;
+    if !keep {
+        for name in &names {
+            if let Err(error) = client.delete_stream(name).await {
+                eprintln!("nova: could not delete bench stream {name}: {error}");
+            }
+        }
+    }
+    let records_per_sec = records as f64 / seconds;
+    let rate_achieved = (args.rate > 0.0).then(|| records_per_sec / args.rate);
     let report = Report {
         sessions: args.sessions,
         streams,
@@ -390,7 +436,10 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
         records,
         bytes,
         mib_per_sec: bytes as f64 / seconds / (1u64 << 20) as f64,
-        records_per_sec: records as f64 / seconds,
+        records_per_sec,
+        rate_achieved,
+        rate_shortfall: rate_achieved.is_some_and(|share| share < 0.95),
+        streams_kept: if keep { names } else { Vec::new() },
         ack_latency_ms: Latency {
             p50: ms(latencies.value_at_quantile(0.5)),
             p90: ms(latencies.value_at_quantile(0.9)),
@@ -447,6 +496,19 @@ fn print_report(out: &mut impl Write, r: &Report) -> anyhow::Result<()> {
             .map(|(code, n)| format!("{code}: {n}"))
             .collect();
         writeln!(out, "errors       {}", list.join(", "))?;
+    }
+    if r.rate_shortfall {
+        writeln!(
+            out,
+            "SHORT OF --rate: {:.0} records/s of the {} asked ({:.0}%): the star acked slower \
+             than asked, or the sessions' pipelines (--pipeline) ran full; see the ack latency",
+            r.records_per_sec,
+            r.target_records_per_sec,
+            r.rate_achieved.unwrap_or(0.0) * 100.0
+        )?;
+    }
+    if !r.streams_kept.is_empty() {
+        writeln!(out, "streams kept {}", r.streams_kept.join(" "))?;
     }
     if let Some(star) = &r.star {
         writeln!(

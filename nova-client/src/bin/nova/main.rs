@@ -7,27 +7,34 @@
 
 mod append;
 mod bench;
+mod framing;
 mod output;
 mod read;
+mod report;
+mod status;
 mod stream;
+mod when;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
 use nova_client::{Client, ClientConfig, RetryPolicy};
-use nova_proto::units::{parse_bytes, parse_duration};
 
 #[derive(Parser)]
 #[command(
     name = "nova",
     version,
-    about = "Talk to a Nova star: manage streams, append, read, benchmark."
+    about = "Talk to a Nova star or gateway: manage streams, append, read, follow, check status, \
+             benchmark.",
+    after_help = "Every flag can also be set from the environment (NOVA_SERVER, NOVA_TOKEN). \
+                  Errors go to stderr, with a hint where there is one; with --output json, as \
+                  one JSON object carrying the gRPC code."
 )]
 struct Cli {
-    /// The star's gRPC URL.
+    /// The server's gRPC URL: a star (novad) or, for reads, a gateway. HOST:PORT means
+    /// http://HOST:PORT; https:// is refused (this build has no TLS, and never falls back to
+    /// plain text).
     #[arg(
         long,
         global = true,
@@ -41,7 +48,8 @@ struct Cli {
     #[arg(long, global = true, env = "NOVA_TOKEN", hide_env_values = true)]
     token: Option<String>,
 
-    /// Output for people (text) or for scripts (json: one JSON object per line).
+    /// Output for people (text) or for scripts (json: one JSON object per line on stdout, and
+    /// errors as JSON objects on stderr).
     #[arg(long, global = true, value_enum, default_value = "text")]
     output: Format,
 
@@ -55,57 +63,34 @@ pub enum Format {
     Json,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Framing {
-    /// One record per line (a trailing \r is dropped).
-    Lines,
-    /// Each record is a 4-byte big-endian length followed by that many bytes.
-    LengthPrefixed,
-}
-
 #[derive(Subcommand)]
 enum Command {
-    /// Create, list, describe or delete streams.
+    /// Create, list, describe, reconfigure or delete streams.
     Stream {
         #[command(subcommand)]
         command: stream::StreamCommand,
     },
-    /// Append records from stdin (or files) to a stream, exactly once. Prints the range of
-    /// sequence numbers they were given as START..END (END exclusive).
-    Append {
-        stream: String,
-        /// Files to read records from, in order; stdin when none.
-        files: Vec<PathBuf>,
-        /// How records are delimited in the input.
-        #[arg(long, value_enum, default_value = "lines")]
-        format: Framing,
-        /// A batch is sent once it holds this many bytes.
-        #[arg(long, default_value = "256KiB", value_parser = parse_bytes)]
-        batch_bytes: u64,
-        /// A batch is sent this long after its first record, full or not.
-        #[arg(long, default_value = "5ms", value_parser = parse_duration)]
-        linger: Duration,
-    },
-    /// Print records from a sequence number up to the tail (or --limit), one body per line.
-    Read {
-        stream: String,
-        /// First sequence number to read.
-        #[arg(long, default_value_t = 0)]
-        from: u64,
-        /// Stop after this many records.
-        #[arg(long)]
-        limit: Option<u64>,
-    },
+    /// Append records from stdin (or files) to a stream, exactly once.
+    ///
+    /// Prints the range of sequence numbers the records were given as START..END (END
+    /// exclusive). Batches follow the server's limits. At the first record it cannot send
+    /// (unparsable, or over the server's --max-record-bytes) it stops: the records before it
+    /// are appended and their range printed, nothing after it is sent, and it exits 1 naming
+    /// the input and line.
+    Append(append::AppendArgs),
+    /// Print records from a sequence number or a time, up to the tail.
+    ///
+    /// Stops at the tail, --limit or --until; with --follow it keeps printing new records as
+    /// they arrive, and outlives restarts of its server.
+    Read(read::ReadArgs),
     /// Print the last records of a stream; with -f, keep printing new ones as they arrive.
-    Tail {
-        stream: String,
-        /// Follow the stream: wait at the tail for new records until interrupted.
-        #[arg(short, long)]
-        follow: bool,
-        /// How many records before the tail to start at.
-        #[arg(short = 'n', long, default_value_t = 10)]
-        lines: u64,
-    },
+    Tail(read::TailArgs),
+    /// Ask the server what it is and how it is doing.
+    ///
+    /// Prints its role, id and version, whether it is ready (and why not), its uptime, and for
+    /// a star its epoch, memory saturation, streams and limits.
+    #[command(visible_alias = "ping")]
+    Status,
     /// Measure append throughput and ack latency against a star.
     Bench(bench::BenchArgs),
 }
@@ -113,17 +98,19 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let (server, json) = (cli.server.clone(), cli.output == Format::Json);
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("nova: {e:#}");
+        Err(error) => {
+            report::report(&error, &server, json);
             ExitCode::FAILURE
         }
     }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let mut config = ClientConfig::new([cli.server.as_str()])
+    let server = report::server_url(&cli.server)?;
+    let mut config = ClientConfig::new([server.as_str()])
         .with_retry(RetryPolicy::none())
         .with_max_message_bytes(usize::MAX);
     if let Some(token) = &cli.token {
@@ -132,34 +119,47 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let client = Client::connect_with(config).await?;
     match cli.command {
         Command::Stream { command } => stream::run(&client, command, cli.output).await,
-        Command::Append {
-            stream,
-            files,
-            format,
-            batch_bytes,
-            linger,
-        } => {
-            append::run(
-                &client,
-                &stream,
-                &files,
-                format,
-                batch_bytes,
-                linger,
-                cli.output,
-            )
-            .await
-        }
-        Command::Read {
-            stream,
-            from,
-            limit,
-        } => read::read(&client, &stream, from, limit, cli.output).await,
-        Command::Tail {
-            stream,
-            follow,
-            lines,
-        } => read::tail(&client, &stream, lines, follow, cli.output).await,
+        Command::Append(args) => append::run(&client, args, cli.output).await,
+        Command::Read(args) => read::read(&client, args, cli.output).await,
+        Command::Tail(args) => read::tail(&client, args, cli.output).await,
+        Command::Status => status::run(&client, &server, cli.output).await,
         Command::Bench(args) => bench::run(&client, args, cli.output).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every subcommand, argument and flag says what it is for in `--help`.
+    #[test]
+    fn everything_has_help_text() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                if sub.get_name() == "help" {
+                    continue;
+                }
+                let path = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    missing.push(path.clone());
+                }
+                walk(sub, &path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "nova", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+        Cli::command().debug_assert();
     }
 }

@@ -11,7 +11,7 @@ use nova_client::{Client, Retention, StorageClass, StreamConfig};
 use nova_proto::units::{parse_bytes, parse_duration};
 
 use crate::Format;
-use crate::output::{StreamJson, json_line};
+use crate::output::{StreamJson, describe, json_line};
 
 /// A retention limit on the command line: a value, or `none` for no limit.
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +41,7 @@ pub enum StreamCommand {
     /// Create a stream, optionally with a retention (records past it are trimmed, whole objects
     /// at a time, from the stream's front).
     Create {
+        /// The stream's name: 1 to 512 bytes of UTF-8 without control characters.
         name: String,
         /// Trim records older than this (e.g. 7d, 12h).
         #[arg(long, value_parser = parse_duration)]
@@ -55,6 +56,7 @@ pub enum StreamCommand {
     },
     /// Change a stream's retention; a limit left out stays as it is, `none` removes it.
     Reconfigure {
+        /// The stream's name.
         name: String,
         /// Trim records older than this (e.g. 7d), or `none`.
         #[arg(long, value_parser = age_limit)]
@@ -66,13 +68,20 @@ pub enum StreamCommand {
     },
     /// List streams, one per line with its tail.
     List {
+        /// Only streams whose names start with this.
         #[arg(long, default_value = "")]
         prefix: String,
     },
-    /// Show a stream: its first and tail sequence numbers, stored bytes, class and retention.
-    Describe { name: String },
+    /// Show a stream: its records, stored bytes, class, creation date and retention.
+    Describe {
+        /// The stream's name.
+        name: String,
+    },
     /// Delete a stream: its name goes at once, its records when the auditor collects them.
-    Delete { name: String },
+    Delete {
+        /// The stream's name.
+        name: String,
+    },
 }
 
 #[derive(Serialize)]
@@ -178,25 +187,5 @@ pub async fn run(client: &Client, command: StreamCommand, format: Format) -> any
             }
         }
     }
-    Ok(())
-}
-
-fn describe(out: &mut impl Write, info: &nova_client::StreamInfo) -> anyhow::Result<()> {
-    writeln!(out, "name: {}", info.name)?;
-    writeln!(out, "first_seq: {}", info.first_seq)?;
-    writeln!(out, "tail_seq: {}", info.tail_seq)?;
-    writeln!(out, "stored_bytes: {}", info.stored_bytes)?;
-    writeln!(out, "storage_class: {}", info.storage_class)?;
-    writeln!(out, "created_at_ms: {}", info.created_at_ms)?;
-    let age = info
-        .retention
-        .age
-        .map_or_else(|| "none".to_owned(), |a| format!("{}s", a.as_secs()));
-    let bytes = info
-        .retention
-        .bytes
-        .map_or_else(|| "none".to_owned(), |b| b.to_string());
-    writeln!(out, "retention_age: {age}")?;
-    writeln!(out, "retention_bytes: {bytes}")?;
     Ok(())
 }

@@ -1,0 +1,280 @@
+//! How `nova` reports a failure: what went wrong, in the server's words when it answered, and a
+//! hint at what to do, on stderr; with `--output json`, one JSON object with the code instead.
+
+use std::io::Write;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use nova_client::Error;
+
+/// A failure of the CLI's own (bad input, a record over a limit), with a code in gRPC's terms
+/// so that scripts see one vocabulary.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CliError {
+    pub code: &'static str,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl CliError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self {
+            code: "INVALID_ARGUMENT",
+            message: message.into(),
+            hint: None,
+        }
+    }
+
+    pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorJson<'a> {
+    error: ErrorBody<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    /// The gRPC code (`UNAVAILABLE`, `NOT_FOUND`, …), or `DISCONNECTED` when no server answered.
+    code: &'a str,
+    message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hint: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
+    retryable: bool,
+}
+
+/// What the user sees of `error`: code, message, hint.
+struct Explained {
+    code: &'static str,
+    message: String,
+    hint: Option<String>,
+    retry_after: Option<Duration>,
+    retryable: bool,
+}
+
+/// Prints `error` to stderr for people or, with `json`, as one JSON object.
+pub fn report(error: &anyhow::Error, server: &str, json: bool) {
+    let explained = explain(error, server);
+    let mut err = std::io::stderr().lock();
+    if json {
+        let body = ErrorJson {
+            error: ErrorBody {
+                code: explained.code,
+                message: explained.message,
+                hint: explained.hint,
+                retry_after_ms: explained.retry_after.map(|d| d.as_millis() as u64),
+                retryable: explained.retryable,
+            },
+        };
+        let _ = serde_json::to_writer(&mut err, &body);
+        let _ = err.write_all(b"\n");
+        return;
+    }
+    let _ = writeln!(err, "nova: {}", explained.message);
+    if let Some(hint) = explained.hint {
+        let _ = writeln!(err, "hint: {hint}");
+    }
+}
+
+fn explain(error: &anyhow::Error, server: &str) -> Explained {
+    if let Some(cli) = error.downcast_ref::<CliError>() {
+        return Explained {
+            code: cli.code,
+            message: format!("{error:#}"),
+            hint: cli.hint.clone(),
+            retry_after: None,
+            retryable: false,
+        };
+    }
+    let Some(sdk) = error.chain().find_map(|e| e.downcast_ref::<Error>()) else {
+        return Explained {
+            code: "UNKNOWN",
+            message: format!("{error:#}"),
+            hint: None,
+            retry_after: None,
+            retryable: false,
+        };
+    };
+    let code = sdk.code().map_or("DISCONNECTED", code_name);
+    Explained {
+        code,
+        message: format!("{error:#}"),
+        hint: hint(sdk, server),
+        retry_after: sdk.retry_after(),
+        retryable: sdk.is_retryable(),
+    }
+}
+
+/// The code as gRPC spells it.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// What to do about a failure the server (or the network) caused, when there is advice to
+/// give.
+fn hint(error: &Error, server: &str) -> Option<String> {
+    let text = error.to_string();
+    let address = server
+        .split_once("://")
+        .map_or(server, |(_, rest)| rest)
+        .trim_end_matches('/');
+    if text.contains("Connection refused") {
+        return Some(format!(
+            "nothing listens on {address}: is novad (or novagateway) running there? Start it, \
+             or point --server (NOVA_SERVER) at where it listens"
+        ));
+    }
+    if text.contains("dns error") || text.contains("failed to lookup") {
+        return Some(format!(
+            "the host in --server ({server}) does not resolve; check its spelling"
+        ));
+    }
+    if text.contains("timed out") || text.contains("deadline has elapsed") {
+        return Some(format!(
+            "{address} did not answer in time: check the address, and any firewall between"
+        ));
+    }
+    if looks_like_http1(&text) {
+        return Some(format!(
+            "{address} does not speak gRPC: is it the metrics port? novad serves gRPC on \
+             --listen (127.0.0.1:7400 by default) and Prometheus metrics on --metrics-addr \
+             (7401)"
+        ));
+    }
+    match error.code() {
+        Some(tonic::Code::NotFound) if text.contains("stream") => Some(
+            "`nova stream list` shows the streams there are; `nova stream create NAME` makes one"
+                .to_owned(),
+        ),
+        Some(tonic::Code::Unimplemented) if text.contains("novagateway") => Some(
+            "a gateway serves reads only: send appends and stream changes to the star".to_owned(),
+        ),
+        Some(tonic::Code::Unimplemented) => Some(
+            "the server is older than this nova and lacks the call; upgrade it, or use a nova of \
+             its version"
+                .to_owned(),
+        ),
+        Some(tonic::Code::ResourceExhausted) => Some(match error.retry_after() {
+            Some(after) => format!(
+                "the server is at a limit; it asks to retry after {} ms",
+                after.as_millis()
+            ),
+            None => "the server is at a limit; retry later".to_owned(),
+        }),
+        Some(tonic::Code::OutOfRange) => error.first_seq().map(|first| {
+            format!(
+                "retention trimmed it; the stream's first record is now {first} (--from {first})"
+            )
+        }),
+        _ => None,
+    }
+}
+
+/// A gRPC client that reached a server that does not speak gRPC (the metrics endpoint, a web
+/// server) fails in its HTTP/2 handshake, or gets an HTTP answer without a gRPC status; these
+/// are the ways hyper, h2 and tonic report it.
+fn looks_like_http1(text: &str) -> bool {
+    [
+        "grpc-status header missing",
+        "frame with invalid size",
+        "invalid HTTP version",
+        "http2 error: connection error detected",
+        "received HTTP/1",
+        "PROTOCOL_ERROR",
+        "protocol error",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
+}
+
+/// The server URL to connect to: `HOST:PORT` means `http://HOST:PORT`. An `https://` URL is
+/// refused: it asks for TLS, which this build does not speak yet, and falling back to plain
+/// text would send the token and the records in the clear.
+pub fn server_url(server: &str) -> Result<String, CliError> {
+    if server.starts_with("https://") {
+        return Err(CliError::invalid(format!(
+            "--server {server}: https:// asks for TLS, which this build of nova does not speak \
+             yet, and it never falls back to plain text"
+        ))
+        .with_hint(
+            "use http:// for a server on loopback or a trusted network (TLS is on the roadmap)",
+        ));
+    }
+    if server.starts_with("http://") {
+        return Ok(server.to_owned());
+    }
+    if server.contains("://") {
+        return Err(
+            CliError::invalid(format!("--server {server}: nova speaks gRPC over http://"))
+                .with_hint("novad listens on http://127.0.0.1:7400 by default"),
+        );
+    }
+    Ok(format!("http://{server}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_urls() {
+        assert_eq!(
+            server_url("127.0.0.1:7400").unwrap(),
+            "http://127.0.0.1:7400"
+        );
+        assert_eq!(server_url("http://h:1").unwrap(), "http://h:1");
+        let refused = server_url("https://h:1").unwrap_err();
+        assert!(refused.message.contains("never falls back"), "{refused}");
+        assert!(server_url("ftp://h").is_err());
+    }
+
+    #[test]
+    fn connection_failures_get_a_hint() {
+        let refused = Error::Connect {
+            url: "http://127.0.0.1:1".into(),
+            message: "transport error: tcp connect error: Connection refused (os error 111)".into(),
+        };
+        let refused = hint(&refused, "http://127.0.0.1:1").unwrap();
+        assert!(
+            refused.contains("nothing listens on 127.0.0.1:1"),
+            "{refused}"
+        );
+        let http1 = Error::Connect {
+            url: "http://127.0.0.1:7401".into(),
+            message:
+                "transport error: http2 error: connection error detected: frame with invalid size"
+                    .into(),
+        };
+        assert!(
+            hint(&http1, "http://127.0.0.1:7401")
+                .unwrap()
+                .contains("metrics port")
+        );
+    }
+}
