@@ -106,9 +106,10 @@ async fn probe_star(star: &Router) -> Result<Option<v1::GetServerInfoResponse>, 
         Ok(Ok(response)) => Ok(Some(response.into_inner())),
         Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => Ok(None),
         Ok(Err(status)) => Err(status),
-        Err(_) => Err(tonic::Status::unavailable(format!(
+        Err(_) => Err(nova_proto::RequestError::Unavailable(format!(
             "no answer within {PROBE_TIMEOUT:?}"
-        ))),
+        ))
+        .into()),
     }
 }
 
