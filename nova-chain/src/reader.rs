@@ -327,25 +327,36 @@ pub(crate) async fn resolve(
     Ok(refs)
 }
 
-/// Where a read by time starts: the first index entry at or after `from_seq` whose object was
-/// written at or after `timestamp_ms` (unix ms), found by a binary search over the stream's
-/// sequence numbers that reads one entry per step (O(log n) metastore reads).
+/// How far out of order objects' write times may be (stars' clocks apart across a takeover or a
+/// handoff, a clock stepped back) without a read by time starting late: the search looks for
+/// objects written this much before the time asked, and the reader passes over the records in
+/// between.
+pub(crate) const SEEK_CLOCK_SLACK_MS: u64 = 1000;
+
+/// Where a read by time starts: at or after `from_seq` (and the stream's first record), the
+/// first index entry whose object was written at or after `timestamp_ms` (unix ms) less
+/// `SEEK_CLOCK_SLACK_MS`, found by a binary search over the stream's sequence numbers that reads
+/// one entry per step (O(log n) metastore reads).
 ///
 /// An object's write time is at or after the admission time of every record in it, and records
 /// the star stamps are stamped at admission, so no record stamped at or after `timestamp_ms`
-/// lies before the entry found; the reader passes over the earlier records in it. Records
-/// still in the tail cache are not in the index: a search that reaches them stops there, and
-/// the reader passes over them the same way. Entries written before objects carried a write
-/// time (0) count as older than any time. A producer's own timestamps are taken as they are:
-/// one ahead of the star's clock may be passed over.
+/// lies before the entry found as long as write times grow with sequence numbers to within the
+/// slack; the reader passes over the earlier records. Records still in the tail cache are not
+/// in the index: a search that reaches them stops there, and the reader passes over them the
+/// same way. Entries written before objects carried a write time (0) count as older than any
+/// time. A producer's own timestamps are taken as they are: one ahead of the star's clock may
+/// be passed over.
 pub(crate) async fn seek_time(
     shared: &Shared,
     stream: &StreamState,
     from_seq: u64,
     timestamp_ms: u64,
 ) -> Result<u64, RequestError> {
-    check_not_trimmed(shared, stream, from_seq, false).await?;
-    let mut lo = from_seq;
+    // A read by time asks for what the stream holds from then on: what retention trimmed is
+    // not an error here, only not there.
+    let first = first_seq(shared, stream, false).await?;
+    let target = timestamp_ms.saturating_sub(SEEK_CLOCK_SLACK_MS);
+    let mut lo = from_seq.max(first);
     let mut hi = stream.tail();
     if let Some(hot) = shared.tail_cache.earliest(stream.id()) {
         hi = hi.min(hot.max(lo));
@@ -364,7 +375,7 @@ pub(crate) async fn seek_time(
                 .filter(|e| e.start_seq <= mid),
         };
         match entry {
-            Some(entry) if entry.created_at_ms < timestamp_ms => lo = entry.end_seq.max(mid + 1),
+            Some(entry) if entry.created_at_ms < target => lo = entry.end_seq.max(mid + 1),
             Some(entry) => hi = entry.start_seq.max(lo),
             // Not indexed (trimmed or deleted meanwhile): start no later than here.
             None => hi = mid,

@@ -182,11 +182,16 @@ impl StreamState {
     /// Why an append to this stream is refused now, if it is.
     pub fn refusal(&self) -> Option<RequestError> {
         if self.released.load(Ordering::Acquire) {
-            Some(RequestError::Unavailable(format!(
-                "stream {:?} is being handed to another star; retry (the SDK follows the \
-                 redirect to its new leader)",
-                self.name()
-            )))
+            // A handoff takes as long as landing and absorbing what is in flight: come back
+            // soon, to the new leader by then.
+            Some(RequestError::UnavailableFor {
+                reason: format!(
+                    "stream {:?} is being handed to another star; retry (the SDK follows the \
+                     redirect to its new leader)",
+                    self.name()
+                ),
+                retry_after: HANDOFF_RETRY_AFTER,
+            })
         } else if self.is_deleted() {
             Some(RequestError::StreamNotFound(self.name().to_owned()))
         } else if self.in_doubt.load(Ordering::Acquire) {
@@ -230,6 +235,9 @@ pub struct StreamRegistry {
     /// Set at shutdown: creates and deletes are refused as the star stopping, not as a shed.
     admin_stopping: AtomicBool,
 }
+
+/// The retry hint of an append refused while its stream is handed to another star.
+const HANDOFF_RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Stream creates and deletes in progress at once; more are refused with a retry hint. They
 /// run one at a time, so this only bounds the queue of callers.

@@ -114,9 +114,54 @@ impl RetryPolicy {
             .min(self.max_backoff)
     }
 
-    /// How long to wait before attempt `attempt` after `cause`: the server's hint when it sent
-    /// one, else the step, jittered either way.
+    /// How long to wait before attempt `attempt` after `cause`. The step, jittered (between
+    /// half and all of it); the server's hint, when it sent one, is a floor: never sooner than
+    /// it, and spread over up to half as long again above it, so that the clients one event
+    /// refused do not come back together. A hint does not stop the steps from growing, so
+    /// repeated refusals still back off exponentially.
     pub(crate) fn wait(&self, attempt: u32, cause: &Error, jitter: &Jitter) -> Duration {
-        jitter.apply(cause.retry_after().unwrap_or_else(|| self.step(attempt)))
+        let step = jitter.apply(self.step(attempt));
+        match cause.retry_after() {
+            Some(hint) if hint >= step => hint + (jitter.apply(hint) - hint / 2),
+            _ => step,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nova_proto::clock::Clock;
+
+    fn refused(hint: Option<Duration>) -> Error {
+        Error::Status {
+            code: tonic::Code::Unavailable,
+            message: "refused".into(),
+            retry_after: hint,
+            next_seq: None,
+            first_seq: None,
+            leader: None,
+        }
+    }
+
+    #[test]
+    fn a_hint_is_a_floor_and_the_steps_still_grow() {
+        let policy = RetryPolicy {
+            max_attempts: 20,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(5),
+        };
+        let jitter = Jitter::new(&Clock::system(), "test");
+        let hint = Some(Duration::from_secs(1));
+        for _ in 0..100 {
+            let first = policy.wait(2, &refused(hint), &jitter);
+            assert!(first >= Duration::from_secs(1), "{first:?}");
+            assert!(first <= Duration::from_millis(1500), "{first:?}");
+            // By the ninth attempt the step (50 ms × 2^7, capped at 5 s) is past the hint.
+            let late = policy.wait(9, &refused(hint), &jitter);
+            assert!(late >= Duration::from_millis(2500), "{late:?}");
+            let unhinted = policy.wait(2, &refused(None), &jitter);
+            assert!(unhinted >= Duration::from_millis(25) && unhinted <= Duration::from_millis(50));
+        }
     }
 }

@@ -324,6 +324,14 @@ fn the_record_limit_is_learned_from_the_server_and_an_oversize_line_is_named() {
     assert!(stderr.contains("--max-record-bytes of 1 KiB"), "{stderr}");
     assert!(stderr.contains("nothing after it was sent"), "{stderr}");
     assert_eq!(ok(nova(&url, &["read", "small"], b"")), "a\nb\n");
+    // A larger limit on the command line does not lift the server's.
+    let (stdout, stderr) = failed(nova(
+        &url,
+        &["append", "small", "--max-record-bytes", "8MiB"],
+        &input,
+    ));
+    assert_eq!(stdout, "2..4\n");
+    assert!(stderr.contains("stdin line 3"), "{stderr}");
 
     // In JSON, the same: the range on stdout, the error on stderr with its code.
     let (stdout, stderr) = failed(nova(&url, &["--output", "json", "append", "small"], &input));

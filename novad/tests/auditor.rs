@@ -556,6 +556,14 @@ async fn retention_from_the_cli_trims_and_reads_below_are_out_of_range_everywher
         let got: Vec<&[u8]> = page.records.iter().map(|r| &r.record.body[..]).collect();
         let want: Vec<&[u8]> = bodies[5..].iter().map(|b| b.as_bytes()).collect();
         assert_eq!(got, want, "via {url}");
+        // A read by time asks for what the stream holds from then on: from its first record,
+        // not an error about what retention took.
+        let page = nova_client::Consumer::new(reader.clone(), "logs", 0)
+            .from_time(1)
+            .next_page()
+            .await
+            .unwrap_or_else(|e| panic!("a read by time via {url}: {e}"));
+        assert_eq!(page.records.first().map(|r| r.seq), Some(5), "via {url}");
     }
 
     // By age instead: everything older than a second goes.

@@ -68,27 +68,50 @@ impl Health {
     }
 }
 
+/// How long a gateway waits at start-up for its `--store-dir` to become an object store: a star
+/// started alongside it creates the store's folders within moments of starting.
+const STORE_DIR_WAIT: Duration = Duration::from_secs(60);
+
 /// Refuses a `--store-dir` that is not an object store before anything is created in it (the
-/// local store would otherwise make an empty one there).
-pub fn check_store_dir(dir: &Path) -> anyhow::Result<()> {
-    if dir.join("objects").is_dir() {
-        return Ok(());
+/// local store would otherwise make an empty one there), after waiting a while for a star
+/// starting alongside to create it.
+pub async fn check_store_dir(dir: &Path) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + STORE_DIR_WAIT;
+    let mut said = false;
+    while !dir.join("objects").is_dir() {
+        let what = if dir.is_dir() {
+            "has no objects/ folder"
+        } else {
+            "does not exist"
+        };
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!(
+                "--store-dir {} {what}, so it is not a Nova object store: point it at the \
+                 star's <data-dir>/store (nova-data/store by default), or give --s3-bucket",
+                dir.display()
+            );
+        }
+        if !said {
+            tracing::warn!(
+                store_dir = %dir.display(),
+                "--store-dir {what}; waiting up to {} s for a star to create it",
+                STORE_DIR_WAIT.as_secs()
+            );
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let what = if dir.is_dir() {
-        "has no objects/ folder"
-    } else {
-        "does not exist"
-    };
-    anyhow::bail!(
-        "--store-dir {} {what}, so it is not a Nova object store: point it at the star's \
-         <data-dir>/store (nova-data/store by default), or give --s3-bucket",
-        dir.display()
-    )
+    Ok(())
 }
 
-/// One probe of the store: can it list?
+/// One probe of the store: does it answer a one-key listing? A bucket that refuses listings
+/// with AccessDenied answers all the same (the credentials are known and the bucket is there),
+/// and a gateway needs only reads: that counts as reachable.
 async fn probe_store(store: &dyn ObjectStore) -> Result<(), StoreError> {
     match tokio::time::timeout(PROBE_TIMEOUT, store.list("", None, 1)).await {
+        Ok(Err(StoreError::Permanent { message, .. })) if message.contains("AccessDenied") => {
+            Ok(())
+        }
         Ok(result) => result.map(|_| ()),
         Err(_) => Err(StoreError::Transient {
             op: nova_core::object_store::Op::List,
@@ -96,6 +119,11 @@ async fn probe_store(store: &dyn ObjectStore) -> Result<(), StoreError> {
             message: format!("no answer within {PROBE_TIMEOUT:?}"),
         }),
     }
+}
+
+/// `call`, or `None` when it takes longer than a probe may.
+async fn within<T>(call: impl std::future::Future<Output = T>) -> Option<T> {
+    tokio::time::timeout(PROBE_TIMEOUT, call).await.ok()
 }
 
 /// One probe of the star: its server info (`None` from a star too old to have the call).
@@ -175,13 +203,14 @@ async fn check_same_store(
     info: Option<&v1::GetServerInfoResponse>,
 ) -> anyhow::Result<()> {
     let mut stub = star.seed();
-    let Ok(listed) = stub
-        .list_streams(v1::ListStreamsRequest {
-            prefix: String::new(),
-            start_after: String::new(),
-            limit: 20,
-        })
-        .await
+    // Each call is bounded: a star that answers slowly delays the start by seconds, not
+    // forever, and the check is skipped.
+    let Some(Ok(listed)) = within(stub.list_streams(v1::ListStreamsRequest {
+        prefix: String::new(),
+        start_after: String::new(),
+        limit: 20,
+    }))
+    .await
     else {
         return Ok(());
     };
@@ -189,14 +218,13 @@ async fn check_same_store(
         if stream.tail_seq <= stream.first_seq {
             continue;
         }
-        let Ok(refs) = stub
-            .resolve_refs(v1::ResolveRefsRequest {
-                stream: stream.name.clone(),
-                start_seq: stream.first_seq,
-                max_refs: 1,
-                start_timestamp: None,
-            })
-            .await
+        let Some(Ok(refs)) = within(stub.resolve_refs(v1::ResolveRefsRequest {
+            stream: stream.name.clone(),
+            start_seq: stream.first_seq,
+            max_refs: 1,
+            start_timestamp: None,
+        }))
+        .await
         else {
             continue;
         };
@@ -204,20 +232,19 @@ async fn check_same_store(
             // Everything is still in the star's memory: nothing to look for yet.
             continue;
         };
-        return match store.head(&found.object_key).await {
-            Ok(_) => Ok(()),
-            Err(StoreError::NotFound { .. }) => {
+        return match within(store.head(&found.object_key)).await {
+            None | Some(Ok(_)) => Ok(()),
+            Some(Err(StoreError::NotFound { .. })) => {
                 // The auditor may have moved it between the two calls; ask once more.
-                let again = stub
-                    .resolve_refs(v1::ResolveRefsRequest {
-                        stream: stream.name.clone(),
-                        start_seq: stream.first_seq,
-                        max_refs: 1,
-                        start_timestamp: None,
-                    })
-                    .await
-                    .ok()
-                    .and_then(|r| r.into_inner().refs.into_iter().next());
+                let again = within(stub.resolve_refs(v1::ResolveRefsRequest {
+                    stream: stream.name.clone(),
+                    start_seq: stream.first_seq,
+                    max_refs: 1,
+                    start_timestamp: None,
+                }))
+                .await
+                .and_then(Result::ok)
+                .and_then(|r| r.into_inner().refs.into_iter().next());
                 match again {
                     Some(again) if again.object_key != found.object_key => Ok(()),
                     _ => anyhow::bail!(
@@ -232,8 +259,13 @@ async fn check_same_store(
                     ),
                 }
             }
+            Some(Err(err)) if !err.is_retryable() => anyhow::bail!(
+                "the object store {} refuses the gateway a read of {}: {err}",
+                store.describe(),
+                found.object_key
+            ),
             // Probed a moment ago; a blip now is not a misconfiguration.
-            Err(_) => Ok(()),
+            Some(Err(_)) => Ok(()),
         };
     }
     Ok(())

@@ -31,7 +31,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         started_at_ms as f64 / 1000.0,
     );
     if config.store.s3().is_none() {
-        crate::health::check_store_dir(&config.store_dir)?;
+        crate::health::check_store_dir(&config.store_dir).await?;
     }
     let store = config
         .store

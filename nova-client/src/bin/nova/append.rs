@@ -37,8 +37,8 @@ pub struct AppendArgs {
     /// A batch is sent this long after its first record, full or not.
     #[arg(long, default_value = "5ms", value_parser = parse_duration)]
     linger: Duration,
-    /// The largest record to send. Default: the server's --max-record-bytes, learned from it
-    /// (1 MiB from a server too old to say).
+    /// The largest record to send, if smaller than the server's --max-record-bytes (learned
+    /// from it; 1 MiB from a server too old to say). A larger value is capped at the server's.
     #[arg(long, value_parser = parse_bytes)]
     max_record_bytes: Option<u64>,
 }
@@ -80,12 +80,15 @@ pub async fn learn_limits(client: &Client) -> anyhow::Result<ServerLimits> {
 pub async fn run(client: &Client, args: AppendArgs, format: Format) -> anyhow::Result<()> {
     let defaults = ServerLimits::star_defaults();
     let limits = learn_limits(client).await?;
-    let max_record_bytes = args.max_record_bytes.unwrap_or_else(|| {
-        limits
-            .max_record_bytes
-            .or(defaults.max_record_bytes)
-            .unwrap_or(1 << 20)
-    });
+    // The flag can only lower the server's limit: a record over it would be refused by the
+    // server with the rest of its batch, past the point where nova can name its line.
+    let server_max_record = limits
+        .max_record_bytes
+        .or(defaults.max_record_bytes)
+        .unwrap_or(1 << 20);
+    let max_record_bytes = args
+        .max_record_bytes
+        .map_or(server_max_record, |flag| flag.min(server_max_record));
     let max_batch_bytes = limits.max_batch_bytes.or(defaults.max_batch_bytes);
     let max_batch_records = limits.max_batch_records.or(defaults.max_batch_records);
     let config = ProducerConfig {
@@ -188,7 +191,7 @@ pub async fn run(client: &Client, args: AppendArgs, format: Format) -> anyhow::R
                 error = error.with_hint(format!(
                     "split the record, or raise the server's --max-record-bytes (now {}); \
                      --max-record-bytes on nova only lowers what nova sends",
-                    human_bytes(max_record_bytes)
+                    human_bytes(server_max_record)
                 ));
             }
             Err(error.into())
