@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
@@ -42,6 +43,8 @@ pub type AppendReply = Result<AckRange, RequestError>;
 #[derive(Debug)]
 pub(crate) struct Submission {
     pub stream: Arc<StreamState>,
+    /// Charged and to be written as Express: the stream's class when it was submitted.
+    pub express: bool,
     /// The batch's records, encoded in chunks of at most `MAX_SECTION_BYTES`.
     pub chunks: Vec<Fragment>,
     pub content_bytes: u64,
@@ -401,7 +404,19 @@ impl Packer {
             }));
             return;
         }
-        let express = sub.stream.meta.class == StorageClass::Express;
+        let express = sub.express;
+        if express != (sub.stream.class() == StorageClass::Express) {
+            // The stream's class changed while this batch waited: it was charged for the other
+            // one. Nothing was sequenced; the producer sends it again under the new class.
+            let _ = sub.reply.send(Err(RequestError::UnavailableFor {
+                reason: format!(
+                    "stream {:?} changed its storage class while this append waited; retry",
+                    sub.stream.name()
+                ),
+                retry_after: Duration::from_millis(100),
+            }));
+            return;
+        }
         if express && let Some(refusal) = Lane::refusal(self.express.as_ref()) {
             let _ = sub.reply.send(Err(refusal));
             return;

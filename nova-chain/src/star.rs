@@ -378,6 +378,23 @@ impl Star {
     /// (the wait ran past `timeout`, or the catalog failed) the stream takes appends again.
     pub async fn release(&self, stream: &StreamState, timeout: Duration) -> Result<(), String> {
         stream.set_released(true);
+        if let Err(problem) = self.wait_absorbed(stream, timeout, "the handoff").await {
+            stream.set_released(false);
+            return Err(problem);
+        }
+        self.shared.tail_cache.forget_stream(stream.id());
+        Ok(())
+    }
+
+    /// Waits until every append admitted to `stream` so far is resolved and absorbed: the
+    /// catalog's tail reaches where the next append would start. The caller has stopped new
+    /// appends (`set_released`, `set_reclassing`), so `next_seq` no longer moves.
+    async fn wait_absorbed(
+        &self,
+        stream: &StreamState,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<(), String> {
         let clock = self.shared.config.clock;
         let started = clock.now();
         loop {
@@ -388,23 +405,59 @@ impl Star {
                 .await
                 .map(|t| t.tail_seq);
             match absorbed {
-                Ok(tail) if tail >= stream.next_seq() => break,
+                Ok(tail) if tail >= stream.next_seq() => return Ok(()),
                 Ok(_) => {}
-                Err(err) => {
-                    stream.set_released(false);
-                    return Err(format!("reading the stream's absorbed tail: {err}"));
-                }
+                Err(err) => return Err(format!("reading the stream's absorbed tail: {err}")),
             }
             if self.fenced().is_some() || clock.since(started) >= timeout {
-                stream.set_released(false);
                 return Err(format!(
-                    "appends admitted before the handoff were not absorbed within {timeout:?}"
+                    "appends admitted before {what} were not absorbed within {timeout:?}"
                 ));
             }
             clock.sleep(Duration::from_millis(20)).await;
         }
-        self.shared.tail_cache.forget_stream(stream.id());
-        Ok(())
+    }
+
+    /// Changes `stream`'s storage class for the appends admitted from now on. Appends are
+    /// refused (retryable, with a short hint) while every append admitted under the old class
+    /// lands and is absorbed, so no batch of the old class is in flight when the new one takes
+    /// over, and none admitted under the old one can be sequenced under the new one (the
+    /// packer refuses a batch whose class changed while it waited). If they do not land within
+    /// `timeout` (an object-store outage, express zones down) nothing changes.
+    pub async fn set_storage_class(
+        &self,
+        stream: &Arc<StreamState>,
+        class: StorageClass,
+        timeout: Duration,
+    ) -> Result<(), RequestError> {
+        if stream.class() == class {
+            return Ok(());
+        }
+        if class == StorageClass::Express && self.shared.config.express.is_none() {
+            return Err(RequestError::InvalidRequest(format!(
+                "stream {:?}: storage class EXPRESS needs express zone buckets \
+                 (--s3-express-zone), and this star has none configured",
+                stream.name()
+            )));
+        }
+        stream.set_reclassing(true);
+        let changed = match self
+            .wait_absorbed(stream, timeout, "the storage class change")
+            .await
+        {
+            Ok(()) => self
+                .shared
+                .streams
+                .set_class(stream.name(), class)
+                .await
+                .map(|_| ()),
+            Err(problem) => Err(RequestError::Unavailable(format!(
+                "stream {:?} keeps its storage class: {problem}; try again",
+                stream.name()
+            ))),
+        };
+        stream.set_reclassing(false);
+        changed
     }
 
     /// Why the star refuses appends, if it lost its chain.
@@ -428,8 +481,9 @@ impl Star {
         // While the express chain is being sealed (zones unreachable) Express appends are
         // refused at once, and one already waiting for room gives up: the room would come only
         // once the zones answer.
+        let class = stream.class();
         let admitted = match (
-            &stream.meta.class,
+            &class,
             &self.shared.express_buffer,
             &self.shared.config.express,
         ) {
@@ -453,6 +507,7 @@ impl Star {
         };
         let (reply, receiver) = oneshot::channel();
         let submission = Submission {
+            express: class == StorageClass::Express,
             stream,
             chunks,
             content_bytes,

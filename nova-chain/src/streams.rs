@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -48,10 +48,17 @@ pub struct StreamState {
     /// metrics (`stream_series`).
     appended_records: AtomicU64,
     appended_bytes: AtomicU64,
+    /// The storage class as last set, as `StorageClass::code` (`meta` holds the one it was
+    /// created or loaded with). Changed only while `reclassing` refuses appends.
+    class: AtomicU8,
+    /// Its storage class is being changed: appends are refused until every one admitted before
+    /// is absorbed and the new class is in the catalog.
+    reclassing: AtomicBool,
 }
 
 impl StreamState {
     pub fn new(meta: StreamMeta, tail: StreamTail) -> Self {
+        let class = meta.class.code();
         Self {
             next_seq: AtomicU64::new(tail.tail_seq),
             acked: AtomicU64::new(tail.tail_seq),
@@ -67,7 +74,22 @@ impl StreamState {
             tail_moved: tokio::sync::Notify::new(),
             appended_records: AtomicU64::new(0),
             appended_bytes: AtomicU64::new(0),
+            class: AtomicU8::new(class),
+            reclassing: AtomicBool::new(false),
         }
+    }
+
+    /// The storage class appends are admitted under now.
+    pub fn class(&self) -> StorageClass {
+        StorageClass::from_code(self.class.load(Ordering::Acquire)).unwrap_or(self.meta.class)
+    }
+
+    /// Refuses appends from now on (`true`) while the storage class changes, or takes them
+    /// again. Like `set_released`, returns once no batch is between its refusal check and its
+    /// sequence assignment.
+    pub fn set_reclassing(&self, reclassing: bool) {
+        let _admitting = self.admitting.lock();
+        self.reclassing.store(reclassing, Ordering::Release);
     }
 
     /// Counts an acknowledged batch in the stream's append metrics.
@@ -188,6 +210,15 @@ impl StreamState {
                 reason: format!(
                     "stream {:?} is being handed to another star; retry (the SDK follows the \
                      redirect to its new leader)",
+                    self.name()
+                ),
+                retry_after: HANDOFF_RETRY_AFTER,
+            })
+        } else if self.reclassing.load(Ordering::Acquire) {
+            Some(RequestError::UnavailableFor {
+                reason: format!(
+                    "stream {:?} is changing its storage class; retry (it takes as long as \
+                     landing the appends in flight)",
                     self.name()
                 ),
                 retry_after: HANDOFF_RETRY_AFTER,
@@ -413,6 +444,38 @@ impl StreamRegistry {
                 RequestError::Unavailable(format!(
                     "the retention of stream {name:?} is set, but writing its manifest failed \
                      (set it again): {e}"
+                ))
+            })?;
+            Ok(meta)
+        })
+        .await
+    }
+
+    /// Records stream `name`'s new storage class in the catalog and its manifest, and takes it
+    /// for the appends admitted from now on. The caller has refused the stream's appends and
+    /// waited for those in flight (`Star::set_storage_class`).
+    pub(crate) async fn set_class(
+        self: &Arc<Self>,
+        name: &str,
+        class: StorageClass,
+    ) -> Result<StreamMeta, RequestError> {
+        let name = name.to_owned();
+        self.to_the_end(move |registry| async move {
+            // One at a time with deletes, as for a retention.
+            let _one_at_a_time = registry.admin.lock().await;
+            let state = registry
+                .get(&name)
+                .ok_or_else(|| RequestError::StreamNotFound(name.clone()))?;
+            let meta = registry
+                .catalog
+                .set_class(&name, class)
+                .await
+                .map_err(catalog_error)?;
+            state.class.store(class.code(), Ordering::Release);
+            registry.write_manifest(&meta, false).await.map_err(|e| {
+                RequestError::Unavailable(format!(
+                    "the storage class of stream {name:?} is set, but writing its manifest \
+                     failed (set it again): {e}"
                 ))
             })?;
             Ok(meta)

@@ -411,17 +411,42 @@ impl Client {
         Ok((response.streams.into_iter().map(Into::into).collect(), next))
     }
 
-    /// Replaces a stream's retention (`Retention::default()`: keep everything).
+    /// Replaces a stream's retention (`Retention::default()`: keep everything); its storage
+    /// class stays.
     pub async fn reconfigure_stream(
         &self,
         name: &str,
         retention: Retention,
+    ) -> Result<StreamInfo, Error> {
+        self.reconfigure(name, retention, None).await
+    }
+
+    /// Gives a stream the storage class and the retention of `config`. A change of class
+    /// takes effect for the appends admitted after it: the star refuses the stream's appends
+    /// (`UNAVAILABLE`, retryable, with a short hint; a `Producer` retries by itself) until those
+    /// admitted before have landed.
+    pub async fn reconfigure_stream_configured(
+        &self,
+        name: &str,
+        config: StreamConfig,
+    ) -> Result<StreamInfo, Error> {
+        self.reconfigure(name, config.retention, Some(config.storage_class))
+            .await
+    }
+
+    async fn reconfigure(
+        &self,
+        name: &str,
+        retention: Retention,
+        class: Option<StorageClass>,
     ) -> Result<StreamInfo, Error> {
         let response = self
             .on_leader(name, |mut star| async move {
                 star.reconfigure_stream(v1::ReconfigureStreamRequest {
                     stream: name.to_owned(),
                     retention: retention.to_wire(),
+                    storage_class: class
+                        .map_or(v1::StorageClass::Unspecified as i32, |c| c.to_wire()),
                 })
                 .await
             })

@@ -449,6 +449,29 @@ fn describe_prints_dates_and_json_keeps_the_milliseconds() {
     assert!(ms > 1_700_000_000_000);
     assert!(json["created_at"].as_str().unwrap().ends_with('Z'));
     assert_eq!(json["retention_age_ms"], 7 * 86_400_000u64);
+
+    // The storage class is a setting too; this star has no zone buckets for Express.
+    let (_, stderr) = failed(nova(
+        &url,
+        &["stream", "reconfigure", "d", "--storage-class", "express"],
+        b"",
+    ));
+    assert!(stderr.contains("--s3-express-zone"), "{stderr}");
+    let text = ok(nova(
+        &url,
+        &[
+            "stream",
+            "reconfigure",
+            "d",
+            "--storage-class",
+            "standard",
+            "--retention-age",
+            "none",
+        ],
+        b"",
+    ));
+    assert!(text.contains("storage class:  standard"), "{text}");
+    assert!(text.contains("retention:      age no limit"), "{text}");
 }
 
 #[test]

@@ -573,16 +573,34 @@ impl Catalog {
         name: &str,
         retention: Retention,
     ) -> Result<StreamMeta, CatalogError> {
+        self.update_stream(name, |meta| meta.retention = retention)
+            .await
+    }
+
+    /// Sets the storage class of stream `name`, returning the stream as it is now. The caller
+    /// makes sure no append of the stream is in flight (`Star::set_storage_class`).
+    pub async fn set_class(
+        &self,
+        name: &str,
+        class: StorageClass,
+    ) -> Result<StreamMeta, CatalogError> {
+        self.update_stream(name, |meta| meta.class = class).await
+    }
+
+    /// Changes stream `name`'s settings with `change`, by compare-and-set on its record.
+    async fn update_stream(
+        &self,
+        name: &str,
+        change: impl Fn(&mut StreamMeta),
+    ) -> Result<StreamMeta, CatalogError> {
         loop {
             let kv = self
                 .store
                 .get(&name_key(name))
                 .await?
                 .ok_or_else(|| CatalogError::NotFound(name.to_owned()))?;
-            let meta = StreamMeta {
-                retention,
-                ..decode_meta(name, &kv.value)?
-            };
+            let mut meta = decode_meta(name, &kv.value)?;
+            change(&mut meta);
             let txn = Txn::new()
                 .compare(Compare::Version(name_key(name), kv.version))
                 .put(name_key(name), encode_meta(&meta));

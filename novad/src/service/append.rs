@@ -290,7 +290,7 @@ async fn admit(
     );
     drop(request);
     admitted.shrink_to(encoded_charge(records, headers, content));
-    let class = match stream.meta.class {
+    let class = match stream.class() {
         StorageClass::Standard => "standard",
         StorageClass::Express => "express",
     };

@@ -84,7 +84,7 @@ fn info_led(
         name: stream.name().to_owned(),
         tail_seq: stream.tail(),
         stored_bytes: stream.stored_bytes(),
-        storage_class: match stream.meta.class {
+        storage_class: match stream.class() {
             StorageClass::Standard => v1::StorageClass::Standard as i32,
             StorageClass::Express => v1::StorageClass::Express as i32,
         },
@@ -96,6 +96,21 @@ fn info_led(
         }),
         leader_id: leader.map(|m| m.id.clone()).unwrap_or_default(),
         leader_addr: leader.map(|m| m.advertise.clone()).unwrap_or_default(),
+    }
+}
+
+/// How long a change of storage class waits for the stream's appends in flight to land.
+const RECLASS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A storage class from the API; `None` when unspecified.
+fn class_from(wire: i32) -> Result<Option<StorageClass>, RequestError> {
+    match v1::StorageClass::try_from(wire) {
+        Ok(v1::StorageClass::Unspecified) => Ok(None),
+        Ok(v1::StorageClass::Standard) => Ok(Some(StorageClass::Standard)),
+        Ok(v1::StorageClass::Express) => Ok(Some(StorageClass::Express)),
+        Err(_) => Err(RequestError::InvalidRequest(format!(
+            "unknown storage class {wire}"
+        ))),
     }
 }
 
@@ -239,30 +254,15 @@ impl Nova for NovaService {
         request: Request<v1::CreateStreamRequest>,
     ) -> Result<Response<v1::CreateStreamResponse>, Status> {
         let request = request.into_inner();
-        let class = match v1::StorageClass::try_from(request.storage_class) {
-            Ok(v1::StorageClass::Unspecified | v1::StorageClass::Standard) => {
-                StorageClass::Standard
-            }
-            Ok(v1::StorageClass::Express) if self.ctx.star.config().express.is_some() => {
-                StorageClass::Express
-            }
-            Ok(v1::StorageClass::Express) => {
-                return Err(RequestError::InvalidRequest(format!(
-                    "stream {:?}: storage class EXPRESS needs express zone buckets \
-                     (--s3-express-zone), and this star has none configured; create it as \
-                     STANDARD",
-                    request.stream
-                ))
-                .into());
-            }
-            Err(_) => {
-                return Err(RequestError::InvalidRequest(format!(
-                    "unknown storage class {}",
-                    request.storage_class
-                ))
-                .into());
-            }
-        };
+        let class = class_from(request.storage_class)?.unwrap_or(StorageClass::Standard);
+        if class == StorageClass::Express && self.ctx.star.config().express.is_none() {
+            return Err(RequestError::InvalidRequest(format!(
+                "stream {:?}: storage class EXPRESS needs express zone buckets \
+                 (--s3-express-zone), and this star has none configured; create it as STANDARD",
+                request.stream
+            ))
+            .into());
+        }
         let retention = retention_from(request.retention)?;
         if let Some(fleet) = &self.ctx.fleet {
             // Refused before anything is written while no star can lead the stream.
@@ -388,10 +388,22 @@ impl Nova for NovaService {
     ) -> Result<Response<v1::ReconfigureStreamResponse>, Status> {
         let request = request.into_inner();
         let retention = retention_from(request.retention)?;
+        let class = class_from(request.storage_class)?;
         if self.ctx.fleet.is_some() {
             self.ctx.route(&request.stream).await?;
         }
         let streams = self.ctx.star.streams();
+        if let Some(class) = class {
+            let stream = streams.get_or_not_found(&request.stream)?;
+            let was = stream.class();
+            self.ctx
+                .star
+                .set_storage_class(&stream, class, RECLASS_TIMEOUT)
+                .await?;
+            if was != class {
+                tracing::info!(stream = %request.stream, from = ?was, to = ?class, "storage class changed");
+            }
+        }
         streams.set_retention(&request.stream, retention).await?;
         tracing::info!(stream = %request.stream, ?retention, "stream reconfigured");
         let stream = streams.get_or_not_found(&request.stream)?;

@@ -54,10 +54,19 @@ pub enum StreamCommand {
         #[arg(long, value_enum, default_value = "standard")]
         storage_class: Class,
     },
-    /// Change a stream's retention; a limit left out stays as it is, `none` removes it.
+    /// Change a stream's retention or storage class; what is left out stays as it is.
+    ///
+    /// A retention limit of `none` removes it. A new storage class applies to the appends
+    /// admitted after the change: while the appends in flight land, the stream's producers are
+    /// asked to retry (the SDK's producer does so by itself); records already stored stay where
+    /// they are.
     Reconfigure {
         /// The stream's name.
         name: String,
+        /// Where appends are acknowledged from now on: standard, or express (only on stars
+        /// with zone buckets).
+        #[arg(long, value_enum)]
+        storage_class: Option<Class>,
         /// Trim records older than this (e.g. 7d), or `none`.
         #[arg(long, value_parser = age_limit)]
         retention_age: Option<Limit<Duration>>,
@@ -153,10 +162,12 @@ pub async fn run(client: &Client, command: StreamCommand, format: Format) -> any
         }
         StreamCommand::Reconfigure {
             name,
+            storage_class,
             retention_age,
             retention_bytes,
         } => {
-            let mut retention = client.describe_stream(&name).await?.retention;
+            let current = client.describe_stream(&name).await?;
+            let mut retention = current.retention;
             match retention_age {
                 Some(Limit::Set(age)) => retention.age = Some(age),
                 Some(Limit::None) => retention.age = None,
@@ -167,7 +178,16 @@ pub async fn run(client: &Client, command: StreamCommand, format: Format) -> any
                 Some(Limit::None) => retention.bytes = None,
                 None => {}
             }
-            let info = client.reconfigure_stream(&name, retention).await?;
+            let info = match storage_class {
+                Some(class) => {
+                    let config = StreamConfig {
+                        storage_class: class.into(),
+                        retention,
+                    };
+                    client.reconfigure_stream_configured(&name, config).await?
+                }
+                None => client.reconfigure_stream(&name, retention).await?,
+            };
             match format {
                 Format::Text => describe(&mut out, &info)?,
                 Format::Json => json_line(&mut out, &StreamJson::from(&info))?,
