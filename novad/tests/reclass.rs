@@ -68,7 +68,7 @@ async fn a_stream_changes_class_under_a_live_producer_and_keeps_every_record_onc
                         .unwrap(),
                 );
                 sent += 1;
-                if sent % 100 == 0 {
+                if sent.is_multiple_of(100) {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             }
