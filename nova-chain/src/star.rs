@@ -377,45 +377,18 @@ impl Star {
     /// next append would have started), and drops its records from the tail cache. On `Err`
     /// (the wait ran past `timeout`, or the catalog failed) the stream takes appends again.
     pub async fn release(&self, stream: &StreamState, timeout: Duration) -> Result<(), String> {
+        // A handoff and a change of storage class exclude each other: the new leader loads the
+        // class from the catalog, so a change landing after it did would be lost to it.
+        let Ok(_no_class_change) = stream.class_change.try_lock() else {
+            return Err("its storage class is being changed; hand it off later".to_owned());
+        };
         stream.set_released(true);
-        if let Err(problem) = self.wait_absorbed(stream, timeout, "the handoff").await {
+        if let Err(problem) = wait_absorbed(&self.shared, stream, timeout, "the handoff").await {
             stream.set_released(false);
             return Err(problem);
         }
         self.shared.tail_cache.forget_stream(stream.id());
         Ok(())
-    }
-
-    /// Waits until every append admitted to `stream` so far is resolved and absorbed: the
-    /// catalog's tail reaches where the next append would start. The caller has stopped new
-    /// appends (`set_released`, `set_reclassing`), so `next_seq` no longer moves.
-    async fn wait_absorbed(
-        &self,
-        stream: &StreamState,
-        timeout: Duration,
-        what: &str,
-    ) -> Result<(), String> {
-        let clock = self.shared.config.clock;
-        let started = clock.now();
-        loop {
-            let absorbed = self
-                .shared
-                .catalog
-                .stream_tail(stream.id())
-                .await
-                .map(|t| t.tail_seq);
-            match absorbed {
-                Ok(tail) if tail >= stream.next_seq() => return Ok(()),
-                Ok(_) => {}
-                Err(err) => return Err(format!("reading the stream's absorbed tail: {err}")),
-            }
-            if self.fenced().is_some() || clock.since(started) >= timeout {
-                return Err(format!(
-                    "appends admitted before {what} were not absorbed within {timeout:?}"
-                ));
-            }
-            clock.sleep(Duration::from_millis(20)).await;
-        }
     }
 
     /// Changes `stream`'s storage class for the appends admitted from now on. Appends are
@@ -424,15 +397,15 @@ impl Star {
     /// over, and none admitted under the old one can be sequenced under the new one (the
     /// packer refuses a batch whose class changed while it waited). If they do not land within
     /// `timeout` (an object-store outage, express zones down) nothing changes.
+    ///
+    /// The change runs to its end in a task of its own: a caller that goes away (a deadline, a
+    /// reset connection) must not leave the stream refusing appends half way through.
     pub async fn set_storage_class(
         &self,
         stream: &Arc<StreamState>,
         class: StorageClass,
         timeout: Duration,
     ) -> Result<(), RequestError> {
-        if stream.class() == class {
-            return Ok(());
-        }
         if class == StorageClass::Express && self.shared.config.express.is_none() {
             return Err(RequestError::InvalidRequest(format!(
                 "stream {:?}: storage class EXPRESS needs express zone buckets \
@@ -440,24 +413,15 @@ impl Star {
                 stream.name()
             )));
         }
-        stream.set_reclassing(true);
-        let changed = match self
-            .wait_absorbed(stream, timeout, "the storage class change")
+        let shared = self.shared.clone();
+        let stream = stream.clone();
+        tokio::spawn(async move { change_class(&shared, &stream, class, timeout).await })
             .await
-        {
-            Ok(()) => self
-                .shared
-                .streams
-                .set_class(stream.name(), class)
-                .await
-                .map(|_| ()),
-            Err(problem) => Err(RequestError::Unavailable(format!(
-                "stream {:?} keeps its storage class: {problem}; try again",
-                stream.name()
-            ))),
-        };
-        stream.set_reclassing(false);
-        changed
+            .unwrap_or_else(|e| {
+                Err(RequestError::Internal(format!(
+                    "a storage class change failed: {e}"
+                )))
+            })
     }
 
     /// Why the star refuses appends, if it lost its chain.
@@ -671,4 +635,76 @@ impl Star {
             }
         }
     }
+}
+
+/// Waits until every append admitted to `stream` so far is resolved and absorbed: the catalog's
+/// tail reaches where the next append would start. The caller has stopped new appends
+/// (`set_released`, `set_reclassing`), so `next_seq` no longer moves.
+async fn wait_absorbed(
+    shared: &Shared,
+    stream: &StreamState,
+    timeout: Duration,
+    what: &str,
+) -> Result<(), String> {
+    let clock = shared.config.clock;
+    let started = clock.now();
+    loop {
+        let absorbed = shared
+            .catalog
+            .stream_tail(stream.id())
+            .await
+            .map(|t| t.tail_seq);
+        match absorbed {
+            Ok(tail) if tail >= stream.next_seq() => return Ok(()),
+            Ok(_) => {}
+            Err(err) => return Err(format!("reading the stream's absorbed tail: {err}")),
+        }
+        if shared.fenced().is_some() || clock.since(started) >= timeout {
+            return Err(format!(
+                "appends admitted before {what} were not absorbed within {timeout:?}"
+            ));
+        }
+        clock.sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Takes appends again when a change of class ends, however it ends.
+struct Reclassing<'a>(&'a StreamState);
+
+impl Drop for Reclassing<'_> {
+    fn drop(&mut self) {
+        self.0.set_reclassing(false);
+    }
+}
+
+/// `Star::set_storage_class`, one change of a stream at a time.
+async fn change_class(
+    shared: &Shared,
+    stream: &Arc<StreamState>,
+    class: StorageClass,
+    timeout: Duration,
+) -> Result<(), RequestError> {
+    let _one_at_a_time = stream.class_change.lock().await;
+    if stream.is_released() {
+        return Err(RequestError::Unavailable(format!(
+            "stream {:?} is being handed to another star; change its class there",
+            stream.name()
+        )));
+    }
+    if stream.class() == class {
+        // Nothing in flight changes path, so nothing to pause; the catalog and the manifest
+        // are written again, which repairs a change whose manifest write failed.
+        return shared.streams.set_class(stream, class).await.map(drop);
+    }
+    stream.set_reclassing(true);
+    let _reclassing = Reclassing(stream);
+    wait_absorbed(shared, stream, timeout, "the storage class change")
+        .await
+        .map_err(|problem| {
+            RequestError::Unavailable(format!(
+                "stream {:?} keeps its storage class: {problem}; try again",
+                stream.name()
+            ))
+        })?;
+    shared.streams.set_class(stream, class).await.map(drop)
 }

@@ -54,6 +54,9 @@ pub struct StreamState {
     /// Its storage class is being changed: appends are refused until every one admitted before
     /// is absorbed and the new class is in the catalog.
     reclassing: AtomicBool,
+    /// Held for the whole of a change of storage class, and tried by a handoff: one change at
+    /// a time, and never beside a handoff.
+    pub(crate) class_change: tokio::sync::Mutex<()>,
 }
 
 impl StreamState {
@@ -76,6 +79,7 @@ impl StreamState {
             appended_bytes: AtomicU64::new(0),
             class: AtomicU8::new(class),
             reclassing: AtomicBool::new(false),
+            class_change: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -456,15 +460,19 @@ impl StreamRegistry {
     /// waited for those in flight (`Star::set_storage_class`).
     pub(crate) async fn set_class(
         self: &Arc<Self>,
-        name: &str,
+        stream: &Arc<StreamState>,
         class: StorageClass,
     ) -> Result<StreamMeta, RequestError> {
-        let name = name.to_owned();
+        let name = stream.name().to_owned();
+        let stream = stream.clone();
         self.to_the_end(move |registry| async move {
             // One at a time with deletes, as for a retention.
             let _one_at_a_time = registry.admin.lock().await;
+            // The very stream whose appends were paused: one deleted and created again
+            // meanwhile is another stream.
             let state = registry
                 .get(&name)
+                .filter(|state| Arc::ptr_eq(state, &stream))
                 .ok_or_else(|| RequestError::StreamNotFound(name.clone()))?;
             let meta = registry
                 .catalog
@@ -658,6 +666,13 @@ impl StreamRegistry {
         };
         let tail = self.catalog.stream_tail(meta.id).await?;
         if let Some(state) = self.get_by_id(meta.id) {
+            // Its settings may have changed while another star led it. Nothing of it is in
+            // flight here (it was handed off), so its class can change under it.
+            {
+                let _admitting = state.admitting();
+                state.class.store(meta.class.code(), Ordering::Release);
+            }
+            *state.retention.lock() = meta.retention;
             let added = tail.stored_bytes.saturating_sub(state.stored_bytes());
             state.set_next_seq(tail.tail_seq.max(state.tail()));
             state.advance_tail(tail.tail_seq, added);

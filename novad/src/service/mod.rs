@@ -404,8 +404,12 @@ impl Nova for NovaService {
                 tracing::info!(stream = %request.stream, from = ?was, to = ?class, "storage class changed");
             }
         }
-        streams.set_retention(&request.stream, retention).await?;
-        tracing::info!(stream = %request.stream, ?retention, "stream reconfigured");
+        // Written only when it changes: a class change that succeeded is not then reported as
+        // failed by a retention write it did not need.
+        if streams.get_or_not_found(&request.stream)?.retention() != retention {
+            streams.set_retention(&request.stream, retention).await?;
+            tracing::info!(stream = %request.stream, ?retention, "stream reconfigured");
+        }
         let stream = streams.get_or_not_found(&request.stream)?;
         let first_seq = self.ctx.star.first_seq(&stream).await?;
         Ok(Response::new(v1::ReconfigureStreamResponse {
