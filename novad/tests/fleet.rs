@@ -929,3 +929,73 @@ async fn a_departed_stars_unsettled_flights_are_adopted_settled_and_collected() 
         check_exactly_once(&rejoined, stream, acked).await;
     }
 }
+
+/// `nova read --follow` through a star that does not lead the stream (a redirect), across the
+/// leader's kill -9 and a survivor's takeover: every record printed once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cli_follower_is_redirected_and_survives_its_leaders_takeover() {
+    use std::io::{BufRead, BufReader};
+    let (_etcd, _moto, mut stars) = fleet(2);
+    let entry = client(&stars[0]).await;
+    // A stream led by star-1, so that the follower on star-0 is redirected.
+    let streams = create_streams(&entry, "f", 6).await;
+    let placed = leaders(&entry, &streams).await;
+    let Some(stream) = placed
+        .iter()
+        .find(|(_, leader)| *leader == "star-1")
+        .map(|(s, _)| s.clone())
+    else {
+        panic!("no stream landed on star-1: {placed:?}");
+    };
+    let mut follower = std::process::Command::new(nova_testkit::workspace_binary("nova"))
+        .args(["--server", &stars[0].url(), "read", &stream, "--follow"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run nova");
+    let (lines, printed) = std::sync::mpsc::channel();
+    let stdout = follower.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let append = |client: Client, range: std::ops::Range<u32>| {
+        let stream = stream.clone();
+        async move {
+            let producer = Producer::new(client, stream.clone(), ProducerConfig::default())
+                .await
+                .expect("producer");
+            for i in range {
+                producer
+                    .append(Record::new(format!("r{i}")))
+                    .await
+                    .expect("append");
+            }
+            producer.close().await.expect("close");
+        }
+    };
+    let take = |n: usize| -> Vec<String> {
+        (0..n)
+            .map(|_| {
+                printed
+                    .recv_timeout(Duration::from_secs(60))
+                    .expect("the follower printed every record")
+            })
+            .collect()
+    };
+    append(entry.clone(), 0..5).await;
+    assert_eq!(take(5), ["r0", "r1", "r2", "r3", "r4"]);
+    stars[1].kill9();
+    append(entry.clone(), 5..10).await;
+    let want: Vec<String> = (5..10).map(|i| format!("r{i}")).collect();
+    assert_eq!(take(5), want, "after the takeover, from where it was");
+    assert!(
+        printed.recv_timeout(Duration::from_millis(500)).is_err(),
+        "nothing twice"
+    );
+    let _ = follower.kill();
+    let _ = follower.wait();
+}
