@@ -6,33 +6,13 @@
     reason = "drives real novad processes and the nova CLI on the real clock"
 )]
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use std::process::{Command, Stdio};
 
 use nova_testkit::{NovadBuilder, workspace_binary};
 
-fn nova(server: &str, args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nova"))
-        .arg("--server")
-        .arg(server)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run nova");
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
-}
-
-fn ok(output: Output) -> String {
-    assert!(
-        output.status.success(),
-        "nova failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
-}
+use common::{nova, ok};
 
 #[test]
 fn create_append_read_round_trip_and_survive_kill_9() {

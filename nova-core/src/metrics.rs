@@ -209,29 +209,8 @@ impl nova_proto::rpc::RpcObserver for RpcMetrics {
     }
 }
 
-/// The code's name as gRPC spells it in its documentation, for a metric label.
-pub fn code_name(code: nova_proto::Code) -> &'static str {
-    use nova_proto::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
-    }
-}
+/// The code's name as gRPC spells it, for a metric label.
+pub use nova_proto::error::code_name;
 
 /// `nova_build_info{version}` (always 1) and `nova_process_start_time_seconds`, for a binary.
 pub fn register_build_info(r: &Registry, prefix: &str, version: &str, started_unix_secs: f64) {

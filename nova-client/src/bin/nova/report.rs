@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use nova_client::Error;
+use nova_proto::error::code_name;
 
 /// A failure of the CLI's own (bad input, a record over a limit), with a code in gRPC's terms
 /// so that scripts see one vocabulary.
@@ -109,30 +110,6 @@ fn explain(error: &anyhow::Error, server: &str) -> Explained {
         hint: hint(sdk, server),
         retry_after: sdk.retry_after(),
         retryable: sdk.is_retryable(),
-    }
-}
-
-/// The code as gRPC spells it.
-pub fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
