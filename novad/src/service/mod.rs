@@ -49,6 +49,20 @@ pub struct Context {
 }
 
 impl Context {
+    /// Where a read of `stream` starts: `start_seq`, or with a start time, where the star's
+    /// index puts the first record at or after it (never before `start_seq`).
+    async fn start_seq(
+        &self,
+        stream: &StreamState,
+        start_seq: u64,
+        start_timestamp: Option<u64>,
+    ) -> Result<u64, RequestError> {
+        match start_timestamp {
+            Some(timestamp) => self.star.seek_time(stream, start_seq, timestamp).await,
+            None => Ok(start_seq),
+        }
+    }
+
     /// The stream, when this star leads it; otherwise a redirect to its leader.
     pub async fn route(&self, name: &str) -> Result<Arc<StreamState>, RequestError> {
         match &self.fleet {
@@ -158,14 +172,9 @@ impl Nova for NovaService {
         // read holds its slot while it waits at the tail, and nothing else: the next page is
         // produced only when the consumer asks for it.
         let _subscription = ctx.subscriptions.admit(peer, Some(&request.stream))?;
-        let start_seq = match request.start_timestamp {
-            Some(timestamp) => {
-                ctx.star
-                    .seek_time(&stream, request.start_seq, timestamp)
-                    .await?
-            }
-            None => request.start_seq,
-        };
+        let start_seq = ctx
+            .start_seq(&stream, request.start_seq, request.start_timestamp)
+            .await?;
         if request.wait_ms > 0 && start_seq >= stream.tail() {
             let wait = Duration::from_millis((request.wait_ms as u64).min(MAX_READ_WAIT_MS));
             stream
@@ -218,15 +227,10 @@ impl Nova for NovaService {
             0 => COLD_READ_REFS,
             n => (n as usize).min(MAX_RESOLVED_REFS),
         };
-        let start_seq = match request.start_timestamp {
-            Some(timestamp) => {
-                self.ctx
-                    .star
-                    .seek_time(&stream, request.start_seq, timestamp)
-                    .await?
-            }
-            None => request.start_seq,
-        };
+        let start_seq = self
+            .ctx
+            .start_seq(&stream, request.start_seq, request.start_timestamp)
+            .await?;
         let found = self
             .ctx
             .star
