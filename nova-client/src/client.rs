@@ -234,6 +234,7 @@ impl Client {
             request_timeout: config.request_timeout,
             max_message_bytes: config.max_message_bytes,
             credentials: config.credentials.clone(),
+            tls: config.tls.clone(),
         };
         let mut last = Error::Connect {
             url: String::new(),

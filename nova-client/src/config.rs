@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use nova_proto::route::{Credentials, InvalidToken};
+use nova_proto::route::{ClientTls, Credentials, InvalidToken};
 
 use crate::error::Error;
 use crate::jitter::Jitter;
@@ -26,6 +26,9 @@ pub struct ClientConfig {
     /// The bearer token every call carries (see [`ClientConfig::with_token`]); printing the
     /// config shows only whether there is one.
     pub credentials: Credentials,
+    /// How `https://` endpoints are verified, and the certificate presented to servers that
+    /// ask for one (see [`ClientConfig::with_tls`]).
+    pub tls: ClientTls,
 }
 
 impl Default for ClientConfig {
@@ -34,9 +37,10 @@ impl Default for ClientConfig {
             endpoints: vec!["http://127.0.0.1:7400".into()],
             connect_timeout: Duration::from_secs(5),
             request_timeout: None,
-            max_message_bytes: 256 << 20,
+            max_message_bytes: nova_proto::route::DEFAULT_MAX_MESSAGE_BYTES,
             retry: RetryPolicy::default(),
             credentials: Credentials::none(),
+            tls: ClientTls::default(),
         }
     }
 }
@@ -66,6 +70,14 @@ impl ClientConfig {
 
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
+        self
+    }
+
+    /// Speaks TLS to `https://` endpoints as `tls` says: verifying servers against its CAs (the
+    /// system's roots when it gives none) and presenting its certificate where asked. An
+    /// `http://` endpoint is plain text; nothing falls back from TLS to plain text.
+    pub fn with_tls(mut self, tls: ClientTls) -> Self {
+        self.tls = tls;
         self
     }
 

@@ -53,6 +53,10 @@ pub enum ErrorCode {
     Disconnected,
     /// A producer's retry budget ran out.
     GaveUp,
+    /// No token, or one the server does not know: give one (`with_token`).
+    Unauthenticated,
+    /// The token lacks the scope the call needs on that stream; the message names it.
+    PermissionDenied,
     /// Anything else the server answered.
     Other,
 }
@@ -75,6 +79,8 @@ impl Error {
                     ErrorCode::OutcomeUnknown
                 }
                 Code::Internal | Code::DataLoss => ErrorCode::Internal,
+                Code::Unauthenticated => ErrorCode::Unauthenticated,
+                Code::PermissionDenied => ErrorCode::PermissionDenied,
                 _ => ErrorCode::Other,
             },
         }

@@ -43,6 +43,6 @@ pub use consumer::Consumer;
 pub use error::{Error, ErrorCode};
 pub use info::{ServerInfo, ServerLimits, ServerRole};
 pub use nova_proto::domain::{Header, Record, SequencedRecord};
-pub use nova_proto::route::InvalidToken;
+pub use nova_proto::route::{ClientTls, InvalidToken};
 pub use producer::{AppendTicket, Producer, ProducerConfig};
 pub use session::{Ack, AckReceiver, AppendSender, AppendSession};

@@ -349,16 +349,14 @@ fn errors_say_what_to_do_and_are_json_with_their_code() {
     let (_, stderr) = failed(nova(&metrics, &["stream", "list"], b""));
     assert!(stderr.contains("metrics port"), "{stderr}");
 
-    // https:// is refused before anything is sent, never downgraded to plain text.
+    // https:// speaks TLS, and never falls back to plain text: a plain-text server fails the
+    // handshake, and the hint says what is wrong.
     let (_, stderr) = failed(nova(
         &url.replace("http://", "https://"),
         &["stream", "list"],
         b"",
     ));
-    assert!(
-        stderr.contains("never falls back to plain text"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("does not speak TLS"), "{stderr}");
 }
 
 #[test]

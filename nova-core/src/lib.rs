@@ -13,6 +13,8 @@ pub mod manifest;
 pub mod memory;
 pub mod metastore;
 pub mod metrics;
+#[cfg(feature = "net")]
+pub mod net;
 pub mod object_store;
 pub mod process;
 pub mod rate;

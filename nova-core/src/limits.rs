@@ -18,6 +18,20 @@ pub const MAX_SUBSCRIPTIONS: u32 = 16_384;
 /// the registry and two metric series), so the default adds at most ~10 MiB to the overhead.
 pub const MAX_STREAMS: u32 = 10_000;
 
+/// gRPC connections open at once per listener. Clients multiplex every session and read over
+/// one connection each, so this is a count of clients; each connection costs a few tens of KiB
+/// of HTTP/2 and TLS state (docs/security.md), which at the cap stays well under the budgets.
+pub const MAX_CONNECTIONS: u32 = 4096;
+
+/// HTTP/2 streams (calls) open at once on one connection: enough for a client multiplexing a
+/// thousand producer sessions and reads, few enough that one connection cannot make the
+/// server keep state for a flood of streams.
+pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
+
+/// Bytes of request headers one call may send: gRPC metadata is a few hundred bytes, a bearer
+/// token under a KiB.
+pub const MAX_HEADER_LIST_BYTES: u64 = 16 << 10;
+
 /// Streams exported with metric series of their own: the busiest, by appended bytes.
 pub const METRICS_TOP_STREAMS: usize = 100;
 /// The longest a read may wait at the tail (`wait_ms` is capped to it).

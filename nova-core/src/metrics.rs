@@ -201,6 +201,10 @@ impl RpcMetrics {
 }
 
 impl nova_proto::rpc::RpcObserver for RpcMetrics {
+    type Guard = ();
+
+    fn begin(&self, _extensions: &http::Extensions) {}
+
     fn observe(&self, method: &'static str, code: nova_proto::Code, seconds: f64) {
         self.requests
             .with_label_values(&[method, code_name(code)])
@@ -683,6 +687,7 @@ impl Metrics {
             "match_seq_num",
             "malformed",
             "express_unavailable",
+            "permission_denied",
         ] {
             self.rejections.with_label_values(&[reason]);
         }

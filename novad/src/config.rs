@@ -90,6 +90,9 @@ pub struct Config {
     #[command(flatten)]
     pub store: StoreArgs,
 
+    #[command(flatten)]
+    pub listener: nova_core::net::ListenerArgs,
+
     // ---- budgets --------------------------------------------------------------------------
     /// Admission buffer, MiB: bytes of appends held from decode until they are acknowledged or
     /// fail. When full, appends block and their sessions stop reading frames, so producers slow

@@ -122,8 +122,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         tracing::warn!("--allow-memory-overcommit: starting anyway: {problem}");
     }
+    // Certificates and tokens are read before anything else starts: a bad file stops the
+    // star with the reason, not a listener that refuses every client.
+    let security_metrics = nova_core::net::SecurityMetrics::register(&metrics.registry, "nova");
+    let security = config
+        .listener
+        .load(&security_metrics)
+        .context("loading --tls-cert/--auth-tokens")?;
+    config.listener.warn_if_exposed(config.listen, "novad");
+    let connections = Arc::new(nova_core::net::Connections::default());
     let store = open_store(&config).await?;
     let stopping = CancellationToken::new();
+    if let Some(tls) = &security.tls {
+        tokio::spawn(tls.clone().watch(stopping.clone()));
+    }
+    if let Some(tokens) = &security.tokens {
+        tokio::spawn(tokens.clone().watch(stopping.clone()));
+    }
     let catalog = nova_core::catalog::Catalog::new(metastore.clone());
 
     // Metrics are up before recovery, so a star stuck retrying an unreachable store is visible.
@@ -268,6 +283,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         sheds,
         shutdown: stopping.clone(),
+        access: nova_core::net::Access::new(&security_metrics),
         identity: crate::service::info::Identity {
             version: env!("CARGO_PKG_VERSION"),
             started_at_ms,
@@ -318,7 +334,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {} (--listen)", config.listen))?;
     let listening = listener.local_addr().unwrap_or(config.listen);
     let window = config.grpc_stream_window_kib * 1024;
-    let server = tonic::transport::Server::builder()
+    let server = config
+        .listener
+        .configure(tonic::transport::Server::builder())
         // Pinned windows: each stream buffers at most `window` bytes ahead of its handler, and
         // the adaptive window that would grow it under load is off.
         .initial_stream_window_size(window)
@@ -328,11 +346,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // still buffers at most its own window, so sessions × window bounds the transport.
         .initial_connection_window_size(connection_window(window, config.max_producer_sessions))
         .http2_adaptive_window(Some(false))
-        .tcp_nodelay(true)
-        // Every call counted by method and code, and timed (outermost, so it sees them all).
+        // Every call counted by method and code, and timed (outermost, so it sees them all),
+        // its connection marked busy while it runs.
         .layer(nova_proto::rpc::RpcLayer::new(
-            metrics.rpc.clone(),
+            nova_core::net::CallObserver {
+                rpc: metrics.rpc.clone(),
+                connections: connections.clone(),
+            },
             Clock::system(),
+        ))
+        // Then its token, before anything of it is charged or handled.
+        .layer(nova_core::net::AuthLayer::new(
+            security.tokens.clone(),
+            &security_metrics,
         ))
         // Appends are charged from their length prefix, before tonic buffers them.
         .layer(ChargeLayer::new(
@@ -347,7 +373,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .add_service(reflection_v1alpha)
         .add_service(nova)
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            nova_core::net::conn::incoming(
+                listener,
+                security.tls.clone(),
+                config.listener.limits(),
+                connections,
+                security_metrics.connections.clone(),
+                stopping.clone(),
+            ),
             stopping.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(server);
@@ -357,7 +390,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics.clone(),
         stopping.clone(),
     ));
-    tracing::info!(listen = %listening, "novad accepting appends");
+    tracing::info!(
+        listen = %listening,
+        tls = security.tls.is_some(),
+        mutual_tls = config.listener.tls_client_ca.is_some(),
+        tokens = security.tokens.as_ref().map_or(0, |t| t.len()),
+        max_connections = config.listener.max_connections,
+        "novad accepting appends"
+    );
 
     let lease_lost = async {
         match &fleet {

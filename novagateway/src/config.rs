@@ -64,6 +64,45 @@ pub struct Config {
     #[command(flatten)]
     pub store: StoreArgs,
 
+    #[command(flatten)]
+    pub listener: nova_core::net::ListenerArgs,
+
+    /// CA certificates (PEM) the star's and the peers' certificates must chain to, for
+    /// https:// URLs in --star and --peers (default: the system's roots).
+    #[arg(long, env = "NOVA_UPSTREAM_CA", help_heading = "Upstream")]
+    pub upstream_ca: Option<PathBuf>,
+
+    /// The certificate (PEM) this gateway presents to a star or peer that requires one (mutual
+    /// TLS); with --upstream-key.
+    #[arg(
+        long,
+        env = "NOVA_UPSTREAM_CERT",
+        requires = "upstream_key",
+        help_heading = "Upstream"
+    )]
+    pub upstream_cert: Option<PathBuf>,
+
+    /// The private key of --upstream-cert (PEM).
+    #[arg(
+        long,
+        env = "NOVA_UPSTREAM_KEY",
+        requires = "upstream_cert",
+        help_heading = "Upstream"
+    )]
+    pub upstream_key: Option<PathBuf>,
+
+    /// The bearer token this gateway sends to its star and its peers (for stars and gateways
+    /// started with --auth-tokens): it needs the read scope on every stream it serves, and on
+    /// every stream (an empty prefix) for peers' object fetches. Prefer the environment
+    /// variable: a flag's value shows in the process list.
+    #[arg(
+        long,
+        env = "NOVA_UPSTREAM_TOKEN",
+        hide_env_values = true,
+        help_heading = "Upstream"
+    )]
+    pub upstream_token: Option<String>,
+
     // ---- budgets --------------------------------------------------------------------------
     /// Fetch pool: bytes of object sections being fetched for responses, across every response.
     /// A response waits for room before it fetches; the wait is a metric. A response needing
@@ -129,6 +168,29 @@ pub fn env_example() -> String {
 }
 
 impl Config {
+    /// How the gateway calls its star and its peers: TLS for https:// URLs, its token, and
+    /// decoders bounded at the SDK's default.
+    pub fn upstream(&self) -> anyhow::Result<nova_proto::route::Settings> {
+        let tls = nova_proto::route::ClientTls::from_files(
+            self.upstream_ca.as_deref(),
+            self.upstream_cert
+                .as_deref()
+                .zip(self.upstream_key.as_deref()),
+            None,
+        )?;
+        let credentials = match &self.upstream_token {
+            Some(token) => nova_proto::route::Credentials::bearer(token)
+                .map_err(|e| anyhow::anyhow!("--upstream-token: {e}"))?,
+            None => nova_proto::route::Credentials::none(),
+        };
+        Ok(nova_proto::route::Settings {
+            connect_timeout: Duration::from_secs(5),
+            credentials,
+            tls,
+            ..nova_proto::route::Settings::default()
+        })
+    }
+
     pub fn advertise(&self) -> String {
         self.advertise
             .clone()

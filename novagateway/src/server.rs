@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Endpoint;
 
 use nova_core::budget::Budget;
 use nova_core::clock::Clock;
@@ -30,6 +29,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         env!("CARGO_PKG_VERSION"),
         started_at_ms as f64 / 1000.0,
     );
+    let security_metrics =
+        nova_core::net::SecurityMetrics::register(&metrics.registry, "nova_gateway");
+    let security = config
+        .listener
+        .load(&security_metrics)
+        .context("loading --tls-cert/--auth-tokens")?;
+    config
+        .listener
+        .warn_if_exposed(config.listen, "novagateway");
+    let connections = Arc::new(nova_core::net::Connections::default());
     if config.store.s3().is_none() {
         crate::health::check_store_dir(&config.store_dir).await?;
     }
@@ -43,12 +52,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics.store.clone(),
         Clock::system(),
     ));
-    let star = nova_proto::route::Router::new(nova_proto::route::unlimited(
-        Endpoint::from_shared(config.star.clone())
-            .context("--star is not a URL")?
-            .connect_timeout(Duration::from_secs(5))
-            .connect_lazy(),
-    ));
+    let upstream = config.upstream()?;
+    let star = nova_proto::route::Router::with_settings(
+        upstream.client(
+            upstream
+                .endpoint(&config.star)
+                .context("--star is not a URL")?
+                .connect_lazy(),
+        ),
+        upstream.clone(),
+    );
 
     let health = crate::health::Health::new(metrics.clone());
     crate::health::check_at_start(&store, &star, &config.star, &health).await?;
@@ -68,6 +81,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             metrics.clone(),
             config.peer_timeout(),
             config.dead_peer(),
+            &upstream,
         )
         .context("a --peers entry is not a URL")?,
     );
@@ -128,6 +142,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         star_url: config.star.clone(),
         errors_logged: Arc::new(nova_core::shed::ShedLog::new(Clock::system())),
         health: health.clone(),
+        access: nova_core::net::Access::new(&security_metrics),
         identity: crate::service::GatewayIdentity {
             version: env!("CARGO_PKG_VERSION"),
             id: config.advertise(),
@@ -138,12 +153,30 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         },
     })
     .max_encoding_message_size(usize::MAX);
-    let peer = GatewayPeerServer::new(PeerService { tier }).max_encoding_message_size(usize::MAX);
-    let server = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
+    let peer = GatewayPeerServer::new(PeerService {
+        tier,
+        access: nova_core::net::Access::new(&security_metrics),
+    })
+    .max_encoding_message_size(usize::MAX);
+    if let Some(tls) = &security.tls {
+        tokio::spawn(tls.clone().watch(stopping.clone()));
+    }
+    if let Some(tokens) = &security.tokens {
+        tokio::spawn(tokens.clone().watch(stopping.clone()));
+    }
+    let server = config
+        .listener
+        .configure(tonic::transport::Server::builder())
         .layer(nova_proto::rpc::RpcLayer::new(
-            metrics.rpc.clone(),
+            nova_core::net::CallObserver {
+                rpc: metrics.rpc.clone(),
+                connections: connections.clone(),
+            },
             Clock::system(),
+        ))
+        .layer(nova_core::net::AuthLayer::new(
+            security.tokens.clone(),
+            &security_metrics,
         ))
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -151,7 +184,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .add_service(nova)
         .add_service(peer)
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            nova_core::net::conn::incoming(
+                listener,
+                security.tls.clone(),
+                config.listener.limits(),
+                connections,
+                security_metrics.connections.clone(),
+                stopping.clone(),
+            ),
             stopping.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(server);

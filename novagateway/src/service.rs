@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status, Streaming};
 
+use nova_core::net::Scope;
 use nova_proto::RequestError;
 use nova_proto::server::gateway_peer_server::GatewayPeer;
 use nova_proto::server::nova_server::Nova;
@@ -21,6 +22,8 @@ pub struct GatewayService {
     /// Throttles the read-failure log to a line a second per code.
     pub errors_logged: Arc<nova_core::shed::ShedLog>,
     pub health: Arc<crate::health::Health>,
+    /// What each call's token may do (`--auth-tokens`).
+    pub access: nova_core::net::Access,
     /// What `GetServerInfo` says that does not change while the gateway runs.
     pub identity: GatewayIdentity,
 }
@@ -103,7 +106,10 @@ impl Nova for GatewayService {
         &self,
         request: Request<v1::ReadRequest>,
     ) -> Result<Response<v1::ReadResponse>, Status> {
+        let principal = nova_core::net::principal(&request);
         let request = request.into_inner();
+        self.access
+            .check(principal.as_deref(), Scope::Read, &request.stream)?;
         match self.reader.read(request.clone()).await {
             Ok(response) => Ok(Response::new(response)),
             Err(status) => {
@@ -117,7 +123,10 @@ impl Nova for GatewayService {
         &self,
         request: Request<v1::ResolveRefsRequest>,
     ) -> Result<Response<v1::ResolveRefsResponse>, Status> {
+        let principal = nova_core::net::principal(&request);
         let request = request.into_inner();
+        self.access
+            .check(principal.as_deref(), Scope::Read, &request.stream)?;
         self.reader
             .star
             .call(&request.stream.clone(), |mut star| {
@@ -138,7 +147,10 @@ impl Nova for GatewayService {
         &self,
         request: Request<v1::DescribeStreamRequest>,
     ) -> Result<Response<v1::DescribeStreamResponse>, Status> {
+        let principal = nova_core::net::principal(&request);
         let request = request.into_inner();
+        self.access
+            .check(principal.as_deref(), Scope::Read, &request.stream)?;
         self.reader
             .star
             .call(&request.stream.clone(), |mut star| {
@@ -152,11 +164,11 @@ impl Nova for GatewayService {
         &self,
         request: Request<v1::ListStreamsRequest>,
     ) -> Result<Response<v1::ListStreamsResponse>, Status> {
-        self.reader
-            .star
-            .seed()
-            .list_streams(request.into_inner())
-            .await
+        let principal = nova_core::net::principal(&request);
+        let request = request.into_inner();
+        self.access
+            .check(principal.as_deref(), Scope::Read, &request.prefix)?;
+        self.reader.star.seed().list_streams(request).await
     }
 
     async fn delete_stream(
@@ -200,11 +212,12 @@ impl Nova for GatewayService {
 #[derive(Clone)]
 pub struct PeerService {
     pub tier: Arc<Tier>,
+    pub access: nova_core::net::Access,
 }
 
 /// The largest range a peer serves: a section (sections are capped at 1 MiB unless a single
 /// record is larger, and records are capped at the star's --max-record-bytes).
-const MAX_PEER_RANGE: u64 = 128 << 20;
+pub const MAX_PEER_RANGE: u64 = 128 << 20;
 
 #[tonic::async_trait]
 impl GatewayPeer for PeerService {
@@ -212,6 +225,10 @@ impl GatewayPeer for PeerService {
         &self,
         request: Request<v1::FetchRangeRequest>,
     ) -> Result<Response<v1::FetchRangeResponse>, Status> {
+        // An object holds any stream's records: only a token that reads every stream (a peer
+        // gateway's) may fetch one.
+        let principal = nova_core::net::principal(&request);
+        self.access.check(principal.as_deref(), Scope::Read, "")?;
         let request = request.into_inner();
         if request.len > MAX_PEER_RANGE {
             return Err(RequestError::InvalidRequest(format!(

@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use moka::future::Cache;
 use parking_lot::Mutex;
-use tonic::transport::{Channel, Endpoint};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use nova_proto::route::{Credentials, Settings};
 
 use nova_core::object_store::{GetRange, ObjectStore, StoreError};
 use nova_proto::v1;
@@ -125,7 +128,7 @@ pub struct Tier {
     members: Vec<String>,
     me: usize,
     ring: Ring,
-    clients: Vec<Option<GatewayPeerClient<Channel>>>,
+    clients: Vec<Option<GatewayPeerClient<InterceptedService<Channel, Credentials>>>>,
     claims: Vec<AtomicU64>,
     dead_until: Mutex<Vec<Option<Instant>>>,
     factor: f64,
@@ -164,17 +167,23 @@ impl Tier {
         metrics: GatewayMetrics,
         peer_timeout: Duration,
         dead_for: Duration,
+        upstream: &Settings,
     ) -> Result<Self, tonic::transport::Error> {
         let mut clients = Vec::with_capacity(members.len());
         for (i, url) in members.iter().enumerate() {
             clients.push(if i == me {
                 None
             } else {
-                let channel = Endpoint::from_shared(url.clone())?
+                // To peers as to the star: its TLS and its token.
+                let channel = upstream
+                    .endpoint(url)?
                     .connect_timeout(peer_timeout)
                     .timeout(peer_timeout)
                     .connect_lazy();
-                Some(GatewayPeerClient::new(channel).max_decoding_message_size(usize::MAX))
+                Some(
+                    GatewayPeerClient::with_interceptor(channel, upstream.credentials.clone())
+                        .max_decoding_message_size(crate::service::MAX_PEER_RANGE as usize + 4096),
+                )
             });
         }
         metrics.object_cache_capacity.set(cache_bytes as i64);

@@ -111,6 +111,12 @@ pub enum RequestError {
     /// This server does not serve the call (a gateway asked to append).
     #[error("{0}")]
     Unimplemented(String),
+    /// No token, or one the server does not know. The message never repeats the token.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A known token without the scope the call needs; the message names the scope.
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("{0}")]
     DataLoss(String),
     #[error("{0}")]
@@ -150,6 +156,8 @@ impl RequestError {
             // by default. The SDK resolves it against the stream's tail.
             RequestError::OutcomeUnknown(_) => Code::DeadlineExceeded,
             RequestError::Unimplemented(_) => Code::Unimplemented,
+            RequestError::Unauthenticated(_) => Code::Unauthenticated,
+            RequestError::PermissionDenied(_) => Code::PermissionDenied,
             RequestError::DataLoss(_) => Code::DataLoss,
             RequestError::Internal(_) => Code::Internal,
         }

@@ -104,6 +104,8 @@ pub struct Settings {
     pub max_message_bytes: usize,
     /// Sent with every call.
     pub credentials: Credentials,
+    /// How `https://` URLs are verified (and the client's certificate, for mutual TLS).
+    pub tls: ClientTls,
 }
 
 impl Default for Settings {
@@ -111,18 +113,91 @@ impl Default for Settings {
         Self {
             connect_timeout: Duration::from_secs(5),
             request_timeout: None,
-            max_message_bytes: usize::MAX,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             credentials: Credentials::none(),
+            tls: ClientTls::default(),
         }
     }
 }
 
+/// The largest message a client decodes unless told otherwise: above any page a star serves
+/// with its default caps, far below what would hurt a client to hold.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 << 20;
+
+/// How a client speaks TLS to `https://` URLs: it always verifies the server's certificate,
+/// against the CAs given or else the system's roots, for the URL's host or the name given.
+/// An `http://` URL is plain text; nothing ever falls back from one to the other.
+#[derive(Clone, Default)]
+pub struct ClientTls {
+    /// CA certificates to trust (PEM); `None`: the system's.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The certificate and key the client presents (PEM), for servers that ask (mutual TLS).
+    pub identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name the server's certificate must carry, when not the URL's host.
+    pub server_name: Option<String>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field(
+                "ca",
+                &self.ca_pem.as_ref().map_or("system roots", |_| "given"),
+            )
+            .field("identity", &self.identity_pem.is_some())
+            .field("server_name", &self.server_name)
+            .finish()
+    }
+}
+
+impl ClientTls {
+    /// Reads the CA and, for mutual TLS, the certificate and key from PEM files.
+    pub fn from_files(
+        ca: Option<&std::path::Path>,
+        identity: Option<(&std::path::Path, &std::path::Path)>,
+        server_name: Option<String>,
+    ) -> std::io::Result<Self> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("reading {}: {e}", path.display()))
+            })
+        };
+        Ok(Self {
+            ca_pem: ca.map(read).transpose()?,
+            identity_pem: match identity {
+                Some((cert, key)) => Some((read(cert)?, read(key)?)),
+                None => None,
+            },
+            server_name,
+        })
+    }
+
+    fn config(&self) -> tonic::transport::ClientTlsConfig {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let mut config = ClientTlsConfig::new();
+        config = match &self.ca_pem {
+            Some(pem) => config.ca_certificate(Certificate::from_pem(pem)),
+            None => config.with_native_roots(),
+        };
+        if let Some((cert, key)) = &self.identity_pem {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &self.server_name {
+            config = config.domain_name(name.clone());
+        }
+        config
+    }
+}
+
 impl Settings {
-    /// An endpoint for `url` made with these settings.
+    /// An endpoint for `url` made with these settings: TLS for `https://`.
     pub fn endpoint(&self, url: &str) -> Result<Endpoint, tonic::transport::Error> {
-        let endpoint = Endpoint::from_shared(url.to_owned())?
+        let mut endpoint = Endpoint::from_shared(url.to_owned())?
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true);
+        if url.starts_with("https://") {
+            endpoint = endpoint.tls_config(self.tls.config())?;
+        }
         Ok(match self.request_timeout {
             Some(timeout) => endpoint.timeout(timeout),
             None => endpoint,
@@ -149,14 +224,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A client without message-size limits of its own (the server's bound the messages) and
-/// without credentials.
-pub fn unlimited(channel: Channel) -> Stub {
-    NovaClient::with_interceptor(channel, Credentials::none())
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX)
 }
 
 impl Router {

@@ -20,6 +20,12 @@ use crate::clock::{Clock, Instant};
 
 /// Where the layer reports calls.
 pub trait RpcObserver: Clone + Send + Sync + Unpin + 'static {
+    /// Held from the call's start until its response ends (a mark that its connection is
+    /// busy, say); made from the request's extensions.
+    type Guard: Send + Unpin + 'static;
+
+    fn begin(&self, extensions: &http::Extensions) -> Self::Guard;
+
     fn observe(&self, method: &'static str, code: Code, seconds: f64);
 }
 
@@ -123,6 +129,7 @@ where
             observer: self.observer.clone(),
             code: None,
             reported: false,
+            _guard: self.observer.begin(request.extensions()),
         };
         let response = self.inner.call(request);
         Box::pin(async move {
@@ -155,6 +162,7 @@ struct Call<O: RpcObserver> {
     observer: O,
     code: Option<Code>,
     reported: bool,
+    _guard: O::Guard,
 }
 
 impl<O: RpcObserver> Call<O> {

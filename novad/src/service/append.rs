@@ -72,6 +72,7 @@ fn refusal(error: &RequestError) -> v1::AppendAck {
 pub fn open_session(
     ctx: Arc<Context>,
     peer: Option<SocketAddr>,
+    principal: Option<Arc<nova_core::net::Principal>>,
     charges: Option<Arc<Charges>>,
     inbound: Streaming<WireAppend>,
 ) -> Result<AckStream, Status> {
@@ -82,7 +83,9 @@ pub fn open_session(
     let permit = ctx.sessions.admit(peer, None)?;
     let (pending_tx, pending_rx) = mpsc::channel(SESSION_PIPELINE_DEPTH);
     // One task per session, bounded by --max-producer-sessions.
-    tokio::spawn(read_requests(ctx, peer, charges, inbound, pending_tx));
+    tokio::spawn(read_requests(
+        ctx, peer, principal, charges, inbound, pending_tx,
+    ));
     Ok(Box::pin(answers(pending_rx, permit)))
 }
 
@@ -122,6 +125,7 @@ fn answers(
 async fn read_requests(
     ctx: Arc<Context>,
     peer: Option<SocketAddr>,
+    principal: Option<Arc<nova_core::net::Principal>>,
     charges: Option<Arc<Charges>>,
     mut inbound: Streaming<WireAppend>,
     pending: mpsc::Sender<Pending>,
@@ -159,7 +163,7 @@ async fn read_requests(
             }
         };
         let answer = tokio::select! {
-            answer = admit(&ctx, peer, charges.as_deref(), request) => answer,
+            answer = admit(&ctx, peer, principal.as_deref(), charges.as_deref(), request) => answer,
             _ = pending.closed() => return,
             _ = ctx.shutdown.cancelled() => {
                 let _ = pending.send(shutting_down()).await;
@@ -202,6 +206,7 @@ fn rejection_reason(error: &RequestError) -> &'static str {
         RequestError::NotLeader { .. } => "not_leader",
         RequestError::InvalidRequest(_) => "malformed",
         RequestError::UnavailableFor { .. } => "express_unavailable",
+        RequestError::PermissionDenied(_) => "permission_denied",
         _ => "other",
     }
 }
@@ -209,6 +214,7 @@ fn rejection_reason(error: &RequestError) -> &'static str {
 async fn admit(
     ctx: &Context,
     peer: Option<SocketAddr>,
+    principal: Option<&nova_core::net::Principal>,
     charges: Option<&Charges>,
     request: WireAppend,
 ) -> Pending {
@@ -258,8 +264,15 @@ async fn admit(
     };
     // In a fleet, every append is routed: a stream this star does not lead (or no longer
     // leads) is answered with a redirect naming its leader.
+    // Each append names its stream: the session's token must allow appending to it.
     let routed = match validate_wire(&request, &ctx.caps) {
-        Ok(name) => ctx.route(name).await,
+        Ok(name) => match ctx
+            .access
+            .check(principal, nova_core::net::Scope::Append, name)
+        {
+            Ok(()) => ctx.route(name).await,
+            Err(error) => Err(error),
+        },
         Err(error) => Err(error),
     };
     let stream = match routed {

@@ -19,6 +19,7 @@ use nova_core::limits::{
     COLD_READ_REFS, LIST_STREAMS_DEFAULT, LIST_STREAMS_MAX, MAX_READ_WAIT_MS, MAX_RESOLVED_REFS,
 };
 use nova_core::metrics::Metrics;
+use nova_core::net::Scope;
 use nova_core::shed::ShedLog;
 use nova_proto::RequestError;
 use nova_proto::server::nova_server::Nova;
@@ -46,6 +47,8 @@ pub struct Context {
     pub shutdown: CancellationToken,
     /// What `GetServerInfo` says that does not change while the star runs.
     pub identity: info::Identity,
+    /// What each call's token may do (`--auth-tokens`).
+    pub access: nova_core::net::Access,
 }
 
 impl Context {
@@ -154,9 +157,16 @@ impl Nova for NovaService {
         request: Request<Streaming<WireAppend>>,
     ) -> Result<Response<Self::AppendStream>, Status> {
         let peer = request.remote_addr();
+        let principal = nova_core::net::principal(&request);
         let charges = request.extensions().get::<Arc<charge::Charges>>().cloned();
-        append::open_session(self.ctx.clone(), peer, charges, request.into_inner())
-            .map(Response::new)
+        append::open_session(
+            self.ctx.clone(),
+            peer,
+            principal,
+            charges,
+            request.into_inner(),
+        )
+        .map(Response::new)
     }
 
     async fn read(
@@ -164,8 +174,11 @@ impl Nova for NovaService {
         request: Request<v1::ReadRequest>,
     ) -> Result<Response<v1::ReadResponse>, Status> {
         let peer = request.remote_addr();
+        let principal = nova_core::net::principal(&request);
         let request = request.into_inner();
         let ctx = &self.ctx;
+        ctx.access
+            .check(principal.as_deref(), Scope::Read, &request.stream)?;
         let stream = ctx.route(&request.stream).await?;
         // Every read in progress is a subscription: the cap bounds how many pages (each within
         // the read caps, with at most 8 sections in flight) the star builds at once. A follow
@@ -221,7 +234,11 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::ResolveRefsRequest>,
     ) -> Result<Response<v1::ResolveRefsResponse>, Status> {
+        let principal = nova_core::net::principal(&request);
         let request = request.into_inner();
+        self.ctx
+            .access
+            .check(principal.as_deref(), Scope::Read, &request.stream)?;
         let stream = self.ctx.route(&request.stream).await?;
         let max_refs = match request.max_refs {
             0 => COLD_READ_REFS,
@@ -257,7 +274,11 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::CreateStreamRequest>,
     ) -> Result<Response<v1::CreateStreamResponse>, Status> {
+        let principal = nova_core::net::principal(&request);
         let request = request.into_inner();
+        self.ctx
+            .access
+            .check(principal.as_deref(), Scope::Admin, &request.stream)?;
         let class = class_from(request.storage_class)?.unwrap_or(StorageClass::Standard);
         if class == StorageClass::Express && self.ctx.star.config().express.is_none() {
             return Err(RequestError::InvalidRequest(format!(
@@ -297,7 +318,11 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::DescribeStreamRequest>,
     ) -> Result<Response<v1::DescribeStreamResponse>, Status> {
+        let principal = nova_core::net::principal(&request);
         let name = request.into_inner().stream;
+        self.ctx
+            .access
+            .check(principal.as_deref(), Scope::Read, &name)?;
         let stream = self.ctx.route(&name).await?;
         let first_seq = self.ctx.star.first_seq(&stream).await?;
         let leader = match &self.ctx.fleet {
@@ -313,7 +338,12 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::ListStreamsRequest>,
     ) -> Result<Response<v1::ListStreamsResponse>, Status> {
+        let principal = nova_core::net::principal(&request);
         let request = request.into_inner();
+        // A listing shows names under its prefix: the token must read all of them.
+        self.ctx
+            .access
+            .check(principal.as_deref(), Scope::Read, &request.prefix)?;
         let limit = match request.limit {
             0 => LIST_STREAMS_DEFAULT,
             n => n.min(LIST_STREAMS_MAX),
@@ -373,7 +403,11 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::DeleteStreamRequest>,
     ) -> Result<Response<v1::DeleteStreamResponse>, Status> {
+        let principal = nova_core::net::principal(&request);
         let name = request.into_inner().stream;
+        self.ctx
+            .access
+            .check(principal.as_deref(), Scope::Admin, &name)?;
         if self.ctx.fleet.is_some() {
             // Deleted by its leader, which holds its in-flight appends.
             self.ctx.route(&name).await?;
@@ -390,7 +424,11 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::ReconfigureStreamRequest>,
     ) -> Result<Response<v1::ReconfigureStreamResponse>, Status> {
+        let principal = nova_core::net::principal(&request);
         let request = request.into_inner();
+        self.ctx
+            .access
+            .check(principal.as_deref(), Scope::Admin, &request.stream)?;
         let retention = retention_from(request.retention)?;
         let class = class_from(request.storage_class)?;
         if self.ctx.fleet.is_some() {

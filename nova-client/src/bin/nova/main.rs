@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use nova_client::{Client, ClientConfig, RetryPolicy};
+use nova_client::{Client, ClientConfig, ClientTls, RetryPolicy};
 
 #[derive(Parser)]
 #[command(
@@ -33,8 +33,8 @@ use nova_client::{Client, ClientConfig, RetryPolicy};
 )]
 struct Cli {
     /// The server's gRPC URL: a star (novad) or, for reads, a gateway. HOST:PORT means
-    /// http://HOST:PORT; https:// is refused (this build has no TLS, and never falls back to
-    /// plain text).
+    /// http://HOST:PORT; https:// speaks TLS and verifies the server's certificate (it never
+    /// falls back to plain text).
     #[arg(
         long,
         global = true,
@@ -47,6 +47,24 @@ struct Cli {
     /// the environment variable: a flag's value shows in the process list.
     #[arg(long, global = true, env = "NOVA_TOKEN", hide_env_values = true)]
     token: Option<String>,
+
+    /// CA certificates (PEM) to verify an https:// server against, instead of the system's
+    /// roots.
+    #[arg(long, global = true, env = "NOVA_TLS_CA")]
+    tls_ca: Option<std::path::PathBuf>,
+
+    /// A client certificate (PEM) to present to servers that require one (mutual TLS); with
+    /// --client-key.
+    #[arg(long, global = true, env = "NOVA_CLIENT_CERT", requires = "client_key")]
+    client_cert: Option<std::path::PathBuf>,
+
+    /// The private key of --client-cert (PEM).
+    #[arg(long, global = true, env = "NOVA_CLIENT_KEY", requires = "client_cert")]
+    client_key: Option<std::path::PathBuf>,
+
+    /// The name the server's certificate must carry, when not the host in --server.
+    #[arg(long, global = true, env = "NOVA_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
 
     /// Output for people (text) or for scripts (json: one JSON object per line on stdout, and
     /// errors as JSON objects on stderr).
@@ -110,9 +128,15 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let server = report::server_url(&cli.server)?;
+    let tls = ClientTls::from_files(
+        cli.tls_ca.as_deref(),
+        cli.client_cert.as_deref().zip(cli.client_key.as_deref()),
+        cli.tls_server_name.clone(),
+    )
+    .map_err(|e| report::CliError::invalid(e.to_string()))?;
     let mut config = ClientConfig::new([server.as_str()])
         .with_retry(RetryPolicy::none())
-        .with_max_message_bytes(usize::MAX);
+        .with_tls(tls);
     if let Some(token) = &cli.token {
         config = config.with_token(token)?;
     }

@@ -137,6 +137,9 @@ fn hint(error: &Error, server: &str) -> Option<String> {
             "{address} did not answer in time: check the address, and any firewall between"
         ));
     }
+    if let Some(hint) = tls_hint(&text, server) {
+        return Some(hint);
+    }
     if looks_like_http1(&text) {
         return Some(format!(
             "{address} does not speak gRPC: is it the metrics port? novad serves gRPC on \
@@ -173,6 +176,39 @@ fn hint(error: &Error, server: &str) -> Option<String> {
     }
 }
 
+/// What a TLS failure means for the user: which flag fixes it.
+fn tls_hint(text: &str, server: &str) -> Option<String> {
+    if text.contains("UnknownIssuer") || text.contains("unknown issuer") {
+        return Some(
+            "the server's certificate is not signed by a CA this client trusts: give the CA \
+             with --tls-ca (NOVA_TLS_CA)"
+                .into(),
+        );
+    }
+    if text.contains("NotValidForName") || text.contains("not valid for name") {
+        return Some(
+            "the server's certificate is for another name: connect by that name, or give it \
+             with --tls-server-name"
+                .into(),
+        );
+    }
+    if text.contains("CertificateRequired") || text.contains("certificate required") {
+        return Some(
+            "the server requires a client certificate (mutual TLS): give --client-cert and \
+             --client-key"
+                .into(),
+        );
+    }
+    if server.starts_with("https://")
+        && (text.contains("InvalidContentType")
+            || text.contains("corrupt message")
+            || text.contains("received corrupt"))
+    {
+        return Some("the server does not speak TLS: use http://".into());
+    }
+    None
+}
+
 /// A gRPC client that reached a server that does not speak gRPC (the metrics endpoint, a web
 /// server) fails in its HTTP/2 handshake, or gets an HTTP answer without a gRPC status; these
 /// are the ways hyper, h2 and tonic report it.
@@ -190,27 +226,16 @@ fn looks_like_http1(text: &str) -> bool {
     .any(|needle| text.contains(needle))
 }
 
-/// The server URL to connect to: `HOST:PORT` means `http://HOST:PORT`. An `https://` URL is
-/// refused: it asks for TLS, which this build does not speak yet, and falling back to plain
-/// text would send the token and the records in the clear.
+/// The server URL to connect to: `HOST:PORT` means `http://HOST:PORT`; `https://` speaks TLS.
 pub fn server_url(server: &str) -> Result<String, CliError> {
-    if server.starts_with("https://") {
-        return Err(CliError::invalid(format!(
-            "--server {server}: https:// asks for TLS, which this build of nova does not speak \
-             yet, and it never falls back to plain text"
-        ))
-        .with_hint(
-            "use http:// for a server on loopback or a trusted network (TLS is on the roadmap)",
-        ));
-    }
-    if server.starts_with("http://") {
+    if server.starts_with("http://") || server.starts_with("https://") {
         return Ok(server.to_owned());
     }
     if server.contains("://") {
-        return Err(
-            CliError::invalid(format!("--server {server}: nova speaks gRPC over http://"))
-                .with_hint("novad listens on http://127.0.0.1:7400 by default"),
-        );
+        return Err(CliError::invalid(format!(
+            "--server {server}: nova speaks gRPC over http:// or https://"
+        ))
+        .with_hint("novad listens on http://127.0.0.1:7400 by default"));
     }
     Ok(format!("http://{server}"))
 }
@@ -226,8 +251,7 @@ mod tests {
             "http://127.0.0.1:7400"
         );
         assert_eq!(server_url("http://h:1").unwrap(), "http://h:1");
-        let refused = server_url("https://h:1").unwrap_err();
-        assert!(refused.message.contains("never falls back"), "{refused}");
+        assert_eq!(server_url("https://h:1").unwrap(), "https://h:1");
         assert!(server_url("ftp://h").is_err());
     }
 

@@ -1,0 +1,388 @@
+//! What a Nova server puts between the network and its gRPC services: TLS (`tls`), scoped
+//! tokens (`auth`), and limits on connections (`conn`), configured by the same flags in novad
+//! and novagateway (`ListenerArgs`).
+
+pub mod auth;
+pub mod conn;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use nova_proto::units::{ByteSize, DurationArg};
+
+pub use auth::{Principal, Scope, Tokens};
+pub use conn::{ConnLimits, ConnMetrics, Connections};
+pub use tls::{ReloadingTls, TlsFiles};
+
+/// The flags of a gRPC listener, the same in every server binary.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListenerArgs {
+    /// The listener's TLS certificate chain (PEM). With --tls-key, the listener speaks only TLS;
+    /// without, plain text (for loopback; a non-loopback address without TLS is warned about at
+    /// start). Reloaded on SIGHUP and when the file changes.
+    #[arg(
+        long,
+        env = "NOVA_TLS_CERT",
+        requires = "tls_key",
+        help_heading = "Security"
+    )]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(
+        long,
+        env = "NOVA_TLS_KEY",
+        requires = "tls_cert",
+        help_heading = "Security"
+    )]
+    pub tls_key: Option<PathBuf>,
+
+    /// Mutual TLS: only clients with a certificate signed by a CA in this file (PEM) may
+    /// connect; the others fail the handshake.
+    #[arg(
+        long,
+        env = "NOVA_TLS_CLIENT_CA",
+        requires = "tls_cert",
+        help_heading = "Security"
+    )]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Bearer tokens this server accepts, with what each may do (see docs/security.md). Without
+    /// it every call is served. A call without a listed token is refused with
+    /// UNAUTHENTICATED, one outside its token's grants with PERMISSION_DENIED. Reloaded on
+    /// SIGHUP and when the file changes.
+    #[arg(long, env = "NOVA_AUTH_TOKENS", help_heading = "Security")]
+    pub auth_tokens: Option<PathBuf>,
+
+    /// Connections open at once on the gRPC listener. A new connection past it is closed at
+    /// once and counted; open connections are never cut.
+    #[arg(long, env = "NOVA_MAX_CONNECTIONS", default_value_t = crate::limits::MAX_CONNECTIONS, help_heading = "Budgets")]
+    pub max_connections: u32,
+
+    /// HTTP/2 streams (calls) open at once on one connection; a client opening more has the
+    /// extra refused by HTTP/2 (REFUSED_STREAM) and retries them.
+    #[arg(long, env = "NOVA_MAX_CONCURRENT_STREAMS", default_value_t = crate::limits::MAX_CONCURRENT_STREAMS, help_heading = "Budgets")]
+    pub max_concurrent_streams: u32,
+
+    /// Bytes of request headers (gRPC metadata, the token included) one call may send; a
+    /// larger header list is refused by HTTP/2 before any of it reaches a handler.
+    #[arg(long, env = "NOVA_MAX_HEADER_LIST_BYTES", default_value_t = ByteSize(crate::limits::MAX_HEADER_LIST_BYTES), help_heading = "Budgets")]
+    pub max_header_list_bytes: ByteSize,
+
+    /// How long a new connection may take to finish its TLS handshake and send its first
+    /// request; then it is closed and counted.
+    #[arg(
+        long,
+        env = "NOVA_FIRST_REQUEST_TIMEOUT",
+        default_value = "10s",
+        help_heading = "Budgets"
+    )]
+    pub first_request_timeout: DurationArg,
+
+    /// A connection with no call in progress for this long is closed (clients reconnect when
+    /// they next call). Calls waiting at a stream's tail count as in progress.
+    #[arg(
+        long,
+        env = "NOVA_IDLE_TIMEOUT",
+        default_value = "10m",
+        help_heading = "Budgets"
+    )]
+    pub idle_timeout: DurationArg,
+
+    /// How often the server pings each connection over HTTP/2; a peer that does not answer
+    /// within --keepalive-timeout is taken for dead and its connection closed.
+    #[arg(
+        long,
+        env = "NOVA_KEEPALIVE_INTERVAL",
+        default_value = "30s",
+        help_heading = "Budgets"
+    )]
+    pub keepalive_interval: DurationArg,
+
+    /// How long a keepalive ping may go unanswered.
+    #[arg(
+        long,
+        env = "NOVA_KEEPALIVE_TIMEOUT",
+        default_value = "20s",
+        help_heading = "Budgets"
+    )]
+    pub keepalive_timeout: DurationArg,
+}
+
+/// What a listener was configured with, loaded and ready.
+#[derive(Debug, Clone)]
+pub struct Security {
+    pub tls: Option<ReloadingTls>,
+    pub tokens: Option<Tokens>,
+}
+
+/// The series a listener's security exports.
+#[derive(Debug, Clone)]
+pub struct SecurityMetrics {
+    pub connections: ConnMetrics,
+    /// Certificate and token reloads by outcome (`ok`, `failed`).
+    pub tls_reloads: prometheus::IntCounterVec,
+    pub token_reloads: prometheus::IntCounterVec,
+    /// Calls refused before their handler: `unauthenticated`.
+    pub auth_refusals: prometheus::IntCounterVec,
+}
+
+impl SecurityMetrics {
+    pub fn register(r: &prometheus::Registry, prefix: &str) -> Self {
+        use crate::metrics::counter_vec;
+        let metrics = Self {
+            connections: ConnMetrics::register(r, prefix),
+            tls_reloads: counter_vec(
+                r,
+                &format!("{prefix}_tls_reloads_total"),
+                "TLS certificate reloads (on SIGHUP or a changed file), by outcome.",
+                &["outcome"],
+            ),
+            token_reloads: counter_vec(
+                r,
+                &format!("{prefix}_auth_token_reloads_total"),
+                "--auth-tokens reloads (on SIGHUP or a changed file), by outcome.",
+                &["outcome"],
+            ),
+            auth_refusals: counter_vec(
+                r,
+                &format!("{prefix}_auth_refusals_total"),
+                "Calls refused for their token: unauthenticated (none, or unknown), permission_denied (outside its grants).",
+                &["reason"],
+            ),
+        };
+        for outcome in ["ok", "failed"] {
+            metrics.tls_reloads.with_label_values(&[outcome]);
+            metrics.token_reloads.with_label_values(&[outcome]);
+        }
+        for reason in ["unauthenticated", "permission_denied"] {
+            metrics.auth_refusals.with_label_values(&[reason]);
+        }
+        metrics
+    }
+}
+
+impl ListenerArgs {
+    pub fn limits(&self) -> ConnLimits {
+        ConnLimits {
+            max_connections: self.max_connections as usize,
+            first_request: self.first_request_timeout.0,
+            idle: self.idle_timeout.0,
+        }
+    }
+
+    /// Loads the certificate and the tokens; an error stops the server from starting.
+    pub fn load(&self, metrics: &SecurityMetrics) -> Result<Security, SecurityError> {
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(ReloadingTls::new(
+                TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: self.tls_client_ca.clone(),
+                },
+                metrics.tls_reloads.clone(),
+            )?),
+            _ => None,
+        };
+        let tokens = match &self.auth_tokens {
+            Some(path) => Some(Tokens::load(path, metrics.token_reloads.clone())?),
+            None => None,
+        };
+        Ok(Security { tls, tokens })
+    }
+
+    /// Says loudly what a listener on `listen` exposes: plain text or no tokens beyond
+    /// loopback is for trusted networks only.
+    pub fn warn_if_exposed(&self, listen: SocketAddr, what: &str) {
+        if listen.ip().is_loopback() {
+            return;
+        }
+        if self.tls_cert.is_none() {
+            tracing::warn!(
+                %listen,
+                "{what} listens beyond loopback WITHOUT TLS: records, tokens and stream names \
+                 cross the network in plain text; give --tls-cert and --tls-key unless the \
+                 network is trusted"
+            );
+        }
+        if self.auth_tokens.is_none() {
+            tracing::warn!(
+                %listen,
+                "{what} listens beyond loopback WITHOUT --auth-tokens: anyone who reaches it \
+                 may append to, read, reconfigure and delete every stream"
+            );
+        }
+    }
+
+    /// Applies the per-connection HTTP/2 limits to a tonic server.
+    pub fn configure<L>(&self, server: tonic::transport::Server<L>) -> tonic::transport::Server<L> {
+        server
+            .max_concurrent_streams(self.max_concurrent_streams)
+            .http2_max_header_list_size(
+                self.max_header_list_bytes.bytes().min(u32::MAX as u64) as u32
+            )
+            .http2_keepalive_interval(Some(self.keepalive_interval.0))
+            .http2_keepalive_timeout(Some(self.keepalive_timeout.0))
+    }
+}
+
+/// Why a listener's security could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SecurityError {
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("--auth-tokens: {0}")]
+    Tokens(#[from] auth::TokenFileError),
+}
+
+/// What every call reports: its method, code and time (`RpcMetrics`), and that its connection
+/// is busy while it runs (`Connections`, for the idle timeout).
+#[derive(Debug, Clone)]
+pub struct CallObserver {
+    pub rpc: crate::metrics::RpcMetrics,
+    pub connections: Arc<Connections>,
+}
+
+impl nova_proto::rpc::RpcObserver for CallObserver {
+    type Guard = conn::CallMark;
+
+    fn begin(&self, extensions: &http::Extensions) -> conn::CallMark {
+        self.connections.begin(extensions)
+    }
+
+    fn observe(&self, method: &'static str, code: nova_proto::Code, seconds: f64) {
+        self.rpc.observe(method, code, seconds);
+    }
+}
+
+/// Paths every client may call without a token: the health service (load balancers and
+/// supervisors probe it) and reflection (the API's shape, which is public).
+fn open_path(path: &str) -> bool {
+    path.starts_with("/grpc.health.v1.Health/") || path.starts_with("/grpc.reflection.")
+}
+
+/// Authenticates every call but the open ones when the server checks tokens: the call's
+/// `Principal` goes into its extensions for the handlers to authorise, or the call is refused
+/// with UNAUTHENTICATED before it reaches them.
+#[derive(Debug, Clone)]
+pub struct AuthLayer {
+    tokens: Option<Tokens>,
+    refusals: prometheus::IntCounterVec,
+}
+
+impl AuthLayer {
+    pub fn new(tokens: Option<Tokens>, metrics: &SecurityMetrics) -> Self {
+        Self {
+            tokens,
+            refusals: metrics.auth_refusals.clone(),
+        }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for AuthLayer {
+    type Service = AuthService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AuthService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AuthService<S> {
+    inner: S,
+    layer: AuthLayer,
+}
+
+type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+impl<S, B> tower_service::Service<http::Request<B>> for AuthService<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        if let Some(tokens) = &self.layer.tokens
+            && !open_path(request.uri().path())
+        {
+            let header = request
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.as_bytes());
+            match tokens.authenticate(header) {
+                Ok(principal) => {
+                    request.extensions_mut().insert(Arc::new(principal));
+                }
+                Err(refusal) => {
+                    self.layer
+                        .refusals
+                        .with_label_values(&["unauthenticated"])
+                        .inc();
+                    let status = tonic::Status::from(refusal);
+                    return Box::pin(async move { Ok(status.into_http()) });
+                }
+            }
+        }
+        let response = self.inner.call(request);
+        Box::pin(response)
+    }
+}
+
+/// The principal the auth layer found for a call, when the server checks tokens.
+pub fn principal<T>(request: &tonic::Request<T>) -> Option<Arc<Principal>> {
+    request.extensions().get::<Arc<Principal>>().cloned()
+}
+
+/// Authorises calls for the handlers: each refusal is counted, and logged (a line a second at
+/// most) with the token's name, the scope and the stream, never the token.
+#[derive(Debug, Clone)]
+pub struct Access {
+    refusals: prometheus::IntCounterVec,
+    log: Arc<crate::shed::ShedLog>,
+}
+
+impl Access {
+    pub fn new(metrics: &SecurityMetrics) -> Self {
+        Self {
+            refusals: metrics.auth_refusals.clone(),
+            log: Arc::new(crate::shed::ShedLog::new(crate::clock::Clock::system())),
+        }
+    }
+
+    /// Allows `scope` on `stream` for `principal` (anything when the server checks no tokens).
+    pub fn check(
+        &self,
+        principal: Option<&Principal>,
+        scope: Scope,
+        stream: &str,
+    ) -> Result<(), nova_proto::RequestError> {
+        auth::check(principal, scope, stream).inspect_err(|refusal| {
+            self.refusals
+                .with_label_values(&["permission_denied"])
+                .inc();
+            if let Some(unlogged) = self.log.admit("permission_denied") {
+                tracing::info!(
+                    scope = scope.as_str(),
+                    stream,
+                    unlogged_since_last = unlogged,
+                    "call refused: {refusal}"
+                );
+            }
+        })
+    }
+}
