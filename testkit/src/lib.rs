@@ -1,6 +1,7 @@
 //! Real servers for tests: the S3-compatible server (moto), etcd and novad, each started on a free
 //! loopback port and stopped by PID when its handle drops.
 
+pub mod certs;
 pub mod crash_loop;
 mod etcd;
 pub mod history;

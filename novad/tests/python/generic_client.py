@@ -2,9 +2,12 @@
 API through server reflection, checks health, and appends and reads a record.
 
 Usage: generic_client.py HOST:PORT STREAM
+With NOVA_TEST_CA set (a PEM file), it speaks TLS and verifies the server against that CA; with
+NOVA_TEST_TOKEN set, it sends the token as a bearer token with every call.
 Prints one line per check; exits non-zero on the first failure.
 """
 
+import os
 import sys
 
 import grpc
@@ -16,7 +19,16 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 def main():
     target, stream = sys.argv[1], sys.argv[2]
-    channel = grpc.insecure_channel(target)
+    ca = os.environ.get("NOVA_TEST_CA")
+    if ca:
+        with open(ca, "rb") as pem:
+            credentials = grpc.ssl_channel_credentials(root_certificates=pem.read())
+        channel = grpc.secure_channel(target, credentials)
+        print("speaking TLS")
+    else:
+        channel = grpc.insecure_channel(target)
+    token = os.environ.get("NOVA_TEST_TOKEN")
+    metadata = [("authorization", f"Bearer {token}")] if token else None
     database = ProtoReflectionDescriptorDatabase(channel)
     services = set(database.get_services())
     for wanted in ("nova.v1.Nova", "grpc.health.v1.Health"):
@@ -45,7 +57,7 @@ def main():
         )
 
     create = unary("CreateStream", "nova.v1.CreateStreamRequest", "nova.v1.CreateStreamResponse")
-    create(message("nova.v1.CreateStreamRequest")(stream=stream))
+    create(message("nova.v1.CreateStreamRequest")(stream=stream), metadata=metadata)
     print("created", stream)
 
     append = channel.stream_stream(
@@ -57,12 +69,12 @@ def main():
     request = message("nova.v1.AppendRequest")(
         stream=stream, records=[Record(body=b"from python"), Record(body=b"second")]
     )
-    acks = list(append(iter([request])))
+    acks = list(append(iter([request]), metadata=metadata))
     assert len(acks) == 1 and acks[0].end_seq == 2, f"unexpected acks {acks}"
     print("appended", acks[0].start_seq, acks[0].end_seq)
 
     read = unary("Read", "nova.v1.ReadRequest", "nova.v1.ReadResponse")
-    page = read(message("nova.v1.ReadRequest")(stream=stream, start_seq=0))
+    page = read(message("nova.v1.ReadRequest")(stream=stream, start_seq=0), metadata=metadata)
     bodies = [r.body for r in page.records]
     assert bodies == [b"from python", b"second"], bodies
     print("read back", len(bodies), "records")

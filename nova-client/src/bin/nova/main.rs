@@ -13,6 +13,7 @@ mod read;
 mod report;
 mod status;
 mod stream;
+mod token;
 mod when;
 
 use std::process::ExitCode;
@@ -111,6 +112,11 @@ enum Command {
     Status,
     /// Measure append throughput and ack latency against a star.
     Bench(bench::BenchArgs),
+    /// Make tokens for servers that check them (--auth-tokens).
+    Token {
+        #[command(subcommand)]
+        command: token::TokenCommand,
+    },
 }
 
 #[tokio::main]
@@ -127,6 +133,10 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    // Needs no server.
+    if let Command::Token { command } = cli.command {
+        return token::run(command, cli.output);
+    }
     let server = report::server_url(&cli.server)?;
     let tls = ClientTls::from_files(
         cli.tls_ca.as_deref(),
@@ -148,6 +158,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tail(args) => read::tail(&client, args, cli.output).await,
         Command::Status => status::run(&client, &server, cli.output).await,
         Command::Bench(args) => bench::run(&client, args, cli.output).await,
+        Command::Token { .. } => Ok(()),
     }
 }
 

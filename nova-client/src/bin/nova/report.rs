@@ -167,6 +167,16 @@ fn hint(error: &Error, server: &str) -> Option<String> {
             ),
             None => "the server is at a limit; retry later".to_owned(),
         }),
+        Some(tonic::Code::Unauthenticated) => Some(
+            "the server checks tokens: give one with --token or NOVA_TOKEN (its operator makes \
+             them with `nova token new`)"
+                .to_owned(),
+        ),
+        Some(tonic::Code::PermissionDenied) => Some(
+            "the token works but lacks this scope for this stream; ask for a token with that \
+             --grant"
+                .to_owned(),
+        ),
         Some(tonic::Code::OutOfRange) => error.first_seq().map(|first| {
             format!(
                 "retention trimmed it; the stream's first record is now {first} (--from {first})"

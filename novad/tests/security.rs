@@ -1,0 +1,472 @@
+//! TLS, mutual TLS and scoped tokens on a real star, from the SDK, the CLI and Python grpcio;
+//! certificates and tokens reloaded without a restart; tokens in no log line, even at trace.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use nova_client::{Client, ClientConfig, ClientTls, ErrorCode, Record, RetryPolicy};
+use nova_core::net::auth::{Grant, Scope, file_line};
+use nova_testkit::certs::{Certs, Identity};
+use nova_testkit::{Novad, workspace_binary, workspace_root};
+
+fn tls_star(certs: &Certs) -> nova_testkit::NovadBuilder {
+    let server = certs.server();
+    novad().args([
+        "--tls-cert",
+        server.cert.to_str().unwrap(),
+        "--tls-key",
+        server.key.to_str().unwrap(),
+    ])
+}
+
+fn https(novad: &Novad) -> String {
+    novad.url().replace("http://", "https://")
+}
+
+fn trusting(ca: &Path) -> ClientTls {
+    ClientTls::from_files(Some(ca), None, None).unwrap()
+}
+
+async fn connect(
+    url: &str,
+    tls: ClientTls,
+    token: Option<&str>,
+) -> Result<Client, nova_client::Error> {
+    let mut config = ClientConfig::new([url])
+        .with_retry(RetryPolicy::none())
+        .with_tls(tls);
+    if let Some(token) = token {
+        config = config.with_token(token).unwrap();
+    }
+    Client::connect_with(config).await
+}
+
+fn nova(args: &[&str], stdin: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(workspace_binary("nova"))
+        .args(args)
+        .env_remove("NOVA_TOKEN")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run nova");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("NOVA_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".nova-test/venv/bin/python"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_round_trip_from_the_sdk_the_cli_and_python_and_no_plain_text() {
+    let certs = Certs::new();
+    let novad = tls_star(&certs).start();
+    let url = https(&novad);
+
+    // The SDK, trusting the test CA.
+    let client = connect(&url, trusting(&certs.ca()), None).await.unwrap();
+    client.create_stream("secret").await.unwrap();
+    let mut session = client.append_session().await.unwrap();
+    session
+        .append("secret", records("s", 3), None)
+        .await
+        .unwrap();
+    assert_eq!(read_all(&client, "secret").await, ["s-0", "s-1", "s-2"]);
+
+    // The CLI.
+    let ca = certs.ca();
+    let ca = ca.to_str().unwrap();
+    let appended = nova(
+        &["--server", &url, "--tls-ca", ca, "append", "secret"],
+        b"cli\n",
+    );
+    assert!(
+        appended.status.success(),
+        "{}",
+        String::from_utf8_lossy(&appended.stderr)
+    );
+    let read = nova(
+        &[
+            "--server", &url, "--tls-ca", ca, "read", "secret", "--from", "3",
+        ],
+        b"",
+    );
+    assert_eq!(String::from_utf8_lossy(&read.stdout), "cli\n");
+    // Without the CA the server's certificate is not trusted, and nova says which flag helps.
+    let untrusted = nova(&["--server", &url, "stream", "list"], b"");
+    assert!(!untrusted.status.success());
+    let stderr = String::from_utf8_lossy(&untrusted.stderr);
+    assert!(stderr.contains("--tls-ca"), "{stderr}");
+
+    // Python grpcio, through reflection, verifying the certificate for localhost.
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/generic_client.py");
+    let output = Command::new(python())
+        .arg(&script)
+        .arg(format!("localhost:{}", novad.port()))
+        .arg("from-python")
+        .env("NOVA_TEST_CA", certs.ca())
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("speaking TLS") && stdout.contains("read back 2 records"));
+
+    // A plain-text client gets nothing from a TLS listener: no fallback either way.
+    let plain = Client::connect(&novad.url()).await;
+    let refused = match plain {
+        Ok(client) => client.list_streams("", "", 10).await.map(|_| ()),
+        Err(error) => Err(error),
+    };
+    assert!(refused.is_err(), "plain text reached a TLS listener");
+    assert!(
+        novad
+            .metric("nova_connections_refused_total{reason=\"tls_handshake\"}")
+            .unwrap()
+            >= 1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_refuses_a_client_without_a_certificate() {
+    let certs = Certs::new();
+    let ca = certs.ca();
+    let novad = tls_star(&certs)
+        .args(["--tls-client-ca", ca.to_str().unwrap()])
+        .start();
+    let url = https(&novad);
+    let anonymous = match connect(&url, trusting(&ca), None).await {
+        Ok(client) => client.list_streams("", "", 10).await.map(|_| ()),
+        Err(error) => Err(error),
+    };
+    assert!(
+        anonymous.is_err(),
+        "a client without a certificate was served"
+    );
+
+    let Identity { cert, key } = certs.client("producer");
+    let tls = ClientTls::from_files(Some(&ca), Some((&cert, &key)), None).unwrap();
+    let client = connect(&url, tls, None).await.unwrap();
+    client.create_stream("m").await.unwrap();
+    assert_eq!(client.list_streams("", "", 10).await.unwrap().0.len(), 1);
+}
+
+/// A tokens file and the tokens it lists.
+struct TokenFile {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn grant(scope: Scope, prefix: &str) -> Grant {
+    Grant {
+        scope,
+        prefix: prefix.into(),
+    }
+}
+
+fn write_tokens(path: &Path, tokens: &[(&str, &[Grant], &str)]) {
+    let text: String = tokens
+        .iter()
+        .map(|(name, grants, token)| format!("{}\n", file_line(name, grants, token)))
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+const ADMIN: &str = "admin-token-0123456789abcdef";
+const INGEST: &str = "ingest-token-0123456789abcdef";
+const READER: &str = "reader-token-0123456789abcdef";
+
+fn token_file() -> TokenFile {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    write_tokens(
+        &path,
+        &[
+            (
+                "ops",
+                &[grant(Scope::Admin, ""), grant(Scope::Read, "")],
+                ADMIN,
+            ),
+            (
+                "ingest",
+                &[grant(Scope::Append, "logs/"), grant(Scope::Read, "logs/")],
+                INGEST,
+            ),
+            ("analytics", &[grant(Scope::Read, "")], READER),
+        ],
+    );
+    TokenFile { path, _dir: dir }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_checked_by_scope_and_prefix_and_never_logged() {
+    let tokens = token_file();
+    let novad = novad()
+        .args(["--auth-tokens", tokens.path.to_str().unwrap()])
+        .env("RUST_LOG", "trace")
+        .start();
+    let url = novad.url();
+    let as_ = |token: Option<&'static str>| {
+        let url = url.clone();
+        async move { connect(&url, ClientTls::default(), token).await.unwrap() }
+    };
+    let admin = as_(Some(ADMIN)).await;
+    admin.create_stream("logs/app").await.unwrap();
+    admin.create_stream("billing/x").await.unwrap();
+
+    // No token, or one the star does not know: UNAUTHENTICATED, whatever the call.
+    for client in [as_(None).await, as_(Some("not-a-known-token")).await] {
+        let err = client.describe_stream("logs/app").await.unwrap_err();
+        assert_eq!(err.kind(), ErrorCode::Unauthenticated, "{err}");
+        assert!(!err.to_string().contains("not-a-known-token"));
+        let err = client.create_stream("logs/new").await.unwrap_err();
+        assert_eq!(err.kind(), ErrorCode::Unauthenticated, "{err}");
+    }
+
+    // A token for logs/ appends and reads there, and nowhere else.
+    let ingest = as_(Some(INGEST)).await;
+    let mut session = ingest.append_session().await.unwrap();
+    session
+        .append("logs/app", records("l", 2), None)
+        .await
+        .unwrap();
+    let denied = session
+        .append("billing/x", records("b", 1), None)
+        .await
+        .unwrap_err();
+    assert_eq!(denied.kind(), ErrorCode::PermissionDenied, "{denied}");
+    assert!(denied.to_string().contains("no append scope"), "{denied}");
+    // The session goes on after a refused append.
+    session
+        .append("logs/app", records("m", 1), None)
+        .await
+        .unwrap();
+    assert_eq!(read_all(&ingest, "logs/app").await.len(), 3);
+    let err = ingest.read("billing/x", 0, 0).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorCode::PermissionDenied, "{err}");
+    assert!(
+        err.to_string()
+            .contains("no read scope for stream \"billing/x\""),
+        "{err}"
+    );
+    for err in [
+        ingest.create_stream("logs/other").await.unwrap_err(),
+        ingest.delete_stream("logs/app").await.unwrap_err(),
+    ] {
+        assert_eq!(err.kind(), ErrorCode::PermissionDenied, "{err}");
+        assert!(err.to_string().contains("no admin scope"), "{err}");
+    }
+
+    // A read token reads everything and changes nothing.
+    let reader = as_(Some(READER)).await;
+    assert_eq!(read_all(&reader, "logs/app").await.len(), 3);
+    assert!(reader.read("billing/x", 0, 0).await.is_ok());
+    let mut session = reader.append_session().await.unwrap();
+    let err = session
+        .append("logs/app", vec![Record::new("x")], None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorCode::PermissionDenied, "{err}");
+    for err in [
+        reader.create_stream("z").await.unwrap_err(),
+        reader.delete_stream("billing/x").await.unwrap_err(),
+    ] {
+        assert_eq!(err.kind(), ErrorCode::PermissionDenied, "{err}");
+    }
+
+    assert!(
+        novad
+            .metric("nova_auth_refusals_total{reason=\"unauthenticated\"}")
+            .unwrap()
+            >= 4.0
+    );
+    assert!(
+        novad
+            .metric("nova_auth_refusals_total{reason=\"permission_denied\"}")
+            .unwrap()
+            >= 6.0
+    );
+    assert_eq!(
+        novad.metric("nova_append_rejections_total{reason=\"permission_denied\"}"),
+        Some(2.0)
+    );
+    // Every call went through a trace-level log: no token is in it.
+    let log = novad.log();
+    assert!(log.contains("TRACE"), "the star logged at trace");
+    for token in [ADMIN, INGEST, READER, "not-a-known-token"] {
+        assert!(!log.contains(token), "a token reached the log");
+    }
+    let metrics = novad.metrics();
+    for token in [ADMIN, INGEST, READER] {
+        assert!(!metrics.contains(token));
+    }
+}
+
+/// Polls `check` for up to ten seconds (a reload follows a changed file within two).
+async fn within_ten_seconds(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..100 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("not within ten seconds: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_and_tokens_reload_without_a_restart() {
+    let first = Certs::new();
+    let second = Certs::new();
+    // The star reads its certificate from files that will be replaced.
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("star.pem"), dir.path().join("star.key"));
+    std::fs::copy(first.server().cert, &cert).unwrap();
+    std::fs::copy(first.server().key, &key).unwrap();
+    let tokens = token_file();
+    let mut novad = novad()
+        .args([
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--auth-tokens",
+            tokens.path.to_str().unwrap(),
+        ])
+        .start();
+    let url = https(&novad);
+    let served = async |ca: &Path, token: &str| match connect(&url, trusting(ca), Some(token)).await
+    {
+        Ok(client) => client.list_streams("", "", 10).await.is_ok(),
+        Err(_) => false,
+    };
+    assert!(served(&first.ca(), ADMIN).await);
+    assert!(!served(&second.ca(), ADMIN).await);
+
+    // A new certificate, from another CA: new connections get it.
+    std::fs::copy(second.server().key, &key).unwrap();
+    std::fs::copy(second.server().cert, &cert).unwrap();
+    within_ten_seconds("the second CA's certificate is served", async || {
+        served(&second.ca(), ADMIN).await
+    })
+    .await;
+    assert!(!served(&first.ca(), ADMIN).await);
+
+    // A new token list on SIGHUP: the old admin token goes, a new one comes.
+    write_tokens(
+        &tokens.path,
+        &[(
+            "ops2",
+            &[grant(Scope::Admin, ""), grant(Scope::Read, "")],
+            "fresh-admin-token",
+        )],
+    );
+    let pid = novad.pid().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    within_ten_seconds("the new token is accepted", async || {
+        served(&second.ca(), "fresh-admin-token").await
+    })
+    .await;
+    assert!(!served(&second.ca(), ADMIN).await);
+    assert!(novad.log().contains("--auth-tokens reloaded"));
+    // A broken file is refused and the tokens in use stay.
+    std::fs::write(&tokens.path, "ops admin: plaintext-token\n").unwrap();
+    within_ten_seconds("the broken file is refused", async || {
+        novad.log().contains("--auth-tokens not reloaded")
+    })
+    .await;
+    assert!(served(&second.ca(), "fresh-admin-token").await);
+    assert!(
+        novad
+            .metric("nova_tls_reloads_total{outcome=\"ok\"}")
+            .unwrap()
+            >= 1.0
+    );
+    novad.kill9();
+}
+
+/// `nova` with `NOVA_TOKEN` set in its environment.
+fn nova_with_token(token: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(workspace_binary("nova"))
+        .args(args)
+        .env("NOVA_TOKEN", token)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run nova");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_from_nova_token_new_works_from_nova_token_in_the_environment() {
+    let made = nova(
+        &[
+            "--output", "json", "token", "new", "--name", "ci", "--grant", "admin:ci/",
+            "--grant", "append:ci/",
+        ],
+        b"",
+    );
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let made: serde_json::Value = serde_json::from_slice(&made.stdout).unwrap();
+    let (token, line) = (
+        made["token"].as_str().unwrap().to_owned(),
+        made["line"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(token.len(), 64, "32 random bytes in hex");
+    assert!(!line.contains(&token), "the line holds a digest, not the token");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    std::fs::write(&path, format!("# made by nova token new\n{line}\n")).unwrap();
+    let novad = novad()
+        .args(["--auth-tokens", path.to_str().unwrap()])
+        .start();
+    let url = novad.url();
+
+    let created = nova_with_token(&token, &["--server", &url, "stream", "create", "ci/a"], b"");
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let appended = nova_with_token(&token, &["--server", &url, "append", "ci/a"], b"one\ntwo\n");
+    assert!(
+        appended.status.success(),
+        "{}",
+        String::from_utf8_lossy(&appended.stderr)
+    );
+    // The token grants no read: the CLI says which scope is missing, and never the token.
+    let read = nova_with_token(&token, &["--server", &url, "read", "ci/a"], b"");
+    assert!(!read.status.success());
+    let stderr = String::from_utf8_lossy(&read.stderr);
+    assert!(stderr.contains("no read scope"), "{stderr}");
+    assert!(!stderr.contains(&token), "{stderr}");
+    // Without any token the star answers UNAUTHENTICATED, and nova says how to give one.
+    let anonymous = nova(&["--server", &url, "stream", "list"], b"");
+    assert!(!anonymous.status.success());
+    let stderr = String::from_utf8_lossy(&anonymous.stderr);
+    assert!(stderr.contains("NOVA_TOKEN"), "{stderr}");
+    assert!(!novad.log().contains(&token));
+}
