@@ -574,6 +574,8 @@ fn the_cli_reference_is_the_help_the_binary_prints() {
         &["tail"],
         &["status"],
         &["bench"],
+        &["token"],
+        &["token", "new"],
     ];
     for path in commands {
         let title = std::iter::once("nova")

@@ -133,12 +133,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let connections = Arc::new(nova_core::net::Connections::default());
     let store = open_store(&config).await?;
     let stopping = CancellationToken::new();
-    if let Some(tls) = &security.tls {
-        tokio::spawn(tls.clone().watch(stopping.clone()));
-    }
-    if let Some(tokens) = &security.tokens {
-        tokio::spawn(tokens.clone().watch(stopping.clone()));
-    }
+    security.spawn_reloads(&stopping);
     let catalog = nova_core::catalog::Catalog::new(metastore.clone());
 
     // Metrics are up before recovery, so a star stuck retrying an unreachable store is visible.

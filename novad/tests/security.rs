@@ -420,8 +420,14 @@ fn nova_with_token(token: &str, args: &[&str], stdin: &[u8]) -> std::process::Ou
 async fn a_token_from_nova_token_new_works_from_nova_token_in_the_environment() {
     let made = nova(
         &[
-            "--output", "json", "token", "new", "--name", "ci", "--grant", "admin:ci/",
-            "--grant", "append:ci/",
+            "token",
+            "new",
+            "--name",
+            "ci",
+            "--grant",
+            "admin:ci/",
+            "--grant",
+            "append:ci/",
         ],
         b"",
     );
@@ -430,13 +436,21 @@ async fn a_token_from_nova_token_new_works_from_nova_token_in_the_environment() 
         "{}",
         String::from_utf8_lossy(&made.stderr)
     );
-    let made: serde_json::Value = serde_json::from_slice(&made.stdout).unwrap();
-    let (token, line) = (
-        made["token"].as_str().unwrap().to_owned(),
-        made["line"].as_str().unwrap().to_owned(),
+    // Text output: the token, then the line for the file.
+    let made = String::from_utf8(made.stdout).unwrap();
+    let lines: Vec<&str> = made.lines().collect();
+    let token = lines[0].strip_prefix("token: ").unwrap().to_owned();
+    assert_eq!(lines[1], "line for --auth-tokens:");
+    let line = lines[2].to_owned();
+    assert!(
+        line.starts_with("ci admin:ci/,append:ci/ sha256:"),
+        "{line}"
     );
     assert_eq!(token.len(), 64, "32 random bytes in hex");
-    assert!(!line.contains(&token), "the line holds a digest, not the token");
+    assert!(
+        !line.contains(&token),
+        "the line holds a digest, not the token"
+    );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens");
     std::fs::write(&path, format!("# made by nova token new\n{line}\n")).unwrap();
@@ -469,4 +483,23 @@ async fn a_token_from_nova_token_new_works_from_nova_token_in_the_environment() 
     let stderr = String::from_utf8_lossy(&anonymous.stderr);
     assert!(stderr.contains("NOVA_TOKEN"), "{stderr}");
     assert!(!novad.log().contains(&token));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_to_a_star_without_tls_or_tokens_does_not_stop_it() {
+    let novad = novad().start();
+    let pid = novad.pid().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    within_ten_seconds("the SIGHUP is logged", async || {
+        novad.log().contains("SIGHUP: nothing to reload")
+    })
+    .await;
+    let client = client(&novad).await;
+    client.create_stream("after-hup").await.unwrap();
 }

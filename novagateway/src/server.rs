@@ -158,12 +158,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         access: nova_core::net::Access::new(&security_metrics),
     })
     .max_encoding_message_size(usize::MAX);
-    if let Some(tls) = &security.tls {
-        tokio::spawn(tls.clone().watch(stopping.clone()));
-    }
-    if let Some(tokens) = &security.tokens {
-        tokio::spawn(tokens.clone().watch(stopping.clone()));
-    }
+    security.spawn_reloads(&stopping);
     let server = config
         .listener
         .configure(tonic::transport::Server::builder())

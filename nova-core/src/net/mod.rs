@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use nova_proto::units::{ByteSize, DurationArg};
+use tokio_util::sync::CancellationToken;
 
 pub use auth::{Principal, Scope, Tokens};
 pub use conn::{ConnLimits, ConnMetrics, Connections};
@@ -227,6 +228,39 @@ impl ListenerArgs {
             )
             .http2_keepalive_interval(Some(self.keepalive_interval.0))
             .http2_keepalive_timeout(Some(self.keepalive_timeout.0))
+    }
+}
+
+impl Security {
+    /// Watches the certificate and token files until `stopping`, reloading them on SIGHUP and
+    /// when they change. With neither configured, SIGHUP is still taken (and logged), so an
+    /// operator's reload signal never stops a server by the signal's default action.
+    pub fn spawn_reloads(&self, stopping: &CancellationToken) {
+        if let Some(tls) = &self.tls {
+            tokio::spawn(tls.clone().watch(stopping.clone()));
+        }
+        if let Some(tokens) = &self.tokens {
+            tokio::spawn(tokens.clone().watch(stopping.clone()));
+        }
+        if self.tls.is_none() && self.tokens.is_none() {
+            // Taken here rather than in the task, so the signal is handled from the moment
+            // this returns.
+            use tokio::signal::unix::{SignalKind, signal};
+            if let Ok(hangups) = signal(SignalKind::hangup()) {
+                tokio::spawn(ignore_hangups(hangups, stopping.clone()));
+            }
+        }
+    }
+}
+
+async fn ignore_hangups(mut hangups: tokio::signal::unix::Signal, stopping: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stopping.cancelled() => return,
+            _ = hangups.recv() => tracing::info!(
+                "SIGHUP: nothing to reload (no --tls-cert or --auth-tokens); still serving"
+            ),
+        }
     }
 }
 
