@@ -255,7 +255,8 @@ impl Client {
             match endpoint.connect().await {
                 Ok(channel) => {
                     return Ok(Self {
-                        router: Router::with_settings(settings.client(channel), settings.clone()),
+                        router: Router::with_settings(settings.client(channel), settings.clone())
+                            .tls_only(url.starts_with("https://")),
                         jitter: Arc::new(Jitter::new(&Clock::system(), url)),
                         retry: config.retry,
                     });

@@ -203,7 +203,7 @@ impl RpcMetrics {
 impl nova_proto::rpc::RpcObserver for RpcMetrics {
     type Guard = ();
 
-    fn begin(&self, _extensions: &http::Extensions) {}
+    fn begin<B>(&self, _request: &http::Request<B>) {}
 
     fn observe(&self, method: &'static str, code: nova_proto::Code, seconds: f64) {
         self.requests

@@ -70,8 +70,8 @@ pub struct Config {
     #[arg(long, env = "NOVA_METASTORE_MAX_TXN_OPS", default_value_t = nova_core::metastore::ETCD_DEFAULT_MAX_TXN_OPS, help_heading = "Fleet")]
     pub metastore_max_txn_ops: usize,
 
-    /// Where clients and other stars reach this star, as a URL (default: http:// and
-    /// --listen). Redirects name it, so it must be reachable from them.
+    /// Where clients and other stars reach this star, as a URL (default: --listen, with
+    /// https:// when --tls-cert is given, else http://). Redirects name it, so it must be reachable from them.
     #[arg(long, env = "NOVA_ADVERTISE_ADDR", help_heading = "Fleet")]
     pub advertise_addr: Option<String>,
 
@@ -407,15 +407,32 @@ impl Config {
         }
     }
 
-    /// Refuses settings that cannot work, naming the flag.
-    /// Where redirects send clients for this star.
+    /// Where redirects send clients for this star: https:// when it speaks TLS, so a client
+    /// following a redirect never sends its token in plain text.
     pub fn advertise(&self) -> String {
+        let scheme = if self.listener.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         self.advertise_addr
             .clone()
-            .unwrap_or_else(|| format!("http://{}", self.listen))
+            .unwrap_or_else(|| format!("{scheme}://{}", self.listen))
     }
 
+    /// Refuses settings that cannot work, naming the flag.
     pub fn check(&self) -> Result<(), String> {
+        if self.listener.tls_cert.is_some()
+            && self
+                .advertise_addr
+                .as_deref()
+                .is_some_and(|a| a.starts_with("http://"))
+        {
+            return Err(
+                "--advertise-addr is http:// but the star speaks TLS (--tls-cert): advertise its                  https:// URL"
+                    .into(),
+            );
+        }
         if self.grpc_stream_window_kib < 64 {
             return Err("--grpc-stream-window-kib must be at least 64 (the HTTP/2 floor)".into());
         }

@@ -89,6 +89,7 @@ pub async fn rebuild(config: Config) -> anyhow::Result<()> {
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    nova_core::net::take_hangups();
     if config.rebuild_catalog {
         return rebuild(config).await;
     }
@@ -129,7 +130,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .listener
         .load(&security_metrics)
         .context("loading --tls-cert/--auth-tokens")?;
-    config.listener.warn_if_exposed(config.listen, "novad");
+    config.listener.warn_if_exposed(
+        config.listen,
+        "novad",
+        "append to, read, reconfigure and delete every stream",
+    );
     let connections = Arc::new(nova_core::net::Connections::default());
     let store = open_store(&config).await?;
     let stopping = CancellationToken::new();
@@ -347,6 +352,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             nova_core::net::CallObserver {
                 rpc: metrics.rpc.clone(),
                 connections: connections.clone(),
+                tokens: security.tokens.clone(),
             },
             Clock::system(),
         ))

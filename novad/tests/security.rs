@@ -154,6 +154,13 @@ async fn mutual_tls_refuses_a_client_without_a_certificate() {
         anonymous.is_err(),
         "a client without a certificate was served"
     );
+    assert!(
+        novad
+            .metric("nova_connections_refused_total{reason=\"tls_handshake\"}")
+            .unwrap()
+            >= 1.0,
+        "the handshake without a certificate was refused"
+    );
 
     let Identity { cert, key } = certs.client("producer");
     let tls = ClientTls::from_files(Some(&ca), Some((&cert, &key)), None).unwrap();
@@ -260,6 +267,17 @@ async fn tokens_are_checked_by_scope_and_prefix_and_never_logged() {
             .contains("no read scope for stream \"billing/x\""),
         "{err}"
     );
+    // A listing is a read of every stream under its prefix: within the grant, or refused.
+    assert_eq!(
+        ingest.list_streams("logs/", "", 10).await.unwrap().0.len(),
+        1
+    );
+    let err = ingest.list_streams("", "", 10).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorCode::PermissionDenied, "{err}");
+    // Describing needs any scope on the stream (a producer learns its tail this way).
+    assert!(ingest.describe_stream("logs/app").await.is_ok());
+    let err = ingest.describe_stream("billing/x").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorCode::PermissionDenied, "{err}");
     for err in [
         ingest.create_stream("logs/other").await.unwrap_err(),
         ingest.delete_stream("logs/app").await.unwrap_err(),
@@ -272,12 +290,16 @@ async fn tokens_are_checked_by_scope_and_prefix_and_never_logged() {
     let reader = as_(Some(READER)).await;
     assert_eq!(read_all(&reader, "logs/app").await.len(), 3);
     assert!(reader.read("billing/x", 0, 0).await.is_ok());
-    let mut session = reader.append_session().await.unwrap();
-    let err = session
-        .append("logs/app", vec![Record::new("x")], None)
-        .await
-        .unwrap_err();
+    // A token that may append nowhere is refused its session (it would hold a session place).
+    let err = match reader.append_session().await {
+        Ok(mut session) => session
+            .append("logs/app", vec![Record::new("x")], None)
+            .await
+            .unwrap_err(),
+        Err(err) => err,
+    };
     assert_eq!(err.kind(), ErrorCode::PermissionDenied, "{err}");
+    assert!(err.to_string().contains("no append scope"), "{err}");
     for err in [
         reader.create_stream("z").await.unwrap_err(),
         reader.delete_stream("billing/x").await.unwrap_err(),
@@ -362,7 +384,9 @@ async fn certificates_and_tokens_reload_without_a_restart() {
     .await;
     assert!(!served(&first.ca(), ADMIN).await);
 
-    // A new token list on SIGHUP: the old admin token goes, a new one comes.
+    // A new token list on SIGHUP: the old admin token goes, a new one comes. The file keeps
+    // its modification time, so only the signal can make the star read it again.
+    let stamp = std::fs::metadata(&tokens.path).unwrap().modified().unwrap();
     write_tokens(
         &tokens.path,
         &[(
@@ -371,6 +395,12 @@ async fn certificates_and_tokens_reload_without_a_restart() {
             "fresh-admin-token",
         )],
     );
+    std::fs::File::options()
+        .write(true)
+        .open(&tokens.path)
+        .unwrap()
+        .set_modified(stamp)
+        .unwrap();
     let pid = novad.pid().unwrap().to_string();
     assert!(
         Command::new("kill")
@@ -384,7 +414,7 @@ async fn certificates_and_tokens_reload_without_a_restart() {
     })
     .await;
     assert!(!served(&second.ca(), ADMIN).await);
-    assert!(novad.log().contains("--auth-tokens reloaded"));
+    assert!(novad.log().contains("--auth-tokens reloaded (SIGHUP)"));
     // A broken file is refused and the tokens in use stay.
     std::fs::write(&tokens.path, "ops admin: plaintext-token\n").unwrap();
     within_ten_seconds("the broken file is refused", async || {
@@ -502,4 +532,68 @@ async fn sighup_to_a_star_without_tls_or_tokens_does_not_stop_it() {
     .await;
     let client = client(&novad).await;
     client.create_stream("after-hup").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_checks_its_clients_tokens_and_calls_its_star_over_tls_with_its_own() {
+    let certs = Certs::new();
+    let tokens = token_file();
+    let server = certs.server();
+    let tls_args = [
+        "--tls-cert",
+        server.cert.to_str().unwrap(),
+        "--tls-key",
+        server.key.to_str().unwrap(),
+        "--auth-tokens",
+        tokens.path.to_str().unwrap(),
+    ];
+    let star = novad().args(tls_args).start();
+    let ca = certs.ca();
+    let admin = connect(&https(&star), trusting(&ca), Some(ADMIN))
+        .await
+        .unwrap();
+    admin.create_stream("logs/app").await.unwrap();
+    admin.create_stream("billing/x").await.unwrap();
+    let mut session = admin.append_session().await.unwrap();
+    for stream in ["logs/app", "billing/x"] {
+        session.append(stream, records("r", 4), None).await.unwrap();
+    }
+
+    // The gateway reads from the star with the analytics token (read on every stream).
+    let store_dir = star.data_dir().join("store");
+    let gateway = nova_testkit::NovadBuilder::gateway(workspace_binary("novagateway"))
+        .args(tls_args)
+        .args([
+            "--star",
+            &https(&star),
+            "--upstream-ca",
+            ca.to_str().unwrap(),
+            "--upstream-token",
+            READER,
+            "--store-dir",
+            store_dir.to_str().unwrap(),
+        ])
+        .start();
+    let url = https(&gateway);
+
+    // Its clients' tokens are checked by the gateway itself: the gateway's own broader token
+    // reaches no further than each client's grants.
+    let ingest = connect(&url, trusting(&ca), Some(INGEST)).await.unwrap();
+    assert_eq!(read_all(&ingest, "logs/app").await.len(), 4);
+    let err = ingest.read("billing/x", 0, 0).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorCode::PermissionDenied, "{err}");
+    let anonymous = connect(&url, trusting(&ca), None).await.unwrap();
+    let err = anonymous.read("logs/app", 0, 0).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorCode::Unauthenticated, "{err}");
+    let reader = connect(&url, trusting(&ca), Some(READER)).await.unwrap();
+    assert_eq!(read_all(&reader, "billing/x").await.len(), 4);
+    assert!(
+        gateway
+            .metric("nova_gateway_auth_refusals_total{reason=\"unauthenticated\"}")
+            .unwrap()
+            >= 1.0
+    );
+    for token in [ADMIN, INGEST, READER] {
+        assert!(!gateway.log().contains(token), "a token reached the log");
+    }
 }

@@ -101,7 +101,7 @@ pub struct Config {
         hide_env_values = true,
         help_heading = "Upstream"
     )]
-    pub upstream_token: Option<String>,
+    pub upstream_token: Option<Secret>,
 
     // ---- budgets --------------------------------------------------------------------------
     /// Fetch pool: bytes of object sections being fetched for responses, across every response.
@@ -179,7 +179,7 @@ impl Config {
             None,
         )?;
         let credentials = match &self.upstream_token {
-            Some(token) => nova_proto::route::Credentials::bearer(token)
+            Some(Secret(token)) => nova_proto::route::Credentials::bearer(token)
                 .map_err(|e| anyhow::anyhow!("--upstream-token: {e}"))?,
             None => nova_proto::route::Credentials::none(),
         };
@@ -296,5 +296,23 @@ mod tests {
             "http://b:2",
         ]);
         assert!(config.check().is_ok());
+    }
+}
+
+/// A token from the command line or the environment: its `Debug` (the config's) never shows it.
+#[derive(Clone)]
+pub struct Secret(pub String);
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
     }
 }

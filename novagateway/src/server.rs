@@ -21,6 +21,7 @@ use crate::service::{GatewayService, PeerService};
 use crate::tier::Tier;
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    nova_core::net::take_hangups();
     let started_at_ms = Clock::system().unix_ms();
     let metrics = GatewayMetrics::new();
     nova_core::metrics::register_build_info(
@@ -35,9 +36,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .listener
         .load(&security_metrics)
         .context("loading --tls-cert/--auth-tokens")?;
-    config
-        .listener
-        .warn_if_exposed(config.listen, "novagateway");
+    config.listener.warn_if_exposed(
+        config.listen,
+        "novagateway",
+        "read every stream its star lets it read, and fetch its objects",
+    );
+    if config.upstream_token.is_some() && config.listener.auth_tokens.is_none() {
+        // Even on loopback: whoever reaches this gateway reads with the gateway's token.
+        tracing::warn!(
+            listen = %config.listen,
+            "novagateway calls its star with --upstream-token but checks no tokens itself \
+             (no --auth-tokens): every client that reaches it reads what that token may read"
+        );
+    }
     let connections = Arc::new(nova_core::net::Connections::default());
     if config.store.s3().is_none() {
         crate::health::check_store_dir(&config.store_dir).await?;
@@ -61,7 +72,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 .connect_lazy(),
         ),
         upstream.clone(),
-    );
+    )
+    .tls_only(config.star.starts_with("https://"));
 
     let health = crate::health::Health::new(metrics.clone());
     crate::health::check_at_start(&store, &star, &config.star, &health).await?;
@@ -166,6 +178,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             nova_core::net::CallObserver {
                 rpc: metrics.rpc.clone(),
                 connections: connections.clone(),
+                tokens: security.tokens.clone(),
             },
             Clock::system(),
         ))

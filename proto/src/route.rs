@@ -92,6 +92,9 @@ pub struct Router {
     seed: Stub,
     routes: Arc<Routes>,
     settings: Settings,
+    /// Reached over TLS: a redirect to a plain-text URL is refused, never followed (the call
+    /// would carry its token in the clear).
+    tls_only: bool,
 }
 
 /// How connections to leaders are made.
@@ -238,7 +241,15 @@ impl Router {
             seed,
             routes: Arc::default(),
             settings,
+            tls_only: false,
         }
+    }
+
+    /// Whether the seed was reached over TLS (an `https://` URL): then only `https://`
+    /// redirects are followed.
+    pub fn tls_only(mut self, tls_only: bool) -> Self {
+        self.tls_only = tls_only;
+        self
     }
 
     pub fn seed(&self) -> Stub {
@@ -271,6 +282,8 @@ impl Router {
     pub fn learn(&self, stream: &str, leader: Option<&str>, retryable: bool) {
         let mut leaders = lock(&self.routes.leaders);
         match leader {
+            // Never a plain-text leader for a client that speaks TLS.
+            Some(url) if self.tls_only && !url.starts_with("https://") => {}
             Some(url) => {
                 if leaders.len() >= MAX_REMEMBERED_LEADERS {
                     leaders.clear();
@@ -301,6 +314,16 @@ impl Router {
                 Ok(value) => return Ok(value),
                 Err(status) => {
                     let leader = crate::error::leader(&status);
+                    if self.tls_only
+                        && let Some(url) = leader.as_deref()
+                        && !url.starts_with("https://")
+                    {
+                        return Err(Status::unavailable(format!(
+                            "not following a redirect to {url}: this client speaks TLS and will \
+                             not send a call in plain text; the leader's --advertise-addr \
+                             should be its https:// URL"
+                        )));
+                    }
                     let retryable = matches!(
                         status.code(),
                         Code::Unavailable | Code::Unknown | Code::Cancelled

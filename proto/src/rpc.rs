@@ -21,10 +21,10 @@ use crate::clock::{Clock, Instant};
 /// Where the layer reports calls.
 pub trait RpcObserver: Clone + Send + Sync + Unpin + 'static {
     /// Held from the call's start until its response ends (a mark that its connection is
-    /// busy, say); made from the request's extensions.
+    /// busy, say); made from the request.
     type Guard: Send + Unpin + 'static;
 
-    fn begin(&self, extensions: &http::Extensions) -> Self::Guard;
+    fn begin<B>(&self, request: &http::Request<B>) -> Self::Guard;
 
     fn observe(&self, method: &'static str, code: Code, seconds: f64);
 }
@@ -129,7 +129,7 @@ where
             observer: self.observer.clone(),
             code: None,
             reported: false,
-            _guard: self.observer.begin(request.extensions()),
+            _guard: self.observer.begin(&request),
         };
         let response = self.inner.call(request);
         Box::pin(async move {

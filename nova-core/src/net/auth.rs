@@ -84,6 +84,25 @@ pub struct Principal {
 }
 
 impl Principal {
+    /// Whether the token has `scope` on any stream.
+    pub fn has(&self, scope: Scope) -> bool {
+        self.grants.iter().any(|g| g.scope == scope)
+    }
+
+    /// Allows a call that any of `scopes` on `stream` permits, or refuses naming them.
+    pub fn allows_any(&self, scopes: &[Scope], stream: &str) -> Result<(), RequestError> {
+        let mut refusal = None;
+        for &scope in scopes {
+            match self.allows(scope, stream) {
+                Ok(()) => return Ok(()),
+                Err(error) => refusal = refusal.or(Some(error)),
+            }
+        }
+        Err(refusal.unwrap_or_else(|| {
+            RequestError::PermissionDenied(format!("no scope for stream {stream:?}"))
+        }))
+    }
+
     /// Allows `scope` on `stream`, or refuses with PERMISSION_DENIED naming what is missing.
     pub fn allows(&self, scope: Scope, stream: &str) -> Result<(), RequestError> {
         if self
@@ -104,19 +123,6 @@ impl Principal {
                 held.join(", ")
             }
         )))
-    }
-}
-
-/// Checks a call's access to `stream` with `scope`: allowed when the server checks no tokens
-/// (`principal` is `None` only then: the auth layer refuses unauthenticated calls).
-pub fn check(
-    principal: Option<&Principal>,
-    scope: Scope,
-    stream: &str,
-) -> Result<(), RequestError> {
-    match principal {
-        Some(principal) => principal.allows(scope, stream),
-        None => Ok(()),
     }
 }
 

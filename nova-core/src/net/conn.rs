@@ -173,6 +173,13 @@ pub struct Connections {
 #[derive(Debug)]
 pub struct CallMark(Option<Arc<ConnState>>);
 
+impl CallMark {
+    /// A call that does not count as the connection's activity.
+    pub fn none() -> Self {
+        Self(None)
+    }
+}
+
 impl Drop for CallMark {
     fn drop(&mut self) {
         if let Some(state) = self.0.take() {
@@ -200,8 +207,13 @@ impl Connections {
         state
     }
 
-    fn forget(&self, peer: &SocketAddr) {
-        self.by_peer.lock().remove(peer);
+    /// Forgets `state`'s entry, and only it: a new connection from the same address (a
+    /// reused port) may already have taken the key.
+    fn forget(&self, peer: &SocketAddr, state: &Arc<ConnState>) {
+        let mut by_peer = self.by_peer.lock();
+        if by_peer.get(peer).is_some_and(|s| Arc::ptr_eq(s, state)) {
+            by_peer.remove(peer);
+        }
     }
 }
 
@@ -213,6 +225,7 @@ enum Io {
 /// A connection's place under the cap, from its accept (before any handshake) to its close.
 struct Place {
     peer: SocketAddr,
+    state: Arc<ConnState>,
     connections: Arc<Connections>,
     open: IntGauge,
     _permit: OwnedSemaphorePermit,
@@ -220,7 +233,7 @@ struct Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.connections.forget(&self.peer);
+        self.connections.forget(&self.peer, &self.state);
         self.open.dec();
     }
 }
@@ -402,6 +415,7 @@ async fn accept_loop(
         metrics.open.inc();
         let place = Place {
             peer,
+            state: state.clone(),
             connections: connections.clone(),
             open: metrics.open.clone(),
             _permit: place,

@@ -178,6 +178,23 @@ impl ListenerArgs {
 
     /// Loads the certificate and the tokens; an error stops the server from starting.
     pub fn load(&self, metrics: &SecurityMetrics) -> Result<Security, SecurityError> {
+        for (flag, value) in [
+            ("--first-request-timeout", self.first_request_timeout.0),
+            ("--idle-timeout", self.idle_timeout.0),
+            ("--keepalive-interval", self.keepalive_interval.0),
+            ("--keepalive-timeout", self.keepalive_timeout.0),
+        ] {
+            if value.is_zero() {
+                return Err(SecurityError::Limit(format!(
+                    "{flag} is 0: every connection would be closed at once; give a duration"
+                )));
+            }
+        }
+        if self.max_connections == 0 || self.max_concurrent_streams == 0 {
+            return Err(SecurityError::Limit(
+                "--max-connections and --max-concurrent-streams must be at least 1".into(),
+            ));
+        }
         let tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(ReloadingTls::new(
                 TlsFiles {
@@ -198,7 +215,7 @@ impl ListenerArgs {
 
     /// Says loudly what a listener on `listen` exposes: plain text or no tokens beyond
     /// loopback is for trusted networks only.
-    pub fn warn_if_exposed(&self, listen: SocketAddr, what: &str) {
+    pub fn warn_if_exposed(&self, listen: SocketAddr, what: &str, anyone_may: &str) {
         if listen.ip().is_loopback() {
             return;
         }
@@ -214,7 +231,7 @@ impl ListenerArgs {
             tracing::warn!(
                 %listen,
                 "{what} listens beyond loopback WITHOUT --auth-tokens: anyone who reaches it \
-                 may append to, read, reconfigure and delete every stream"
+                 may {anyone_may}"
             );
         }
     }
@@ -253,6 +270,15 @@ impl Security {
     }
 }
 
+/// Takes SIGHUP away from its default action (ending the process) for the rest of the
+/// process's life: called first thing, so a reload signal sent while a server starts (a
+/// certificate renewal hook, say) cannot stop it. The reload watchers take it up later.
+pub fn take_hangups() {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Tokio keeps the handler installed once registered, whether or not the stream is kept.
+    let _ = signal(SignalKind::hangup());
+}
+
 async fn ignore_hangups(mut hangups: tokio::signal::unix::Signal, stopping: CancellationToken) {
     loop {
         tokio::select! {
@@ -271,21 +297,35 @@ pub enum SecurityError {
     Tls(#[from] tls::TlsError),
     #[error("--auth-tokens: {0}")]
     Tokens(#[from] auth::TokenFileError),
+    #[error("{0}")]
+    Limit(String),
 }
 
 /// What every call reports: its method, code and time (`RpcMetrics`), and that its connection
-/// is busy while it runs (`Connections`, for the idle timeout).
+/// is busy while it runs (`Connections`, for the first-request and idle deadlines).
 #[derive(Debug, Clone)]
 pub struct CallObserver {
     pub rpc: crate::metrics::RpcMetrics,
     pub connections: Arc<Connections>,
+    /// When the server checks tokens, only an authenticated call keeps its connection: a
+    /// client without a token cannot hold a place by calling (refused) or by watching health.
+    pub tokens: Option<Tokens>,
 }
 
 impl nova_proto::rpc::RpcObserver for CallObserver {
     type Guard = conn::CallMark;
 
-    fn begin(&self, extensions: &http::Extensions) -> conn::CallMark {
-        self.connections.begin(extensions)
+    fn begin<B>(&self, request: &http::Request<B>) -> conn::CallMark {
+        if let Some(tokens) = &self.tokens {
+            let header = request
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.as_bytes());
+            if open_path(request.uri().path()) || tokens.authenticate(header).is_err() {
+                return conn::CallMark::none();
+            }
+        }
+        self.connections.begin(request.extensions())
     }
 
     fn observe(&self, method: &'static str, code: nova_proto::Code, seconds: f64) {
@@ -405,13 +445,27 @@ impl Access {
         scope: Scope,
         stream: &str,
     ) -> Result<(), nova_proto::RequestError> {
-        auth::check(principal, scope, stream).inspect_err(|refusal| {
+        self.check_any(principal, &[scope], stream)
+    }
+
+    /// Allows what any of `scopes` on `stream` allows (a describe: any scope on the stream).
+    pub fn check_any(
+        &self,
+        principal: Option<&Principal>,
+        scopes: &[Scope],
+        stream: &str,
+    ) -> Result<(), nova_proto::RequestError> {
+        let Some(principal) = principal else {
+            return Ok(());
+        };
+        principal.allows_any(scopes, stream).inspect_err(|refusal| {
             self.refusals
                 .with_label_values(&["permission_denied"])
                 .inc();
             if let Some(unlogged) = self.log.admit("permission_denied") {
+                let scopes: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
                 tracing::info!(
-                    scope = scope.as_str(),
+                    scope = scopes.join("|"),
                     stream,
                     unlogged_since_last = unlogged,
                     "call refused: {refusal}"

@@ -79,6 +79,16 @@ pub fn open_session(
     if let Some(reason) = ctx.star.fenced() {
         return Err(RequestError::Unavailable(reason).into());
     }
+    // A token that may append nowhere holds no session place (nor charges a batch).
+    if let Some(principal) = &principal
+        && !principal.has(nova_core::net::Scope::Append)
+    {
+        ctx.access.check(
+            Some(principal),
+            nova_core::net::Scope::Append,
+            "(any stream)",
+        )?;
+    }
     // A session names its streams only in its appends: the shed names the peer.
     let permit = ctx.sessions.admit(peer, None)?;
     let (pending_tx, pending_rx) = mpsc::channel(SESSION_PIPELINE_DEPTH);
