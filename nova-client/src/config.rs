@@ -87,7 +87,20 @@ impl ClientConfig {
         self.credentials = Credentials::bearer(token)?;
         Ok(self)
     }
+
+    /// Sends the token in the `NOVA_TOKEN` environment variable, as the CLI does, when it is
+    /// set and not empty; otherwise the config is unchanged. Keeps a token out of code and
+    /// out of the process list.
+    pub fn with_token_from_env(self) -> Result<Self, InvalidToken> {
+        match std::env::var(TOKEN_ENV) {
+            Ok(token) if !token.is_empty() => self.with_token(&token),
+            _ => Ok(self),
+        }
+    }
 }
+
+/// The environment variable the SDK and the CLI take a token from.
+pub const TOKEN_ENV: &str = "NOVA_TOKEN";
 
 /// Retries with exponential backoff, each wait drawn between half and all of its step so that
 /// many clients failed by one event spread out instead of returning in lockstep. A server's

@@ -38,7 +38,7 @@ mod session;
 pub use client::{
     Client, Page, ReadOptions, Retention, StorageClass, StreamConfig, StreamHandle, StreamInfo,
 };
-pub use config::{ClientConfig, RetryPolicy};
+pub use config::{ClientConfig, RetryPolicy, TOKEN_ENV};
 pub use consumer::Consumer;
 pub use error::{Error, ErrorCode};
 pub use info::{ServerInfo, ServerLimits, ServerRole};

@@ -519,6 +519,17 @@ async fn a_token_from_nova_token_new_works_from_nova_token_in_the_environment() 
     let stderr = String::from_utf8_lossy(&anonymous.stderr);
     assert!(stderr.contains("NOVA_TOKEN"), "{stderr}");
     assert!(!novad.log().contains(&token));
+
+    // The SDK takes the same variable when asked to.
+    // SAFETY: nextest runs each test in a process of its own, and nothing else in this one
+    // reads the environment while it is set.
+    unsafe { std::env::set_var(nova_client::TOKEN_ENV, &token) };
+    let config = ClientConfig::new([url.as_str()])
+        .with_token_from_env()
+        .unwrap();
+    unsafe { std::env::remove_var(nova_client::TOKEN_ENV) };
+    let client = Client::connect_with(config).await.unwrap();
+    assert_eq!(client.describe_stream("ci/a").await.unwrap().tail_seq, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
