@@ -49,7 +49,8 @@ pub struct Config {
     )]
     pub peers: Vec<String>,
 
-    /// This instance's URL as it appears in --peers (default: http:// and --listen).
+    /// This instance's URL as it appears in --peers (default: --listen, with https:// when
+    /// --tls-cert is given, else http://).
     #[arg(long, env = "NOVA_GATEWAY_ADVERTISE")]
     pub advertise: Option<String>,
 
@@ -192,9 +193,14 @@ impl Config {
     }
 
     pub fn advertise(&self) -> String {
+        let scheme = if self.listener.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         self.advertise
             .clone()
-            .unwrap_or_else(|| format!("http://{}", self.listen))
+            .unwrap_or_else(|| format!("{scheme}://{}", self.listen))
     }
 
     /// The tier's members: --peers, or just this instance.
@@ -221,6 +227,20 @@ impl Config {
     }
 
     pub fn check(&self) -> Result<(), String> {
+        // Peers are called with the upstream token: never in plain text when the gateway's
+        // calls to its star are encrypted.
+        let me = self.advertise();
+        if self.star.starts_with("https://")
+            && let Some(peer) = self
+                .members()
+                .iter()
+                .find(|p| **p != me && p.starts_with("http://"))
+        {
+            return Err(format!(
+                "--star is https:// but the tier member {peer} is plain http://: give the \
+                 other --peers as https:// URLs"
+            ));
+        }
         if self.object_cache_load_factor < 1.0 {
             return Err("--object-cache-load-factor must be at least 1".into());
         }
@@ -262,6 +282,21 @@ mod tests {
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");
         }
+    }
+
+    #[test]
+    fn a_gateway_calling_its_star_over_tls_calls_no_peer_in_plain_text() {
+        let tls_star = ["novagateway", "--star", "https://star:7400"];
+        // Alone, it calls no peer.
+        assert!(Config::parse_from(tls_star).check().is_ok());
+        let with_peers = |peers: &str| {
+            let mut args = tls_star.to_vec();
+            args.extend(["--advertise", "https://gw-0:7500", "--peers", peers]);
+            Config::parse_from(args).check()
+        };
+        assert!(with_peers("https://gw-0:7500,https://gw-1:7500").is_ok());
+        let err = with_peers("https://gw-0:7500,http://gw-1:7500").unwrap_err();
+        assert!(err.contains("http://gw-1:7500"), "{err}");
     }
 
     /// ops/novagateway.env.example is what the flags make of it now.

@@ -251,10 +251,14 @@ impl Tokens {
         let Some(header) = authorization else {
             return Err(unauthenticated("this call carries no token"));
         };
-        let Some(token) = header.strip_prefix(b"Bearer ") else {
-            return Err(unauthenticated(
-                "the authorization header is not a bearer token",
-            ));
+        // The scheme's name is case-insensitive (RFC 9110); the token is not.
+        let token = match header.split_at_checked(7) {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case(b"bearer ") => token,
+            _ => {
+                return Err(unauthenticated(
+                    "the authorization header is not a bearer token",
+                ));
+            }
         };
         let presented: [u8; 32] = Sha256::digest(token).into();
         let entries = self.entries.read().clone();
@@ -368,6 +372,10 @@ mod tests {
         assert!(admin.to_string().contains("no admin scope"), "{admin}");
         let ops = tokens.authenticate(Some(b"Bearer other")).unwrap();
         assert!(ops.allows(Scope::Admin, "anything").is_ok());
+        // The scheme in any case; the token exactly.
+        assert!(tokens.authenticate(Some(b"bearer other")).is_ok());
+        assert!(tokens.authenticate(Some(b"BEARER other")).is_ok());
+        assert!(tokens.authenticate(Some(b"Bearer OTHER")).is_err());
     }
 
     #[test]
@@ -377,6 +385,7 @@ mod tests {
             None,
             Some(&b"Bearer wrong-token"[..]),
             Some(&b"Basic abc"[..]),
+            Some(&b"Bear"[..]),
         ] {
             let err = tokens.authenticate(header).unwrap_err();
             assert!(matches!(err, RequestError::Unauthenticated(_)), "{err}");
