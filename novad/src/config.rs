@@ -422,17 +422,6 @@ impl Config {
 
     /// Refuses settings that cannot work, naming the flag.
     pub fn check(&self) -> Result<(), String> {
-        if self.listener.tls_cert.is_some()
-            && self
-                .advertise_addr
-                .as_deref()
-                .is_some_and(|a| a.starts_with("http://"))
-        {
-            return Err(
-                "--advertise-addr is http:// but the star speaks TLS (--tls-cert): advertise its                  https:// URL"
-                    .into(),
-            );
-        }
         if self.grpc_stream_window_kib < 64 {
             return Err("--grpc-stream-window-kib must be at least 64 (the HTTP/2 floor)".into());
         }

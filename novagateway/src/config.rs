@@ -231,6 +231,7 @@ impl Config {
         // calls to its star are encrypted.
         let me = self.advertise();
         if self.star.starts_with("https://")
+            && self.upstream_token.is_some()
             && let Some(peer) = self
                 .members()
                 .iter()
@@ -286,7 +287,13 @@ mod tests {
 
     #[test]
     fn a_gateway_calling_its_star_over_tls_calls_no_peer_in_plain_text() {
-        let tls_star = ["novagateway", "--star", "https://star:7400"];
+        let tls_star = [
+            "novagateway",
+            "--star",
+            "https://star:7400",
+            "--upstream-token",
+            "t0ken",
+        ];
         // Alone, it calls no peer.
         assert!(Config::parse_from(tls_star).check().is_ok());
         let with_peers = |peers: &str| {

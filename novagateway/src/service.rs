@@ -149,8 +149,12 @@ impl Nova for GatewayService {
     ) -> Result<Response<v1::DescribeStreamResponse>, Status> {
         let principal = nova_core::net::principal(&request);
         let request = request.into_inner();
-        self.access
-            .check(principal.as_deref(), Scope::Read, &request.stream)?;
+        // As on the star: any scope on the stream allows describing it.
+        self.access.check_any(
+            principal.as_deref(),
+            &[Scope::Read, Scope::Append, Scope::Admin],
+            &request.stream,
+        )?;
         self.reader
             .star
             .call(&request.stream.clone(), |mut star| {

@@ -318,6 +318,9 @@ impl Router {
                         && let Some(url) = leader.as_deref()
                         && !url.starts_with("https://")
                     {
+                        // The next call starts again from the seed, not from a leader that
+                        // sent this redirect.
+                        self.learn(stream, None, true);
                         return Err(Status::unavailable(format!(
                             "not following a redirect to {url}: this client speaks TLS and will \
                              not send a call in plain text; the leader's --advertise-addr \

@@ -190,9 +190,14 @@ impl ListenerArgs {
                 )));
             }
         }
-        if self.max_connections == 0 || self.max_concurrent_streams == 0 {
+        if self.max_connections == 0
+            || self.max_concurrent_streams == 0
+            || self.max_header_list_bytes.bytes() == 0
+        {
             return Err(SecurityError::Limit(
-                "--max-connections and --max-concurrent-streams must be at least 1".into(),
+                "--max-connections, --max-concurrent-streams and --max-header-list-bytes must \
+                 be more than 0"
+                    .into(),
             ));
         }
         let tls = match (&self.tls_cert, &self.tls_key) {
@@ -272,7 +277,8 @@ impl Security {
 
 /// Takes SIGHUP away from its default action (ending the process) for the rest of the
 /// process's life: called first thing, so a reload signal sent while a server starts (a
-/// certificate renewal hook, say) cannot stop it. The reload watchers take it up later.
+/// certificate renewal hook, say) cannot stop it. Such an early signal reloads nothing (the
+/// files are read at start-up anyway); the watchers handle those that come later.
 pub fn take_hangups() {
     use tokio::signal::unix::{SignalKind, signal};
     // Tokio keeps the handler installed once registered, whether or not the stream is kept.
