@@ -190,13 +190,28 @@ pub(crate) fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
 impl From<tonic::Status> for Error {
     fn from(status: tonic::Status) -> Self {
         Error::Status {
-            code: status.code(),
+            code: transport_code(&status),
             retry_after: nova_proto::error::retry_after(&status),
             message: status.message().to_owned(),
             next_seq: None,
             first_seq: nova_proto::error::first_seq(&status),
             leader: nova_proto::error::leader(&status),
         }
+    }
+}
+
+/// A status the client's own HTTP/2 layer made when the connection broke under a call (a
+/// server restarting, say) comes as INTERNAL; it is UNKNOWN here: the call may or may not have
+/// been served, and trying again (reads) or resolving it (appends) is the right answer. A
+/// server never sends such a status: its INTERNAL answers carry no transport error.
+fn transport_code(status: &tonic::Status) -> Code {
+    let broken_connection = status.code() == Code::Internal
+        && std::error::Error::source(status).is_some()
+        && status.message().starts_with("h2 protocol error");
+    if broken_connection {
+        Code::Unknown
+    } else {
+        status.code()
     }
 }
 
