@@ -46,10 +46,19 @@ async fn connect(
 }
 
 fn nova(args: &[&str], stdin: &[u8]) -> std::process::Output {
+    run_nova(None, args, stdin)
+}
+
+/// Runs `nova` with `NOVA_TOKEN` set to `token`, or unset.
+fn run_nova(token: Option<&str>, args: &[&str], stdin: &[u8]) -> std::process::Output {
     use std::io::Write;
-    let mut child = Command::new(workspace_binary("nova"))
+    let mut command = Command::new(workspace_binary("nova"));
+    match token {
+        Some(token) => command.env("NOVA_TOKEN", token),
+        None => command.env_remove("NOVA_TOKEN"),
+    };
+    let mut child = command
         .args(args)
-        .env_remove("NOVA_TOKEN")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -439,17 +448,7 @@ async fn certificates_and_tokens_reload_without_a_restart() {
 
 /// `nova` with `NOVA_TOKEN` set in its environment.
 fn nova_with_token(token: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
-    use std::io::Write;
-    let mut child = Command::new(workspace_binary("nova"))
-        .args(args)
-        .env("NOVA_TOKEN", token)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run nova");
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+    run_nova(Some(token), args, stdin)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
