@@ -17,6 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+source benches/lib.sh
 
 SERVER=s3s-fs
 DURATION=20s
@@ -37,24 +38,8 @@ FLIGHT_BYTES=8MiB
 INFLIGHT=8
 LINGER_MS=50
 
-say() { printf '==> %s\n' "$*" >&2; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() {
-    for _ in $(seq 1 200); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    echo "nothing listens on $1" >&2
-    return 1
-}
-
 WORK=$(mktemp -d)
 PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
 trap cleanup EXIT
 
 say "building novad, nova and raw-put (release)"

@@ -16,6 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+source benches/lib.sh
 BYTES=256MiB
 UPDATE_DOCS=0
 while [ $# -gt 0 ]; do
@@ -27,27 +28,12 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-say() { printf '==> %s\n' "$*" >&2; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() {
-    for _ in $(seq 1 200); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    echo "nothing listens on $1" >&2
-    return 1
-}
 metric() {
     python3 -c "import urllib.request,sys; page=urllib.request.urlopen(sys.argv[1]).read().decode(); print(sum(float(l.rsplit(' ',1)[1]) for l in page.splitlines() if l.startswith(sys.argv[2])))" "$1" "$2"
 }
 
 WORK=$(mktemp -d)
 PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
 trap cleanup EXIT
 
 say "building novad, novagateway, nova and cold-read (release)"

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Args;
+use futures::StreamExt;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -28,7 +29,8 @@ pub struct BenchArgs {
     /// Producer sessions.
     #[arg(long, default_value_t = 16)]
     sessions: usize,
-    /// Streams the sessions spread over (default: one per session).
+    /// Streams the sessions spread over (default: one per session). With more streams than
+    /// sessions, each session appends to its share of them in turn, a batch to each.
     #[arg(long)]
     streams: Option<usize>,
     /// Stream names start with this. Each run makes fresh streams, <prefix>-<run>-<n>, and
@@ -73,6 +75,27 @@ pub struct BenchArgs {
     quiet: bool,
 }
 
+/// Stream creations or deletions in flight at once.
+const STREAM_CALLS_AT_ONCE: usize = 32;
+
+/// The streams session `n` of `sessions` appends to: with no more streams than sessions, the
+/// one stream `n` wraps onto; with more, every stream whose index is `n` modulo `sessions`.
+fn share_of(names: &[String], n: usize, sessions: usize) -> Vec<String> {
+    if names.len() <= sessions {
+        return names
+            .get(n % names.len().max(1))
+            .cloned()
+            .into_iter()
+            .collect();
+    }
+    names
+        .iter()
+        .skip(n)
+        .step_by(sessions.max(1))
+        .cloned()
+        .collect()
+}
+
 /// Latency histograms in microseconds, 1 µs to 100 s, 3 significant figures.
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 100_000_000, 3).expect("valid histogram bounds")
@@ -104,19 +127,23 @@ impl Shared {
 
 async fn session(
     client: Client,
-    stream: String,
+    streams: Vec<String>,
     args: Arc<BenchArgs>,
     shared: Arc<Shared>,
 ) -> Histogram<u64> {
     let mut latencies = histogram();
     let body = Bytes::from(vec![b'n'; args.record_bytes as usize]);
     let batch_bytes = args.record_bytes * args.batch_records as u64;
-    // In a fleet the session goes to the stream's leader (describing it finds the leader).
-    if let Err(error) = client.describe_stream(&stream).await {
+    let Some(first) = streams.first().cloned() else {
+        return latencies;
+    };
+    // In a fleet the session goes to its first stream's leader (describing it finds the
+    // leader); a session spread over several streams assumes one star leads them all.
+    if let Err(error) = client.describe_stream(&first).await {
         shared.error(&error);
         return latencies;
     }
-    let (sender, mut receiver) = match client.append_session_for(&stream).await {
+    let (sender, mut receiver) = match client.append_session_for(&first).await {
         Ok(session) => session.split(),
         Err(error) => {
             shared.error(&error);
@@ -138,7 +165,10 @@ async fn session(
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 ticker
             });
-            while !shared.stop.load(Ordering::Relaxed) {
+            for stream in streams.iter().cycle() {
+                if shared.stop.load(Ordering::Relaxed) {
+                    break;
+                }
                 if let Some(ticker) = ticker.as_mut() {
                     ticker.tick().await;
                 }
@@ -149,7 +179,7 @@ async fn session(
                     .map(|_| Record::new(body.clone()))
                     .collect();
                 let started = Instant::now();
-                if let Err(error) = sender.send(&stream, records, None).await {
+                if let Err(error) = sender.send(stream, records, None).await {
                     shared.error(&error);
                     break;
                 }
@@ -309,14 +339,23 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
             .map(|n| format!("{}-{run}-{n}", args.stream_prefix))
             .collect()
     };
-    for name in &names {
-        match client.create_stream_configured(name, config).await {
-            Ok(_) => {}
-            Err(error)
-                if args.reuse_streams && error.code() == Some(tonic::Code::AlreadyExists) => {}
-            Err(error) => return Err(error.into()),
-        }
-    }
+    // Many streams are created (and deleted) a few dozen at a time, not one round trip each.
+    let created: Vec<Result<(), Error>> = futures::stream::iter(&names)
+        .map(|name| async move {
+            match client.create_stream_configured(name, config).await {
+                Ok(_) => Ok(()),
+                Err(error)
+                    if args.reuse_streams && error.code() == Some(tonic::Code::AlreadyExists) =>
+                {
+                    Ok(())
+                }
+                Err(error) => Err(error),
+            }
+        })
+        .buffer_unordered(STREAM_CALLS_AT_ONCE)
+        .collect()
+        .await;
+    created.into_iter().collect::<Result<(), Error>>()?;
     let before = match &args.metrics_url {
         Some(url) => Some(sample_star(url).await?),
         None => None,
@@ -332,10 +371,9 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
     let started = Instant::now();
     let sessions: Vec<_> = (0..args.sessions)
         .map(|n| {
-            let stream = names[n % streams].clone();
             tokio::spawn(session(
                 client.clone(),
-                stream,
+                share_of(&names, n, args.sessions),
                 args.clone(),
                 shared.clone(),
             ))
@@ -418,11 +456,13 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
     };
     let keep = args.reuse_streams || args.keep_streams;
     if !keep {
-        for name in &names {
-            if let Err(error) = client.delete_stream(name).await {
-                eprintln!("nova: could not delete bench stream {name}: {error}");
-            }
-        }
+        futures::stream::iter(&names)
+            .for_each_concurrent(STREAM_CALLS_AT_ONCE, |name| async move {
+                if let Err(error) = client.delete_stream(name).await {
+                    eprintln!("nova: could not delete bench stream {name}: {error}");
+                }
+            })
+            .await;
     }
     let records_per_sec = records as f64 / seconds;
     let rate_achieved = (args.rate > 0.0).then(|| records_per_sec / args.rate);
@@ -518,4 +558,31 @@ fn print_report(out: &mut impl Write, r: &Report) -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share_of;
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("s{i}")).collect()
+    }
+
+    #[test]
+    fn more_streams_than_sessions_gives_every_stream_to_exactly_one_session() {
+        let names = names(10);
+        let shares: Vec<Vec<String>> = (0..3).map(|n| share_of(&names, n, 3)).collect();
+        assert_eq!(shares[0], ["s0", "s3", "s6", "s9"]);
+        assert_eq!(shares[2], ["s2", "s5", "s8"]);
+        let mut all: Vec<String> = shares.concat();
+        all.sort_by_key(|s| s[1..].parse::<usize>().unwrap());
+        assert_eq!(all, names);
+    }
+
+    #[test]
+    fn fewer_streams_than_sessions_wraps_sessions_onto_them() {
+        let names = names(2);
+        let shares: Vec<Vec<String>> = (0..5).map(|n| share_of(&names, n, 5)).collect();
+        assert_eq!(shares, [["s0"], ["s1"], ["s0"], ["s1"], ["s0"]]);
+    }
 }

@@ -1,0 +1,59 @@
+# Helpers for the bench scripts, sourced (not run): logging, ports, the S3-compatible server,
+# clean-up of everything started. The caller sets ROOT (the repository) and WORK (a scratch
+# directory) and keeps process ids in PIDS.
+
+say() { printf '==> %s\n' "$*" >&2; }
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+wait_port() {
+    for _ in $(seq 1 200); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    echo "nothing listens on $1" >&2
+    return 1
+}
+
+# Stops everything in PIDS and removes WORK; install with `trap cleanup EXIT`.
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+
+# Stops one process started by the script and waits for it to exit.
+stop_pid() {
+    kill "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+}
+
+# Builds novad, nova and the bench binaries in release.
+build_release() {
+    say "building novad, nova and raw-put (release)"
+    cargo build -q --release -p novad -p nova-client -p nova-benches --bins
+    BIN=$ROOT/target/release
+}
+
+# Starts s3s-fs 0.14.1 (installed into .nova-test/s3s on first use) on a free port, serving a
+# directory under WORK. Sets S3_PORT and ENDPOINT, and the credentials every client uses.
+start_s3s() {
+    local s3s=$ROOT/.nova-test/s3s/bin/s3s-fs
+    if [ ! -x "$s3s" ]; then
+        say "installing s3s-fs 0.14.1 into .nova-test/s3s (a few minutes, once)"
+        cargo install -q s3s-fs@0.14.1 --features binary --locked --root "$ROOT/.nova-test/s3s"
+    fi
+    S3_PORT=$(free_port)
+    export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=testtest AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
+    mkdir -p "$WORK/s3"
+    "$s3s" --host 127.0.0.1 --port "$S3_PORT" --access-key test --secret-key testtest "$WORK/s3" >"$WORK/s3.log" 2>&1 &
+    PIDS+=($!)
+    wait_port "$S3_PORT"
+    ENDPOINT=http://127.0.0.1:$S3_PORT
+}
+
+# One line naming the machine, for the tables.
+machine_line() {
+    printf '%s cores (%s), %s %s' "$(nproc)" \
+        "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')" "$(uname -s)" "$(uname -r)"
+}
