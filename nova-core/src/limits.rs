@@ -43,12 +43,6 @@ pub const MAX_READ_WAIT_MS: u64 = 60_000;
 pub const READ_MEMORY_MIB: u64 = 64;
 /// `--grpc-stream-window-kib`: the HTTP/2 per-stream receive window (the protocol floor).
 pub const GRPC_STREAM_WINDOW_KIB: u32 = 64;
-/// The largest HTTP/2 DATA frame a star or gateway accepts (SETTINGS_MAX_FRAME_SIZE). Twice
-/// HTTP/2's 16 KiB default: a 64 KiB window then refills in two frames, not four, which takes
-/// about a tenth off a star's CPU per MiB received. It stays at half the smallest window, since
-/// the charging layer may hold one frame outside the window while a message waits for its
-/// charge (counted in the 64 KiB of fixed overhead per session slot).
-pub const HTTP2_MAX_FRAME_BYTES: u32 = 32 * 1024;
 /// `--max-batch-bytes`: content bytes of one append batch.
 pub const MAX_BATCH_BYTES: u64 = 100 * MIB;
 /// `--max-batch-records`: records in one append batch.

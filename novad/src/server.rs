@@ -346,7 +346,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // still buffers at most its own window, so sessions × window bounds the transport.
         .initial_connection_window_size(connection_window(window, config.max_producer_sessions))
         .http2_adaptive_window(Some(false))
-        .max_frame_size(nova_core::limits::HTTP2_MAX_FRAME_BYTES)
         // Every call counted by method and code, and timed (outermost, so it sees them all),
         // its connection marked busy while it runs.
         .layer(nova_proto::rpc::RpcLayer::new(

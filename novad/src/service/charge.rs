@@ -10,7 +10,7 @@
 //!
 //! While a charge waits nothing more of the stream is read, so HTTP/2 flow control stops the
 //! producer: the transport holds at most its stream window, and this layer at most the one DATA
-//! frame it was given (at most `HTTP2_MAX_FRAME_BYTES`, 32 KiB). The message before is always handed
+//! frame it was given (16 KiB, HTTP/2's default frame size). The message before is always handed
 //! over first, so a session never waits on a charge for a message behind one it has not
 //! finished. Calls other than `Append` pass through, held to small messages.
 
