@@ -22,10 +22,14 @@ cleanup() {
     rm -rf "$WORK"
 }
 
-# Stops one process started by the script and waits for it to exit.
+# Stops one process started by the script, waits for it to exit and forgets it, so that the
+# clean-up never signals a process id the system may since have reused.
 stop_pid() {
     kill "$1" 2>/dev/null || true
     wait "$1" 2>/dev/null || true
+    local kept=() pid
+    for pid in "${PIDS[@]}"; do [ "$pid" = "$1" ] || kept+=("$pid"); done
+    PIDS=("${kept[@]}")
 }
 
 # Builds novad, nova and the bench binaries in release.

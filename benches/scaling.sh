@@ -59,8 +59,8 @@ say "raw PUTs: 8 MiB objects, 8 at a time, for $DURATION"
 # the star's formula terms from its metrics page; the star is stopped afterwards.
 ROW=0
 row() {
-    local name=$1 star_flags=$2
-    shift 2
+    local group=$1 name=$2 star_flags=$3
+    shift 3
     ROW=$((ROW + 1))
     local bucket=row$ROW port metrics pid
     "$BIN/raw-put" --endpoint "$ENDPOINT" --bucket "$bucket" --create-bucket --duration 0s
@@ -73,40 +73,46 @@ row() {
         $star_flags >"$WORK/star$ROW.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
-    wait_port "$port"
+    wait_port "$port" || { cat "$WORK/star$ROW.log" >&2; exit 1; }
     say "$name: nova bench $*"
     "$BIN/nova" --server "http://127.0.0.1:$port" --output json bench --duration "$DURATION" \
         --metrics-url "http://127.0.0.1:$metrics/metrics" --quiet "$@" >"$WORK/row$ROW.json"
     curl -sf "http://127.0.0.1:$metrics/metrics" >"$WORK/row$ROW.metrics"
     stop_pid "$pid"
-    printf '%s\t%s\t%s\n' "$ROW" "$name" "$star_flags" >>"$WORK/rows.tsv"
+    printf '%s\t%s\t%s\t%s\n' "$ROW" "$group" "$name" "$star_flags" >>"$WORK/rows.tsv"
 }
 
 if want windows; then
     for window in 64 256 1024; do
-        row "window $window KiB" "--grpc-stream-window-kib $window --max-producer-sessions 1000" \
+        row windows "window $window KiB" "--grpc-stream-window-kib $window --max-producer-sessions 1000" \
             --sessions 1 --record-bytes 8KiB --batch-records 64 --pipeline 32
     done
-    HALF=$(python3 -c "import json; print(round(json.load(open('$WORK/row1.json'))['records_per_sec'] / 2))")
-    row "window 64 KiB, half load" "--grpc-stream-window-kib 64 --max-producer-sessions 1000" \
+    HALF=$(python3 -c "import json; print(round(json.load(open('$WORK/row$((ROW - 2)).json'))['records_per_sec'] / 2))")
+    if [ "$HALF" -lt 1 ]; then
+        echo "the 64 KiB row acknowledged nothing; see its errors in $WORK" >&2
+        exit 1
+    fi
+    row windows "window 64 KiB, half load" "--grpc-stream-window-kib 64 --max-producer-sessions 1000" \
         --sessions 1 --record-bytes 8KiB --batch-records 64 --pipeline 32 --rate "$HALF"
 fi
 if want streams; then
     RATE=$((RATE_MIB * 1024))
     for streams in 1 100 10000; do
-        row "$streams stream$([ "$streams" = 1 ] || echo s)" "" --sessions 64 --streams "$streams" --record-bytes 1KiB \
+        row streams "$streams stream$([ "$streams" = 1 ] || echo s)" "" --sessions 64 --streams "$streams" --record-bytes 1KiB \
             --batch-records 16 --pipeline 32 --rate "$RATE"
     done
 fi
 if want sessions; then
     for sessions in 1 64 4096; do
-        row "$sessions sessions" "" --sessions "$sessions" --record-bytes 8KiB --batch-records 16 --pipeline 8
+        # One client connection carries every session: the star must allow that many streams
+        # on it.
+        row sessions "$sessions session$([ "$sessions" = 1 ] || echo s)" "--max-concurrent-streams 4096" --sessions "$sessions" --record-bytes 8KiB --batch-records 16 --pipeline 8
     done
 fi
 if want records; then
-    row "100 B records" "" --sessions 64 --record-bytes 100 --batch-records 640 --pipeline 8
-    row "8 KiB records" "" --sessions 64 --record-bytes 8KiB --batch-records 8 --pipeline 8
-    row "1 MiB records" "" --sessions 64 --record-bytes 1MiB --batch-records 1 --pipeline 8
+    row records "100 B records" "" --sessions 64 --record-bytes 100 --batch-records 640 --pipeline 8
+    row records "8 KiB records" "" --sessions 64 --record-bytes 8KiB --batch-records 8 --pipeline 8
+    row records "1 MiB records" "" --sessions 64 --record-bytes 1MiB --batch-records 1 --pipeline 8
 fi
 
 python3 - "$WORK" "$UPDATE_DOCS" "$DURATION" "$RATE_MIB" "$(machine_line)" <<'PY'
@@ -126,7 +132,7 @@ def terms(path):
 
 rows = []
 for line in open(f"{work}/rows.tsv"):
-    n, name, flags = line.rstrip("\n").split("\t")
+    n, group, name, flags = line.rstrip("\n").split("\t")
     r = json.load(open(f"{work}/row{n}.json"))
     t = terms(f"{work}/row{n}.metrics")
     window_kib = 64
@@ -138,16 +144,14 @@ for line in open(f"{work}/rows.tsv"):
     sessions = r["sessions"]
     budgets = sum(v for k, v in t.items() if k != "transport")
     formula = budgets + sessions * window_kib * 1024 + (48 << 20) + sessions * 64 * 1024
-    rows.append({"name": name, "r": r, "window_kib": window_kib, "formula": formula,
+    rows.append({"group": group, "name": name, "r": r, "window_kib": window_kib, "formula": formula,
                  "errors": sum((r["errors"] or {}).values())})
 
 raw_cpu = raw["cpu_ms_per_mib"]
-def group(name):
-    return name.split(" ", 1)[1].split(" ")[-1]
 firsts = {}
 def line(row):
     r, s = row["r"], row["r"]["star"]
-    first = firsts.setdefault(group(row["name"]), s["cpu_ms_per_mib"])
+    first = firsts.setdefault(row["group"], s["cpu_ms_per_mib"]) or float("nan")
     within = "yes" if s["peak_rss_mib"] * MIB <= row["formula"] else "**no**"
     errors = f" ({row['errors']} errors)" if row["errors"] else ""
     return (f"| {row['name']} | {r['mib_per_sec']:.1f}{errors} | {r['ack_latency_ms']['p50']:.0f} ms | "
@@ -161,8 +165,8 @@ stamp = (f"Measured {datetime.date.today()} on {machine}; server s3s-fs 0.14.1; 
          f"a fresh star each; flights of 8 MiB, 8 in flight, linger 50 ms. Raw PUT client: "
          f"{raw['mib_per_sec']:.0f} MiB/s, PUT p99 {raw['put_p99_ms']:.0f} ms, {raw_cpu:.2f} ms CPU per MiB.")
 
-windows = [r for r in rows if r["name"].startswith("window")]
-others = [r for r in rows if not r["name"].startswith("window")]
+windows = [r for r in rows if r["group"] == "windows"]
+others = [r for r in rows if r["group"] != "windows"]
 blocks = {}
 if windows:
     lines = [stamp, "", "| window | MiB/s | ack p50 | ack p99 | star CPU per MiB | transport at 4,096 sessions |",
@@ -185,7 +189,7 @@ if windows:
     blocks["session"] = "\n".join(lines)
 if others:
     lines = [stamp, "", head] + [line(row) for row in others]
-    if any(row["name"].endswith("streams") for row in others):
+    if any(row["group"] == "streams" for row in others):
         lines += ["", f"The stream rows are throttled to {rate_mib} MiB/s in total; the others are unthrottled."]
     blocks["scaling"] = "\n".join(lines)
 for name, block in blocks.items():

@@ -30,7 +30,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 16)]
     sessions: usize,
     /// Streams the sessions spread over (default: one per session). With more streams than
-    /// sessions, each session appends to its share of them in turn, a batch to each.
+    /// sessions, each session appends to its share of them in turn, a batch to each (shares
+    /// differ by one stream when they do not divide evenly); a session goes to its first
+    /// stream's star, so in a fleet spread sessions over streams one star leads.
     #[arg(long)]
     streams: Option<usize>,
     /// Stream names start with this. Each run makes fresh streams, <prefix>-<run>-<n>, and
@@ -77,6 +79,17 @@ pub struct BenchArgs {
 
 /// Stream creations or deletions in flight at once.
 const STREAM_CALLS_AT_ONCE: usize = 32;
+
+/// Deletes the run's streams, saying which could not be deleted.
+async fn delete_streams<'a>(client: &Client, names: impl IntoIterator<Item = &'a String>) {
+    futures::stream::iter(names)
+        .for_each_concurrent(STREAM_CALLS_AT_ONCE, |name| async move {
+            if let Err(error) = client.delete_stream(name).await {
+                eprintln!("nova: could not delete bench stream {name}: {error}");
+            }
+        })
+        .await;
+}
 
 /// The streams session `n` of `sessions` appends to: with no more streams than sessions, the
 /// one stream `n` wraps onto; with more, every stream whose index is `n` modulo `sessions`.
@@ -339,10 +352,11 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
             .map(|n| format!("{}-{run}-{n}", args.stream_prefix))
             .collect()
     };
+    let keep = args.reuse_streams || args.keep_streams;
     // Many streams are created (and deleted) a few dozen at a time, not one round trip each.
-    let created: Vec<Result<(), Error>> = futures::stream::iter(&names)
+    let created: Vec<(&String, Result<(), Error>)> = futures::stream::iter(&names)
         .map(|name| async move {
-            match client.create_stream_configured(name, config).await {
+            let outcome = match client.create_stream_configured(name, config).await {
                 Ok(_) => Ok(()),
                 Err(error)
                     if args.reuse_streams && error.code() == Some(tonic::Code::AlreadyExists) =>
@@ -350,14 +364,30 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
                     Ok(())
                 }
                 Err(error) => Err(error),
-            }
+            };
+            (name, outcome)
         })
         .buffer_unordered(STREAM_CALLS_AT_ONCE)
         .collect()
         .await;
-    created.into_iter().collect::<Result<(), Error>>()?;
+    let (made, failed): (Vec<_>, Vec<_>) = created.into_iter().partition(|(_, r)| r.is_ok());
+    if let Some((name, Err(error))) = failed.into_iter().next() {
+        // The run cannot start: leave nothing of it behind.
+        if !keep {
+            delete_streams(client, made.into_iter().map(|(name, _)| name)).await;
+        }
+        return Err(anyhow::Error::new(error).context(format!("creating bench stream {name}")));
+    }
     let before = match &args.metrics_url {
-        Some(url) => Some(sample_star(url).await?),
+        Some(url) => match sample_star(url).await {
+            Ok(sample) => Some(sample),
+            Err(error) => {
+                if !keep {
+                    delete_streams(client, &names).await;
+                }
+                return Err(error);
+            }
+        },
         None => None,
     };
     let shared = Arc::new(Shared {
@@ -439,7 +469,15 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
     }
     let star = match (&args.metrics_url, before) {
         (Some(url), Some(before)) => {
-            let after = sample_star(url).await?;
+            let after = match sample_star(url).await {
+                Ok(after) => after,
+                Err(error) => {
+                    if !keep {
+                        delete_streams(client, &names).await;
+                    }
+                    return Err(error);
+                }
+            };
             let gib = bytes as f64 / (1u64 << 30) as f64;
             let mib = bytes as f64 / (1u64 << 20) as f64;
             let puts = after.puts - before.puts;
@@ -454,15 +492,8 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
         }
         _ => None,
     };
-    let keep = args.reuse_streams || args.keep_streams;
     if !keep {
-        futures::stream::iter(&names)
-            .for_each_concurrent(STREAM_CALLS_AT_ONCE, |name| async move {
-                if let Err(error) = client.delete_stream(name).await {
-                    eprintln!("nova: could not delete bench stream {name}: {error}");
-                }
-            })
-            .await;
+        delete_streams(client, &names).await;
     }
     let records_per_sec = records as f64 / seconds;
     let rate_achieved = (args.rate > 0.0).then(|| records_per_sec / args.rate);
