@@ -64,7 +64,8 @@ GW_PORT=$(free_port)
 GW_METRICS=$(free_port)
 "$BIN/novagateway" --listen "127.0.0.1:$GW_PORT" --metrics-addr "127.0.0.1:$GW_METRICS" \
     --star "http://127.0.0.1:$NOVA_PORT" "${S3[@]}" >"$WORK/gateway.log" 2>&1 &
-PIDS+=($!)
+GW_PID=$!
+PIDS+=("$GW_PID")
 wait_port "$GW_PORT"
 
 say "loading $BYTES over 16 streams"
@@ -74,25 +75,30 @@ say "loading $BYTES over 16 streams"
 say "raw ranged GETs of every section, 64 at a time"
 "$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64 >"$WORK/raw.json"
 say "every stream through the gateway, 8 readers (cold caches)"
+CPU0=$(cpu_of "$GW_PID")
 "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8 >"$WORK/cold.json"
 GW=http://127.0.0.1:$GW_METRICS/metrics
 HITS_COLD=$(metric "$GW" nova_gateway_footer_cache_hits_total)
 MISSES_COLD=$(metric "$GW" nova_gateway_footer_cache_misses_total)
+CPU1=$(cpu_of "$GW_PID")
 say "again (warm caches)"
 "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8 >"$WORK/warm.json"
 HITS=$(metric "$GW" nova_gateway_footer_cache_hits_total)
 MISSES=$(metric "$GW" nova_gateway_footer_cache_misses_total)
 PEAK=$(metric "$GW" nova_gateway_fetch_pool_peak_bytes)
+CPU2=$(cpu_of "$GW_PID")
 
-python3 - "$WORK" "$HITS_COLD" "$MISSES_COLD" "$HITS" "$MISSES" "$PEAK" "$UPDATE_DOCS" "$BYTES" <<'PY'
-import json, sys
-work, hits_cold, misses_cold, hits, misses, peak, update, loaded = sys.argv[1:]
+python3 - "$WORK" "$HITS_COLD" "$MISSES_COLD" "$HITS" "$MISSES" "$PEAK" "$UPDATE_DOCS" "$BYTES" "$(machine_line)" "$CPU0" "$CPU1" "$CPU2" <<'PY'
+import datetime, json, sys
+work, hits_cold, misses_cold, hits, misses, peak, update, loaded, machine, cpu0, cpu1, cpu2 = sys.argv[1:]
+def per_mib(seconds, run):
+    return float(seconds) * 1000 / (run["bytes"] / (1 << 20))
 raw = json.load(open(f"{work}/raw.json"))
 cold = json.load(open(f"{work}/cold.json"))
 warm = json.load(open(f"{work}/warm.json"))
 hc, mc, h, m = map(float, (hits_cold, misses_cold, hits, misses))
 lines = [
-    f"Server: s3s-fs 0.14.1. Loaded {loaded} of 4 KiB records over 16 streams into a star with a 1 MiB tail cache.",
+    f"Measured {datetime.date.today()} on {machine}. Server: s3s-fs 0.14.1. Loaded {loaded} of 4 KiB records over 16 streams into a star with a 1 MiB tail cache.",
     "",
     "| measure | figures | ratio to raw ranged GETs |",
     "|---|---|---|",
@@ -101,7 +107,9 @@ lines = [
     f"| through the gateway, warm caches | {warm['mib_per_sec']:.1f} MiB/s | {warm['mib_per_sec'] / raw['mib_per_sec']:.2f} |",
     "",
     f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on the cold pass, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass. "
-    f"Fetch pool peak: {float(peak) / (1 << 20):.1f} MiB of 64 MiB.",
+    f"Fetch pool peak: {float(peak) / (1 << 20):.1f} MiB of 64 MiB. "
+    f"Gateway CPU per MiB served: {per_mib(float(cpu1) - float(cpu0), cold):.2f} ms cold, {per_mib(float(cpu2) - float(cpu1), warm):.2f} ms warm; "
+    f"the raw client's per MiB fetched: {raw['cpu_ms_per_mib']:.2f} ms.",
 ]
 table = "\n".join(lines)
 print(table)

@@ -56,6 +56,12 @@ start_s3s() {
     ENDPOINT=http://127.0.0.1:$S3_PORT
 }
 
+# CPU seconds (user + system) a process has used so far.
+cpu_of() { python3 -c "import os,sys; f=open(f'/proc/{sys.argv[1]}/stat').read().rsplit(')',1)[1].split(); print((int(f[11])+int(f[12]))/os.sysconf('SC_CLK_TCK'))" "$1"; }
+
+# A process's peak resident set, in bytes.
+peak_rss_of() { awk '/^VmHWM:/ { print $2 * 1024 }' "/proc/$1/status"; }
+
 # One line naming the machine, for the tables.
 machine_line() {
     printf '%s cores (%s), %s %s' "$(nproc)" \

@@ -43,10 +43,6 @@ trap cleanup EXIT
 build_release
 start_s3s
 
-# CPU seconds (user + system) a process has used so far.
-cpu_of() { python3 -c "import os,sys; f=open(f'/proc/{sys.argv[1]}/stat').read().rsplit(')',1)[1].split(); print((int(f[11])+int(f[12]))/os.sysconf('SC_CLK_TCK'))" "$1"; }
-# Its peak resident set, in bytes.
-peak_rss_of() { awk '/^VmHWM:/ { print $2 * 1024 }' "/proc/$1/status"; }
 
 say "Nova: a star on bucket nova, $SESSIONS session(s) of 8 KiB records for $DURATION"
 "$BIN/raw-put" --endpoint "$ENDPOINT" --bucket nova --create-bucket --duration 0s
@@ -75,7 +71,7 @@ PIDS+=("$LITE")
 wait_port "$S2_PORT" || { cat "$WORK/s2-lite.log" >&2; exit 1; }
 export S2_ACCOUNT_ENDPOINT=http://127.0.0.1:$S2_PORT S2_BASIN_ENDPOINT=http://127.0.0.1:$S2_PORT
 export S2_ACCESS_TOKEN=unused-by-lite NO_COLOR=1
-"$S2" create-basin s2://nova-peer >/dev/null
+"$S2" create-basin s2://nova-peer >/dev/null 2>&1
 CPU_BEFORE=$(cpu_of "$LITE")
 # s2 bench writes (with a live tail read beside it), then waits and reads everything back: the
 # server's CPU is taken when it starts waiting, so the catch-up read is not counted.

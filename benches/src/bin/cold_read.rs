@@ -53,6 +53,7 @@ async fn raw() -> Result<serde_json::Value, String> {
     }
     let bytes = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
+    let cpu_before = nova_core::memory::cpu_seconds().unwrap_or(0.0);
     futures::stream::iter(sections.iter().map(|(key, s)| {
         let store = store.clone();
         let bytes = bytes.clone();
@@ -70,9 +71,12 @@ async fn raw() -> Result<serde_json::Value, String> {
     .into_iter()
     .collect::<Result<Vec<_>, _>>()?;
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = nova_core::memory::cpu_seconds().unwrap_or(0.0) - cpu_before;
     let total = bytes.load(Ordering::Relaxed);
     Ok(serde_json::json!({
         "mode": "raw",
+        // This process's CPU (ranged GETs and their crc32c checks) per MiB fetched.
+        "cpu_ms_per_mib": cpu * 1000.0 / (total as f64 / (1 << 20) as f64).max(f64::MIN_POSITIVE),
         "objects": keys.len(),
         "sections": sections.len(),
         "bytes": total,
