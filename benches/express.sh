@@ -62,6 +62,8 @@ else
     MOTO=${NOVA_MOTO_SERVER:-$ROOT/.nova-test/venv/bin/moto_server}
     SERVER_NOTE="moto server 5.2.5 (in memory)"
 fi
+# Starts a server named $1 and sets URL to where it listens. (Not called in $(...): a
+# subshell would lose the pid added to PIDS, and the clean-up would never stop the server.)
 start_server() {
     local name=$1 port
     port=$(free_port)
@@ -73,11 +75,15 @@ start_server() {
     fi
     PIDS+=($!)
     wait_port "$port"
-    echo "http://127.0.0.1:$port"
+    URL="http://127.0.0.1:$port"
 }
-REGIONAL=$(start_server regional)
+start_server regional
+REGIONAL=$URL
 ZONES=()
-for zone in az1 az2 az3; do ZONES+=("$(start_server "$zone")"); done
+for zone in az1 az2 az3; do
+    start_server "$zone"
+    ZONES+=("$URL")
+done
 
 "$BIN/raw-put" --endpoint "$REGIONAL" --bucket nova --create-bucket --duration 0s
 ZONE_ARGS=()

@@ -15,11 +15,17 @@ wait_port() {
     return 1
 }
 
-# Stops everything in PIDS and removes WORK; install with `trap cleanup EXIT`.
+# Stops everything in PIDS and removes WORK, or keeps it (with its logs) when the script
+# failed; install with `trap cleanup EXIT`.
 cleanup() {
+    local rc=$?
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    rm -rf "$WORK"
+    if [ "$rc" -eq 0 ]; then
+        rm -rf "$WORK"
+    else
+        echo "failed: the logs are kept in $WORK" >&2
+    fi
 }
 
 # Stops one process started by the script, waits for it to exit and forgets it, so that the

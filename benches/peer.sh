@@ -71,10 +71,14 @@ PIDS+=("$LITE")
 wait_port "$S2_PORT" || { cat "$WORK/s2-lite.log" >&2; exit 1; }
 export S2_ACCOUNT_ENDPOINT=http://127.0.0.1:$S2_PORT S2_BASIN_ENDPOINT=http://127.0.0.1:$S2_PORT
 export S2_ACCESS_TOKEN=unused-by-lite NO_COLOR=1
-"$S2" create-basin s2://nova-peer >/dev/null 2>&1
+"$S2" create-basin s2://nova-peer >"$WORK/s2-basin.log" 2>&1 || {
+    cat "$WORK/s2-basin.log" >&2
+    exit 1
+}
 CPU_BEFORE=$(cpu_of "$LITE")
 # s2 bench writes (with a live tail read beside it), then waits and reads everything back: the
-# server's CPU is taken when it starts waiting, so the catch-up read is not counted.
+# server's CPU and peak RSS are taken when it starts waiting, so the catch-up read is not
+# counted.
 "$S2" bench s2://nova-peer --record-size 8192 --target-mibps "$TARGET_MIBPS" \
     --duration "$DURATION" --catchup-delay 5s >"$WORK/s2.out" 2>&1 &
 S2_BENCH=$!
@@ -82,12 +86,16 @@ CPU_AFTER=""
 while kill -0 "$S2_BENCH" 2>/dev/null; do
     if [ -z "$CPU_AFTER" ] && grep -q "before catchup read" "$WORK/s2.out"; then
         CPU_AFTER=$(cpu_of "$LITE")
+        LITE_RSS=$(peak_rss_of "$LITE")
     fi
     sleep 0.2
 done
 wait "$S2_BENCH" || { cat "$WORK/s2.out" >&2; exit 1; }
-[ -n "$CPU_AFTER" ] || CPU_AFTER=$(cpu_of "$LITE")
-LITE_RSS=$(peak_rss_of "$LITE")
+if [ -z "$CPU_AFTER" ]; then
+    echo "s2 bench never said it was waiting before its catch-up read: its output changed, and" \
+        "the write phase cannot be told apart" >&2
+    exit 1
+fi
 stop_pid "$LITE"
 
 python3 - "$WORK" "$UPDATE_DOCS" "$DURATION" "$SESSIONS" "$S2_VERSION" "$CPU_BEFORE" "$CPU_AFTER" \

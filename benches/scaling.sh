@@ -11,7 +11,8 @@
 #   - 1, 100 and 10,000 streams at one total rate (64 sessions of 1 KiB records in batches of
 #     16; with more streams than sessions, each session takes its share in turn);
 #   - 1, 64 and 4,096 sessions, unthrottled (8 KiB records in batches of 16);
-#   - records of 100 B, 8 KiB and 1 MiB, unthrottled (64 sessions, about 64 KiB batches).
+#   - records of 100 B, 8 KiB and 1 MiB, unthrottled (64 sessions; batches of about 64 KiB, one
+#     record each for 1 MiB records).
 #
 # Each row gives MiB/s, ack p50/p99, the star's CPU per MiB, PUTs per GiB, peak RSS and the
 # memory formula RSS must stay under. With --update-docs the two tables in docs/performance.md
@@ -38,6 +39,10 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+case "$ONLY" in
+    "" | windows | streams | sessions | records) ;;
+    *) echo "--only takes windows, streams, sessions or records" >&2; exit 2 ;;
+esac
 if [ -n "$ONLY" ] && [ "$UPDATE_DOCS" = 1 ]; then
     echo "--update-docs needs every row: leave out --only" >&2
     exit 2

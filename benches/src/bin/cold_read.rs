@@ -76,7 +76,7 @@ async fn raw() -> Result<serde_json::Value, String> {
     Ok(serde_json::json!({
         "mode": "raw",
         // This process's CPU (ranged GETs and their crc32c checks) per MiB fetched.
-        "cpu_ms_per_mib": cpu * 1000.0 / (total as f64 / (1 << 20) as f64).max(f64::MIN_POSITIVE),
+        "cpu_ms_per_mib": if total > 0 { cpu * 1000.0 / (total as f64 / (1 << 20) as f64) } else { 0.0 },
         "objects": keys.len(),
         "sections": sections.len(),
         "bytes": total,

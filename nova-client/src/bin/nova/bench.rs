@@ -31,8 +31,9 @@ pub struct BenchArgs {
     sessions: usize,
     /// Streams the sessions spread over (default: one per session). With more streams than
     /// sessions, each session appends to its share of them in turn, a batch to each (shares
-    /// differ by one stream when they do not divide evenly); a session goes to its first
-    /// stream's star, so in a fleet spread sessions over streams one star leads.
+    /// differ by one stream when they do not divide evenly). A session goes to its first
+    /// stream's star: in a fleet, give sessions several streams only when one star leads them
+    /// all.
     #[arg(long)]
     streams: Option<usize>,
     /// Stream names start with this. Each run makes fresh streams, <prefix>-<run>-<n>, and
@@ -80,12 +81,14 @@ pub struct BenchArgs {
 /// Stream creations or deletions in flight at once.
 const STREAM_CALLS_AT_ONCE: usize = 32;
 
-/// Deletes the run's streams, saying which could not be deleted.
+/// Deletes the run's streams, saying which could not be deleted (one already gone is fine).
 async fn delete_streams<'a>(client: &Client, names: impl IntoIterator<Item = &'a String>) {
     futures::stream::iter(names)
         .for_each_concurrent(STREAM_CALLS_AT_ONCE, |name| async move {
-            if let Err(error) = client.delete_stream(name).await {
-                eprintln!("nova: could not delete bench stream {name}: {error}");
+            match client.delete_stream(name).await {
+                Ok(_) => {}
+                Err(error) if error.code() == Some(tonic::Code::NotFound) => {}
+                Err(error) => eprintln!("nova: could not delete bench stream {name}: {error}"),
             }
         })
         .await;
@@ -353,30 +356,62 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
             .collect()
     };
     let keep = args.reuse_streams || args.keep_streams;
-    // Many streams are created (and deleted) a few dozen at a time, not one round trip each.
-    let created: Vec<(&String, Result<(), Error>)> = futures::stream::iter(&names)
-        .map(|name| async move {
-            let outcome = match client.create_stream_configured(name, config).await {
-                Ok(_) => Ok(()),
-                Err(error)
-                    if args.reuse_streams && error.code() == Some(tonic::Code::AlreadyExists) =>
-                {
-                    Ok(())
+    // Many streams are created (and deleted) a few dozen at a time, not one round trip each;
+    // after the first failure no more are asked for.
+    let stopped = AtomicBool::new(false);
+    let created: Vec<(&String, Option<Result<(), Error>>)> = futures::stream::iter(&names)
+        .map(|name| {
+            let stopped = &stopped;
+            async move {
+                if stopped.load(Ordering::Relaxed) {
+                    return (name, None);
                 }
-                Err(error) => Err(error),
-            };
-            (name, outcome)
+                let outcome = match client.create_stream_configured(name, config).await {
+                    Ok(_) => Ok(()),
+                    Err(error)
+                        if args.reuse_streams
+                            && error.code() == Some(tonic::Code::AlreadyExists) =>
+                    {
+                        Ok(())
+                    }
+                    Err(error) => {
+                        stopped.store(true, Ordering::Relaxed);
+                        Err(error)
+                    }
+                };
+                (name, Some(outcome))
+            }
         })
         .buffer_unordered(STREAM_CALLS_AT_ONCE)
         .collect()
         .await;
-    let (made, failed): (Vec<_>, Vec<_>) = created.into_iter().partition(|(_, r)| r.is_ok());
-    if let Some((name, Err(error))) = failed.into_iter().next() {
-        // The run cannot start: leave nothing of it behind.
-        if !keep {
-            delete_streams(client, made.into_iter().map(|(name, _)| name)).await;
+    if stopped.load(Ordering::Relaxed) {
+        // The run cannot start: leave nothing of it behind. A creation that failed without an
+        // answer (the connection broke, a deadline passed) may still have been applied, so it
+        // is deleted too; one refused as already existing is another run's.
+        let mut first = None;
+        let mut made = Vec::new();
+        for (name, outcome) in created {
+            match outcome {
+                Some(Ok(())) => made.push(name),
+                Some(Err(error)) => {
+                    if error.code() != Some(tonic::Code::AlreadyExists) {
+                        made.push(name);
+                    }
+                    first.get_or_insert((name, error));
+                }
+                None => {}
+            }
         }
-        return Err(anyhow::Error::new(error).context(format!("creating bench stream {name}")));
+        if keep {
+            let kept: Vec<&str> = made.iter().map(|name| name.as_str()).collect();
+            eprintln!("nova: bench streams kept: {}", kept.join(" "));
+        } else {
+            delete_streams(client, made).await;
+        }
+        if let Some((name, error)) = first {
+            return Err(anyhow::Error::new(error).context(format!("creating bench stream {name}")));
+        }
     }
     let before = match &args.metrics_url {
         Some(url) => match sample_star(url).await {
