@@ -39,18 +39,7 @@ trap cleanup EXIT
 say "building novad, novagateway, nova and cold-read (release)"
 cargo build -q --release -p novad -p novagateway -p nova-client -p nova-benches --bins
 BIN=$ROOT/target/release
-S3S=$ROOT/.nova-test/s3s/bin/s3s-fs
-if [ ! -x "$S3S" ]; then
-    say "installing s3s-fs 0.14.1 into .nova-test/s3s (a few minutes, once)"
-    cargo install -q s3s-fs@0.14.1 --features binary --locked --root "$ROOT/.nova-test/s3s"
-fi
-export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=testtest AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
-S3_PORT=$(free_port)
-mkdir -p "$WORK/s3"
-"$S3S" --host 127.0.0.1 --port "$S3_PORT" --access-key test --secret-key testtest "$WORK/s3" >"$WORK/s3.log" 2>&1 &
-PIDS+=($!)
-wait_port "$S3_PORT"
-ENDPOINT=http://127.0.0.1:$S3_PORT
+start_s3s
 "$BIN/raw-put" --endpoint "$ENDPOINT" --bucket nova --create-bucket --duration 0s
 S3=(--s3-bucket nova --s3-endpoint "$ENDPOINT" --s3-path-style)
 

@@ -68,6 +68,22 @@ cpu_of() { python3 -c "import os,sys; f=open(f'/proc/{sys.argv[1]}/stat').read()
 # A process's peak resident set, in bytes.
 peak_rss_of() { awk '/^VmHWM:/ { print $2 * 1024 }' "/proc/$1/status"; }
 
+# Replaces the text between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in
+# docs/performance.md with the contents of FILE.
+update_docs_block() {
+    python3 - "$1" "$2" <<'PY'
+import sys
+name, table = sys.argv[1], open(sys.argv[2]).read().rstrip("\n")
+path = "docs/performance.md"
+text = open(path).read()
+begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+head, rest = text.split(begin, 1)
+_, tail = rest.split(end, 1)
+open(path, "w").write(f"{head}{begin}\n{table}\n{end}{tail}")
+PY
+    say "updated the $1 table in docs/performance.md"
+}
+
 # One line naming the machine, for the tables.
 machine_line() {
     printf '%s cores (%s), %s %s' "$(nproc)" \

@@ -98,10 +98,10 @@ if [ -z "$CPU_AFTER" ]; then
 fi
 stop_pid "$LITE"
 
-python3 - "$WORK" "$UPDATE_DOCS" "$DURATION" "$SESSIONS" "$S2_VERSION" "$CPU_BEFORE" "$CPU_AFTER" \
+python3 - "$WORK" "$DURATION" "$SESSIONS" "$S2_VERSION" "$CPU_BEFORE" "$CPU_AFTER" \
     "$LITE_RSS" "$(machine_line)" <<'PY'
 import datetime, json, re, sys
-work, update, duration, sessions, version, cpu_before, cpu_after, lite_rss, machine = sys.argv[1:]
+work, duration, sessions, version, cpu_before, cpu_after, lite_rss, machine = sys.argv[1:]
 nova = json.load(open(f"{work}/nova.json"))
 out = re.sub(r"\x1b\[[0-9;]*m", "", open(f"{work}/s2.out").read())
 
@@ -148,12 +148,6 @@ lines = [
 ]
 table = "\n".join(lines)
 print(table)
-if update == "1":
-    path = "docs/performance.md"
-    text = open(path).read()
-    begin, end = "<!-- peer:begin -->", "<!-- peer:end -->"
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    open(path, "w").write(f"{head}{begin}\n{table}\n{end}{tail}")
-    print(f"\n(updated {path})")
+open(f"{work}/peer.md", "w").write(table)
 PY
+if [ "$UPDATE_DOCS" = 1 ]; then update_docs_block peer "$WORK/peer.md"; fi

@@ -120,9 +120,9 @@ if want records; then
     row records "1 MiB records" "" --sessions 64 --record-bytes 1MiB --batch-records 1 --pipeline 8
 fi
 
-python3 - "$WORK" "$UPDATE_DOCS" "$DURATION" "$RATE_MIB" "$(machine_line)" <<'PY'
+python3 - "$WORK" "$DURATION" "$RATE_MIB" "$(machine_line)" <<'PY'
 import datetime, json, sys
-work, update, duration, rate_mib, machine = sys.argv[1:]
+work, duration, rate_mib, machine = sys.argv[1:]
 raw = json.load(open(f"{work}/raw.json"))
 MIB = 1 << 20
 
@@ -200,14 +200,9 @@ if others:
 for name, block in blocks.items():
     print(block)
     print()
-if update == "1":
-    path = "docs/performance.md"
-    text = open(path).read()
-    for name, block in blocks.items():
-        begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-        head_text, rest = text.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        text = f"{head_text}{begin}\n{block}\n{end}{tail}"
-    open(path, "w").write(text)
-    print(f"(updated {path})")
+    open(f"{work}/{name}.md", "w").write(block)
 PY
+if [ "$UPDATE_DOCS" = 1 ]; then
+    update_docs_block session "$WORK/session.md"
+    update_docs_block scaling "$WORK/scaling.md"
+fi

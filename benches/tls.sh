@@ -33,14 +33,7 @@ WORK=$(mktemp -d)
 PIDS=()
 trap cleanup EXIT
 
-say "building novad, nova and raw-put (release)"
-cargo build -q --release -p novad -p nova-client -p nova-benches --bins
-BIN=$ROOT/target/release
-S3S=$ROOT/.nova-test/s3s/bin/s3s-fs
-if [ ! -x "$S3S" ]; then
-    say "installing s3s-fs 0.14.1 into .nova-test/s3s (a few minutes, once)"
-    cargo install -q s3s-fs@0.14.1 --features binary --locked --root "$ROOT/.nova-test/s3s"
-fi
+build_release
 
 say "a throw-away CA and a certificate for 127.0.0.1"
 CERTS=$WORK/certs
@@ -56,13 +49,7 @@ mkdir -p "$CERTS"
         -extfile ext.cnf -out star.pem 2>/dev/null
 )
 
-S3_PORT=$(free_port)
-export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=testtest AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
-mkdir -p "$WORK/s3"
-"$S3S" --host 127.0.0.1 --port "$S3_PORT" --access-key test --secret-key testtest "$WORK/s3" >"$WORK/s3.log" 2>&1 &
-PIDS+=($!)
-wait_port "$S3_PORT"
-ENDPOINT=http://127.0.0.1:$S3_PORT
+start_s3s
 for bucket in plain tls; do
     "$BIN/raw-put" --endpoint "$ENDPOINT" --bucket "$bucket" --create-bucket --duration 0s
 done

@@ -94,6 +94,19 @@ async fn delete_streams<'a>(client: &Client, names: impl IntoIterator<Item = &'a
         .await;
 }
 
+/// Passes `result` on, deleting the run's streams first when it failed (unless they are kept).
+async fn or_clean_up<T>(
+    result: anyhow::Result<T>,
+    client: &Client,
+    names: &[String],
+    keep: bool,
+) -> anyhow::Result<T> {
+    if result.is_err() && !keep {
+        delete_streams(client, names).await;
+    }
+    result
+}
+
 /// The streams session `n` of `sessions` appends to: with no more streams than sessions, the
 /// one stream `n` wraps onto; with more, every stream whose index is `n` modulo `sessions`.
 fn share_of(names: &[String], n: usize, sessions: usize) -> Vec<String> {
@@ -414,15 +427,7 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
         }
     }
     let before = match &args.metrics_url {
-        Some(url) => match sample_star(url).await {
-            Ok(sample) => Some(sample),
-            Err(error) => {
-                if !keep {
-                    delete_streams(client, &names).await;
-                }
-                return Err(error);
-            }
-        },
+        Some(url) => Some(or_clean_up(sample_star(url).await, client, &names, keep).await?),
         None => None,
     };
     let shared = Arc::new(Shared {
@@ -504,15 +509,7 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
     }
     let star = match (&args.metrics_url, before) {
         (Some(url), Some(before)) => {
-            let after = match sample_star(url).await {
-                Ok(after) => after,
-                Err(error) => {
-                    if !keep {
-                        delete_streams(client, &names).await;
-                    }
-                    return Err(error);
-                }
-            };
+            let after = or_clean_up(sample_star(url).await, client, &names, keep).await?;
             let gib = bytes as f64 / (1u64 << 30) as f64;
             let mib = bytes as f64 / (1u64 << 20) as f64;
             let puts = after.puts - before.puts;
