@@ -25,6 +25,7 @@
 use bytes::Bytes;
 
 use nova_core::catalog::{Garbage, IndexEntry};
+use nova_core::flight::crc::{crc32c, crc32c_append};
 use nova_core::flight::{
     FlightFooter, FlightMeta, HEADER_LEN, ObjectFooter, SectionEntry, encode_flight_end,
     fetch_footer, flight_header,
@@ -396,7 +397,7 @@ impl Layout {
         let len = bytes.len() as u64;
         match &mut self.open {
             Some(open) if open.len + len <= MAX_SECTION_BYTES => {
-                open.crc32c = crc32c::crc32c_append(open.crc32c, &bytes);
+                open.crc32c = crc32c_append(open.crc32c, &bytes);
                 open.len += len;
                 open.end_seq = entry.end_seq;
             }
@@ -409,7 +410,7 @@ impl Layout {
                     end_seq: entry.end_seq,
                     offset: self.offset,
                     len,
-                    crc32c: crc32c::crc32c(&bytes),
+                    crc32c: crc32c(&bytes),
                 });
             }
         }
@@ -507,7 +508,7 @@ async fn merge(ctx: &Ctx, run: Vec<Source>) -> Result<(), AuditError> {
                 .bytes
                 .get(at..at + entry.len as usize)
                 .map(Bytes::copy_from_slice);
-            let Some(bytes) = bytes.filter(|b| crc32c::crc32c(b) == entry.crc32c) else {
+            let Some(bytes) = bytes.filter(|b| crc32c(b) == entry.crc32c) else {
                 return Err(AuditError::Inconsistent(format!(
                     "section {}..{} of {} does not match its index entry",
                     entry.start_seq, entry.end_seq, source.key

@@ -531,10 +531,10 @@ async fn write_run(
     for (piece, _) in run {
         let flight = &window.flights[piece.flight];
         created_at_ms = created_at_ms.max(flight.footer.meta.created_at_ms);
-        let fragment = Fragment {
-            bytes: read_piece(ctx, flight, &piece.entry).await?,
-            records: piece.entry.end_seq - piece.entry.start_seq,
-        };
+        let fragment = Fragment::whole(
+            read_piece(ctx, flight, &piece.entry).await?,
+            piece.entry.end_seq - piece.entry.start_seq,
+        );
         match sections.last_mut() {
             Some(section) if section_bytes + piece.entry.len <= MAX_SECTION_BYTES => {
                 section_bytes += piece.entry.len;

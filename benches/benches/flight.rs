@@ -2,13 +2,34 @@
 
 use std::hint::black_box;
 
+use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use prost::Message;
 
 use nova_benches::{fragments, records};
-use nova_core::flight::section::{RecordIter, encode_fragment};
+use nova_core::flight::section::{
+    RecordIter, encode_fragment, encode_wire_chunks, encode_wire_referenced,
+};
 use nova_core::flight::{
     FlightMeta, SectionInput, TailParse, assemble_flight, parse_tail, verify_section,
 };
+use nova_proto::{v1, wire::WireAppend};
+
+/// An append request's wire bytes: `records` bodies of `body` bytes each, no headers.
+fn append_message(records: usize, body: usize) -> Bytes {
+    let request = v1::AppendRequest {
+        stream: "bench".into(),
+        records: (0..records)
+            .map(|i| v1::Record {
+                body: vec![i as u8; body].into(),
+                headers: Vec::new(),
+                timestamp: None,
+            })
+            .collect(),
+        match_seq_num: None,
+    };
+    Bytes::from(request.encode_to_vec())
+}
 
 fn meta() -> FlightMeta {
     FlightMeta {
@@ -30,16 +51,39 @@ fn bench(c: &mut Criterion) {
     let fragment = encode_fragment(batch.iter());
     group.bench_function("decode 1000 × 1 KiB", |b| {
         b.iter(|| {
-            RecordIter::new(black_box(fragment.bytes.clone()))
+            RecordIter::new(black_box(fragment.to_bytes()))
                 .map(|r| r.map(|r| r.body.len()).unwrap_or(0))
                 .sum::<usize>()
         })
     });
     group.finish();
 
+    // What the star does with each received append: copy it into a fragment, or reference its
+    // bodies where the message holds them.
+    let message = append_message(64, 8 * 1024);
+    let wire = WireAppend::parse(message.clone());
+    let mut group = c.benchmark_group("append");
+    group.throughput(Throughput::Bytes(message.len() as u64));
+    group.bench_function("copy 64 × 8 KiB", |b| {
+        b.iter(|| encode_wire_chunks(black_box(&wire), 1, 1 << 20))
+    });
+    group.bench_function("reference 64 × 8 KiB", |b| {
+        b.iter(|| encode_wire_referenced(black_box(&wire), 1, 1 << 20))
+    });
+    let copied = encode_wire_chunks(&wire, 1, 1 << 20).remove(0);
+    let referenced =
+        encode_wire_referenced(&wire, 1, 1 << 20).expect("8 KiB bodies are referenced");
+    group.bench_function("decode copied 64 × 8 KiB", |b| {
+        b.iter(|| black_box(&copied).iter().count())
+    });
+    group.bench_function("decode referenced 64 × 8 KiB", |b| {
+        b.iter(|| black_box(&referenced).iter().count())
+    });
+    group.finish();
+
     // An 8 MiB flight from 64 streams.
     let parts = fragments(64, 128, 1024);
-    let flight_bytes: u64 = parts.iter().map(|f| f.bytes.len() as u64).sum();
+    let flight_bytes: u64 = parts.iter().map(|f| f.len()).sum();
     let inputs = |parts: &[nova_core::flight::section::Fragment]| -> Vec<SectionInput> {
         parts
             .iter()

@@ -9,8 +9,10 @@
 //!    whatever its contents: the received bytes, and the fragment encoded beside them.
 //! 2. Once the received bytes are read (`WireAppend`, no per-record allocation) the exact
 //!    encoded size is known, and the charge shrinks to `receiving_charge`.
-//! 3. Once encoded, the received bytes are dropped and the charge shrinks to `encoded_charge`:
-//!    the fragment (content plus framing) and its bookkeeping, until resolution.
+//! 3. Once encoded, the charge shrinks to `held_charge`: what the fragments keep alive, and the
+//!    batch's bookkeeping, until resolution. A fragment made by copying holds its content plus
+//!    framing (`encoded_charge`), and the received bytes are dropped; one that references its
+//!    large bodies in the received message holds that message and the copied framing.
 //!
 //! The per-batch, per-record and per-header constants were measured with a counting allocator
 //! (`tests/overhead.rs`, which fails if a batch ever holds more than it is charged).
@@ -21,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use nova_core::clock::{Clock, Instant};
+use nova_core::flight::section::Fragment;
 
 use parking_lot::Mutex;
 
@@ -75,7 +78,13 @@ pub fn receiving_charge(wire_len: u64, encoded_bytes: u64) -> u64 {
     PER_BATCH_OVERHEAD + wire_len + encoded_bytes
 }
 
-/// The charge from encoding until resolution.
+/// The charge from encoding until resolution: what the batch's fragments hold (see
+/// `Fragment::held_bytes`) and its bookkeeping.
+pub fn held_charge(fragments: &[Fragment]) -> u64 {
+    PER_BATCH_OVERHEAD + fragments.iter().map(Fragment::held_bytes).sum::<u64>()
+}
+
+/// `held_charge` for a batch encoded by copying, from its counts.
 pub fn encoded_charge(records: u64, headers: u64, content_bytes: u64) -> u64 {
     PER_BATCH_OVERHEAD + records * ENCODED_PER_RECORD + headers * ENCODED_PER_HEADER + content_bytes
 }

@@ -153,7 +153,7 @@ impl OpenFlight {
     /// Adds a chunk starting at `seq` to the stream's current section, or to a new section of
     /// the stream's when the current one would grow past `MAX_SECTION_BYTES`.
     pub(crate) fn add_chunk(&mut self, stream: &Arc<StreamState>, seq: u64, chunk: Fragment) {
-        let len = chunk.bytes.len() as u64;
+        let len = chunk.len();
         let current = self
             .section_of
             .get(&stream.id())

@@ -188,11 +188,7 @@ pub(crate) async fn read(
         let room = page.max_bytes.saturating_sub(page.bytes);
         if let Some(run) = shared.tail_cache.lookup(stream.id(), seq) {
             // The encoded response's copy of what this run can add to the page.
-            let run_bytes: u64 = run
-                .fragments
-                .iter()
-                .map(|(_, f)| f.bytes.len() as u64)
-                .sum();
+            let run_bytes: u64 = run.fragments.iter().map(|(_, f)| f.len()).sum();
             let records = (run.end_seq - seq).min((page.max_records - page.records.len()) as u64);
             if !charge
                 .grow(run_bytes.min(room.max(1)) + records * READ_PER_RECORD)
@@ -407,7 +403,7 @@ fn take_cached(page: &mut PageBuilder, run: &CachedRun) -> Result<(), FormatErro
         if page.full() {
             break;
         }
-        page.take_from(*start, fragment.bytes.clone())?;
+        page.take_records(*start, fragment.iter())?;
     }
     Ok(())
 }

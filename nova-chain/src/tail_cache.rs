@@ -37,7 +37,7 @@ impl CachedRun {
     fn charge(&self) -> u64 {
         self.fragments
             .iter()
-            .map(|(_, f)| f.bytes.len() as u64 + PER_FRAGMENT_OVERHEAD)
+            .map(|(_, f)| f.held_bytes() + PER_FRAGMENT_OVERHEAD)
             .sum()
     }
 }
@@ -264,10 +264,7 @@ mod tests {
             end_seq: start + records,
             fragments: vec![(
                 start,
-                Fragment {
-                    bytes: Bytes::from(vec![0u8; bytes]),
-                    records,
-                },
+                Fragment::whole(Bytes::from(vec![0u8; bytes]), records),
             )],
         }
     }

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::Bytes;
 use prost::Message;
 
-use nova_chain::admission::{AdmissionBuffer, encoded_charge, received_charge, receiving_charge};
-use nova_core::flight::section::{encode_wire_chunks, wire_encoded_bytes};
+use nova_chain::admission::{AdmissionBuffer, held_charge, received_charge, receiving_charge};
+use nova_core::flight::section::{encode_received, wire_encoded_bytes};
 use nova_core::limits::MAX_SECTION_BYTES;
 use nova_core::metrics::Metrics;
 use nova_proto::v1;
@@ -79,7 +79,9 @@ struct Measured {
     retained: u64,
     received_charge: u64,
     receiving_charge: u64,
-    encoded_charge: u64,
+    held_charge: u64,
+    /// Whether the fragment references the message's bodies rather than copying them.
+    referenced: bool,
 }
 
 /// One batch from its wire bytes to a charged, encoded fragment with its reply channel.
@@ -97,13 +99,16 @@ fn measure(buffer: &AdmissionBuffer, records: usize, body: usize, headers: usize
     let received = Bytes::copy_from_slice(&wire);
     let request = WireAppend::parse(received);
     validate_wire(&request, &CAPS).unwrap();
-    let (content, header_count) = (request.content_bytes(), request.header_count());
+    let content = request.content_bytes();
     let receiving = receiving_charge(wire_len, wire_encoded_bytes(&request));
     admitted.shrink_to(receiving);
     let (reply, waiter) = tokio::sync::oneshot::channel::<Result<(u64, u64), String>>();
-    let fragments = encode_wire_chunks(&request, 1, MAX_SECTION_BYTES as usize);
+    // The received buffer is exactly the message's size, as the charging layer makes it.
+    let fragments = encode_received(&request, 1, MAX_SECTION_BYTES as usize, true);
     drop(request);
-    admitted.shrink_to(encoded_charge(records as u64, header_count, content));
+    let held = held_charge(&fragments);
+    let referenced = fragments.iter().any(|f| f.parts().len() > 1);
+    admitted.shrink_to(held);
     let peak = (PEAK.load(Ordering::SeqCst) - base) as u64;
     let retained = (CURRENT.load(Ordering::SeqCst) - base) as u64;
     drop((fragments, admitted, reply, waiter));
@@ -113,7 +118,8 @@ fn measure(buffer: &AdmissionBuffer, records: usize, body: usize, headers: usize
         retained,
         received_charge: received_charge(wire_len),
         receiving_charge: receiving,
-        encoded_charge: encoded_charge(records as u64, header_count, content),
+        held_charge: held,
+        referenced,
     }
 }
 
@@ -136,14 +142,29 @@ fn the_admission_charge_covers_what_a_batch_holds() {
         (3, 300_000, 0),
         (20_000, 0, 0),
         (200, 0, 30),
+        (64, 8192, 0),
+        (100, 5000, 1),
+        (10, 4095, 0),
     ];
+    let mut referenced = 0;
     for (records, body, headers) in shapes {
         let m = measure(&buffer, records, body, headers);
         println!(
             "{records:>6} records × {body:>6} B, {headers} headers: content {:>8} B | peak {:>8} B, \
-             charged {:>8} B on the prefix, {:>8} B once read | retained {:>8} B, charged {:>8} B",
-            m.content, m.peak, m.received_charge, m.receiving_charge, m.retained, m.encoded_charge,
+             charged {:>8} B on the prefix, {:>8} B once read | retained {:>8} B, charged {:>8} B{}",
+            m.content,
+            m.peak,
+            m.received_charge,
+            m.receiving_charge,
+            m.retained,
+            m.held_charge,
+            if m.referenced {
+                " (bodies referenced)"
+            } else {
+                ""
+            },
         );
+        referenced += usize::from(m.referenced);
         assert!(
             m.peak <= m.receiving_charge && m.receiving_charge <= m.received_charge,
             "{records} records: held {} B at the peak, charged {} B once read and {} B on the prefix",
@@ -152,10 +173,12 @@ fn the_admission_charge_covers_what_a_batch_holds() {
             m.received_charge
         );
         assert!(
-            m.retained <= m.encoded_charge,
+            m.retained <= m.held_charge,
             "{records} records: hold {} B once encoded but are charged {} B",
             m.retained,
-            m.encoded_charge
+            m.held_charge
         );
     }
+    // Both ways of encoding were measured.
+    assert!(referenced > 0 && referenced < shapes.len());
 }

@@ -57,7 +57,7 @@ impl StreamManifest {
         if version == VERSION {
             self.meta.retention.encode(&mut buf);
         }
-        let crc = crc32c::crc32c(&buf);
+        let crc = crate::flight::crc::crc32c(&buf);
         buf.put_u32_le(crc);
         buf.freeze()
     }
@@ -68,7 +68,7 @@ impl StreamManifest {
         }
         let (body, crc) = bytes.split_at(bytes.len() - 4);
         let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
-        if crc32c::crc32c(body) != stored {
+        if crate::flight::crc::crc32c(body) != stored {
             return Err(corrupt("checksum mismatch"));
         }
         let mut r = body;
@@ -180,7 +180,7 @@ mod tests {
         buf.put_u8(StorageClass::Standard.code());
         buf.put_u16_le(2);
         buf.put_slice(b"ab");
-        let crc = crc32c::crc32c(&buf);
+        let crc = crate::flight::crc::crc32c(&buf);
         buf.put_u32_le(crc);
         let manifest = StreamManifest::decode(&buf).unwrap();
         assert_eq!(manifest.meta.name, "ab");

@@ -252,6 +252,12 @@ impl WireAppend {
         self.message.len() as u64
     }
 
+    /// A slice of the message, shared rather than copied: `part` must be a field this request
+    /// handed out (a record's body), which lies within the message.
+    pub fn share(&self, part: &[u8]) -> Bytes {
+        self.message.slice_ref(part)
+    }
+
     /// The records, in order. Only meaningful for a request without a `problem`.
     pub fn records(&self) -> WireRecords<'_> {
         WireRecords {

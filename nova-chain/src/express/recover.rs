@@ -280,7 +280,7 @@ impl Carrier<'_> {
             }
             let body =
                 bundle.slice(section.offset as usize..(section.offset + section.len) as usize);
-            if crc32c::crc32c(&body) != section.crc32c {
+            if nova_core::flight::crc::crc32c(&body) != section.crc32c {
                 return Err(RecoveryError::Foreign {
                     key,
                     what: format!(
@@ -295,10 +295,7 @@ impl Carrier<'_> {
                 stream_id: section.stream_id,
                 stream: section.stream.clone(),
                 start_seq: section.start_seq,
-                fragments: vec![Fragment {
-                    bytes: body,
-                    records: section.end_seq - section.start_seq,
-                }],
+                fragments: vec![Fragment::whole(body, section.end_seq - section.start_seq)],
             });
             self.open.tails.insert(section.stream_id, section.end_seq);
         }

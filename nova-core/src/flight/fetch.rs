@@ -65,7 +65,7 @@ pub async fn fetch_section(
             got.bytes.len()
         ))));
     }
-    let computed = crc32c::crc32c(&got.bytes);
+    let computed = crate::flight::crc::crc32c(&got.bytes);
     if computed != crc32c {
         return Err(format(FormatError::Checksum {
             what: "section",

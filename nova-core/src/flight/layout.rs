@@ -80,8 +80,12 @@ pub fn assemble_flight(
     meta: FlightMeta,
     sections: Vec<SectionInput>,
 ) -> (PutPayload, FlightFooter) {
-    let fragment_count: usize = sections.iter().map(|s| s.fragments.len()).sum();
-    let mut parts = Vec::with_capacity(fragment_count + 2);
+    let part_count: usize = sections
+        .iter()
+        .flat_map(|s| &s.fragments)
+        .map(|f| f.parts().len())
+        .sum();
+    let mut parts = Vec::with_capacity(part_count + 2);
     parts.push(encode_header(KIND_FLIGHT));
     let mut offset = HEADER_LEN as u64;
     let mut entries = Vec::with_capacity(sections.len());
@@ -90,8 +94,9 @@ pub fn assemble_flight(
         let mut len = 0u64;
         let mut records = 0u64;
         for fragment in &section.fragments {
-            crc = crc32c::crc32c_append(crc, &fragment.bytes);
-            len += fragment.bytes.len() as u64;
+            // Each fragment's checksum was taken when it was encoded; one pass over the bytes.
+            crc = super::crc::crc32c_combine(crc, fragment.crc32c(), fragment.len());
+            len += fragment.len();
             records += fragment.records;
         }
         entries.push(SectionEntry {
@@ -104,7 +109,9 @@ pub fn assemble_flight(
             crc32c: crc,
         });
         offset += len;
-        parts.extend(section.fragments.into_iter().map(|f| f.bytes));
+        for fragment in &section.fragments {
+            parts.extend(fragment.parts().iter().cloned());
+        }
     }
     let footer = FlightFooter {
         meta,
@@ -158,7 +165,7 @@ fn encode_header(kind: u16) -> Bytes {
     buf.put_slice(HEADER_MAGIC);
     buf.put_u16_le(VERSION);
     buf.put_u16_le(kind);
-    let crc = crc32c::crc32c(&buf);
+    let crc = crate::flight::crc::crc32c(&buf);
     buf.put_u32_le(crc);
     buf.freeze()
 }
@@ -166,7 +173,7 @@ fn encode_header(kind: u16) -> Bytes {
 fn encode_trailer(footer: &[u8], kind: u16) -> Bytes {
     let mut buf = BytesMut::with_capacity(TRAILER_LEN);
     buf.put_u32_le(footer.len() as u32);
-    buf.put_u32_le(crc32c::crc32c(footer));
+    buf.put_u32_le(crate::flight::crc::crc32c(footer));
     buf.put_u16_le(VERSION);
     buf.put_u16_le(kind);
     buf.put_u32_le(0);
@@ -245,7 +252,7 @@ pub fn parse_tail(tail: &[u8], object_size: u64) -> Result<TailParse, FormatErro
         return Ok(TailParse::NeedFrom(object_size - needed));
     }
     let footer = &tail[tail.len() - needed as usize..tail.len() - TRAILER_LEN];
-    let computed = crc32c::crc32c(footer);
+    let computed = crate::flight::crc::crc32c(footer);
     if computed != footer_crc {
         return Err(FormatError::Checksum {
             what: "footer",
@@ -298,7 +305,7 @@ fn check_header(object: &[u8]) -> Result<u16, FormatError> {
             "header magic missing: not a Nova object",
         ));
     }
-    let computed = crc32c::crc32c(&header[..12]);
+    let computed = crate::flight::crc::crc32c(&header[..12]);
     header.advance(8);
     let version = header.get_u16_le();
     let kind = header.get_u16_le();
@@ -326,7 +333,7 @@ pub fn verify_section(section: &[u8], entry: &SectionEntry) -> Result<(), Format
             entry.len
         )));
     }
-    let computed = crc32c::crc32c(section);
+    let computed = crate::flight::crc::crc32c(section);
     if computed != entry.crc32c {
         return Err(FormatError::Checksum {
             what: "section",

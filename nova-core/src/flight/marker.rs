@@ -35,7 +35,7 @@ impl SettleMarker {
         buf.put_u16_le(VERSION);
         buf.put_u64_le(self.epoch);
         buf.put_u64_le(self.settled_through);
-        let crc = crc32c::crc32c(&buf);
+        let crc = crate::flight::crc::crc32c(&buf);
         buf.put_u32_le(crc);
         buf.freeze()
     }
@@ -50,7 +50,7 @@ impl SettleMarker {
         if &bytes[..8] != MAGIC {
             return Err(FormatError::corrupt("settle marker magic missing"));
         }
-        let computed = crc32c::crc32c(&bytes[..LEN - 4]);
+        let computed = crate::flight::crc::crc32c(&bytes[..LEN - 4]);
         let mut rest = &bytes[8..];
         let version = rest.get_u16_le();
         if version != VERSION {

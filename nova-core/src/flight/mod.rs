@@ -14,6 +14,7 @@
 //! writes to close a predecessor's chain) uses the same header and trailer with another kind.
 //! Every integer is little-endian; the version and kind values are kept stable.
 
+pub mod crc;
 mod fetch;
 mod layout;
 mod marker;

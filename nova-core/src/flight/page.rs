@@ -41,7 +41,15 @@ impl PageBuilder {
     /// Offers the records of a run starting at `first_seq`; takes those from `next_seq` on
     /// until the page is full.
     pub fn take_from(&mut self, first_seq: u64, section: Bytes) -> Result<(), FormatError> {
-        let mut iter = RecordIter::new(section);
+        self.take_records(first_seq, RecordIter::new(section))
+    }
+
+    /// `take_from` for records already being iterated (a fragment in several parts).
+    pub fn take_records(
+        &mut self,
+        first_seq: u64,
+        mut iter: RecordIter,
+    ) -> Result<(), FormatError> {
         if self.next_seq > first_seq {
             iter.skip_records(self.next_seq - first_seq)?;
         }
@@ -91,7 +99,7 @@ mod tests {
     fn the_byte_cap_returns_a_short_page() {
         let fragment = encode_fragment(records(10, 100).iter());
         let mut page = builder(0, 10, 100, 350);
-        page.take_from(0, fragment.bytes).unwrap();
+        page.take_records(0, fragment.iter()).unwrap();
         assert_eq!(
             page.records.len(),
             3,
@@ -105,7 +113,7 @@ mod tests {
     fn one_record_is_always_served() {
         let fragment = encode_fragment(records(2, 1000).iter());
         let mut page = builder(0, 2, 100, 10);
-        page.take_from(0, fragment.bytes).unwrap();
+        page.take_records(0, fragment.iter()).unwrap();
         assert_eq!(page.records.len(), 1);
         assert_eq!(page.records[0].record.body.len(), 1000);
     }
@@ -114,12 +122,12 @@ mod tests {
     fn the_record_cap_and_the_tail_stop_a_page() {
         let fragment = encode_fragment(records(10, 1).iter());
         let mut page = builder(2, 10, 4, 1 << 20);
-        page.take_from(0, fragment.bytes.clone()).unwrap();
+        page.take_from(0, fragment.to_bytes()).unwrap();
         let seqs: Vec<u64> = page.records.iter().map(|r| r.seq).collect();
         assert_eq!(seqs, [2, 3, 4, 5]);
 
         let mut page = builder(7, 9, 100, 1 << 20);
-        page.take_from(0, fragment.bytes).unwrap();
+        page.take_records(0, fragment.iter()).unwrap();
         let seqs: Vec<u64> = page.records.iter().map(|r| r.seq).collect();
         assert_eq!(seqs, [7, 8], "nothing past the tail");
     }

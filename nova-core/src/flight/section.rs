@@ -12,7 +12,11 @@
 //! ```
 //!
 //! All integers are little-endian. A batch is encoded on its own into a *fragment*; a stream's
-//! section is its fragments laid end to end, so the star never copies a batch twice.
+//! section is its fragments laid end to end, so the star never copies a batch twice. A fragment
+//! made from a received append message need not be one buffer: its large bodies can stay where
+//! the message holds them (`encode_wire_referenced`), so they are never copied at all.
+
+use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -25,12 +29,96 @@ use crate::record::{Header, Record};
 pub const RECORD_FRAME_BYTES: usize = 4 + 8 + 4;
 /// Framing bytes per header: the two length prefixes.
 pub const HEADER_FRAME_BYTES: usize = 4 + 4;
+/// A record body of at least this many bytes is referenced in the received message rather
+/// than copied into its fragment. A referenced body costs two parts (`PART_HELD` each) and
+/// splits the object writes; for smaller bodies the copy is the cheaper of the two.
+pub const REFERENCE_MIN_BODY: usize = 4096;
+/// What each part of a fragment costs beyond its bytes: its slice in the fragment's list, and
+/// its clones in the lists of the flight (and of an Express bundle) that lay the fragment out
+/// while the batch is charged.
+const PART_HELD: u64 = 3 * std::mem::size_of::<Bytes>() as u64;
+/// What a fragment in several parts holds beyond its parts: the shared list's header and the
+/// reference counts of the message and of the copied buffer.
+const PARTS_OVERHEAD: u64 = 128;
 
-/// One batch's records, encoded and ready to be laid into a section.
+/// One batch's records, encoded and ready to be laid into a section. The encoded bytes are its
+/// parts laid end to end: one part when the records were copied into a buffer of their own, or
+/// copied framing interleaved with bodies that live in the received message.
+///
+/// Its checksum is taken when it is made, while its bytes are still in the CPU's cache: a
+/// flight's section checksums are combined from them (`crc32c_combine`) rather than computed
+/// again over bytes the cache has long dropped.
 #[derive(Debug, Clone)]
 pub struct Fragment {
-    pub bytes: Bytes,
+    parts: Arc<[Bytes]>,
+    len: u64,
+    held: u64,
+    crc32c: u32,
     pub records: u64,
+}
+
+impl Fragment {
+    /// A fragment in one buffer. The buffer is taken to be exactly its size: a fragment
+    /// encoded by copying is, and a section sliced out of a fetched object is charged by its
+    /// reader at its own length.
+    pub fn whole(bytes: Bytes, records: u64) -> Self {
+        let len = bytes.len() as u64;
+        Self {
+            crc32c: super::crc::crc32c(&bytes),
+            parts: Arc::new([bytes]),
+            len,
+            held: len,
+            records,
+        }
+    }
+
+    /// Encoded bytes: what the fragment adds to a section.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Memory the fragment keeps alive: its encoded bytes, or for a fragment that references a
+    /// received message, that whole message, the copied framing and the list of parts. This is
+    /// what a fragment is charged while it is held.
+    pub fn held_bytes(&self) -> u64 {
+        self.held
+    }
+
+    /// The crc32c of the encoded bytes.
+    pub fn crc32c(&self) -> u32 {
+        self.crc32c
+    }
+
+    /// The encoded bytes, in order, as shared slices.
+    pub fn parts(&self) -> &[Bytes] {
+        &self.parts
+    }
+
+    /// The fragment's records, without copying bodies.
+    pub fn iter(&self) -> RecordIter {
+        match &*self.parts {
+            [whole] => RecordIter::new(whole.clone()),
+            _ => RecordIter::over_parts(self.parts.clone()),
+        }
+    }
+
+    /// The encoded bytes in one buffer: a copy unless the fragment is one part already.
+    pub fn to_bytes(&self) -> Bytes {
+        match &*self.parts {
+            [whole] => whole.clone(),
+            parts => {
+                let mut buf = BytesMut::with_capacity(self.len as usize);
+                for part in parts {
+                    buf.put_slice(part);
+                }
+                buf.freeze()
+            }
+        }
+    }
 }
 
 /// The encoded size of one record.
@@ -64,10 +152,7 @@ pub fn encode_fragment<'a>(records: impl IntoIterator<Item = &'a Record> + Clone
         buf.put_slice(&record.body);
         count += 1;
     }
-    Fragment {
-        bytes: buf.freeze(),
-        records: count,
-    }
+    Fragment::whole(buf.freeze(), count)
 }
 
 /// Encodes records into fragments of at most `max_chunk` bytes each, split at record
@@ -130,53 +215,217 @@ pub fn encode_wire_chunks(request: &WireAppend, now_ms: u64, max_chunk: usize) -
         }
         let mut buf = BytesMut::with_capacity(size);
         for record in records.by_ref().take(count as usize) {
-            buf.put_u32_le((wire_encoded_len(&record) - 4) as u32);
-            buf.put_u64_le(record.timestamp.unwrap_or(now_ms));
-            buf.put_u32_le(record.header_count as u32);
-            for (name, value) in record.headers() {
-                buf.put_u32_le(name.len() as u32);
-                buf.put_slice(name);
-                buf.put_u32_le(value.len() as u32);
-                buf.put_slice(value);
-            }
+            put_wire_framing(&mut buf, &record, now_ms);
             buf.put_slice(record.body);
         }
-        fragments.push(Fragment {
-            bytes: buf.freeze(),
-            records: count,
-        });
+        fragments.push(Fragment::whole(buf.freeze(), count));
     }
     fragments
 }
 
-/// Iterates the records of a section (or any run of whole fragments) without copying: bodies and
-/// headers are slices of the input.
+/// Encodes a received request the cheaper way that holds no more memory: referencing its large
+/// bodies in `request`'s message when `message_exact` (the message is a buffer of exactly its
+/// size, as the star's charging layer assembles it) and `encode_wire_referenced` takes it, and
+/// by copying into chunks of at most `max_chunk` bytes otherwise.
+pub fn encode_received(
+    request: &WireAppend,
+    now_ms: u64,
+    max_chunk: usize,
+    message_exact: bool,
+) -> Vec<Fragment> {
+    if message_exact && let Some(fragment) = encode_wire_referenced(request, now_ms, max_chunk) {
+        return vec![fragment];
+    }
+    encode_wire_chunks(request, now_ms, max_chunk)
+}
+
+/// Writes a received record's frame up to its body: length, timestamp, headers.
+fn put_wire_framing(buf: &mut BytesMut, record: &WireRecord<'_>, now_ms: u64) {
+    buf.put_u32_le((wire_encoded_len(record) - 4) as u32);
+    buf.put_u64_le(record.timestamp.unwrap_or(now_ms));
+    buf.put_u32_le(record.header_count as u32);
+    for (name, value) in record.headers() {
+        buf.put_u32_le(name.len() as u32);
+        buf.put_slice(name);
+        buf.put_u32_le(value.len() as u32);
+        buf.put_slice(value);
+    }
+}
+
+/// Encodes a received request as one fragment that references its bodies of at least
+/// `REFERENCE_MIN_BODY` bytes where the request's message holds them. Framing, headers and
+/// smaller bodies are copied, in order, into one buffer of exactly their size; the fragment is
+/// that buffer's runs interleaved with the referenced bodies, and it keeps the whole message
+/// alive (`Fragment::held_bytes` says so).
+///
+/// Returns `None`, and the caller copies with `encode_wire_chunks`, when the records do not fit
+/// one chunk of `max_chunk` bytes (chunks sharing one message could not each be charged for
+/// it), or when referenced bodies are under half the message (keeping the message would then
+/// hold more memory than a copy). The message must be a buffer of exactly its size, and the
+/// request must have passed `validate_wire`.
+pub fn encode_wire_referenced(
+    request: &WireAppend,
+    now_ms: u64,
+    max_chunk: usize,
+) -> Option<Fragment> {
+    // Measure: the whole encoding, what is copied, and how many bodies are referenced.
+    let (mut encoded, mut copied, mut referenced, mut bodies) = (0usize, 0usize, 0u64, 0usize);
+    for record in request.records() {
+        let len = wire_encoded_len(&record);
+        encoded += len;
+        if record.body.len() >= REFERENCE_MIN_BODY {
+            copied += len - record.body.len();
+            referenced += record.body.len() as u64;
+            bodies += 1;
+        } else {
+            copied += len;
+        }
+    }
+    if bodies == 0 || encoded > max_chunk || referenced.saturating_mul(2) < request.wire_len() {
+        return None;
+    }
+    // Write: one buffer for everything copied, split into a run before each referenced body.
+    let mut copy = BytesMut::with_capacity(copied);
+    let mut parts = Vec::with_capacity(2 * bodies + 1);
+    let mut records = 0u64;
+    for record in request.records() {
+        put_wire_framing(&mut copy, &record, now_ms);
+        if record.body.len() >= REFERENCE_MIN_BODY {
+            parts.push(copy.split().freeze());
+            parts.push(request.share(record.body));
+        } else {
+            copy.put_slice(record.body);
+        }
+        records += 1;
+    }
+    if !copy.is_empty() {
+        parts.push(copy.split().freeze());
+    }
+    let held = request.wire_len() + copied as u64 + parts.len() as u64 * PART_HELD + PARTS_OVERHEAD;
+    let crc32c = super::crc::crc32c_parts(&parts);
+    Some(Fragment {
+        crc32c,
+        parts: parts.into(),
+        len: encoded as u64,
+        held,
+        records,
+    })
+}
+
+/// Iterates the records of a section, or of a fragment in several parts, without copying:
+/// bodies and headers are slices of the input. (A field that straddles two parts, which no
+/// fragment the star encodes has, is copied out whole.)
 #[derive(Debug, Clone)]
 pub struct RecordIter {
+    /// The part being read.
     rest: Bytes,
+    /// For several parts: all of them, and the index of the one after `rest`.
+    more: Option<(Arc<[Bytes]>, usize)>,
+    /// Bytes in `rest` and in the parts after it.
+    remaining: usize,
 }
 
 impl RecordIter {
     pub fn new(section: Bytes) -> Self {
-        Self { rest: section }
+        Self {
+            remaining: section.len(),
+            rest: section,
+            more: None,
+        }
+    }
+
+    /// The records of the parts laid end to end.
+    pub fn over_parts(parts: Arc<[Bytes]>) -> Self {
+        Self {
+            remaining: parts.iter().map(Bytes::len).sum(),
+            rest: Bytes::new(),
+            more: Some((parts, 0)),
+        }
     }
 
     /// Skips `n` records without materialising them.
     pub fn skip_records(&mut self, n: u64) -> Result<(), FormatError> {
         for _ in 0..n {
             let len = self.frame_len()?;
-            self.rest.advance(4 + len);
+            self.skip(len);
         }
         Ok(())
     }
 
-    fn frame_len(&self) -> Result<usize, FormatError> {
-        if self.rest.len() < 4 {
+    /// Moves to the next non-empty part when the current one is used up.
+    fn fill(&mut self) {
+        while self.rest.is_empty() {
+            match &mut self.more {
+                Some((parts, next)) if *next < parts.len() => {
+                    self.rest = parts[*next].clone();
+                    *next += 1;
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// The next `n` bytes (at most `remaining`): a slice of the current part when it holds
+    /// them, a copy when they straddle parts.
+    fn take(&mut self, n: usize) -> Bytes {
+        self.fill();
+        if self.rest.len() >= n {
+            self.remaining -= n;
+            return self.rest.split_to(n);
+        }
+        let mut out = BytesMut::with_capacity(n);
+        while out.len() < n {
+            self.fill();
+            if self.rest.is_empty() {
+                break;
+            }
+            let k = (n - out.len()).min(self.rest.len());
+            out.put_slice(&self.rest[..k]);
+            self.rest.advance(k);
+            self.remaining -= k;
+        }
+        out.freeze()
+    }
+
+    fn skip(&mut self, mut n: usize) {
+        while n > 0 {
+            self.fill();
+            if self.rest.is_empty() {
+                return;
+            }
+            let k = n.min(self.rest.len());
+            self.rest.advance(k);
+            self.remaining -= k;
+            n -= k;
+        }
+    }
+
+    /// Reads a little-endian u32 (at most `remaining` bytes must be asked for).
+    fn read_u32(&mut self) -> u32 {
+        self.fill();
+        if self.rest.len() >= 4 {
+            self.remaining -= 4;
+            return self.rest.get_u32_le();
+        }
+        self.take(4).get_u32_le()
+    }
+
+    fn read_u64(&mut self) -> u64 {
+        self.fill();
+        if self.rest.len() >= 8 {
+            self.remaining -= 8;
+            return self.rest.get_u64_le();
+        }
+        self.take(8).get_u64_le()
+    }
+
+    /// Reads the next frame's length prefix and checks the frame is all there.
+    fn frame_len(&mut self) -> Result<usize, FormatError> {
+        if self.remaining < 4 {
             return Err(FormatError::corrupt("record frame truncated"));
         }
-        let len = u32::from_le_bytes([self.rest[0], self.rest[1], self.rest[2], self.rest[3]]);
-        let len = len as usize;
-        if len > self.rest.len() - 4 {
+        let len = self.read_u32() as usize;
+        if len > self.remaining {
             return Err(FormatError::corrupt("record length runs past the section"));
         }
         Ok(len)
@@ -184,34 +433,84 @@ impl RecordIter {
 
     fn decode_next(&mut self) -> Result<Record, FormatError> {
         let len = self.frame_len()?;
-        self.rest.advance(4);
-        let mut frame = self.rest.split_to(len);
-        if frame.len() < 12 {
+        self.fill();
+        if self.rest.len() >= len {
+            // The whole frame is in this part: every field is a slice of it.
+            self.remaining -= len;
+            return decode_frame(self.rest.split_to(len));
+        }
+        self.decode_split(len)
+    }
+
+    /// Decodes a frame that runs on into later parts (framing in one, body in the next).
+    fn decode_split(&mut self, len: usize) -> Result<Record, FormatError> {
+        if len < 12 {
             return Err(FormatError::corrupt(
                 "record frame shorter than its fixed fields",
             ));
         }
-        let timestamp = frame.get_u64_le();
-        let header_count = frame.get_u32_le() as usize;
-        // Each header needs at least its two length prefixes; refuse counts the frame cannot hold
-        // before allocating for them.
-        if header_count > frame.len() / HEADER_FRAME_BYTES {
+        let timestamp = self.read_u64();
+        let header_count = self.read_u32() as usize;
+        let mut left = len - 12;
+        if header_count > left / HEADER_FRAME_BYTES {
             return Err(FormatError::corrupt(
                 "header count exceeds the record frame",
             ));
         }
         let mut headers = Vec::with_capacity(header_count);
         for _ in 0..header_count {
-            let name = take_prefixed(&mut frame)?;
-            let value = take_prefixed(&mut frame)?;
+            let name = self.take_prefixed(&mut left)?;
+            let value = self.take_prefixed(&mut left)?;
             headers.push(Header { name, value });
         }
         Ok(Record {
             timestamp,
             headers,
-            body: frame,
+            body: self.take(left),
         })
     }
+
+    fn take_prefixed(&mut self, left: &mut usize) -> Result<Bytes, FormatError> {
+        if *left < 4 {
+            return Err(FormatError::corrupt("header length truncated"));
+        }
+        let len = self.read_u32() as usize;
+        *left -= 4;
+        if len > *left {
+            return Err(FormatError::corrupt("header runs past the record frame"));
+        }
+        *left -= len;
+        Ok(self.take(len))
+    }
+}
+
+/// Decodes one record frame (after its length prefix) held in one buffer.
+fn decode_frame(mut frame: Bytes) -> Result<Record, FormatError> {
+    if frame.len() < 12 {
+        return Err(FormatError::corrupt(
+            "record frame shorter than its fixed fields",
+        ));
+    }
+    let timestamp = frame.get_u64_le();
+    let header_count = frame.get_u32_le() as usize;
+    // Each header needs at least its two length prefixes; refuse counts the frame cannot hold
+    // before allocating for them.
+    if header_count > frame.len() / HEADER_FRAME_BYTES {
+        return Err(FormatError::corrupt(
+            "header count exceeds the record frame",
+        ));
+    }
+    let mut headers = Vec::with_capacity(header_count);
+    for _ in 0..header_count {
+        let name = take_prefixed(&mut frame)?;
+        let value = take_prefixed(&mut frame)?;
+        headers.push(Header { name, value });
+    }
+    Ok(Record {
+        timestamp,
+        headers,
+        body: frame,
+    })
 }
 
 fn take_prefixed(frame: &mut Bytes) -> Result<Bytes, FormatError> {
@@ -229,13 +528,15 @@ impl Iterator for RecordIter {
     type Item = Result<Record, FormatError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.rest.is_empty() {
+        if self.remaining == 0 {
             return None;
         }
         let item = self.decode_next();
         if item.is_err() {
             // A corrupt frame poisons everything after it.
             self.rest.clear();
+            self.more = None;
+            self.remaining = 0;
         }
         Some(item)
     }
@@ -245,6 +546,34 @@ impl Iterator for RecordIter {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Records as a producer sends them: small and large bodies, a few headers, and a
+    /// timestamp or none.
+    fn arb_wire_record() -> impl Strategy<Value = nova_proto::v1::Record> {
+        (
+            prop_oneof![0usize..64, 4000usize..9000],
+            proptest::collection::vec(
+                (
+                    proptest::collection::vec(any::<u8>(), 0..8),
+                    proptest::collection::vec(any::<u8>(), 0..8),
+                ),
+                0..3,
+            ),
+            proptest::option::of(any::<u64>()),
+            any::<u8>(),
+        )
+            .prop_map(|(len, headers, timestamp, fill)| nova_proto::v1::Record {
+                body: vec![fill; len].into(),
+                headers: headers
+                    .into_iter()
+                    .map(|(name, value)| nova_proto::v1::Header {
+                        name: name.into(),
+                        value: value.into(),
+                    })
+                    .collect(),
+                timestamp,
+            })
+    }
 
     pub(crate) fn arb_record() -> impl Strategy<Value = Record> {
         (
@@ -276,8 +605,9 @@ mod tests {
         fn fragments_round_trip(records in proptest::collection::vec(arb_record(), 0..32)) {
             let fragment = encode_fragment(records.iter());
             prop_assert_eq!(fragment.records, records.len() as u64);
-            prop_assert_eq!(fragment.bytes.len(), records.iter().map(encoded_len).sum::<usize>());
-            let decoded: Result<Vec<_>, _> = RecordIter::new(fragment.bytes).collect();
+            prop_assert_eq!(fragment.len() as usize, records.iter().map(encoded_len).sum::<usize>());
+            prop_assert_eq!(fragment.held_bytes(), fragment.len());
+            let decoded: Result<Vec<_>, _> = fragment.iter().collect();
             prop_assert_eq!(decoded.unwrap(), records);
         }
 
@@ -288,7 +618,7 @@ mod tests {
         ) {
             let skip = skip % records.len();
             let fragment = encode_fragment(records.iter());
-            let mut iter = RecordIter::new(fragment.bytes);
+            let mut iter = fragment.iter();
             iter.skip_records(skip as u64).unwrap();
             let decoded: Result<Vec<_>, _> = iter.collect();
             prop_assert_eq!(&decoded.unwrap()[..], &records[skip..]);
@@ -299,10 +629,10 @@ mod tests {
             let chunks = encode_chunks(&records, max);
             let mut decoded = Vec::new();
             for chunk in &chunks {
-                let in_chunk: Vec<_> = RecordIter::new(chunk.bytes.clone()).collect::<Result<_, _>>().unwrap();
+                let in_chunk: Vec<_> = chunk.iter().collect::<Result<_, _>>().unwrap();
                 prop_assert_eq!(in_chunk.len() as u64, chunk.records);
                 // Over the limit only when one record alone is.
-                prop_assert!(chunk.bytes.len() <= max || in_chunk.len() == 1);
+                prop_assert!(chunk.len() as usize <= max || in_chunk.len() == 1);
                 decoded.extend(in_chunk);
             }
             prop_assert_eq!(decoded, records);
@@ -318,13 +648,98 @@ mod tests {
         #[test]
         fn truncation_is_detected(records in proptest::collection::vec(arb_record(), 1..8), cut in 1usize..64) {
             let fragment = encode_fragment(records.iter());
-            let cut = cut.min(fragment.bytes.len());
-            let truncated = fragment.bytes.slice(..fragment.bytes.len() - cut);
+            let bytes = fragment.to_bytes();
+            let cut = cut.min(bytes.len());
+            let truncated = bytes.slice(..bytes.len() - cut);
             let decoded: Result<Vec<_>, _> = RecordIter::new(truncated).collect();
             // Either an error, or (when the cut removed whole records exactly) fewer records.
             if let Ok(decoded) = decoded {
                 prop_assert!(decoded.len() < records.len());
             }
+        }
+
+        /// However a section is cut into parts, its records read back the same.
+        #[test]
+        fn parts_read_like_one_section(
+            records in proptest::collection::vec(arb_record(), 0..16),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..12),
+            skip in 0usize..16,
+        ) {
+            let whole = encode_fragment(records.iter()).to_bytes();
+            let mut at: Vec<usize> = cuts.iter().map(|c| c.index(whole.len() + 1)).collect();
+            at.push(0);
+            at.push(whole.len());
+            at.sort_unstable();
+            let parts: Vec<Bytes> = at.windows(2).map(|w| whole.slice(w[0]..w[1])).collect();
+            let decoded: Vec<Record> =
+                RecordIter::over_parts(parts.clone().into()).collect::<Result<_, _>>().unwrap();
+            prop_assert_eq!(&decoded, &records);
+            let skip = skip.min(records.len());
+            let mut iter = RecordIter::over_parts(parts.into());
+            iter.skip_records(skip as u64).unwrap();
+            let rest: Vec<Record> = iter.collect::<Result<_, _>>().unwrap();
+            prop_assert_eq!(&rest[..], &records[skip..]);
+        }
+
+        /// Garbage cut into parts never panics either.
+        #[test]
+        fn garbage_in_parts_never_panics(
+            bytes in proptest::collection::vec(any::<u8>(), 0..512),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let bytes = Bytes::from(bytes);
+            let cut = cut.index(bytes.len() + 1);
+            let parts: Arc<[Bytes]> = vec![bytes.slice(..cut), bytes.slice(cut..)].into();
+            let mut skipping = RecordIter::over_parts(parts.clone());
+            let _ = skipping.skip_records(3);
+            for item in RecordIter::over_parts(parts) {
+                if item.is_err() { break; }
+            }
+        }
+
+        /// A fragment that references the message's bodies is byte for byte the copied one,
+        /// reads back the same records, takes its large bodies from the message itself, and
+        /// says it holds the message.
+        #[test]
+        fn referenced_fragments_match_copies(
+            records in proptest::collection::vec(arb_wire_record(), 1..24),
+            now in any::<u64>(),
+        ) {
+            let request = nova_proto::v1::AppendRequest {
+                stream: "s".into(),
+                records,
+                match_seq_num: None,
+            };
+            let message = Bytes::from(prost::Message::encode_to_vec(&request));
+            let wire = WireAppend::parse(message.clone());
+            prop_assert_eq!(wire.problem(), None);
+            let copied = encode_wire_chunks(&wire, now, usize::MAX);
+            prop_assert_eq!(copied.len(), 1);
+            let large: u64 = request.records.iter()
+                .filter(|r| r.body.len() >= REFERENCE_MIN_BODY)
+                .map(|r| r.body.len() as u64)
+                .sum();
+            let Some(fragment) = encode_wire_referenced(&wire, now, usize::MAX) else {
+                prop_assert!(large == 0 || large * 2 < message.len() as u64);
+                return Ok(());
+            };
+            prop_assert_eq!(fragment.to_bytes(), copied[0].to_bytes());
+            prop_assert_eq!(fragment.crc32c(), crc32c::crc32c(&copied[0].to_bytes()));
+            prop_assert_eq!(fragment.crc32c(), copied[0].crc32c());
+            prop_assert_eq!(fragment.len(), copied[0].len());
+            prop_assert_eq!(fragment.records, request.records.len() as u64);
+            prop_assert!(fragment.held_bytes() >= message.len() as u64 + fragment.len() - large);
+            let decoded: Vec<Record> = fragment.iter().collect::<Result<_, _>>().unwrap();
+            let expected: Vec<Record> = copied[0].iter().collect::<Result<_, _>>().unwrap();
+            prop_assert_eq!(&decoded, &expected);
+            let span = message.as_ptr_range();
+            for record in &decoded {
+                if record.body.len() >= REFERENCE_MIN_BODY {
+                    prop_assert!(span.contains(&record.body.as_ptr()), "a large body was copied");
+                }
+            }
+            // Too large for one chunk: the caller copies instead.
+            prop_assert!(encode_wire_referenced(&wire, now, fragment.len() as usize - 1).is_none());
         }
     }
 }

@@ -52,6 +52,7 @@ impl PutPayload {
         PayloadBody {
             payload: self.clone(),
             next: 0,
+            remaining: self.len,
         }
     }
 }
@@ -77,6 +78,9 @@ impl From<&'static str> for PutPayload {
 pub struct PayloadBody {
     payload: PutPayload,
     next: usize,
+    /// Bytes in the parts from `next` on. Kept rather than summed: a flight of referenced
+    /// records has thousands of parts, and the transport asks after each frame.
+    remaining: u64,
 }
 
 impl Body for PayloadBody {
@@ -90,6 +94,7 @@ impl Body for PayloadBody {
         while let Some(part) = self.payload.parts.get(self.next).cloned() {
             self.next += 1;
             if !part.is_empty() {
+                self.remaining -= part.len() as u64;
                 return Poll::Ready(Some(Ok(Frame::data(part))));
             }
         }
@@ -97,14 +102,10 @@ impl Body for PayloadBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.payload.parts[self.next..].iter().all(|p| p.is_empty())
+        self.remaining == 0
     }
 
     fn size_hint(&self) -> SizeHint {
-        let remaining: u64 = self.payload.parts[self.next..]
-            .iter()
-            .map(|p| p.len() as u64)
-            .sum();
-        SizeHint::with_exact(remaining)
+        SizeHint::with_exact(self.remaining)
     }
 }

@@ -16,11 +16,11 @@ use prometheus::Histogram;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status, Streaming};
 
-use nova_chain::admission::{encoded_charge, received_charge, receiving_charge};
+use nova_chain::admission::{held_charge, received_charge, receiving_charge};
 use nova_chain::{AckRange, AppendReply};
 use nova_core::catalog::StorageClass;
 use nova_core::clock::{Clock, Instant};
-use nova_core::flight::section::{encode_wire_chunks, wire_encoded_bytes};
+use nova_core::flight::section::{encode_received, wire_encoded_bytes};
 use nova_core::limits::{MAX_SECTION_BYTES, SESSION_PIPELINE_DEPTH};
 use nova_proto::RequestError;
 use nova_proto::v1;
@@ -231,8 +231,9 @@ async fn admit(
     // The message was charged from its length prefix and assembled outside tonic
     // (`charge.rs`), which saw only an empty placeholder for it. Without that layer in front (a
     // test calling the service directly) tonic's message is the request, charged now.
-    let (mut admitted, request) = match charges.map(Charges::take) {
-        Some(Some((admitted, message))) => (admitted, WireAppend::parse(message)),
+    // `exact`: the message is a buffer of exactly its size, so its fragment may keep it.
+    let (mut admitted, request, exact) = match charges.map(Charges::take) {
+        Some(Some((admitted, message))) => (admitted, WireAppend::parse(message), true),
         // Every placeholder tonic yields stands for a queued message; one without is a bug, and
         // answering it would shift every later answer by one.
         Some(None) => {
@@ -247,7 +248,7 @@ async fn admit(
                 .admission()
                 .admit(received_charge(request.wire_len()))
                 .await;
-            (admitted, request)
+            (admitted, request, false)
         }
     };
     admitted.received();
@@ -295,24 +296,23 @@ async fn admit(
             );
         }
     };
-    let (records, headers, content) = (
-        request.record_count(),
-        request.header_count(),
-        request.content_bytes(),
-    );
+    let content = request.content_bytes();
     let match_seq_num = request.match_seq_num();
     // From here the batch holds exactly its received bytes and, while encoding, its fragment.
     admitted.shrink_to(receiving_charge(
         request.wire_len(),
         wire_encoded_bytes(&request),
     ));
-    let chunks = encode_wire_chunks(
+    // Large bodies stay in the received message rather than being copied; the fragment then
+    // holds the message, and its charge says so.
+    let chunks = encode_received(
         &request,
         ctx.star.config().clock.unix_ms(),
         MAX_SECTION_BYTES as usize,
+        exact,
     );
     drop(request);
-    admitted.shrink_to(encoded_charge(records, headers, content));
+    admitted.shrink_to(held_charge(&chunks));
     let class = match stream.class() {
         StorageClass::Standard => "standard",
         StorageClass::Express => "express",
