@@ -33,6 +33,9 @@ pub const HEADER_FRAME_BYTES: usize = 4 + 4;
 /// than copied into its fragment. A referenced body costs two parts (`PART_HELD` each) and
 /// splits the object writes; for smaller bodies the copy is the cheaper of the two.
 pub const REFERENCE_MIN_BODY: usize = 4096;
+/// The least share of a message its referenced bodies must make up (as a fraction) for its
+/// fragment to reference them rather than copy.
+const REFERENCED_SHARE_MIN: (u64, u64) = (7, 8);
 /// What each part of a fragment costs beyond its bytes: its slice in the fragment's list, and
 /// its clones in the lists of the flight (and of an Express bundle) that lay the fragment out
 /// while the batch is charged.
@@ -223,10 +226,10 @@ pub fn encode_wire_chunks(request: &WireAppend, now_ms: u64, max_chunk: usize) -
     fragments
 }
 
-/// Encodes a received request the cheaper way that holds no more memory: referencing its large
-/// bodies in `request`'s message when `message_exact` (the message is a buffer of exactly its
-/// size, as the star's charging layer assembles it) and `encode_wire_referenced` takes it, and
-/// by copying into chunks of at most `max_chunk` bytes otherwise.
+/// Encodes a received request: referencing its large bodies in `request`'s message when
+/// `message_exact` (the message is a buffer of exactly its size, as the star's charging layer
+/// assembles it) and `encode_wire_referenced` takes it, and by copying into chunks of at most
+/// `max_chunk` bytes otherwise.
 pub fn encode_received(
     request: &WireAppend,
     now_ms: u64,
@@ -260,9 +263,11 @@ fn put_wire_framing(buf: &mut BytesMut, record: &WireRecord<'_>, now_ms: u64) {
 ///
 /// Returns `None`, and the caller copies with `encode_wire_chunks`, when the records do not fit
 /// one chunk of `max_chunk` bytes (chunks sharing one message could not each be charged for
-/// it), or when referenced bodies are under half the message (keeping the message would then
-/// hold more memory than a copy). The message must be a buffer of exactly its size, and the
-/// request must have passed `validate_wire`.
+/// it), or when referenced bodies are under `REFERENCED_SHARE_MIN` of the message. A referenced
+/// fragment holds the whole message plus its copied framing, a copy holds only the encoded
+/// bytes, so referencing costs the message's other bytes (small bodies, headers, protobuf
+/// framing) on top; past that share they are at most an eighth of it. The message must be a
+/// buffer of exactly its size, and the request must have passed `validate_wire`.
 pub fn encode_wire_referenced(
     request: &WireAppend,
     now_ms: u64,
@@ -281,7 +286,11 @@ pub fn encode_wire_referenced(
             copied += len;
         }
     }
-    if bodies == 0 || encoded > max_chunk || referenced.saturating_mul(2) < request.wire_len() {
+    let (num, den) = REFERENCED_SHARE_MIN;
+    if bodies == 0
+        || encoded > max_chunk
+        || referenced.saturating_mul(den) < request.wire_len().saturating_mul(num)
+    {
         return None;
     }
     // Write: one buffer for everything copied, split into a run before each referenced body.
@@ -302,11 +311,17 @@ pub fn encode_wire_referenced(
         parts.push(copy.split().freeze());
     }
     let held = request.wire_len() + copied as u64 + parts.len() as u64 * PART_HELD + PARTS_OVERHEAD;
+    // Measured, not computed: the footer's offsets must be the bytes written.
+    let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    debug_assert_eq!(
+        len, encoded as u64,
+        "a referenced fragment's framing was mismeasured"
+    );
     let crc32c = super::crc::crc32c_parts(&parts);
     Some(Fragment {
         crc32c,
         parts: parts.into(),
-        len: encoded as u64,
+        len,
         held,
         records,
     })
@@ -720,7 +735,7 @@ mod tests {
                 .map(|r| r.body.len() as u64)
                 .sum();
             let Some(fragment) = encode_wire_referenced(&wire, now, usize::MAX) else {
-                prop_assert!(large == 0 || large * 2 < message.len() as u64);
+                prop_assert!(large == 0 || large * 8 < message.len() as u64 * 7);
                 return Ok(());
             };
             prop_assert_eq!(fragment.to_bytes(), copied[0].to_bytes());

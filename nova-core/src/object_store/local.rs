@@ -206,7 +206,11 @@ fn write_parts(file: &mut File, parts: &[bytes::Bytes]) -> io::Result<()> {
             .collect();
         let mut rest = &mut slices[..];
         while !rest.is_empty() {
-            let written = file.write_vectored(rest)?;
+            let written = match file.write_vectored(rest) {
+                Ok(written) => written,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
             if written == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
