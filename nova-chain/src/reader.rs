@@ -187,9 +187,9 @@ pub(crate) async fn read(
         let seq = page.next_seq;
         let room = page.max_bytes.saturating_sub(page.bytes);
         if let Some(run) = shared.tail_cache.lookup(stream.id(), seq) {
-            // The encoded response's copy of what this run can add to the page (the page's
-            // records are slices that keep their fragments' buffers alive until it is sent).
-            let run_bytes: u64 = run.fragments.iter().map(|(_, f)| f.held_bytes()).sum();
+            // The encoded response's copy of what this run can add to the page. (The records'
+            // own buffers are the tail cache's, charged there.)
+            let run_bytes: u64 = run.fragments.iter().map(|(_, f)| f.len()).sum();
             let records = (run.end_seq - seq).min((page.max_records - page.records.len()) as u64);
             if !charge
                 .grow(run_bytes.min(room.max(1)) + records * READ_PER_RECORD)
