@@ -25,7 +25,7 @@
 use bytes::Bytes;
 
 use nova_core::catalog::{Garbage, IndexEntry};
-use nova_core::flight::crc::{crc32c, crc32c_append};
+use nova_core::flight::crc::{crc32c, crc32c_combine};
 use nova_core::flight::{
     FlightFooter, FlightMeta, HEADER_LEN, ObjectFooter, SectionEntry, encode_flight_end,
     fetch_footer, flight_header,
@@ -397,7 +397,7 @@ impl Layout {
         let len = bytes.len() as u64;
         match &mut self.open {
             Some(open) if open.len + len <= MAX_SECTION_BYTES => {
-                open.crc32c = crc32c_append(open.crc32c, &bytes);
+                open.crc32c = crc32c_combine(open.crc32c, entry.crc32c, len);
                 open.len += len;
                 open.end_seq = entry.end_seq;
             }
@@ -410,7 +410,7 @@ impl Layout {
                     end_seq: entry.end_seq,
                     offset: self.offset,
                     len,
-                    crc32c: crc32c(&bytes),
+                    crc32c: entry.crc32c,
                 });
             }
         }

@@ -531,9 +531,11 @@ async fn write_run(
     for (piece, _) in run {
         let flight = &window.flights[piece.flight];
         created_at_ms = created_at_ms.max(flight.footer.meta.created_at_ms);
-        let fragment = Fragment::whole(
+        // `read_piece` checked the bytes against the entry's crc32c.
+        let fragment = Fragment::whole_checked(
             read_piece(ctx, flight, &piece.entry).await?,
             piece.entry.end_seq - piece.entry.start_seq,
+            piece.entry.crc32c,
         );
         match sections.last_mut() {
             Some(section) if section_bytes + piece.entry.len <= MAX_SECTION_BYTES => {

@@ -295,7 +295,11 @@ impl Carrier<'_> {
                 stream_id: section.stream_id,
                 stream: section.stream.clone(),
                 start_seq: section.start_seq,
-                fragments: vec![Fragment::whole(body, section.end_seq - section.start_seq)],
+                fragments: vec![Fragment::whole_checked(
+                    body,
+                    section.end_seq - section.start_seq,
+                    section.crc32c,
+                )],
             });
             self.open.tails.insert(section.stream_id, section.end_seq);
         }

@@ -65,9 +65,16 @@ impl Fragment {
     /// encoded by copying is, and a section sliced out of a fetched object is charged by its
     /// reader at its own length.
     pub fn whole(bytes: Bytes, records: u64) -> Self {
+        let crc32c = super::crc::crc32c(&bytes);
+        Self::whole_checked(bytes, records, crc32c)
+    }
+
+    /// `whole`, for bytes whose crc32c the caller has just verified against a stored one: a
+    /// section read back from an object is not checksummed a second time.
+    pub fn whole_checked(bytes: Bytes, records: u64, crc32c: u32) -> Self {
         let len = bytes.len() as u64;
         Self {
-            crc32c: super::crc::crc32c(&bytes),
+            crc32c,
             parts: Arc::new([bytes]),
             len,
             held: len,
@@ -415,23 +422,26 @@ impl RecordIter {
         }
     }
 
-    /// Reads a little-endian u32 (at most `remaining` bytes must be asked for).
-    fn read_u32(&mut self) -> u32 {
+    /// The next `N` bytes (at most `remaining` must be asked for), from wherever they lie.
+    fn read_array<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0u8; N];
         self.fill();
-        if self.rest.len() >= 4 {
-            self.remaining -= 4;
-            return self.rest.get_u32_le();
+        if self.rest.len() >= N {
+            out.copy_from_slice(&self.rest[..N]);
+            self.rest.advance(N);
+            self.remaining -= N;
+        } else {
+            out.copy_from_slice(&self.take(N));
         }
-        self.take(4).get_u32_le()
+        out
+    }
+
+    fn read_u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.read_array())
     }
 
     fn read_u64(&mut self) -> u64 {
-        self.fill();
-        if self.rest.len() >= 8 {
-            self.remaining -= 8;
-            return self.rest.get_u64_le();
-        }
-        self.take(8).get_u64_le()
+        u64::from_le_bytes(self.read_array())
     }
 
     /// Reads the next frame's length prefix and checks the frame is all there.
