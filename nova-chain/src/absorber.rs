@@ -113,6 +113,16 @@ pub(crate) async fn run_absorber(
             }
         }
         batch.tails = touched.into_iter().collect();
+        // Each stream's records hold only under the leadership they were sequenced under.
+        let mut guards = crate::packer::Guards::default();
+        for flight in &group {
+            guards.extend(&flight.guards);
+        }
+        batch.guards = guards
+            .0
+            .into_iter()
+            .filter(|(id, _)| batch.tails.iter().any(|(t, _)| t == id))
+            .collect();
         let carried = group.iter().filter_map(|l| l.express).next_back();
         batch.express = carried.map(|(epoch, slot)| ExpressCheckpoint {
             epoch,
@@ -129,7 +139,8 @@ pub(crate) async fn run_absorber(
             checkpoint: Some(last_slot),
         };
         let batch_express = batch.express;
-        let Some(committed) = commit(&shared, &chain, state, batch).await else {
+        let Some(committed) = commit_or_depose(&shared, &chain, state, batch, &mut tails).await
+        else {
             // Fenced or abandoned: these flights stay in the chain for the next owner.
             continue;
         };
@@ -178,6 +189,58 @@ async fn rebase_moved_streams(
     }
 }
 
+/// Commits one absorb (see `commit`). A stream whose leadership moved to another star while
+/// this star held records of it is deposed: its records are left out of the index, appends to
+/// it are refused from now on, and the rest of the absorb is committed without them. Records
+/// of it already acknowledged here are lost to the index: a second writer was detected, not
+/// trusted away, and the error log and `nova_fleet_deposed_streams_total` say so.
+async fn commit_or_depose(
+    shared: &Shared,
+    chain: &VersionedChain,
+    state: ChainState,
+    mut batch: AbsorbBatch,
+    tails: &mut HashMap<u64, StreamTail>,
+) -> Option<VersionedChain> {
+    loop {
+        let deposed = match commit(shared, chain, state, batch.clone()).await? {
+            Committed::Landed(chain) => return Some(chain),
+            Committed::Deposed(ids) => ids,
+        };
+        for id in &deposed {
+            let stream = shared.streams.get_by_id(*id);
+            if let Some(stream) = &stream {
+                stream.depose();
+            }
+            // Reads must not find them in memory either.
+            shared.tail_cache.forget_stream(*id);
+            tails.remove(id);
+            shared.metrics.deposed_streams.inc();
+            let seqs: Vec<(u64, u64)> = batch
+                .entries
+                .iter()
+                .filter(|e| e.stream_id == *id)
+                .map(|e| (e.start_seq, e.end_seq))
+                .collect();
+            tracing::error!(
+                stream = stream.as_ref().map_or("?", |s| s.name()),
+                stream_id = id,
+                ?seqs,
+                "another star took this stream's leadership while this star held records of it: \
+                 they are left out of the index, and this star stops leading the stream"
+            );
+        }
+        batch.entries.retain(|e| !deposed.contains(&e.stream_id));
+        batch.tails.retain(|(id, _)| !deposed.contains(id));
+        batch.guards.retain(|(id, _)| !deposed.contains(id));
+    }
+}
+
+enum Committed {
+    Landed(VersionedChain),
+    /// Nothing was written: these streams' leadership moved.
+    Deposed(Vec<u64>),
+}
+
 /// Commits one absorb, retrying metastore failures until it lands. `None` when the chain was
 /// lost or shutdown abandoned the work.
 async fn commit(
@@ -185,7 +248,7 @@ async fn commit(
     chain: &VersionedChain,
     state: ChainState,
     batch: AbsorbBatch,
-) -> Option<VersionedChain> {
+) -> Option<Committed> {
     let mut attempt = 0u32;
     loop {
         attempt += 1;
@@ -212,8 +275,9 @@ async fn commit(
                     tracing::info!(attempts = attempt, "absorb commits are landing again");
                     *failing = false;
                 }
-                return Some(committed);
+                return Some(Committed::Landed(committed));
             }
+            Err(CatalogError::Deposed(streams)) => return Some(Committed::Deposed(streams)),
             Err(CatalogError::Conflict(reason)) => {
                 // After a failed attempt, the conflict may be that attempt's own success.
                 if attempt > 1 {
@@ -224,7 +288,7 @@ async fn commit(
                                 "an absorb commit reported as failed had landed; carrying on"
                             );
                             *shared.health.commit_failing.lock() = false;
-                            return Some(committed);
+                            return Some(Committed::Landed(committed));
                         }
                         Ok(None) => {}
                         // Cannot tell yet: ask again after the backoff rather than give up the

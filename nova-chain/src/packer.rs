@@ -19,6 +19,7 @@ use nova_core::flight::section::Fragment;
 use nova_core::flight::{FlightFooter, FlightMeta, SectionInput, assemble_flight};
 use nova_core::keys::slot_key;
 use nova_core::limits::MAX_SECTION_BYTES;
+use nova_core::metastore::Compare;
 use nova_proto::RequestError;
 
 use nova_core::catalog::StorageClass;
@@ -57,6 +58,9 @@ pub(crate) struct Submission {
 #[derive(Debug)]
 pub(crate) struct Batch {
     pub stream: Arc<StreamState>,
+    /// The stream's leadership when the batch was sequenced (in a fleet): its absorb holds only
+    /// while the leadership still does.
+    pub leadership: Option<Compare>,
     pub range: AckRange,
     pub content_bytes: u64,
     /// The batch's admission charge, released when the batch is dropped at resolution.
@@ -88,6 +92,29 @@ pub(crate) struct OpenFlight {
     pub(crate) batches: Vec<Batch>,
     /// Express bundles carried into this flight (`None` for a bundle itself).
     pub(crate) express: ExpressCarry,
+    /// The leaderships the flight's records were sequenced under, by stream id.
+    pub(crate) guards: Guards,
+}
+
+/// The leaderships a flight's (or a bundle's) records were sequenced under, by stream id,
+/// each once.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Guards(pub Vec<(u64, Compare)>);
+
+impl Guards {
+    pub(crate) fn add(&mut self, stream: u64, guard: Option<&Compare>) {
+        if let Some(guard) = guard
+            && !self.0.iter().any(|(id, g)| *id == stream && g == guard)
+        {
+            self.0.push((stream, guard.clone()));
+        }
+    }
+
+    pub(crate) fn extend(&mut self, other: &Guards) {
+        for (stream, guard) in &other.0 {
+            self.add(*stream, Some(guard));
+        }
+    }
 }
 
 /// What a Standard flight carries for the express chain: the last bundle whose sections it
@@ -122,11 +149,14 @@ impl OpenFlight {
             section_of: HashMap::new(),
             batches: Vec::new(),
             express: ExpressCarry::default(),
+            guards: Guards::default(),
         }
     }
 
     /// Adds a sequenced batch's chunks, starting at `range.start`.
     fn add_batch(&mut self, batch: Batch, chunks: Vec<Fragment>) {
+        self.guards
+            .add(batch.stream.id(), batch.leadership.as_ref());
         let mut seq = batch.range.start;
         for chunk in chunks {
             let records = chunk.records;
@@ -138,6 +168,7 @@ impl OpenFlight {
 
     /// Adds an acknowledged bundle's sections, its pinned runs and its charges.
     fn add_carried(&mut self, carried: Carried) {
+        self.guards.extend(&carried.guards);
         for section in carried.sections {
             let end = section.end_seq();
             self.express.pinned.push((section.stream.id(), end));
@@ -211,6 +242,7 @@ pub(crate) struct InFlight {
     pub backlog: BudgetPermit,
     pub _writing: OwnedSemaphorePermit,
     pub express: ExpressCarry,
+    pub guards: Guards,
 }
 
 pub(crate) struct Packer {
@@ -427,9 +459,11 @@ impl Packer {
             end: next + records,
         };
         sub.stream.set_next_seq(range.end);
+        let leadership = sub.stream.leadership();
         drop(admitting);
         let clock = self.shared.config.clock;
         let batch = Batch {
+            leadership,
             stream: sub.stream,
             range,
             content_bytes: sub.content_bytes,
@@ -504,6 +538,7 @@ impl Packer {
             backlog,
             _writing: writing,
             express: flight.express,
+            guards: flight.guards,
         };
         // The resolver's queue holds as many flights as there are writer permits, so this
         // only waits if the resolver has stopped, which happens only at shutdown.

@@ -15,7 +15,7 @@ use nova_core::budget::BudgetPermit;
 use nova_core::catalog::IndexEntry;
 use nova_proto::RequestError;
 
-use crate::packer::{Batch, InFlight, Section};
+use crate::packer::{Batch, Guards, InFlight, Section};
 use crate::shared::Shared;
 use crate::tail_cache::CachedRun;
 use crate::writer::WriteError;
@@ -24,6 +24,8 @@ use crate::writer::WriteError;
 pub(crate) struct Landed {
     pub slot: u64,
     pub entries: Vec<IndexEntry>,
+    /// The leaderships the flight's records were sequenced under (in a fleet).
+    pub guards: Guards,
     /// The last express bundle (express epoch, slot) whose records this flight carries.
     pub express: Option<(u64, u64)>,
     pub _backlog: BudgetPermit,
@@ -107,6 +109,7 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
         bytes,
         backlog,
         express,
+        guards,
         ..
     } = flight;
     let entries: Vec<IndexEntry> = footer
@@ -132,6 +135,14 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
     shared.metrics.flights_written.inc();
     shared.metrics.flight_bytes.inc_by(bytes);
     for batch in batches {
+        // A star that lost the stream's leadership to another writer while this flight was in
+        // the air acknowledges none of its records: its absorb will refuse them.
+        if batch.stream.is_deposed()
+            && let Some(refusal) = batch.stream.refusal()
+        {
+            batch.fail(refusal);
+            continue;
+        }
         count_appended(shared, &batch);
         // Dropping the batch after the reply releases its admission charge: the tail cache
         // holds the same fragment bytes from here on, under its own budget.
@@ -140,6 +151,7 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
     let landed = Landed {
         slot,
         entries,
+        guards,
         express: express.through,
         _backlog: backlog,
     };

@@ -13,6 +13,7 @@ use nova_core::catalog::{
 use nova_core::clock::Clock;
 use nova_core::keys::stream_manifest_key;
 use nova_core::manifest::StreamManifest;
+use nova_core::metastore::Compare;
 use nova_core::metrics::Metrics;
 use nova_core::object_store::{ObjectStore, StoreError};
 use nova_proto::RequestError;
@@ -30,6 +31,14 @@ pub struct StreamState {
     deleted: AtomicBool,
     /// Being handed to another star, in a fleet: appends are refused from here on.
     released: AtomicBool,
+    /// In a fleet, what this star leads the stream under: a compare on its leader record at
+    /// the version this star wrote when it took the stream up. Each batch is sequenced under
+    /// it, and the absorb of the batch's records compares it, so a star whose leadership moved
+    /// on can commit neither index entries nor a tail. `None` outside a fleet.
+    leadership: parking_lot::Mutex<Option<Compare>>,
+    /// An absorb found the leadership moved while this star held records of the stream: its
+    /// appends are refused, and those not yet answered are not acknowledged.
+    deposed: AtomicBool,
     /// Held by the packer from the refusal check to the sequence assignment, and by a release
     /// setting `released`: once a release holds it, no batch can be between the two.
     admitting: parking_lot::Mutex<()>,
@@ -68,6 +77,8 @@ impl StreamState {
             stored_bytes: AtomicU64::new(tail.stored_bytes),
             deleted: AtomicBool::new(false),
             released: AtomicBool::new(false),
+            leadership: parking_lot::Mutex::new(None),
+            deposed: AtomicBool::new(false),
             admitting: parking_lot::Mutex::new(()),
             in_doubt: AtomicBool::new(false),
             retention: parking_lot::Mutex::new(meta.retention),
@@ -136,6 +147,18 @@ impl StreamState {
         self.stored_bytes.load(Ordering::Relaxed)
     }
 
+    /// Puts the stream back at `tail`, forgetting what this star acknowledged past it: for a
+    /// deposed stream taken up again, whose records past the absorbed tail never reached the
+    /// index.
+    pub(crate) fn reset_tail(&self, tail: StreamTail) {
+        let _admitting = self.admitting.lock();
+        self.next_seq.store(tail.tail_seq, Ordering::Release);
+        self.acked.store(tail.tail_seq, Ordering::Release);
+        self.stored_bytes
+            .store(tail.stored_bytes, Ordering::Relaxed);
+        self.tail_moved.notify_waiters();
+    }
+
     /// Publishes a new acknowledged tail. Callers make the records readable first.
     pub(crate) fn advance_tail(&self, tail: u64, added_bytes: u64) {
         self.stored_bytes.fetch_add(added_bytes, Ordering::Relaxed);
@@ -196,6 +219,32 @@ impl StreamState {
         self.released.load(Ordering::Acquire)
     }
 
+    /// Leads the stream from now on under `guard` (see `leadership`), taking appends again.
+    /// Like `set_released`, returns once no batch is between its refusal check and its
+    /// sequence assignment: every batch sequenced after it carries the new guard.
+    pub fn lead_under(&self, guard: Option<Compare>) {
+        let _admitting = self.admitting.lock();
+        *self.leadership.lock() = guard;
+        self.deposed.store(false, Ordering::Release);
+        self.released.store(false, Ordering::Release);
+    }
+
+    /// The guard batches are sequenced under now.
+    pub fn leadership(&self) -> Option<Compare> {
+        self.leadership.lock().clone()
+    }
+
+    /// The leadership moved on while this star held records of the stream.
+    pub(crate) fn depose(&self) {
+        let _admitting = self.admitting.lock();
+        self.deposed.store(true, Ordering::Release);
+    }
+
+    /// Whether an absorb found this star's leadership of the stream gone.
+    pub fn is_deposed(&self) -> bool {
+        self.deposed.load(Ordering::Acquire)
+    }
+
     /// Held while the packer checks and assigns a batch's sequence numbers.
     pub(crate) fn admitting(&self) -> parking_lot::MutexGuard<'_, ()> {
         self.admitting.lock()
@@ -207,7 +256,13 @@ impl StreamState {
 
     /// Why an append to this stream is refused now, if it is.
     pub fn refusal(&self) -> Option<RequestError> {
-        if self.released.load(Ordering::Acquire) {
+        if self.is_deposed() {
+            Some(RequestError::Unavailable(format!(
+                "this star no longer leads stream {:?}: another star took its leadership; \
+                 retry (the SDK asks the fleet for the new leader)",
+                self.name()
+            )))
+        } else if self.released.load(Ordering::Acquire) {
             // A handoff takes as long as landing and absorbing what is in flight: come back
             // soon, to the new leader by then.
             Some(RequestError::UnavailableFor {
@@ -554,7 +609,10 @@ impl StreamRegistry {
         retention: Retention,
     ) -> Result<Arc<StreamState>, RequestError> {
         let _one_at_a_time = self.admin.lock().await;
-        if self.get(name).is_some() {
+        // In a fleet the catalog alone says whether the name is taken: a stream deleted
+        // through another star is still known here.
+        let shared = self.catalog.store().capabilities().shared;
+        if !shared && self.get(name).is_some() {
             return Err(RequestError::StreamExists(name.to_owned()));
         }
         // A create whose outcome was unknown may have landed: ask the catalog before writing a
@@ -564,7 +622,10 @@ impl StreamRegistry {
             self.adopt(found).await;
             return Err(RequestError::StreamExists(name.to_owned()));
         }
-        if self.len() >= self.max_streams {
+        self.forget_stale(name, None);
+        // In a fleet `--max-streams` bounds the streams a star leads, and the fleet places a
+        // new stream on a star that has room.
+        if !shared && self.len() >= self.max_streams {
             self.metrics.sheds.with_label_values(&["max_streams"]).inc();
             self.metrics.refused.hit(Some(name), None);
             tracing::warn!(
@@ -657,14 +718,25 @@ impl StreamRegistry {
         }
     }
 
-    /// Takes a stream up for leading, in a fleet: reads its settings and absorbed tail from the
-    /// shared catalog (the previous leader absorbed everything before the leadership moved) and
-    /// serves from there. `None` when the catalog has no such stream.
-    pub async fn acquire(&self, name: &str) -> Result<Option<Arc<StreamState>>, CatalogError> {
+    /// Takes a stream up for leading, in a fleet, under `guard` (see `StreamState::lead_under`):
+    /// reads its settings and absorbed tail from the shared catalog (the previous leader
+    /// absorbed everything before the leadership moved) and serves from there. `leading` is how
+    /// many streams this star leads now: `--max-streams` bounds those, not the streams the
+    /// catalog knows. `None` when the catalog has no such stream.
+    pub async fn acquire(
+        &self,
+        name: &str,
+        guard: Compare,
+        leading: usize,
+    ) -> Result<Option<Arc<StreamState>>, CatalogError> {
         let Some(meta) = self.catalog.stream(name).await? else {
+            self.forget_stale(name, None);
             return Ok(None);
         };
         let tail = self.catalog.stream_tail(meta.id).await?;
+        // A stream of this name deleted through another star (and perhaps created again) is
+        // still known here under its old id: it is gone.
+        self.forget_stale(name, Some(meta.id));
         if let Some(state) = self.get_by_id(meta.id) {
             // Its settings may have changed while another star led it. Nothing of it is in
             // flight here (it was handed off), so its class can change under it.
@@ -673,21 +745,45 @@ impl StreamRegistry {
                 state.class.store(meta.class.code(), Ordering::Release);
             }
             *state.retention.lock() = meta.retention;
-            let added = tail.stored_bytes.saturating_sub(state.stored_bytes());
-            state.set_next_seq(tail.tail_seq.max(state.tail()));
-            state.advance_tail(tail.tail_seq, added);
-            state.set_released(false);
+            if state.is_deposed() {
+                // What this star acknowledged after its leadership moved never reached the
+                // index: the stream goes on from where its other leader left it.
+                state.reset_tail(tail);
+            } else {
+                let added = tail.stored_bytes.saturating_sub(state.stored_bytes());
+                state.set_next_seq(tail.tail_seq.max(state.tail()));
+                state.advance_tail(tail.tail_seq, added);
+            }
+            state.lead_under(Some(guard));
             return Ok(Some(state));
         }
-        if self.len() >= self.max_streams {
+        if leading >= self.max_streams {
             return Err(CatalogError::Conflict(format!(
-                "this star already serves --max-streams={} streams",
+                "this star already leads --max-streams={} streams",
                 self.max_streams
             )));
         }
         let state = Arc::new(StreamState::new(meta, tail));
+        state.lead_under(Some(guard));
         self.insert(state.clone());
         Ok(Some(state))
+    }
+
+    /// Drops what this star knows of stream `name` if it is not the stream with id `current`
+    /// (`None`: the catalog has no such stream): one deleted through another star of the fleet.
+    /// Its records are that star's to forget; here it only stops being served.
+    fn forget_stale(&self, name: &str, current: Option<u64>) {
+        let Some(stale) = self.get(name).filter(|s| Some(s.id()) != current) else {
+            return;
+        };
+        if !self.catalog.store().capabilities().shared {
+            return;
+        }
+        self.by_name.write().remove(name);
+        self.by_id.write().remove(&stale.id());
+        stale.deleted.store(true, Ordering::Release);
+        stale.tail_moved.notify_waiters();
+        self.metrics.streams.set(self.len() as i64);
     }
 
     /// Marks the manifest of a stream that was never created deleted: a rebuild would

@@ -129,6 +129,9 @@ pub struct Metrics {
     pub oldest_admitted_age: Gauge,
     /// 1 once the star has lost its chain (it acknowledges nothing more and exits).
     pub fenced: IntGauge,
+    /// Streams whose leadership moved while this star held records of them that an absorb
+    /// then refused to commit (two writers, detected): those records never reach the index.
+    pub deposed_streams: IntCounter,
     /// 1 while the star accepts appends: recovered, not fenced, its object store reachable.
     pub ready: IntGauge,
     /// 1 while flight writes fail with an error retrying will not fix (refused credentials, a
@@ -518,6 +521,11 @@ impl Metrics {
                 &r,
                 "nova_star_fenced",
                 "1 once the star has lost its chain to another writer or abandoned a flight; it acknowledges nothing more.",
+            ),
+            deposed_streams: counter(
+                &r,
+                "nova_fleet_deposed_streams_total",
+                "Streams whose leadership moved to another star while this star held records of them: the absorb refused them, so they never reach the index, and appends still waiting were answered as not acknowledged.",
             ),
             ready: gauge(
                 &r,

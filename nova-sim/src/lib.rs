@@ -3,10 +3,12 @@
 //! simulated producers and consumers, crashed and restarted, and checked by an oracle after
 //! every run. See docs/testing.md.
 
+pub mod fleet;
 pub mod metastore;
 pub mod oracle;
 pub mod plan;
 pub mod run;
 pub mod store;
 
+pub use fleet::{FleetReport, run_fleet_seed};
 pub use run::{Failure, Report, replay_command, run_seed};

@@ -38,8 +38,8 @@ pub struct Oracle {
     records: HashMap<u64, (usize, usize)>,
     /// Where each record was seen: (stream, seq).
     seen_at: HashMap<u64, (usize, u64)>,
-    /// What each (stream, seq) held when first seen.
-    holds: HashMap<(usize, u64), u64>,
+    /// What each (stream, seq) held when first seen, and who said so.
+    holds: HashMap<(usize, u64), (u64, String)>,
     /// Per stream: the end of the highest acknowledgement and the highest tail a read reported.
     acked_end: BTreeMap<usize, u64>,
     read_tail: BTreeMap<usize, u64>,
@@ -148,6 +148,12 @@ impl Oracle {
     }
 
     pub fn acked(&mut self, batch: usize, start: u64, end: u64) {
+        self.acked_by(batch, start, end, "its acknowledgement");
+    }
+
+    /// A batch acknowledged at `start..end` by `source` (in a fleet, the star and its epoch):
+    /// no other acknowledgement may ever claim those sequence numbers.
+    pub fn acked_by(&mut self, batch: usize, start: u64, end: u64, source: &str) {
         self.event(&[2, batch as u64, start, end]);
         self.answered(batch);
         let (stream, first_id, len) = {
@@ -163,7 +169,7 @@ impl Oracle {
         let acked = self.acked_end.entry(stream).or_default();
         *acked = (*acked).max(end);
         for i in 0..len.min(end - start) {
-            self.place(stream, start + i, first_id + i, "its acknowledgement");
+            self.place(stream, start + i, first_id + i, source);
         }
     }
 
@@ -256,12 +262,15 @@ impl Oracle {
     fn place(&mut self, stream: usize, seq: u64, id: u64, source: &str) {
         self.event(&[6, stream as u64, seq, id]);
         match self.holds.get(&(stream, seq)) {
-            Some(&held) if held != id => self.violation(format!(
-                "stream {stream} seq {seq} held record {held}, then {source} says record {id}"
-            )),
+            Some((held, first)) if *held != id => {
+                let message = format!(
+                    "stream {stream} seq {seq} held record {held} ({first}), then {source} says record {id}"
+                );
+                self.violation(message);
+            }
             Some(_) => {}
             None => {
-                self.holds.insert((stream, seq), id);
+                self.holds.insert((stream, seq), (id, source.to_owned()));
             }
         }
         match self.seen_at.get(&id) {

@@ -154,11 +154,11 @@ pub enum End {
     Shutdown(Duration),
 }
 
-fn ms(entropy: &Entropy, low: u64, high: u64) -> Duration {
+pub(crate) fn ms(entropy: &Entropy, low: u64, high: u64) -> Duration {
     Duration::from_millis(low + entropy.below(high - low + 1))
 }
 
-fn pick<T: Copy>(entropy: &Entropy, choices: &[T]) -> T {
+pub(crate) fn pick<T: Copy>(entropy: &Entropy, choices: &[T]) -> T {
     choices[entropy.below(choices.len() as u64) as usize]
 }
 
@@ -180,6 +180,7 @@ impl Plan {
             lost_answer: p(0.1),
             read_fail: p(0.05),
             latency_ms: (entropy.below(3), 3 + entropy.below(30)),
+            ..MetastoreFaults::none()
         };
         let lives = (0..2 + entropy.below(4))
             .map(|_| {

@@ -67,6 +67,8 @@ pub struct Report {
 pub struct Failure {
     pub seed: u64,
     pub violations: Vec<String>,
+    /// A fleet seed (`run_fleet_seed`), replayed with `--fleet`.
+    pub fleet: bool,
 }
 
 impl std::fmt::Display for Failure {
@@ -75,7 +77,12 @@ impl std::fmt::Display for Failure {
         for v in &self.violations {
             writeln!(f, "  - {v}")?;
         }
-        write!(f, "replay it with: {}", replay_command(self.seed))
+        let replay = if self.fleet {
+            crate::fleet::replay_command(self.seed)
+        } else {
+            replay_command(self.seed)
+        };
+        write!(f, "replay it with: {replay}")
     }
 }
 
@@ -194,6 +201,7 @@ impl World {
         Failure {
             seed: self.seed,
             violations: self.oracle.lock().violations.clone(),
+            fleet: false,
         }
     }
 
@@ -247,8 +255,27 @@ fn class_of(world: &World, stream: usize) -> StorageClass {
 /// flight after the first missing slot holds only records nobody was told are durable (the
 /// next start ends the chain at the gap, so those flights are never read).
 fn check_chain(world: &World) {
-    let root = chain_root(STAR);
     let objects = world.store.snapshot();
+    let mut oracle = world.oracle.lock();
+    // An Express stream's records are acknowledged at the zones before a flight carries them;
+    // recovery carries them again from the zones.
+    let express = |stream: &str| {
+        stream
+            .strip_prefix('s')
+            .and_then(|i| i.parse().ok())
+            .is_some_and(|i| class_of(world, i) == StorageClass::Express)
+    };
+    check_chain_of(STAR, &objects, &mut oracle, &express);
+}
+
+/// `check_chain` for the chain of `star` in `objects`, skipping the streams `skip` names.
+pub(crate) fn check_chain_of(
+    star: &str,
+    objects: &BTreeMap<String, Bytes>,
+    oracle: &mut Oracle,
+    skip: &dyn Fn(&str) -> bool,
+) {
+    let root = chain_root(star);
     let mut epochs: BTreeMap<u64, BTreeMap<u64, Bytes>> = BTreeMap::new();
     // The auditor's settle markers: slots up to them were settled and may be gone.
     let mut settled: BTreeMap<u64, u64> = BTreeMap::new();
@@ -275,7 +302,6 @@ fn check_chain(world: &World) {
                 .insert(slot, object.clone());
         }
     }
-    let mut oracle = world.oracle.lock();
     for (epoch, slots) in epochs {
         // Up to a settle marker the auditor may have deleted flights (and a late write of one
         // may even have landed again after the delete), so the chain is checked from just past
@@ -289,19 +315,14 @@ fn check_chain(world: &World) {
                 Ok(ObjectFooter::Flight(flight)) => flight,
                 Ok(ObjectFooter::Fence(_)) => continue,
                 Err(err) => {
-                    oracle.violation(format!("epoch {epoch} slot {slot} does not parse: {err}"));
+                    oracle.violation(format!(
+                        "{star}: epoch {epoch} slot {slot} does not parse: {err}"
+                    ));
                     continue;
                 }
             };
             for section in &flight.sections {
-                // An Express stream's records are acknowledged at the zones before a flight
-                // carries them; recovery carries them again from the zones.
-                let express = section
-                    .stream
-                    .strip_prefix('s')
-                    .and_then(|i| i.parse().ok())
-                    .is_some_and(|i| class_of(world, i) == StorageClass::Express);
-                if express {
+                if skip(&section.stream) {
                     continue;
                 }
                 let range = section.offset as usize..(section.offset + section.len) as usize;
@@ -311,7 +332,7 @@ fn check_chain(world: &World) {
                     .count();
                 if acked > 0 {
                     oracle.violation(format!(
-                        "epoch {epoch} slot {slot} holds {acked} acknowledged records of stream {} (seqs {}..{}), past slot {gap} that never landed",
+                        "{star}: epoch {epoch} slot {slot} holds {acked} acknowledged records of stream {} (seqs {}..{}), past slot {gap} that never landed",
                         section.stream, section.start_seq, section.end_seq
                     ));
                 }

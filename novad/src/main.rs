@@ -2,7 +2,6 @@
 
 mod config;
 mod express;
-mod fleet;
 mod memory;
 mod server;
 mod service;

@@ -180,14 +180,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     // In a fleet the star registers before recovery, so that a second live star with its id
     // is refused before either touches the chain.
-    let fleet_metrics = crate::fleet::FleetMetrics::new(&metrics.registry)?;
+    let fleet_metrics = nova_fleet::FleetMetrics::new(&metrics.registry)?;
     let fleet = if metastore.capabilities().shared {
-        let fleet_config = crate::fleet::FleetConfig {
+        let fleet_config = nova_fleet::FleetConfig {
             star_id: config.star_id.clone(),
             advertise: config.advertise(),
             lease_ttl: Duration::from_secs(config.lease_ttl_secs),
         };
-        let joining = crate::fleet::Fleet::join(
+        let joining = nova_fleet::Fleet::join(
             metastore.clone(),
             fleet_config,
             fleet_metrics,
@@ -247,7 +247,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None
     };
     if let Some(fleet) = &fleet {
-        fleet.start_takeovers(crate::fleet::TakeoverContext {
+        fleet.start_takeovers(nova_fleet::TakeoverContext {
             star: star.clone(),
             store: store.clone(),
             backoff: config.chain().backoff(),

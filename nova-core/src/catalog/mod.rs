@@ -198,6 +198,10 @@ pub struct AbsorbBatch {
     /// How far this absorb carries the star's express chain, written in the same transaction
     /// as the entries holding the carried records (so the two never disagree).
     pub express: Option<ExpressCheckpoint>,
+    /// In a fleet, the leadership each stream's records were sequenced under (a compare on its
+    /// leader record, by stream id): every one must still hold, or nothing is written and the
+    /// absorb fails with `CatalogError::Deposed` naming the streams whose leadership moved.
+    pub guards: Vec<(u64, Compare)>,
 }
 
 /// How far a star's express chain has been carried into its Standard chain (and so into the
@@ -230,6 +234,10 @@ pub enum CatalogError {
     /// Somebody else changed what this call expected to own (the chain moved on).
     #[error("catalog conflict: {0}")]
     Conflict(String),
+    /// The leadership of these streams (by id) moved to another star while the absorbing star
+    /// held records of them: their records must not reach the index.
+    #[error("the leadership of streams {0:?} moved to another star")]
+    Deposed(Vec<u64>),
     #[error("catalog value is corrupt: {0}")]
     Corrupt(String),
     #[error(transparent)]
@@ -914,7 +922,12 @@ impl Catalog {
             None => Compare::Missing(key.clone()),
         };
         let batch = self.spill(batch, &compare, star).await?;
-        let mut txn = Txn::new().compare(compare).put(key, encode_chain(&state));
+        let mut txn = Txn::new()
+            .compare(compare.clone())
+            .put(key, encode_chain(&state));
+        for (_, guard) in &batch.guards {
+            txn = txn.compare(guard.clone());
+        }
         if let Some(express) = &batch.express {
             txn = txn.put(express_key(star), encode_express(express));
         }
@@ -935,8 +948,55 @@ impl Catalog {
                 state,
                 version: revision,
             }),
-            TxnOutcome::Conflict => Err(chain_moved(star)),
+            TxnOutcome::Conflict => Err(self.why_conflict(star, &compare, &batch.guards).await),
         }
+    }
+
+    /// What made an absorb's compares fail: the chain moved (another process owns it), or the
+    /// leadership of some of its streams did. Asked only after a conflict, so an absorb costs
+    /// no reads while nothing is wrong.
+    async fn why_conflict(
+        &self,
+        star: &str,
+        chain: &Compare,
+        guards: &[(u64, Compare)],
+    ) -> CatalogError {
+        if guards.is_empty() {
+            return chain_moved(star);
+        }
+        match self.holds(chain).await {
+            Ok(true) => {}
+            Ok(false) => return chain_moved(star),
+            Err(err) => return CatalogError::Metastore(err),
+        }
+        let mut deposed = Vec::new();
+        for (stream, guard) in guards {
+            match self.holds(guard).await {
+                Ok(true) => {}
+                Ok(false) => deposed.push(*stream),
+                Err(err) => return CatalogError::Metastore(err),
+            }
+        }
+        deposed.sort_unstable();
+        deposed.dedup();
+        if deposed.is_empty() {
+            // Every compare holds now: something moved and moved back. Retried, it tells.
+            return CatalogError::Metastore(MetastoreError::Unavailable(
+                "an absorb conflicted and nothing it compares has changed; retrying".into(),
+            ));
+        }
+        CatalogError::Deposed(deposed)
+    }
+
+    async fn holds(&self, compare: &Compare) -> Result<bool, MetastoreError> {
+        Ok(match compare {
+            Compare::Missing(key) => self.store.get(key).await?.is_none(),
+            Compare::Version(key, version) => self
+                .store
+                .get(key)
+                .await?
+                .is_some_and(|kv| kv.version == *version),
+        })
     }
 }
 
@@ -958,9 +1018,17 @@ impl Catalog {
         chain: &Compare,
         star: &str,
     ) -> Result<AbsorbBatch, CatalogError> {
-        // Each spilled write holds only while the chain is still where the caller saw it, so a
-        // writer that lost the chain meanwhile writes nothing.
-        let guarded = |txn: Txn| txn.compare(chain.clone());
+        // Each spilled write holds only while the chain is still where the caller saw it (and
+        // the streams' leadership where it was), so a writer that lost either meanwhile writes
+        // nothing.
+        let guards = batch.guards.clone();
+        let guarded = |txn: Txn| {
+            guards
+                .iter()
+                .fold(txn.compare(chain.clone()), |txn, (_, guard)| {
+                    txn.compare(guard.clone())
+                })
+        };
         let limit = self.store.capabilities().max_txn_ops;
         // What never spills: the chain move, and the express checkpoint beside it.
         let moves = 1 + usize::from(batch.express.is_some());
@@ -978,7 +1046,7 @@ impl Catalog {
                     txn.put(tail_key(id), encode_tail(&tail))
                 });
                 if self.store.commit(guarded(txn)).await? == TxnOutcome::Conflict {
-                    return Err(chain_moved(star));
+                    return Err(self.why_conflict(star, chain, &guards).await);
                 }
             }
         }
@@ -1001,7 +1069,7 @@ impl Catalog {
                 })
             };
             if self.store.commit(guarded(txn)).await? == TxnOutcome::Conflict {
-                return Err(chain_moved(star));
+                return Err(self.why_conflict(star, chain, &guards).await);
             }
         }
         Ok(batch)
@@ -1256,6 +1324,7 @@ mod tests {
             forget: (1000..1000 + limit).collect(),
             spill_tails: false,
             express: None,
+            guards: Vec::new(),
         };
         let next = ChainState {
             epoch: 1,

@@ -34,7 +34,7 @@ pub struct Context {
     pub star: Arc<Star>,
     /// The fleet this star belongs to; `None` for a single star on the embedded metastore,
     /// which leads every stream.
-    pub fleet: Option<Arc<crate::fleet::Fleet>>,
+    pub fleet: Option<Arc<nova_fleet::Fleet>>,
     pub caps: AppendCaps,
     pub max_read_bytes: u64,
     pub max_read_records: u32,
@@ -94,7 +94,7 @@ fn info(stream: &StreamState, first_seq: u64) -> v1::StreamInfo {
 fn info_led(
     stream: &StreamState,
     first_seq: u64,
-    leader: Option<&crate::fleet::Member>,
+    leader: Option<&nova_fleet::Member>,
 ) -> v1::StreamInfo {
     let retention = stream.retention();
     v1::StreamInfo {
@@ -289,19 +289,21 @@ impl Nova for NovaService {
             .into());
         }
         let retention = retention_from(request.retention)?;
-        if let Some(fleet) = &self.ctx.fleet {
-            // Refused before anything is written while no star can lead the stream.
-            fleet.check_capacity()?;
-        }
-        let stream = self
-            .ctx
-            .star
-            .streams()
-            .create_with(&request.stream, class, retention)
-            .await?;
-        let leader = match &self.ctx.fleet {
-            Some(fleet) => Some(fleet.place_new(&request.stream).await?),
-            None => None,
+        let (stream, leader) = match &self.ctx.fleet {
+            Some(fleet) => {
+                let (stream, leader) = fleet
+                    .create_stream(&self.ctx.star, &request.stream, class, retention)
+                    .await?;
+                (stream, Some(leader))
+            }
+            None => (
+                self.ctx
+                    .star
+                    .streams()
+                    .create_with(&request.stream, class, retention)
+                    .await?,
+                None,
+            ),
         };
         tracing::info!(
             stream = stream.name(),
@@ -412,13 +414,10 @@ impl Nova for NovaService {
         self.ctx
             .access
             .check(principal.as_deref(), Scope::Admin, &name)?;
-        if self.ctx.fleet.is_some() {
+        match &self.ctx.fleet {
             // Deleted by its leader, which holds its in-flight appends.
-            self.ctx.route(&name).await?;
-        }
-        self.ctx.star.streams().delete(&name).await?;
-        if let Some(fleet) = &self.ctx.fleet {
-            fleet.forget(&name).await?;
+            Some(fleet) => fleet.delete_stream(&self.ctx.star, &name).await?,
+            None => self.ctx.star.streams().delete(&name).await?,
         }
         tracing::info!(stream = %name, "stream deleted");
         Ok(Response::new(v1::DeleteStreamResponse {}))
