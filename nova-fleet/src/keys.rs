@@ -54,18 +54,21 @@ pub struct Member {
     pub streams_led: u64,
     /// Cannot take another stream up (`--max-streams`).
     pub full: bool,
+    /// Registered and still recovering its chain: not serving yet, so nothing is placed here.
+    pub starting: bool,
 }
 
 impl Member {
     pub fn encode(&self) -> Vec<u8> {
         format!(
-            "{}\n{}\n{}\n{}\n{}\n{}",
+            "{}\n{}\n{}\n{}\n{}\n{}\n{}",
             self.advertise,
             self.started_ms,
             u8::from(self.saturated),
             u8::from(self.draining),
             self.streams_led,
-            u8::from(self.full)
+            u8::from(self.full),
+            u8::from(self.starting)
         )
         .into_bytes()
     }
@@ -81,14 +84,15 @@ impl Member {
             saturated: lines.next()? == "1",
             draining: lines.next()? == "1",
             streams_led: lines.next()?.parse().ok()?,
-            // Added later: a registration without it is not full.
+            // Added later: a registration without them is neither full nor starting.
             full: lines.next() == Some("1"),
+            starting: lines.next() == Some("1"),
         })
     }
 
     /// Whether new leadership may be placed here.
     pub fn open(&self) -> bool {
-        !self.saturated && !self.draining && !self.full
+        !self.saturated && !self.draining && !self.full && !self.starting
     }
 }
 
@@ -107,12 +111,13 @@ mod tests {
             draining: false,
             streams_led: 3,
             full: true,
+            starting: false,
         };
         assert_eq!(Member::decode("a", &member.encode()), Some(member));
         assert_eq!(Member::decode("a", b"garbage"), None);
-        // A registration written before `full` existed reads as not full.
+        // A registration written before `full` and `starting` existed reads as neither.
         let older = Member::decode("a", b"http://x:1\n17\n0\n0\n3").unwrap();
-        assert!(!older.full && older.open());
+        assert!(!older.full && !older.starting && older.open());
     }
 
     #[test]
@@ -133,6 +138,7 @@ mod tests {
             draining in any::<bool>(),
             streams_led in any::<u64>(),
             full in any::<bool>(),
+            starting in any::<bool>(),
         ) {
             let member = Member {
                 id: "s".into(),
@@ -142,6 +148,7 @@ mod tests {
                 draining,
                 streams_led,
                 full,
+                starting,
             };
             prop_assert_eq!(Member::decode("s", &member.encode()), Some(member));
         }

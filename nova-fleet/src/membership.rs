@@ -50,6 +50,8 @@ pub struct Fleet {
     pub(crate) draining: AtomicBool,
     /// A take-up failed on `--max-streams`: no more leadership here.
     pub(crate) full: AtomicBool,
+    /// Registered, not yet serving (recovering its chain): no leadership is placed here.
+    pub(crate) starting: AtomicBool,
     pub(crate) lost: CancellationToken,
     pub(crate) lost_reason: Mutex<Option<String>>,
     pub(crate) metrics: FleetMetrics,
@@ -73,6 +75,8 @@ impl Fleet {
                 metastore: metastore.describe(),
             });
         }
+        // The lease runs a ttl from when the grant was sent, at least: trust counts from here.
+        let granted = clock.now();
         let lease = metastore
             .grant_lease(config.lease_ttl)
             .await
@@ -87,7 +91,7 @@ impl Fleet {
             clock,
             started_ms,
             registration: AtomicU64::new(0),
-            renewed: Mutex::new(clock.now()),
+            renewed: Mutex::new(granted),
             members: RwLock::default(),
             led: RwLock::default(),
             placed: Mutex::default(),
@@ -96,6 +100,7 @@ impl Fleet {
             saturated: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             full: AtomicBool::new(false),
+            starting: AtomicBool::new(true),
             lost: CancellationToken::new(),
             lost_reason: Mutex::new(None),
             metrics,
@@ -148,7 +153,7 @@ impl Fleet {
             // watch would take the wait for a lost lease.
             let sent = self.clock.now();
             match self.metastore.keep_alive(self.lease).await {
-                Ok(Some(_)) => *self.renewed.lock() = sent,
+                Ok(Some(_)) => self.renewed_at(sent),
                 Ok(None) => {
                     return Err(JoinError::LeaseExpired {
                         while_doing: "waited for its chain's adopter",
@@ -176,6 +181,18 @@ impl Fleet {
             draining: self.draining.load(Ordering::Relaxed),
             streams_led: self.led.read().len() as u64,
             full: self.full.load(Ordering::Relaxed),
+            starting: self.starting.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The star has recovered its chain and serves: from now on leadership may be placed here.
+    /// Until then it is registered (so no second process recovers its chain) but shows as
+    /// starting, or, leading nothing, it would look like the least-loaded star of the fleet
+    /// and attract streams it cannot serve.
+    pub async fn ready(&self) {
+        self.starting.store(false, Ordering::Relaxed);
+        if let Err(err) = self.publish().await {
+            tracing::warn!("publishing that this star serves failed: {err}");
         }
     }
 
@@ -199,11 +216,10 @@ impl Fleet {
                     chain_key(&self.config.star_id),
                     self.config.star_id.clone().into_bytes(),
                 );
-            let sent = self.clock.now();
             match self.metastore.commit(txn).await.map_err(metastore)? {
                 TxnOutcome::Committed { revision } => {
-                    // A put under a lapsed lease fails: the lease was alive when it was sent.
-                    *self.renewed.lock() = sent;
+                    // A put under a lease says only that the lease was alive; it does not
+                    // renew it. Trust still counts from the last grant or keep-alive.
                     self.registration.store(revision, Ordering::Release);
                     tracing::info!(
                         star = %self.config.star_id,
@@ -223,10 +239,7 @@ impl Fleet {
                         .is_some()
                     {
                         // Taking a chain over takes as long as settling it; wait it out.
-                        self.metastore
-                            .keep_alive(self.lease)
-                            .await
-                            .map_err(metastore)?;
+                        self.keep_alive_now().await.map_err(metastore)?;
                         if !logged {
                             tracing::warn!(
                                 star = %self.config.star_id,
@@ -252,10 +265,7 @@ impl Fleet {
                         });
                     }
                     // The new lease must outlive the wait for the old one.
-                    self.metastore
-                        .keep_alive(self.lease)
-                        .await
-                        .map_err(metastore)?;
+                    self.keep_alive_now().await.map_err(metastore)?;
                     if !logged {
                         tracing::warn!(
                             star = %self.config.star_id,
@@ -323,6 +333,15 @@ impl Fleet {
                 tracing::warn!("refreshing the fleet view failed: {err}");
             }
         }
+    }
+
+    /// Renews the lease once, while joining (before the renewal task runs).
+    async fn keep_alive_now(&self) -> Result<(), MetastoreError> {
+        let sent = self.clock.now();
+        if self.metastore.keep_alive(self.lease).await?.is_some() {
+            self.renewed_at(sent);
+        }
+        Ok(())
     }
 
     /// A renewal sent at `sent` succeeded: the lease runs at least a ttl from then.

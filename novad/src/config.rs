@@ -70,8 +70,9 @@ pub struct Config {
     #[arg(long, env = "NOVA_METASTORE_MAX_TXN_OPS", default_value_t = nova_core::metastore::ETCD_DEFAULT_MAX_TXN_OPS, help_heading = "Fleet")]
     pub metastore_max_txn_ops: usize,
 
-    /// Where clients and other stars reach this star, as a URL (default: --listen, with
-    /// https:// when --tls-cert is given, else http://). Redirects name it, so it must be reachable from them.
+    /// Where clients and other stars reach this star: a URL, or HOST:PORT (which gets
+    /// https:// when --tls-cert is given, else http://). Default: --listen, the same way.
+    /// Redirects name it, so it must be reachable from them.
     #[arg(long, env = "NOVA_ADVERTISE_ADDR", help_heading = "Fleet")]
     pub advertise_addr: Option<String>,
 
@@ -415,13 +416,44 @@ impl Config {
         } else {
             "http"
         };
-        self.advertise_addr
-            .clone()
-            .unwrap_or_else(|| format!("{scheme}://{}", self.listen))
+        match &self.advertise_addr {
+            None => format!("{scheme}://{}", self.listen),
+            Some(url) if url.contains("://") => url.clone(),
+            // As `nova --server` takes it.
+            Some(host_port) => format!("{scheme}://{host_port}"),
+        }
+    }
+
+    /// Refuses an `--advertise-addr` that no client could follow a redirect to: a redirect to
+    /// it would fail, after retries, with a transport error naming nothing.
+    fn check_advertise(&self) -> Result<(), String> {
+        let Some(given) = &self.advertise_addr else {
+            return Ok(());
+        };
+        let url = self.advertise();
+        let refused = |why: &str| {
+            Err(format!(
+                "--advertise-addr {given:?} {why}: give the URL clients and the other stars reach                  this star at, as http://HOST:PORT, https://HOST:PORT or HOST:PORT"
+            ))
+        };
+        let Ok(uri) = url.parse::<http::Uri>() else {
+            return refused("is not a URL");
+        };
+        if !matches!(uri.scheme_str(), Some("http" | "https")) {
+            return refused("has a scheme other than http:// or https://");
+        }
+        if uri.host().is_none_or(str::is_empty) {
+            return refused("names no host");
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return refused("has a path; gRPC needs the bare address");
+        }
+        Ok(())
     }
 
     /// Refuses settings that cannot work, naming the flag.
     pub fn check(&self) -> Result<(), String> {
+        self.check_advertise()?;
         if self.grpc_stream_window_kib < 64 {
             return Err("--grpc-stream-window-kib must be at least 64 (the HTTP/2 floor)".into());
         }
@@ -541,6 +573,40 @@ mod tests {
         assert_eq!(config.max_read_records, 8192);
         assert!(config.check().is_ok());
         Config::command().debug_assert();
+    }
+
+    /// A bare `HOST:PORT` (how `nova --server` is given) is advertised as a URL; anything no
+    /// client could follow a redirect to is refused at start-up, naming the flag. Before,
+    /// `127.0.0.1:7401` was accepted and every redirect to the star failed.
+    #[test]
+    fn advertise_addresses_are_urls_or_refused() {
+        let advertised = |args: &[&str]| {
+            let mut argv = vec!["novad"];
+            argv.extend_from_slice(args);
+            let config = Config::parse_from(argv);
+            config.check().map(|()| config.advertise())
+        };
+        assert_eq!(
+            advertised(&["--advertise-addr", "127.0.0.1:7401"]),
+            Ok("http://127.0.0.1:7401".into())
+        );
+        assert_eq!(
+            advertised(&["--advertise-addr", "https://star-1.internal:7400"]),
+            Ok("https://star-1.internal:7400".into())
+        );
+        assert_eq!(
+            advertised(&["--listen", "127.0.0.1:7402"]),
+            Ok("http://127.0.0.1:7402".into())
+        );
+        for bad in [
+            "ftp://h:1",
+            "http://:7400",
+            "http://h:1/nova",
+            "star one:7400",
+        ] {
+            let refused = advertised(&["--advertise-addr", bad]).unwrap_err();
+            assert!(refused.contains("--advertise-addr"), "{bad}: {refused}");
+        }
     }
 
     #[test]

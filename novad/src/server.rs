@@ -385,6 +385,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             stopping.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(server);
+    if let Some(fleet) = &fleet {
+        // Recovered and listening: leadership may be placed here from now on.
+        fleet.ready().await;
+    }
     tokio::spawn(report_readiness(
         star.clone(),
         health.clone(),

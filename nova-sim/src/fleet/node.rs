@@ -134,9 +134,17 @@ async fn boot(world: Arc<World>, node: Arc<Node>) {
         .timeout(RESTART_LIMIT, join_and_open(&world, &node))
         .await;
     let up = match booted {
-        Ok(Some(up)) => up,
+        Ok(Started::Up(up)) => up,
         // Killed while starting: its successor, if any, is somebody else's business.
-        Ok(None) => return,
+        Ok(Started::Killed) => return,
+        // It lost its lease while recovering, and a survivor took its chain over: novad exits
+        // with the error and its supervisor starts it again.
+        Ok(Started::Exited) => {
+            node.kill();
+            clock.sleep(Duration::from_secs(1)).await;
+            world.restart_if_current(&node);
+            return;
+        }
         Err(_) => {
             if !node.is_dead() {
                 world.violation(format!(
@@ -190,9 +198,17 @@ async fn boot(world: Arc<World>, node: Arc<Node>) {
     world.restart_if_current(&node);
 }
 
+/// How a start ended.
+enum Started {
+    Up(Up),
+    Killed,
+    /// Exited with an error that a restart clears.
+    Exited,
+}
+
 /// Joins the fleet (as a supervisor would, trying again after a failed start) and opens the
-/// star. `None` once the incarnation is killed.
-async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Option<Up> {
+/// star.
+async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Started {
     let clock = world.clock;
     let metastore: Arc<dyn Metastore> = Arc::new(GatedMetastore {
         metastore: world.metastore.clone(),
@@ -209,7 +225,7 @@ async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Option<Up> {
     };
     let fleet = loop {
         if node.is_dead() {
-            return None;
+            return Started::Killed;
         }
         let metrics = FleetMetrics::new(&prometheus::Registry::new()).expect("fresh registry");
         match Fleet::join(metastore.clone(), config.clone(), metrics, clock).await {
@@ -217,7 +233,7 @@ async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Option<Up> {
             // A second live star with this id is a real refusal, never expected here.
             Err(err @ JoinError::DuplicateId { .. }) => {
                 world.violation(format!("{}: {err}", node.id));
-                return None;
+                return Started::Killed;
             }
             Err(err) => {
                 tracing::info!(star = %node.id, "joining the fleet failed; starting again: {err}");
@@ -232,15 +248,25 @@ async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Option<Up> {
     let star = match Star::open(chain, store.clone(), metastore, Arc::new(Metrics::new())).await {
         Ok(star) => Arc::new(star),
         Err(err) => {
-            if !node.is_dead() {
-                world.violation(format!(
-                    "{} (incarnation {}) could not start: {err}",
-                    node.id, node.incarnation
-                ));
+            if node.is_dead() {
+                return Started::Killed;
             }
-            return None;
+            // Recovery meets another owner of the chain only if this star's lease lapsed and a
+            // survivor took the chain over meanwhile; anything else is a star that cannot
+            // start.
+            if fleet.is_lost() {
+                tracing::info!(star = %node.id, "lost its lease while recovering: {err}");
+                fleet.leave(false).await;
+                return Started::Exited;
+            }
+            world.violation(format!(
+                "{} (incarnation {}) could not start: {err}",
+                node.id, node.incarnation
+            ));
+            return Started::Killed;
         }
     };
+    fleet.ready().await;
     fleet.start_takeovers(TakeoverContext {
         star: star.clone(),
         store,
@@ -249,7 +275,7 @@ async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Option<Up> {
         adoptions: None,
     });
     fleet.start_balancing(star.clone());
-    Some(Up { star, fleet })
+    Started::Up(Up { star, fleet })
 }
 
 /// SIGTERM: refuse new calls, drain what was admitted, hand the streams off and leave. A kill
