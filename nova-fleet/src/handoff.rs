@@ -172,8 +172,9 @@ impl Fleet {
                         );
                     }
                     tokio::select! {
-                        _ = self.clock.sleep(Duration::from_millis(200)) => {}
+                        biased;
                         _ = self.lost.cancelled() => return None,
+                        _ = self.clock.sleep(Duration::from_millis(200)) => {}
                     }
                 }
             }
@@ -189,8 +190,9 @@ impl Fleet {
             let mut turn = 0usize;
             loop {
                 tokio::select! {
-                    _ = fleet.clock.sleep(fleet.config.lease_ttl / 3) => {}
+                    biased;
                     _ = fleet.lost.cancelled() => return,
+                    _ = fleet.clock.sleep(fleet.config.lease_ttl / 3) => {}
                 }
                 if !fleet.saturated.load(Ordering::Relaxed)
                     || fleet.draining.load(Ordering::Relaxed)

@@ -239,7 +239,7 @@ impl Fleet {
                         .is_some()
                     {
                         // Taking a chain over takes as long as settling it; wait it out.
-                        self.keep_alive_now().await.map_err(metastore)?;
+                        self.keep_alive_now().await;
                         if !logged {
                             tracing::warn!(
                                 star = %self.config.star_id,
@@ -265,7 +265,7 @@ impl Fleet {
                         });
                     }
                     // The new lease must outlive the wait for the old one.
-                    self.keep_alive_now().await.map_err(metastore)?;
+                    self.keep_alive_now().await;
                     if !logged {
                         tracing::warn!(
                             star = %self.config.star_id,
@@ -292,8 +292,9 @@ impl Fleet {
         let patience = self.config.lease_ttl / 6;
         loop {
             tokio::select! {
-                _ = self.clock.sleep(every) => {}
+                biased;
                 _ = self.lost.cancelled() => return,
+                _ = self.clock.sleep(every) => {}
             }
             let sent = self.clock.now();
             match self
@@ -323,8 +324,9 @@ impl Fleet {
         let every = self.config.lease_ttl / 3;
         loop {
             tokio::select! {
-                _ = self.clock.sleep(every) => {}
+                biased;
                 _ = self.lost.cancelled() => return,
+                _ = self.clock.sleep(every) => {}
             }
             if let Err(err) = self.publish().await {
                 tracing::warn!("publishing this star's load failed: {err}");
@@ -335,13 +337,16 @@ impl Fleet {
         }
     }
 
-    /// Renews the lease once, while joining (before the renewal task runs).
-    async fn keep_alive_now(&self) -> Result<(), MetastoreError> {
+    /// Renews the lease once, while joining (before the renewal task runs). A failure is only
+    /// logged: the lease then runs from the last renewal, and the registration's put fails if
+    /// it lapsed.
+    async fn keep_alive_now(&self) {
         let sent = self.clock.now();
-        if self.metastore.keep_alive(self.lease).await?.is_some() {
-            self.renewed_at(sent);
+        match self.metastore.keep_alive(self.lease).await {
+            Ok(Some(_)) => self.renewed_at(sent),
+            Ok(None) => tracing::warn!("the fleet lease lapsed while this star waited to join"),
+            Err(err) => tracing::warn!("renewing the lease while waiting to join: {err}"),
         }
-        Ok(())
     }
 
     /// A renewal sent at `sent` succeeded: the lease runs at least a ttl from then.
@@ -358,8 +363,9 @@ impl Fleet {
         let every = self.config.lease_ttl / 20;
         loop {
             tokio::select! {
-                _ = self.clock.sleep(every) => {}
+                biased;
                 _ = self.lost.cancelled() => return,
+                _ = self.clock.sleep(every) => {}
             }
             let age = self.unrenewed();
             if age > trust {

@@ -38,8 +38,9 @@ impl Fleet {
         tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    _ = fleet.clock.sleep(fleet.config.lease_ttl / 3) => {}
+                    biased;
                     _ = fleet.lost.cancelled() => return,
+                    _ = fleet.clock.sleep(fleet.config.lease_ttl / 3) => {}
                 }
                 // Chains registered now: a chain left by a star with no live registration is
                 // taken over; a star's chain showing up again (it rejoined) ends its adoption.
@@ -107,6 +108,7 @@ impl Fleet {
             // the election (its lease could lapse mid-way, and the departed star rejoin).
             let guard = Compare::Version(takeover_key(&id), revision);
             let outcome = tokio::select! {
+                biased;
                 outcome = self.take_over(ctx, &id, guard.clone()) => outcome,
                 _ = self.lost.cancelled() => Err(TakeoverError::LeaseLost),
             };
@@ -118,8 +120,9 @@ impl Fleet {
                 attempt += 1;
                 tracing::warn!(star = %id, attempt, "releasing the takeover failed; retrying: {err}");
                 tokio::select! {
-                    _ = self.clock.sleep(Duration::from_millis(500)) => {}
+                    biased;
                     _ = self.lost.cancelled() => break,
+                    _ = self.clock.sleep(Duration::from_millis(500)) => {}
                 }
             }
             if let Err(err) = outcome {

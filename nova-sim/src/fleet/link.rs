@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::watch;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use nova_core::clock::Clock;
 use nova_core::metastore::{Capabilities, KeyValue, Metastore, MetastoreError, Txn, TxnOutcome};
@@ -45,9 +46,51 @@ pub enum Blocked {
     Lost,
 }
 
+/// A value tasks wait on. Unlike `tokio::sync::watch`, whose waiters are woken in an order
+/// drawn from the runtime's random source, it wakes them in the order they began to wait, so a
+/// seed replays exactly.
+#[derive(Debug, Default)]
+pub struct Observed<T> {
+    value: Mutex<T>,
+    changed: Notify,
+}
+
+impl<T: Clone> Observed<T> {
+    pub fn new(value: T) -> Self {
+        Self {
+            value: Mutex::new(value),
+            changed: Notify::new(),
+        }
+    }
+
+    pub fn get(&self) -> T {
+        self.value.lock().clone()
+    }
+
+    /// Changes the value with `change` (which says whether it changed), waking the waiters.
+    pub fn update(&self, change: impl FnOnce(&mut T) -> bool) {
+        if change(&mut self.value.lock()) {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Waits until `accept` takes the value, and returns what it made of it.
+    pub async fn wait_for<R>(&self, mut accept: impl FnMut(&T) -> Option<R>) -> R {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(found) = accept(&self.value.lock()) {
+                return found;
+            }
+            changed.await;
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Link {
-    state: Arc<watch::Sender<LinkState>>,
+    state: Arc<Observed<LinkState>>,
     clock: Clock,
     /// How long a caller waits on a silent link before giving up.
     timeout: Duration,
@@ -56,7 +99,7 @@ pub struct Link {
 impl Link {
     pub fn new(clock: Clock, timeout: Duration) -> Self {
         Self {
-            state: Arc::new(watch::Sender::new(LinkState::Up)),
+            state: Arc::new(Observed::new(LinkState::Up)),
             clock,
             timeout,
         }
@@ -64,7 +107,7 @@ impl Link {
 
     pub fn set(&self, state: LinkState) {
         // A dead process stays dead.
-        self.state.send_if_modified(|now| {
+        self.state.update(|now| {
             let change = *now != state && *now != LinkState::Dead;
             if change {
                 *now = state;
@@ -74,31 +117,28 @@ impl Link {
     }
 
     pub fn state(&self) -> LinkState {
-        *self.state.borrow()
+        self.state.get()
     }
 
     /// Resolves once the link is dead (the process killed).
     pub async fn dead(&self) {
-        let mut watch = self.state.subscribe();
-        let _ = watch.wait_for(|state| *state == LinkState::Dead).await;
+        self.state
+            .wait_for(|state| (*state == LinkState::Dead).then_some(()))
+            .await;
     }
 
     /// Waits while the process is paused; then what the link is. A call the dead process
     /// makes never comes back; a call made to it (`inbound`) fails, as a refused or reset
     /// connection does.
     async fn settled(&self, inbound: bool) -> LinkState {
-        let mut watch = self.state.subscribe();
-        loop {
-            let state = *watch.borrow_and_update();
-            match state {
-                LinkState::Paused => {}
-                LinkState::Dead if !inbound => std::future::pending::<()>().await,
-                other => return other,
-            }
-            if watch.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
+        let state = self
+            .state
+            .wait_for(|state| (*state != LinkState::Paused).then_some(*state))
+            .await;
+        if state == LinkState::Dead && !inbound {
+            std::future::pending::<()>().await;
         }
+        state
     }
 
     async fn out(&self, inbound: bool) -> Result<(), Blocked> {

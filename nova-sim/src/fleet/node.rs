@@ -6,8 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::sync::watch;
-
 use nova_chain::Star;
 use nova_core::entropy::Entropy;
 use nova_core::metastore::Metastore;
@@ -16,7 +14,7 @@ use nova_core::object_store::ObjectStore;
 use nova_fleet::{Fleet, FleetConfig, FleetMetrics, JoinError, TakeoverContext};
 
 use super::World;
-use super::link::{GatedMetastore, GatedStore, Link, LinkState};
+use super::link::{GatedMetastore, GatedStore, Link, LinkState, Observed};
 use super::plan::star_id;
 
 /// How long a start (joining the fleet, then recovery) may take before the run counts the
@@ -42,27 +40,14 @@ pub struct Node {
     pub meta: Link,
     pub store: Link,
     pub clients: Link,
-    up: watch::Sender<Option<Up>>,
+    up: Observed<Option<Up>>,
     /// SIGTERM received: new calls are refused while it drains.
     pub stopping: AtomicBool,
 }
 
 impl Node {
     pub fn up(&self) -> Option<Up> {
-        self.up.borrow().clone()
-    }
-
-    /// Waits until the star is up (or for ever, if it never comes up).
-    pub async fn wait_up(&self) -> Up {
-        let mut up = self.up.subscribe();
-        loop {
-            if let Some(running) = up.borrow_and_update().clone() {
-                return running;
-            }
-            if up.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
+        self.up.get()
     }
 
     pub fn is_dead(&self) -> bool {
@@ -119,7 +104,7 @@ pub fn start(world: &Arc<World>, index: usize) -> Arc<Node> {
         meta: Link::new(clock, REQUEST_TIMEOUT),
         store: Link::new(clock, REQUEST_TIMEOUT),
         clients: Link::new(clock, REQUEST_TIMEOUT),
-        up: watch::Sender::new(None),
+        up: Observed::new(None),
         stopping: AtomicBool::new(false),
     });
     world.slots.lock()[index].node = Some(node.clone());
@@ -164,17 +149,21 @@ async fn boot(world: Arc<World>, node: Arc<Node>) {
         epoch = up.star.epoch(),
         "star up"
     );
-    node.up.send_replace(Some(up.clone()));
+    node.up.update(|now| {
+        *now = Some(up.clone());
+        true
+    });
     // What novad's main loop does: a lost lease fences the star (it must acknowledge nothing
     // more), and the process exits for its supervisor to start it again.
     let why = tokio::select! {
+        biased;
         reason = up.fleet.lost() => reason,
         // Fenced (its chain taken over while it was cut off or paused) or a chain task died:
         // novad exits either way. Only the second is a defect.
         reason = up.star.failed() => {
             if !node.is_dead()
-                && !node.stopping.load(Ordering::Acquire)
-                && up.star.fenced().is_none()
+            && !node.stopping.load(Ordering::Acquire)
+            && up.star.fenced().is_none()
             {
                 world.violation(format!("{}: a chain task died: {reason}", node.id));
             }
@@ -282,6 +271,7 @@ async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Started {
 /// meanwhile ends it where it is.
 pub async fn leave(world: &World, node: &Node) {
     tokio::select! {
+        biased;
         _ = drain_and_leave(world, node) => {}
         _ = node.clients.dead() => {}
     }
