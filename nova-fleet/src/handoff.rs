@@ -226,8 +226,17 @@ impl Fleet {
         if drained && !self.lost.is_cancelled() {
             let cleared = async {
                 let released = self.hand_off_records_of(&self.config.star_id).await?;
+                // Only this incarnation's registration: if this delete applied late (its
+                // answer lost, the next incarnation registered meanwhile), an unconditional
+                // one would unregister a chain that may hold acknowledged records.
+                let key = chain_key(&self.config.star_id);
+                let registered = self.chain_registered.load(Ordering::Acquire);
                 self.metastore
-                    .commit(Txn::new().delete(chain_key(&self.config.star_id)))
+                    .commit(
+                        Txn::new()
+                            .compare(Compare::Version(key.clone(), registered))
+                            .delete(key),
+                    )
                     .await?;
                 Ok::<u64, MetastoreError>(released)
             };

@@ -35,6 +35,9 @@ pub struct Fleet {
     pub(crate) started_ms: u64,
     /// The version of this star's registration, for compare-and-set updates.
     pub(crate) registration: AtomicU64,
+    /// The version its chain registration (`fleet/chains/{id}`) was written at: a clean
+    /// leave removes exactly that one, never a later incarnation's.
+    pub(crate) chain_registered: AtomicU64,
     /// When the last renewal that succeeded was sent: the lease runs at least a ttl from it.
     pub(crate) renewed: Mutex<Instant>,
     pub(crate) members: RwLock<BTreeMap<String, Member>>,
@@ -91,6 +94,7 @@ impl Fleet {
             clock,
             started_ms,
             registration: AtomicU64::new(0),
+            chain_registered: AtomicU64::new(0),
             renewed: Mutex::new(granted),
             members: RwLock::default(),
             led: RwLock::default(),
@@ -221,6 +225,7 @@ impl Fleet {
                     // A put under a lease says only that the lease was alive; it does not
                     // renew it. Trust still counts from the last grant or keep-alive.
                     self.registration.store(revision, Ordering::Release);
+                    self.chain_registered.store(revision, Ordering::Release);
                     tracing::info!(
                         star = %self.config.star_id,
                         advertise = %self.config.advertise,

@@ -361,7 +361,11 @@ async fn apply(world: &Arc<World>, event: Event) {
             returns,
         } => {
             let Some(node) = world.node(star) else { return };
-            if !returns {
+            // The last star of the fleet always comes back: a fleet of none leads nothing.
+            let others = (0..MAX_STARS)
+                .filter(|&i| i != star && world.slots.lock()[i].wanted)
+                .count();
+            if !returns && others > 0 {
                 world.slots.lock()[star].wanted = false;
             }
             node::leave(world, &node).await;
