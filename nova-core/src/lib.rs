@@ -7,6 +7,7 @@ pub use nova_proto::clock;
 pub mod entropy;
 pub mod envdoc;
 pub mod flight;
+pub mod formula;
 pub mod keys;
 pub mod limits;
 pub mod manifest;

@@ -18,7 +18,6 @@ use nova_proto::server::nova_server::NovaServer;
 use nova_proto::units::{ByteSize, human_bytes};
 
 use crate::config::Config;
-use crate::memory::MemoryModel;
 use crate::service::caps::{self, Cap};
 use crate::service::charge::{ChargeLayer, TransportLimits};
 use crate::service::{Context, NovaService};
@@ -103,7 +102,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         started_at_ms as f64 / 1000.0,
     );
     let ceiling = detect_ceiling(config.memory_ceiling.map(ByteSize::bytes));
-    let memory = Arc::new(MemoryModel::new(&config, ceiling, metrics.memory.clone()));
+    let memory = Arc::new(crate::memory::model(
+        &config,
+        ceiling,
+        metrics.memory.clone(),
+    ));
     let worst = memory.at_session_cap();
     tracing::info!(
         ceiling = %human_bytes(ceiling.bytes),

@@ -126,9 +126,9 @@ async fn sixteen_mib_batches_into_a_paused_store_stay_inside_the_formula() {
         calls.push((response, tokio::spawn(send_slowly(send, message.clone()))));
     }
 
-    let formula = (ADMISSION_MIB + TAIL_MIB + READ_MIB) * (1 << 20)
-        + SESSIONS * 64 * 1024
-        + nova_testkit::outage::auditor_memory();
+    let formula = nova_testkit::outage::star_budgets(ADMISSION_MIB, TAIL_MIB, READ_MIB, SESSIONS)
+        .at_session_cap()
+        .total();
     let limit = formula + star_overhead_bytes(SESSIONS);
     let pid = novad.pid().unwrap();
     let started = Instant::now();
@@ -198,9 +198,9 @@ async fn idle_sessions_keep_nothing_of_their_last_batch() {
     let rss = nova_core::memory::resident_bytes(novad.pid().unwrap())
         .unwrap()
         .0;
-    let formula = (ADMISSION_MIB + TAIL_MIB + READ_MIB) * (1 << 20)
-        + IDLE * 64 * 1024
-        + nova_testkit::outage::auditor_memory();
+    let formula = nova_testkit::outage::star_budgets(ADMISSION_MIB, TAIL_MIB, READ_MIB, IDLE)
+        .at_session_cap()
+        .total();
     let limit = formula + star_overhead_bytes(IDLE);
     println!(
         "{IDLE} idle sessions after a 16 MiB batch each: RSS {:.1} MiB, formula {:.1} MiB + overhead {:.1} MiB",

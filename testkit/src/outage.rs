@@ -60,12 +60,17 @@ impl OutageScenario {
         }
     }
 
-    /// Admission buffer + read budget + tail window cache + sessions × the 64 KiB stream window
-    /// + the auditor's working memory (8 MiB flights).
+    /// The star's memory formula with every session of the scenario open (the star runs with
+    /// `--max-batch-bytes 1MiB`, so no clamped batch outweighs its admission buffer).
     pub fn formula_bytes(&self) -> u64 {
-        (self.admission_mib + self.tail_mib + self.read_mib) * (1 << 20)
-            + self.sessions as u64 * 64 * 1024
-            + auditor_memory()
+        star_budgets(
+            self.admission_mib,
+            self.tail_mib,
+            self.read_mib,
+            self.sessions as u64,
+        )
+        .at_session_cap()
+        .total()
     }
 
     /// The overhead docs/backpressure.md states for a star beyond its formula, at this
@@ -75,6 +80,26 @@ impl OutageScenario {
     /// next message in the transport's buffer).
     pub fn overhead_bytes(&self) -> u64 {
         star_overhead_bytes(self.sessions as u64)
+    }
+}
+
+/// The budgets of a star started with these buffers, `sessions` as `--max-producer-sessions`,
+/// and novad's defaults otherwise (64 KiB stream windows, its auditor, no zones), as novad's
+/// own model adds them up (`nova_core::formula`).
+pub fn star_budgets(
+    admission_mib: u64,
+    tail_mib: u64,
+    read_mib: u64,
+    sessions: u64,
+) -> nova_core::formula::Budgets {
+    nova_core::formula::Budgets {
+        admission: admission_mib << 20,
+        express: 0,
+        read: read_mib << 20,
+        tail_cache: tail_mib << 20,
+        stream_window: 64 * 1024,
+        max_sessions: sessions,
+        auditor: auditor_memory(),
     }
 }
 
@@ -211,7 +236,7 @@ fn sample_outage(
         let mut admission_used = 0f64;
         let mut last_scrape = Instant::now() - Duration::from_secs(10);
         while !stop.load(Ordering::Relaxed) {
-            if let Some((rss, _)) = proc_status::resident_bytes(pid) {
+            if let Some((rss, _)) = nova_core::memory::resident_bytes(pid) {
                 peak = peak.max(rss);
             }
             if last_scrape.elapsed() >= Duration::from_secs(1) {
@@ -233,23 +258,6 @@ fn sample_outage(
             admission_used,
         }
     })
-}
-
-/// Resident memory from /proc (the testkit cannot use nova-core's: nova-core tests use the
-/// testkit).
-mod proc_status {
-    pub fn resident_bytes(pid: u32) -> Option<(u64, u64)> {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let field = |name: &str| -> Option<u64> {
-            let line = status.lines().find(|l| l.starts_with(name))?;
-            line.split_whitespace()
-                .nth(1)?
-                .parse::<u64>()
-                .ok()
-                .map(|kib| kib * 1024)
-        };
-        Some((field("VmRSS:")?, field("VmHWM:")?))
-    }
 }
 
 pub async fn run(scenario: OutageScenario) -> OutageReport {
@@ -326,7 +334,7 @@ pub async fn run(scenario: OutageScenario) -> OutageReport {
         .collect();
 
     tokio::time::sleep(scenario.warmup).await;
-    report.rss_before_outage = proc_status::resident_bytes(pid).map_or(0, |(rss, _)| rss);
+    report.rss_before_outage = nova_core::memory::resident_bytes(pid).map_or(0, |(rss, _)| rss);
     report.acked_before_outage = counters.acked_records.load(Ordering::Relaxed);
 
     proxy.set(scenario.fault);
@@ -360,7 +368,7 @@ pub async fn run(scenario: OutageScenario) -> OutageReport {
     report.acked_total = counters.acked_records.load(Ordering::Relaxed);
     report.sent_batches = counters.sent_batches.load(Ordering::Relaxed);
     report.acked_batches = counters.acked_batches.load(Ordering::Relaxed);
-    report.peak_rss_overall = proc_status::resident_bytes(pid).map_or(0, |(_, hwm)| hwm);
+    report.peak_rss_overall = nova_core::memory::resident_bytes(pid).map_or(0, |(_, hwm)| hwm);
 
     // Every stream holds exactly the acknowledged batches of its sessions, once each, and
     // nothing else. Batches are all the same size, so each starts at a multiple of it.

@@ -1,0 +1,249 @@
+//! The star's closed memory formula and its saturation.
+//!
+//! Every byte the star retains for appends and reads sits under one of a few budgets, so its
+//! memory is at most
+//!
+//! ```text
+//! admission buffer + express buffer + read budget + tail window cache
+//!   + open sessions × stream window + the auditor's working memory
+//! ```
+//!
+//! plus a fixed overhead that does not depend on load. The formula divided by the memory ceiling
+//! is the star's saturation. Past `--saturation-threshold` the star reads *saturated* (and
+//! refuses new leadership in a fleet); it clears only once saturation falls
+//! `--saturation-clear-margin` below the threshold, so it never flaps at the edge.
+//!
+//! `novad` builds the [`Budgets`] from its flags; tests and benches that check a star's resident
+//! memory against the formula build them from the flags they start it with.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::limits::MIB;
+use crate::memory::Ceiling;
+use crate::metrics::MemoryMetrics;
+
+/// The budgets the formula adds up, in bytes, as configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budgets {
+    /// The admission buffer, or one clamped batch if that holds more (a batch charged more
+    /// than the whole buffer is clamped to it, so the buffer can be exceeded by one batch).
+    pub admission: u64,
+    /// The express buffer (the same clamp); zero without zone buckets.
+    pub express: u64,
+    /// What reads hold beyond the tail cache (`--read-memory-mib`).
+    pub read: u64,
+    pub tail_cache: u64,
+    /// Each session's pinned stream window (`--grpc-stream-window-kib`).
+    pub stream_window: u64,
+    /// `--max-producer-sessions`.
+    pub max_sessions: u64,
+    /// What the auditor's jobs hold (zero with the auditor off).
+    pub auditor: u64,
+}
+
+/// The formula's terms, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Formula {
+    pub admission: u64,
+    pub express: u64,
+    pub read: u64,
+    pub tail_cache: u64,
+    /// Open sessions × the pinned stream window.
+    pub transport: u64,
+    pub auditor: u64,
+}
+
+impl Formula {
+    pub fn total(&self) -> u64 {
+        self.admission + self.express + self.read + self.tail_cache + self.transport + self.auditor
+    }
+}
+
+impl Budgets {
+    /// The formula with `open_sessions` sessions open.
+    pub fn formula(&self, open_sessions: u64) -> Formula {
+        Formula {
+            admission: self.admission,
+            express: self.express,
+            read: self.read,
+            tail_cache: self.tail_cache,
+            transport: open_sessions * self.stream_window,
+            auditor: self.auditor,
+        }
+    }
+
+    /// The formula with every session slot taken: the most the budgets allow.
+    pub fn at_session_cap(&self) -> Formula {
+        self.formula(self.max_sessions)
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / MIB as f64)
+}
+
+/// The formula against the ceiling, exported and kept current, with the saturated state.
+#[derive(Debug)]
+pub struct MemoryModel {
+    ceiling: Ceiling,
+    budgets: Budgets,
+    threshold: f64,
+    clear_below: f64,
+    saturated: AtomicBool,
+    metrics: MemoryMetrics,
+}
+
+impl MemoryModel {
+    /// Saturated from `threshold` (a share of the ceiling) on, clear again below
+    /// `threshold - clear_margin`.
+    pub fn new(
+        budgets: Budgets,
+        ceiling: Ceiling,
+        threshold: f64,
+        clear_margin: f64,
+        metrics: MemoryMetrics,
+    ) -> Self {
+        let model = Self {
+            ceiling,
+            budgets,
+            threshold,
+            clear_below: threshold - clear_margin,
+            saturated: AtomicBool::new(false),
+            metrics,
+        };
+        model.metrics.ceiling.set(ceiling.bytes as i64);
+        model.update(0);
+        model
+    }
+
+    pub fn budgets(&self) -> &Budgets {
+        &self.budgets
+    }
+
+    pub fn formula(&self, open_sessions: u64) -> Formula {
+        self.budgets.formula(open_sessions)
+    }
+
+    /// The formula with every session slot taken: the most the budgets allow.
+    pub fn at_session_cap(&self) -> Formula {
+        self.budgets.at_session_cap()
+    }
+
+    /// Refuses budgets that cannot fit under the ceiling at the session cap, naming each term.
+    pub fn check_fits(&self) -> Result<(), String> {
+        let worst = self.at_session_cap();
+        if worst.total() <= self.ceiling.bytes {
+            return Ok(());
+        }
+        Err(format!(
+            "the budgets do not fit under the memory ceiling of {} ({}): \
+             admission buffer {} (--s3-memory-buffer-mib) + express buffer {} + read budget {} \
+             (--read-memory-mib) + tail window cache {} (--tail-window-cache-mib) + {} sessions × {} \
+             stream window (--max-producer-sessions × --grpc-stream-window-kib) + auditor {} \
+             (--auditor) = {} = {} over. Lower a budget, raise --memory-ceiling, or pass \
+             --allow-memory-overcommit to start anyway",
+            mib(self.ceiling.bytes),
+            self.ceiling.source,
+            mib(worst.admission),
+            mib(worst.express),
+            mib(worst.read),
+            mib(worst.tail_cache),
+            self.budgets.max_sessions,
+            mib(self.budgets.stream_window),
+            mib(worst.auditor),
+            mib(worst.total()),
+            mib(worst.total() - self.ceiling.bytes),
+        ))
+    }
+
+    pub fn is_saturated(&self) -> bool {
+        self.saturated.load(Ordering::Acquire)
+    }
+
+    /// Recomputes the formula for the sessions open now, exports it, and moves the saturated
+    /// state with hysteresis. Returns the saturation.
+    pub fn update(&self, open_sessions: u64) -> f64 {
+        let formula = self.formula(open_sessions);
+        let terms = [
+            ("admission", formula.admission),
+            ("express", formula.express),
+            ("read", formula.read),
+            ("tail_cache", formula.tail_cache),
+            ("transport", formula.transport),
+            ("auditor", formula.auditor),
+        ];
+        for (term, bytes) in terms {
+            self.metrics
+                .formula
+                .with_label_values(&[term])
+                .set(bytes as i64);
+        }
+        let saturation = formula.total() as f64 / self.ceiling.bytes.max(1) as f64;
+        self.metrics.saturation.set(saturation);
+        let was = self.is_saturated();
+        let now = if was {
+            saturation >= self.clear_below
+        } else {
+            saturation >= self.threshold
+        };
+        if now != was {
+            self.saturated.store(now, Ordering::Release);
+            if now {
+                tracing::warn!(
+                    saturation,
+                    threshold = self.threshold,
+                    "star saturated: its memory formula is near the ceiling; it refuses new leadership"
+                );
+            } else {
+                tracing::info!(
+                    saturation,
+                    clear_below = self.clear_below,
+                    "star no longer saturated"
+                );
+            }
+        }
+        self.metrics.saturated.set(now as i64);
+        saturation
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::CeilingSource;
+    use crate::metrics::Metrics;
+
+    #[test]
+    fn saturation_has_hysteresis() {
+        // 80 MiB of budgets in a 100 MiB ceiling, plus 1 MiB per 16 sessions.
+        let budgets = Budgets {
+            admission: 56 * MIB,
+            express: 0,
+            read: 4 * MIB,
+            tail_cache: 20 * MIB,
+            stream_window: 64 * 1024,
+            max_sessions: 4096,
+            auditor: 0,
+        };
+        let ceiling = Ceiling {
+            bytes: 100 * MIB,
+            source: CeilingSource::Explicit,
+        };
+        let m = MemoryModel::new(budgets, ceiling, 0.9, 0.05, Metrics::new().memory);
+        assert!(!m.is_saturated());
+        m.update(16 * 10); // 90 MiB: at the threshold
+        assert!(m.is_saturated());
+        m.update(16 * 7); // 87 MiB: below the threshold, above the clear level
+        assert!(m.is_saturated(), "does not clear inside the margin");
+        m.update(16 * 4); // 84 MiB: below 85
+        assert!(!m.is_saturated());
+        m.update(16 * 8); // 88 MiB: under the threshold again
+        assert!(!m.is_saturated(), "does not re-enter below the threshold");
+        assert_eq!(m.at_session_cap().transport, 4096 * 64 * 1024);
+        assert!(
+            m.check_fits()
+                .unwrap_err()
+                .contains("--allow-memory-overcommit")
+        );
+    }
+}
