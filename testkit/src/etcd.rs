@@ -83,6 +83,117 @@ impl Etcd {
     }
 }
 
+/// A cluster of etcd members on loopback, for tests that kill or pause a member under load.
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    _dir: tempfile::TempDir,
+}
+
+struct Member {
+    child: Option<Child>,
+    client_port: u16,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members that form one cluster, and waits until each answers.
+    pub fn start(n: usize) -> Self {
+        let dir = tempfile::tempdir().expect("a data directory for etcd");
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let initial = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let binary = find_binary();
+        let members = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (client, peer))| {
+                let client_url = format!("http://127.0.0.1:{client}");
+                let peer_url = format!("http://127.0.0.1:{peer}");
+                let child = Command::new(&binary)
+                    .args(["--name", &format!("m{i}"), "--data-dir"])
+                    .arg(dir.path().join(format!("m{i}")))
+                    .args(["--listen-client-urls", &client_url])
+                    .args(["--advertise-client-urls", &client_url])
+                    .args(["--listen-peer-urls", &peer_url])
+                    .args(["--initial-advertise-peer-urls", &peer_url])
+                    .args(["--initial-cluster", &initial])
+                    .args(["--initial-cluster-state", "new"])
+                    .args(["--log-level", "warn"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(
+                        std::fs::File::create(dir.path().join(format!("m{i}.log")))
+                            .map(Stdio::from)
+                            .unwrap_or_else(|_| Stdio::null()),
+                    )
+                    .spawn()
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "cannot start {} ({e}); the README's test command (scripts/test) installs Debian's etcd-server",
+                            binary.display()
+                        )
+                    });
+                Member {
+                    child: Some(child),
+                    client_port: *client,
+                }
+            })
+            .collect();
+        let cluster = Self { members, _dir: dir };
+        for member in &cluster.members {
+            wait_for_port(member.client_port, Duration::from_secs(30), "etcd");
+        }
+        cluster
+    }
+
+    /// The `--metastore` value for novad: every member.
+    pub fn url(&self) -> String {
+        let endpoints: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect();
+        format!("etcd://{}", endpoints.join(","))
+    }
+
+    /// kill -9 of member `i`; it stays down.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP to member `i`: it holds its connections and answers nothing.
+    pub fn pause(&self, i: usize) {
+        if let Some(child) = &self.members[i].child {
+            signal(child.id(), libc::SIGSTOP);
+        }
+    }
+
+    /// SIGCONT to member `i`.
+    pub fn resume(&self, i: usize) {
+        if let Some(child) = &self.members[i].child {
+            signal(child.id(), libc::SIGCONT);
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            if let Some(mut child) = member.child.take() {
+                signal(child.id(), libc::SIGCONT);
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
 impl Drop for Etcd {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -93,6 +93,20 @@ impl History {
                 }
             }
         }
+        // From the producers' acknowledgements alone: no sequence number given to two records.
+        let mut given: HashMap<(&str, u64), &str> = HashMap::new();
+        for event in &events {
+            if let Event::Acked {
+                stream, body, seq, ..
+            } = event
+                && let Some(other) = given.insert((stream, *seq), body)
+                && other != body
+            {
+                problems.push(format!(
+                    "{stream}: seq {seq} was acknowledged for {other} and again for {body}"
+                ));
+            }
+        }
         // Per stream: acks by time, reads by start.
         let mut acks: BTreeMap<&str, Vec<(Instant, u64)>> = BTreeMap::new();
         let mut reads: BTreeMap<&str, Vec<(Instant, Instant, u64)>> = BTreeMap::new();
@@ -214,6 +228,22 @@ mod tests {
         let problems = history.check(&finals(&["a"]));
         assert!(
             problems.iter().any(|p| p.contains("holds None")),
+            "{problems:?}"
+        );
+    }
+
+    /// Two stars acknowledging one sequence number for different records is caught from the
+    /// acknowledgements alone, whatever the stream holds in the end.
+    #[test]
+    fn a_sequence_number_acknowledged_twice_is_caught() {
+        let history = History::new();
+        history.acked("s", "a", 0);
+        history.acked("s", "b", 0);
+        let problems = history.check(&HashMap::new());
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("seq 0 was acknowledged for a and again for b")),
             "{problems:?}"
         );
     }

@@ -12,7 +12,7 @@ pub mod outage;
 mod process;
 mod proxy;
 
-pub use etcd::Etcd;
+pub use etcd::{Etcd, EtcdCluster};
 pub use moto::{LoggedRequest, Moto};
 pub use novad::{Novad, NovadBuilder, scrape, scrape_at, series};
 pub use process::{free_port, wait_for_port, workspace_binary, workspace_root};

@@ -97,6 +97,29 @@ impl Netns {
     }
 }
 
+impl Netns {
+    /// Drops, silently, every packet the namespace sends to `port` on the host side of the
+    /// pair: the peer sees no reset and no refusal, only silence, as across a real partition.
+    /// Needs iptables (Debian's `iptables`, which the README's test command installs).
+    pub fn drop_to(&self, port: u16) -> Result<(), String> {
+        self.iptables("-A", port)
+    }
+
+    /// Stops dropping what `drop_to` dropped.
+    pub fn pass_to(&self, port: u16) -> Result<(), String> {
+        self.iptables("-D", port)
+    }
+
+    fn iptables(&self, action: &str, port: u16) -> Result<(), String> {
+        let host = self.host_ip.to_string();
+        let port = port.to_string();
+        run(&[
+            "ip", "netns", "exec", &self.name, "iptables", action, "OUTPUT", "-p", "tcp", "-d",
+            &host, "--dport", &port, "-j", "DROP",
+        ])
+    }
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
         // Deleting the namespace deletes its end of the pair, and with it the host end.

@@ -4,6 +4,7 @@
 //! embedded store. Leases are etcd's own.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -66,11 +67,62 @@ impl EtcdOptions {
     }
 }
 
+/// The cluster, one client per member. A call goes to the member that answered last; one that
+/// fails it (refused, reset, timed out, or dropped by its caller unanswered) sends the next call
+/// to the next member. Reads, lease calls and transactions that never left are tried on the
+/// other members at once, so a dead or stalled member costs a failover, not an outage.
+/// (etcd-client's own balanced channel keeps sending calls to a member that is down.)
 #[derive(Clone)]
 pub struct EtcdMetastore {
-    client: Client,
+    members: Arc<[Client]>,
+    current: Arc<AtomicUsize>,
     options: EtcdOptions,
     calls: Arc<Semaphore>,
+}
+
+/// One call on one member. Dropped before `answered` (an error, a timeout, the caller gone), it
+/// moves the cluster's next call to the next member.
+struct Attempt<'a> {
+    current: &'a AtomicUsize,
+    member: usize,
+    members: usize,
+    answered: bool,
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            let next = (self.member + 1) % self.members;
+            let _ = self.current.compare_exchange(
+                self.member,
+                next,
+                AtomicOrdering::AcqRel,
+                AtomicOrdering::Acquire,
+            );
+        }
+    }
+}
+
+/// How far a failed call may be tried on another member.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Safe to send again anywhere (reads, lease calls).
+    Idempotent,
+    /// Only if it never reached the member (a transaction).
+    IfNotSent,
+}
+
+/// Whether `err` says the call never left this process (no connection to the member).
+fn never_sent(err: &etcd_client::Error) -> bool {
+    match err {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable
+                && (status.message().contains("tcp connect error")
+                    || status.message().contains("Connection refused"))
+        }
+        _ => false,
+    }
 }
 
 impl std::fmt::Debug for EtcdMetastore {
@@ -136,14 +188,62 @@ impl EtcdMetastore {
             .with_timeout(options.request_timeout)
             .with_connect_timeout(options.request_timeout)
             .with_keep_alive(Duration::from_secs(10), options.request_timeout);
-        let client = Client::connect(&options.endpoints, Some(connect))
-            .await
-            .map_err(error)?;
+        let mut members = Vec::with_capacity(options.endpoints.len());
+        for endpoint in &options.endpoints {
+            members.push(
+                Client::connect([endpoint], Some(connect.clone()))
+                    .await
+                    .map_err(error)?,
+            );
+        }
+        if members.is_empty() {
+            return Err(MetastoreError::Internal("no etcd endpoint given".into()));
+        }
         Ok(Self {
-            client,
+            members: members.into(),
+            current: Arc::new(AtomicUsize::new(0)),
             calls: Arc::new(Semaphore::new(options.max_inflight.max(1))),
             options,
         })
+    }
+
+    /// Runs `call` on the member that answered last, and on the others as `retry` allows.
+    async fn on_member<T, F, Fut>(&self, retry: Retry, call: F) -> Result<T, MetastoreError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let members = self.members.len();
+        let first = self.current.load(AtomicOrdering::Acquire) % members;
+        let mut last = None;
+        for k in 0..members {
+            let member = (first + k) % members;
+            let mut attempt = Attempt {
+                current: &self.current,
+                member,
+                members,
+                answered: false,
+            };
+            match call(self.members[member].clone()).await {
+                Ok(value) => {
+                    attempt.answered = true;
+                    self.current.store(member, AtomicOrdering::Release);
+                    return Ok(value);
+                }
+                Err(err) => {
+                    let again = match retry {
+                        Retry::Idempotent => true,
+                        Retry::IfNotSent => never_sent(&err),
+                    };
+                    let err = error(err);
+                    if !again || !matches!(err, MetastoreError::Unavailable(_)) {
+                        return Err(err);
+                    }
+                    last = Some(err);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| MetastoreError::Unavailable("no etcd member answered".into())))
     }
 
     async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, MetastoreError> {
@@ -194,11 +294,10 @@ impl Metastore for EtcdMetastore {
     async fn size_bytes(&self) -> Result<Option<u64>, MetastoreError> {
         let _turn = self.turn().await?;
         let status = self
-            .client
-            .maintenance_client()
-            .status()
-            .await
-            .map_err(error)?;
+            .on_member(Retry::Idempotent, |client| async move {
+                client.maintenance_client().status().await
+            })
+            .await?;
         Ok(Some(status.db_size().max(0) as u64))
     }
 
@@ -213,11 +312,10 @@ impl Metastore for EtcdMetastore {
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError> {
         let _turn = self.turn().await?;
         let mut response = self
-            .client
-            .kv_client()
-            .get(key, None)
-            .await
-            .map_err(error)?;
+            .on_member(Retry::Idempotent, |client| async move {
+                client.kv_client().get(key, None).await
+            })
+            .await?;
         Ok(response.take_kvs().into_iter().next().map(|kv| KeyValue {
             key: kv.key().to_vec(),
             value: kv.value().to_vec(),
@@ -246,19 +344,16 @@ impl Metastore for EtcdMetastore {
             return Ok(Vec::new());
         }
         let _turn = self.turn().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut response = self
-            .client
-            .kv_client()
-            .get(
-                start,
-                Some(
-                    GetOptions::new()
-                        .with_range(end)
-                        .with_limit(i64::try_from(limit).unwrap_or(i64::MAX)),
-                ),
-            )
-            .await
-            .map_err(error)?;
+            .on_member(Retry::Idempotent, |client| {
+                let (start, end) = (start.clone(), end.clone());
+                async move {
+                    let options = GetOptions::new().with_range(end).with_limit(limit);
+                    client.kv_client().get(start, Some(options)).await
+                }
+            })
+            .await?;
         Ok(response
             .take_kvs()
             .into_iter()
@@ -274,7 +369,12 @@ impl Metastore for EtcdMetastore {
         txn.check(self.options.max_txn_ops, true)?;
         let txn = self.to_etcd(txn)?;
         let _turn = self.turn().await?;
-        let response = self.client.kv_client().txn(txn).await.map_err(error)?;
+        let response = self
+            .on_member(Retry::IfNotSent, |client| {
+                let txn = txn.clone();
+                async move { client.kv_client().txn(txn).await }
+            })
+            .await?;
         if !response.succeeded() {
             return Ok(TxnOutcome::Conflict);
         }
@@ -291,12 +391,12 @@ impl Metastore for EtcdMetastore {
         // Lease calls bypass the request queue: a star's renewals must not wait behind its
         // own request traffic, or a busy star would lose its lease.
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        // A grant whose answer is lost leaves a lease nobody renews: it lapses on its own.
         let response = self
-            .client
-            .lease_client()
-            .grant(secs, None)
-            .await
-            .map_err(error)?;
+            .on_member(Retry::Idempotent, |client| async move {
+                client.lease_client().grant(secs, None).await
+            })
+            .await?;
         if !response.error().is_empty() {
             return Err(MetastoreError::Internal(format!(
                 "etcd refused a lease: {}",
@@ -311,30 +411,40 @@ impl Metastore for EtcdMetastore {
         let id = lease_id(lease)?;
         // Lease calls bypass the request queue: a star's renewals must not wait behind its
         // own request traffic, or a busy star would lose its lease.
-        let mut leases = self.client.lease_client();
-        let exchange = async {
-            // Opening the stream sends a renewal and reads its answer; the client reports a
-            // lease that is gone as this error rather than as a zero ttl.
-            let (mut keeper, mut answers) = match leases.keep_alive(id).await {
-                Ok(stream) => stream,
-                Err(etcd_client::Error::LeaseKeepAliveError(e)) if e.contains("not found") => {
-                    return Ok(None);
-                }
-                Err(e) => return Err(error(e)),
-            };
-            // A second renewal on the open stream, for the ttl the client does not hand back.
-            keeper.keep_alive().await.map_err(error)?;
-            answers.message().await.map_err(error)
-        };
-        // The keep-alive stream has no deadline of its own.
-        let answer = crate::clock::Clock::system()
-            .timeout(self.options.request_timeout, exchange)
-            .await
-            .map_err(|_| {
-                MetastoreError::Unavailable("etcd: lease keep-alive timed out".into())
-            })??;
-        Ok(answer.and_then(|a| {
-            u64::try_from(a.ttl())
+        let timeout = self.options.request_timeout;
+        let ttl = self
+            .on_member(Retry::Idempotent, |client| async move {
+                let mut leases = client.lease_client();
+                let exchange = async {
+                    // Opening the stream sends a renewal and reads its answer; the client
+                    // reports a lease that is gone as this error rather than as a zero ttl.
+                    let (mut keeper, mut answers) = match leases.keep_alive(id).await {
+                        Ok(stream) => stream,
+                        Err(etcd_client::Error::LeaseKeepAliveError(e))
+                            if e.contains("not found") =>
+                        {
+                            return Ok(None);
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    // A second renewal on the open stream, for the ttl the client does not
+                    // hand back.
+                    keeper.keep_alive().await?;
+                    Ok(answers.message().await?.map(|a| a.ttl()))
+                };
+                // The keep-alive stream has no deadline of its own.
+                crate::clock::Clock::system()
+                    .timeout(timeout, exchange)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(etcd_client::Error::LeaseKeepAliveError(
+                            "lease keep-alive timed out".into(),
+                        ))
+                    })
+            })
+            .await?;
+        Ok(ttl.and_then(|ttl| {
+            u64::try_from(ttl)
                 .ok()
                 .filter(|&ttl| ttl > 0)
                 .map(Duration::from_secs)
@@ -345,16 +455,19 @@ impl Metastore for EtcdMetastore {
         let id = lease_id(lease)?;
         // Lease calls bypass the request queue: a star's renewals must not wait behind its
         // own request traffic, or a busy star would lose its lease.
-        match self.client.lease_client().revoke(id).await {
-            Ok(_) => Ok(()),
-            // Already gone is what revoking wants.
-            Err(etcd_client::Error::GRpcStatus(status))
-                if status.code() == tonic::Code::NotFound =>
-            {
-                Ok(())
+        self.on_member(Retry::Idempotent, |client| async move {
+            match client.lease_client().revoke(id).await {
+                Ok(_) => Ok(()),
+                // Already gone is what revoking wants.
+                Err(etcd_client::Error::GRpcStatus(status))
+                    if status.code() == tonic::Code::NotFound =>
+                {
+                    Ok(())
+                }
+                Err(err) => Err(err),
             }
-            Err(err) => Err(error(err)),
-        }
+        })
+        .await
     }
 }
 
@@ -369,6 +482,46 @@ mod tests {
             .await
             .unwrap();
         crate::metastore::conformance::run_all(&store, "conformance/").await;
+    }
+
+    /// A cluster of three with one member stopped (SIGSTOP: it holds its connections and
+    /// answers nothing), then killed, is still a metastore: calls fail over to the members that
+    /// answer. etcd-client's balanced channel alone kept sending calls to the dead one.
+    #[tokio::test]
+    async fn a_cluster_with_a_member_down_or_stalled_still_serves() {
+        let mut cluster = nova_testkit::EtcdCluster::start(3);
+        let endpoints = EtcdOptions::parse_url(&cluster.url())
+            .expect("an etcd url")
+            .expect("endpoints");
+        let options = EtcdOptions {
+            request_timeout: Duration::from_secs(1),
+            ..EtcdOptions::new(endpoints)
+        };
+        let store = EtcdMetastore::connect(options).await.unwrap();
+        // Losing a member may cost an election (a second or so); after it, calls go through.
+        let answers = || async {
+            let clock = crate::clock::Clock::system();
+            let started = clock.now();
+            while let Err(err) = store.get(b"probe").await {
+                assert!(
+                    clock.since(started) < Duration::from_secs(20),
+                    "the cluster stopped answering: {err}"
+                );
+                clock.sleep(Duration::from_millis(200)).await;
+            }
+        };
+        answers().await;
+        // The member calls go to first, stopped: they go to another.
+        cluster.pause(0);
+        answers().await;
+        let lease = store.grant_lease(Duration::from_secs(30)).await.unwrap();
+        assert!(store.keep_alive(lease).await.unwrap().is_some());
+        crate::metastore::conformance::run_all(&store, "stalled/").await;
+        cluster.resume(0);
+        // Then killed.
+        cluster.kill(0);
+        answers().await;
+        crate::metastore::conformance::run_all(&store, "down/").await;
     }
 
     #[test]
