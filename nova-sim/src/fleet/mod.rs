@@ -16,12 +16,14 @@
 //! Everything runs on one current-thread runtime with its clock paused, so all the stars share
 //! simulated time and the seed replays exactly.
 
+mod checks;
 pub mod client;
+mod events;
 pub mod link;
 pub mod node;
 pub mod plan;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -31,13 +33,12 @@ use tokio::task::JoinSet;
 use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
 
-use crate::metastore::{MetastoreFaults, SimMetastore};
+use crate::metastore::SimMetastore;
 use crate::oracle::Oracle;
 use crate::run::Failure;
-use crate::store::{SimStore, StoreFaults};
-use client::{Outcome, Router};
+use crate::store::SimStore;
 use node::Node;
-use plan::{Event, FleetPlan, MAX_STARS, star_id};
+use plan::{FleetPlan, MAX_STARS};
 
 /// Once every fault has ended, how long the fleet may take to settle every departed star's
 /// chain and lead every stream again: a lease lapsing (one ttl), a survivor noticing (a third
@@ -282,7 +283,7 @@ async fn run(world: &Arc<World>) {
         events.spawn(async move {
             world.clock.sleep(at).await;
             tracing::info!(?event, "event");
-            apply(&world, event).await;
+            events::apply(&world, event).await;
             tracing::info!(?event, "event ended");
         });
     }
@@ -302,364 +303,7 @@ async fn run(world: &Arc<World>) {
         ));
         return;
     }
-    end_faults(world).await;
-}
-
-async fn apply(world: &Arc<World>, event: Event) {
-    let clock = world.clock;
-    match event {
-        Event::Kill { star, down } => {
-            let Some(node) = world.node(star) else { return };
-            world.count(|c| c.kills += 1);
-            node.kill();
-            clock.sleep(down).await;
-            world.restart_if_current(&node);
-        }
-        Event::Pause { star, lasting } => {
-            let Some(node) = world.node(star) else { return };
-            world.count(|c| c.pauses += 1);
-            node.pause();
-            clock.sleep(lasting).await;
-            node.resume();
-        }
-        Event::CutMetastore {
-            star,
-            lasting,
-            silent,
-        } => {
-            let Some(node) = world.node(star) else { return };
-            world.count(|c| c.cuts += 1);
-            let state = if silent {
-                link::LinkState::Silent
-            } else {
-                link::LinkState::Cut
-            };
-            cut(&node.meta, state, lasting, clock).await;
-        }
-        Event::CutStore { star, lasting } => {
-            let Some(node) = world.node(star) else { return };
-            world.count(|c| c.cuts += 1);
-            cut(&node.store, link::LinkState::Cut, lasting, clock).await;
-        }
-        Event::CutClients { star, lasting } => {
-            let Some(node) = world.node(star) else { return };
-            world.count(|c| c.cuts += 1);
-            cut(&node.clients, link::LinkState::Cut, lasting, clock).await;
-        }
-        Event::Saturate { star, lasting } => {
-            let Some(up) = world.node(star).and_then(|n| n.up()) else {
-                return;
-            };
-            world.count(|c| c.saturations += 1);
-            up.fleet.set_saturated(true);
-            clock.sleep(lasting).await;
-            up.fleet.set_saturated(false);
-        }
-        Event::Leave {
-            star,
-            down,
-            returns,
-        } => {
-            let Some(node) = world.node(star) else { return };
-            // The last star of the fleet always comes back: a fleet of none leads nothing.
-            let others = (0..MAX_STARS)
-                .filter(|&i| i != star && world.slots.lock()[i].wanted)
-                .count();
-            if !returns && others > 0 {
-                world.slots.lock()[star].wanted = false;
-            }
-            node::leave(world, &node).await;
-            clock.sleep(down).await;
-            world.restart_if_current(&node);
-        }
-        Event::Join { star } => {
-            if world.slots.lock()[star].wanted {
-                return;
-            }
-            world.slots.lock()[star].wanted = true;
-            node::start(world, star);
-        }
-        Event::RollingRestart => {
-            world.count(|c| c.rolling_restarts += 1);
-            for index in 0..MAX_STARS {
-                let Some(node) = world.node(index) else {
-                    continue;
-                };
-                node::leave(world, &node).await;
-                world.restart_if_current(&node);
-                // The next star once this one is up again, or once whatever else happened to
-                // it (another event may have killed the new incarnation) has happened.
-                let started = clock.now();
-                while let Some(next) = world.node(index) {
-                    if next.up().is_some() || clock.since(started) > node::RESTART_LIMIT {
-                        break;
-                    }
-                    clock.sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-        Event::StallMetastore { lasting } => {
-            world.metastore.stall(lasting);
-        }
-        Event::CreateStream => {
-            let index = {
-                let mut streams = world.streams.lock();
-                let index = streams.1;
-                streams.1 += 1;
-                index
-            };
-            if client::create(world, index, Duration::from_secs(30)).await {
-                world.count(|c| c.creates += 1);
-                world.streams.lock().0.push(index);
-                world.serve_stream(index);
-            }
-        }
-        Event::DeleteStream => {
-            let victim = {
-                let mut streams = world.streams.lock();
-                if streams.0.len() <= 1 {
-                    return;
-                }
-                let at = world.entropy.below(streams.0.len() as u64) as usize;
-                let victim = streams.0.remove(at);
-                streams.2.insert(victim);
-                victim
-            };
-            // From here its records may vanish, whether or not the delete lands.
-            world.oracle.lock().delete_stream(victim);
-            if client::delete(world, victim, Duration::from_secs(60)).await {
-                world.count(|c| c.deletes += 1);
-            }
-        }
-    }
-}
-
-/// Cuts `link` for `lasting`, then restores it if nothing else changed it meanwhile.
-async fn cut(link: &link::Link, state: link::LinkState, lasting: Duration, clock: Clock) {
-    if link.state() != link::LinkState::Up {
-        return;
-    }
-    link.set(state);
-    clock.sleep(lasting).await;
-    if link.state() == state {
-        link.set(link::LinkState::Up);
-    }
-}
-
-/// Ends every fault, then checks that the fleet converges and that every acknowledged record
-/// is there.
-async fn end_faults(world: &Arc<World>) {
-    let clock = world.clock;
-    // The clients stop; whatever they were waiting for may or may not land.
-    world.clients.lock().abort_all();
-    loop {
-        let next = world.clients.lock().try_join_next();
-        match next {
-            Some(_) => continue,
-            None if world.clients.lock().is_empty() => break,
-            None => clock.sleep(Duration::from_millis(10)).await,
-        }
-    }
-    world.oracle.lock().process_ended();
-    world.store.set_faults(StoreFaults::none());
-    world.metastore.set_faults(MetastoreFaults::none());
-    for slot in world.slots.lock().iter() {
-        if let Some(node) = &slot.node {
-            node.resume();
-            for link in [&node.meta, &node.store, &node.clients] {
-                if matches!(link.state(), link::LinkState::Cut | link::LinkState::Silent) {
-                    link.set(link::LinkState::Up);
-                }
-            }
-            if let Some(up) = node.up() {
-                up.fleet.set_saturated(false);
-            }
-        }
-    }
-    // Stars that are down and wanted start again now (a kill's restart may be pending).
-    for index in 0..MAX_STARS {
-        let wanted = world.slots.lock()[index].wanted;
-        if wanted && world.node(index).is_none() {
-            node::start(world, index);
-        }
-    }
-    let bound = world.plan.lease_ttl * LIVENESS_TTLS + LIVENESS_SLACK;
-    let ended = clock.now();
-    let streams = world.streams.lock().0.clone();
-    // Liveness: every stream takes an append again.
-    let router = Router::new(world.clone());
-    for &index in &streams {
-        loop {
-            if probe(world, &router, index).await {
-                break;
-            }
-            if clock.since(ended) > bound {
-                world.violation(format!(
-                    "stream s{index} took no append for {bound:?} after the last fault, with \
-                     {} stars running: a stream left without a leader",
-                    world.running().len()
-                ));
-                return;
-            }
-            clock.sleep(Duration::from_millis(200)).await;
-        }
-    }
-    // Every departed star's chain settled: no chain registered for a star that is not running.
-    loop {
-        let pending = departed_chains(world);
-        if pending.is_empty() {
-            break;
-        }
-        if clock.since(ended) > bound {
-            world.violation(format!(
-                "departed stars' chains still unsettled {bound:?} after the last fault: {pending:?}"
-            ));
-            return;
-        }
-        clock.sleep(Duration::from_millis(200)).await;
-    }
-    read_back(world, &streams).await;
-}
-
-/// Chains registered (`fleet/chains/…`) or being taken over for stars not running now.
-fn departed_chains(world: &World) -> Vec<String> {
-    let running: HashSet<String> = world
-        .running()
-        .iter()
-        .filter(|n| n.up().is_some())
-        .map(|n| n.id.clone())
-        .collect();
-    world
-        .metastore
-        .snapshot()
-        .keys()
-        .filter_map(|key| {
-            let key = String::from_utf8_lossy(key);
-            let id = key
-                .strip_prefix("fleet/chains/")
-                .or_else(|| key.strip_prefix("fleet/takeover/"))?;
-            (!running.contains(id)).then(|| key.into_owned())
-        })
-        .collect()
-}
-
-/// One append of a record of its own to stream `index`: true once acknowledged.
-async fn probe(world: &Arc<World>, router: &Router, index: usize) -> bool {
-    let (batch, ids) = world.oracle.lock().new_batch(index, &[16]);
-    let records = vec![nova_core::record::Record {
-        timestamp: world.clock.unix_ms(),
-        headers: vec![],
-        body: crate::oracle::body(ids[0], 16),
-    }];
-    let name = format!("s{index}");
-    let outcome = router
-        .on_leader(&name, |node, up, state| {
-            let records = records.clone();
-            async move {
-                let charge = nova_chain::admission::encoded_charge(1, 0, 16);
-                let admitted = up.star.admission().admit(charge).await;
-                let chunks = nova_core::flight::section::encode_chunks(
-                    &records,
-                    nova_core::limits::MAX_SECTION_BYTES as usize,
-                );
-                match up.star.submit(state, chunks, 16, None, admitted).await {
-                    Ok(receiver) => match receiver.await {
-                        Ok(Ok(range)) => Outcome::Done((range.start, range.end, node.id.clone())),
-                        Ok(Err(nova_proto::RequestError::OutcomeUnknown(why))) => {
-                            Outcome::Unknown(why)
-                        }
-                        Ok(Err(error)) => Outcome::Refused(error.to_string()),
-                        Err(_) => Outcome::Unknown("dropped".into()),
-                    },
-                    Err(error) => Outcome::Refused(error.to_string()),
-                }
-            }
-        })
-        .await;
-    let mut oracle = world.oracle.lock();
-    match outcome {
-        Outcome::Done((start, end, star)) => {
-            oracle.acked_by(
-                batch,
-                start,
-                end,
-                &format!("a liveness probe's ack from {star}"),
-            );
-            true
-        }
-        Outcome::Refused(why) => {
-            oracle.refused(batch, &why);
-            false
-        }
-        Outcome::Unknown(_) => {
-            oracle.maybe(batch);
-            false
-        }
-    }
-}
-
-/// The final check: every stream read from 0 to its tail, entering the fleet at a random star.
-async fn read_back(world: &Arc<World>, streams: &[usize]) {
-    let router = Router::new(world.clone());
-    let mut read_ids = HashSet::new();
-    let mut first_seqs = std::collections::HashMap::new();
-    for &index in streams {
-        let name = format!("s{index}");
-        first_seqs.insert(index, 0);
-        let mut next = 0;
-        let mut attempts = 0;
-        loop {
-            match client::read(&router, &name, next, 1000).await {
-                Outcome::Done(Ok((records, page_next, tail))) => {
-                    let mut oracle = world.oracle.lock();
-                    for (seq, body) in &records {
-                        if *seq != next {
-                            oracle.violation(format!(
-                                "final read of s{index}: seq {seq} where {next} belonged"
-                            ));
-                            return;
-                        }
-                        read_ids.extend(oracle.read(index, *seq, body));
-                        next += 1;
-                    }
-                    oracle.tail(index, tail, true, "the final read");
-                    if page_next >= tail {
-                        break;
-                    }
-                    if records.is_empty() {
-                        oracle.violation(format!(
-                            "final read of s{index} at {next} returned nothing"
-                        ));
-                        return;
-                    }
-                }
-                Outcome::Done(Err(error)) => {
-                    world.violation(format!("final read of s{index} at {next}: {error}"));
-                    return;
-                }
-                Outcome::Refused(why) | Outcome::Unknown(why) => {
-                    attempts += 1;
-                    if attempts > 100 {
-                        world.violation(format!("final read of s{index} at {next}: {why}"));
-                        return;
-                    }
-                    world.clock.sleep(Duration::from_millis(200)).await;
-                }
-            }
-        }
-    }
-    world.oracle.lock().settle(&read_ids, &first_seqs);
-    check_chains(world);
-}
-
-/// Nothing acknowledged past a slot that never landed, in any star's chain.
-fn check_chains(world: &World) {
-    let objects = world.store.snapshot();
-    let mut oracle = world.oracle.lock();
-    for index in 0..MAX_STARS {
-        crate::run::check_chain_of(&star_id(index), &objects, &mut oracle, &|_| false);
-    }
-    let _ = BTreeMap::<u8, u8>::new();
+    checks::end_faults(world).await;
 }
 
 /// The one-line command that replays a fleet seed exactly, with the stars' logs.
