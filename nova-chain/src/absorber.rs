@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use nova_core::catalog::{
     AbsorbBatch, CatalogError, ChainState, ExpressCheckpoint, StreamTail, VersionedChain,
 };
+use nova_core::metastore::Compare;
 
 use crate::resolver::Landed;
 use crate::shared::Shared;
@@ -98,9 +99,11 @@ pub(crate) async fn run_absorber(
         rebase_moved_streams(&shared, &group, &mut tails).await;
         let last_slot = group.last().map(|l| l.slot).unwrap_or_default();
         let mut batch = AbsorbBatch::default();
+        // Each entry's leadership (its flight's guard for its stream), beside `batch.entries`.
+        let mut led_under = Vec::new();
         let mut touched = HashMap::new();
         for flight in &group {
-            for entry in &flight.entries {
+            for (entry, guard) in flight.entries.iter().zip(&flight.led_under) {
                 // A deleted stream's records need no index: nothing can name them any more.
                 if shared.streams.get_by_id(entry.stream_id).is_none() {
                     continue;
@@ -110,19 +113,20 @@ pub(crate) async fn run_absorber(
                 tail.stored_bytes += entry.len;
                 touched.insert(entry.stream_id, *tail);
                 batch.entries.push(entry.clone());
+                // Each stream's records hold only under the leadership they were sequenced
+                // under; the transaction compares each such leadership once.
+                if let Some(guard) = guard
+                    && !batch
+                        .guards
+                        .iter()
+                        .any(|(id, g)| *id == entry.stream_id && g == guard)
+                {
+                    batch.guards.push((entry.stream_id, guard.clone()));
+                }
+                led_under.push(guard.clone());
             }
         }
         batch.tails = touched.into_iter().collect();
-        // Each stream's records hold only under the leadership they were sequenced under.
-        let mut guards = crate::packer::Guards::default();
-        for flight in &group {
-            guards.extend(&flight.guards);
-        }
-        batch.guards = guards
-            .0
-            .into_iter()
-            .filter(|(id, _)| batch.tails.iter().any(|(t, _)| t == id))
-            .collect();
         let carried = group.iter().filter_map(|l| l.express).next_back();
         batch.express = carried.map(|(epoch, slot)| ExpressCheckpoint {
             epoch,
@@ -139,8 +143,12 @@ pub(crate) async fn run_absorber(
             checkpoint: Some(last_slot),
         };
         let batch_express = batch.express;
-        let Some(committed) = commit_or_depose(&shared, &chain, state, batch, &mut tails).await
-        else {
+        let absorb = Absorb {
+            batch,
+            led_under,
+            state,
+        };
+        let Some(committed) = commit_or_depose(&shared, &chain, absorb, &mut tails).await else {
             // Fenced or abandoned: these flights stay in the chain for the next owner.
             continue;
         };
@@ -189,56 +197,117 @@ async fn rebase_moved_streams(
     }
 }
 
-/// Commits one absorb (see `commit`). A stream whose leadership moved to another star while
-/// this star held records of it is deposed: its records are left out of the index, appends to
-/// it are refused from now on, and the rest of the absorb is committed without them. Records
-/// of it already acknowledged here are lost to the index: a second writer was detected, not
-/// trusted away, and the error log and `nova_fleet_deposed_streams_total` say so.
+/// One absorb transaction being committed: the batch, the leadership each of its entries was
+/// sequenced under, and the chain state it moves to.
+struct Absorb {
+    batch: AbsorbBatch,
+    led_under: Vec<Option<Compare>>,
+    state: ChainState,
+}
+
+/// Commits one absorb (see `commit`). Records sequenced under a leadership that has since
+/// moved to another star are left out of the index and the rest is committed without them; if
+/// that leadership is the one the star leads the stream under now, the stream is deposed: its
+/// appends are refused from now on and what this star holds of it in memory is dropped.
+/// Records it acknowledged under that leadership are lost to the index: a second writer was
+/// detected, not trusted away, and the error log and `nova_fleet_deposed_streams_total` say
+/// so. (A stream deleted meanwhile loses its leader record the same way, and quietly.)
 async fn commit_or_depose(
     shared: &Shared,
     chain: &VersionedChain,
-    state: ChainState,
-    mut batch: AbsorbBatch,
+    mut absorb: Absorb,
     tails: &mut HashMap<u64, StreamTail>,
 ) -> Option<VersionedChain> {
     loop {
-        let deposed = match commit(shared, chain, state, batch.clone()).await? {
+        let failed = match commit(shared, chain, absorb.state, absorb.batch.clone()).await? {
             Committed::Landed(chain) => return Some(chain),
-            Committed::Deposed(ids) => ids,
+            Committed::Deposed(failed) => failed,
         };
-        for id in &deposed {
-            let stream = shared.streams.get_by_id(*id);
-            if let Some(stream) = &stream {
-                stream.depose();
-            }
-            // Reads must not find them in memory either.
-            shared.tail_cache.forget_stream(*id);
-            tails.remove(id);
-            shared.metrics.deposed_streams.inc();
-            let seqs: Vec<(u64, u64)> = batch
+        let mut affected = Vec::new();
+        for (id, guard) in &failed {
+            let stream = shared.streams.get_by_id(*id).filter(|s| !s.is_deleted());
+            let dropped: Vec<(u64, u64)> = absorb
+                .batch
                 .entries
                 .iter()
-                .filter(|e| e.stream_id == *id)
-                .map(|e| (e.start_seq, e.end_seq))
+                .zip(&absorb.led_under)
+                .filter(|(e, g)| e.stream_id == *id && g.as_ref() == Some(guard))
+                .map(|(e, _)| (e.start_seq, e.end_seq))
                 .collect();
-            tracing::error!(
-                stream = stream.as_ref().map_or("?", |s| s.name()),
-                stream_id = id,
-                ?seqs,
-                "another star took this stream's leadership while this star held records of it: \
-                 they are left out of the index, and this star stops leading the stream"
-            );
+            if let Some(stream) = &stream {
+                if stream.leadership().as_ref() == Some(guard) {
+                    stream.depose();
+                    // Reads must not find its records in memory either.
+                    shared.tail_cache.forget_stream(*id);
+                }
+                shared.metrics.deposed_streams.inc();
+                tracing::error!(
+                    stream = stream.name(),
+                    stream_id = id,
+                    seqs = ?dropped,
+                    "another star took this stream's leadership while this star held records \
+                     of it: they are left out of the index, and this star stops leading the \
+                     stream"
+                );
+            }
+            affected.push(*id);
         }
-        batch.entries.retain(|e| !deposed.contains(&e.stream_id));
-        batch.tails.retain(|(id, _)| !deposed.contains(id));
-        batch.guards.retain(|(id, _)| !deposed.contains(id));
+        // Keep what was sequenced under a leadership that still holds.
+        let mut kept = absorb.led_under.iter();
+        absorb.batch.entries.retain(|entry| {
+            let guard = kept.next().cloned().flatten();
+            !failed
+                .iter()
+                .any(|(id, g)| *id == entry.stream_id && guard.as_ref() == Some(g))
+        });
+        absorb
+            .led_under
+            .retain(|guard| !failed.iter().any(|(_, g)| guard.as_ref() == Some(g)));
+        absorb.batch.guards.retain(|guard| !failed.contains(guard));
+        recount_tails(shared, &mut absorb.batch, &affected, tails).await;
+    }
+}
+
+/// Recomputes the tails of `streams` in `batch` from the entries it still holds, on top of
+/// each stream's absorbed tail in the catalog.
+async fn recount_tails(
+    shared: &Shared,
+    batch: &mut AbsorbBatch,
+    streams: &[u64],
+    tails: &mut HashMap<u64, StreamTail>,
+) {
+    for id in streams {
+        tails.remove(id);
+        batch.tails.retain(|(stream, _)| stream != id);
+        let remaining: Vec<(u64, u64)> = batch
+            .entries
+            .iter()
+            .filter(|e| e.stream_id == *id)
+            .map(|e| (e.end_seq, e.len))
+            .collect();
+        if remaining.is_empty() {
+            continue;
+        }
+        let mut tail = match shared.catalog.stream_tail(*id).await {
+            Ok(tail) => tail,
+            Err(err) => {
+                tracing::warn!(stream_id = id, "reading a stream's absorbed tail: {err}");
+                StreamTail::default()
+            }
+        };
+        for (end_seq, len) in remaining {
+            tail.tail_seq = end_seq;
+            tail.stored_bytes += len;
+        }
+        tails.insert(*id, tail);
+        batch.tails.push((*id, tail));
     }
 }
 
 enum Committed {
     Landed(VersionedChain),
-    /// Nothing was written: these streams' leadership moved.
-    Deposed(Vec<u64>),
+    /// Nothing was written: these leaderships (stream id, guard) no longer hold.
+    Deposed(Vec<(u64, Compare)>),
 }
 
 /// Commits one absorb, retrying metastore failures until it lands. `None` when the chain was

@@ -1,10 +1,12 @@
 //! The chain's settings, filled from novad's flags.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
 use nova_core::limits;
+use nova_core::metastore::MetastoreError;
 
 #[derive(Debug, Clone)]
 pub struct ChainConfig {
@@ -38,6 +40,21 @@ pub struct ChainConfig {
     pub express: Option<crate::express::ExpressConfig>,
     /// `--metrics-top-streams`: streams exported with series of their own (the busiest).
     pub metrics_top_streams: usize,
+    /// In a fleet, who leads each stream (see [`Leaders`]); `None` for a star on its own.
+    pub leaders: Option<Arc<dyn Leaders>>,
+}
+
+/// In a fleet, who leads each stream now. Recovery and takeover ask before they settle a
+/// chain's section: one of a stream whose leader record names another star was written by a
+/// star that no longer led the stream (a second writer, whose absorb the leadership's compare
+/// would have refused), so it is left out of the index rather than laid over that star's
+/// records. A record naming no star says nothing, and the section is settled as always.
+pub trait Leaders: Send + Sync + std::fmt::Debug {
+    /// The star `stream`'s leader record names, if it names one.
+    fn leader<'a>(
+        &'a self,
+        stream: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<String>, MetastoreError>>;
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -105,6 +122,7 @@ impl Default for ChainConfig {
             entropy: Entropy::from_os(),
             express: None,
             metrics_top_streams: limits::METRICS_TOP_STREAMS,
+            leaders: None,
         }
     }
 }

@@ -32,7 +32,7 @@ mod star;
 mod stream_series;
 mod writer;
 
-pub use config::{Backoff, ChainConfig, RetryPolicy};
+pub use config::{Backoff, ChainConfig, Leaders, RetryPolicy};
 pub use packer::{AckRange, AppendReply};
 pub use reader::{Page, READ_PER_RECORD, ReadCharge};
 pub use star::{ShutdownError, Star, StartError};

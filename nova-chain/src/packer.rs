@@ -78,6 +78,9 @@ impl Batch {
 #[derive(Debug)]
 pub(crate) struct Section {
     pub stream: Arc<StreamState>,
+    /// The stream's leadership (in a fleet) its records were sequenced under: one per section,
+    /// so a section's index entry holds only while that leadership does.
+    pub leadership: Option<Compare>,
     pub start_seq: u64,
     pub fragments: Vec<(u64, Fragment)>,
     /// Encoded bytes of the fragments.
@@ -92,29 +95,6 @@ pub(crate) struct OpenFlight {
     pub(crate) batches: Vec<Batch>,
     /// Express bundles carried into this flight (`None` for a bundle itself).
     pub(crate) express: ExpressCarry,
-    /// The leaderships the flight's records were sequenced under, by stream id.
-    pub(crate) guards: Guards,
-}
-
-/// The leaderships a flight's (or a bundle's) records were sequenced under, by stream id,
-/// each once.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Guards(pub Vec<(u64, Compare)>);
-
-impl Guards {
-    pub(crate) fn add(&mut self, stream: u64, guard: Option<&Compare>) {
-        if let Some(guard) = guard
-            && !self.0.iter().any(|(id, g)| *id == stream && g == guard)
-        {
-            self.0.push((stream, guard.clone()));
-        }
-    }
-
-    pub(crate) fn extend(&mut self, other: &Guards) {
-        for (stream, guard) in &other.0 {
-            self.add(*stream, Some(guard));
-        }
-    }
 }
 
 /// What a Standard flight carries for the express chain: the last bundle whose sections it
@@ -149,18 +129,15 @@ impl OpenFlight {
             section_of: HashMap::new(),
             batches: Vec::new(),
             express: ExpressCarry::default(),
-            guards: Guards::default(),
         }
     }
 
     /// Adds a sequenced batch's chunks, starting at `range.start`.
     fn add_batch(&mut self, batch: Batch, chunks: Vec<Fragment>) {
-        self.guards
-            .add(batch.stream.id(), batch.leadership.as_ref());
         let mut seq = batch.range.start;
         for chunk in chunks {
             let records = chunk.records;
-            self.add_chunk(&batch.stream, seq, chunk);
+            self.add_chunk(&batch.stream, batch.leadership.as_ref(), seq, chunk);
             seq += records;
         }
         self.batches.push(batch);
@@ -168,12 +145,11 @@ impl OpenFlight {
 
     /// Adds an acknowledged bundle's sections, its pinned runs and its charges.
     fn add_carried(&mut self, carried: Carried) {
-        self.guards.extend(&carried.guards);
         for section in carried.sections {
             let end = section.end_seq();
             self.express.pinned.push((section.stream.id(), end));
             for (seq, fragment) in section.fragments {
-                self.add_chunk(&section.stream, seq, fragment);
+                self.add_chunk(&section.stream, section.leadership.as_ref(), seq, fragment);
             }
         }
         self.express.charges.extend(carried.charges);
@@ -181,20 +157,30 @@ impl OpenFlight {
         self.express.through = Some((carried.epoch, carried.slot));
     }
 
-    /// Adds a chunk starting at `seq` to the stream's current section, or to a new section of
-    /// the stream's when the current one would grow past `MAX_SECTION_BYTES`.
-    pub(crate) fn add_chunk(&mut self, stream: &Arc<StreamState>, seq: u64, chunk: Fragment) {
+    /// Adds a chunk starting at `seq`, sequenced under `leadership`, to the stream's current
+    /// section, or to a new section of the stream's when the current one would grow past
+    /// `MAX_SECTION_BYTES` or was sequenced under another leadership (the stream was taken up
+    /// again meanwhile).
+    pub(crate) fn add_chunk(
+        &mut self,
+        stream: &Arc<StreamState>,
+        leadership: Option<&Compare>,
+        seq: u64,
+        chunk: Fragment,
+    ) {
         let len = chunk.len();
         let current = self
             .section_of
             .get(&stream.id())
             .copied()
-            .filter(|&i| self.sections[i].bytes + len <= MAX_SECTION_BYTES);
+            .filter(|&i| self.sections[i].bytes + len <= MAX_SECTION_BYTES)
+            .filter(|&i| self.sections[i].leadership.as_ref() == leadership);
         let index = match current {
             Some(index) => index,
             None => {
                 self.sections.push(Section {
                     stream: stream.clone(),
+                    leadership: leadership.cloned(),
                     start_seq: seq,
                     fragments: Vec::new(),
                     bytes: 0,
@@ -242,7 +228,6 @@ pub(crate) struct InFlight {
     pub backlog: BudgetPermit,
     pub _writing: OwnedSemaphorePermit,
     pub express: ExpressCarry,
-    pub guards: Guards,
 }
 
 pub(crate) struct Packer {
@@ -538,7 +523,6 @@ impl Packer {
             backlog,
             _writing: writing,
             express: flight.express,
-            guards: flight.guards,
         };
         // The resolver's queue holds as many flights as there are writer permits, so this
         // only waits if the resolver has stopped, which happens only at shutdown.

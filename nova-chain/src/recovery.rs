@@ -20,7 +20,7 @@ use nova_core::object_store::{
     CreateOutcome, ObjectStore, ProbeError, StoreError, probe_conditional_create,
 };
 
-use crate::config::Backoff;
+use crate::config::{Backoff, Leaders};
 use crate::streams::{StreamRegistry, StreamState};
 
 #[derive(Debug, thiserror::Error)]
@@ -218,6 +218,7 @@ pub async fn recover(
     catalog: &Catalog,
     streams: &StreamRegistry,
     retry: &Backoff,
+    leaders: Option<&dyn Leaders>,
 ) -> Result<Recovered, RecoveryError> {
     let current = patiently("reading the chain state", retry, || catalog.chain(star))
         .await
@@ -266,8 +267,14 @@ pub async fn recover(
                 check_written_here(&key, star, epoch, next, &flight.meta)?;
                 // A flight of the Standard chain carries no express checkpoint in its object;
                 // the express walk that follows finds what it carried already in the tails.
-                chain = settle_flight(star, &key, flight, &chain, catalog, streams, retry, None)
-                    .await?;
+                let settle = Settle {
+                    star,
+                    catalog,
+                    streams,
+                    retry,
+                    leaders,
+                };
+                chain = settle.flight(&key, flight, &chain, None).await?;
                 settled += 1;
                 next += 1;
             }
@@ -344,89 +351,148 @@ pub async fn recover(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn settle_flight(
-    star: &str,
-    key: &str,
-    flight: nova_core::flight::FlightFooter,
-    chain: &VersionedChain,
-    catalog: &Catalog,
-    streams: &StreamRegistry,
-    retry: &Backoff,
-    express: Option<nova_core::catalog::ExpressCheckpoint>,
-) -> Result<VersionedChain, RecoveryError> {
-    let mut batch = AbsorbBatch {
-        express,
-        ..AbsorbBatch::default()
-    };
-    // Each stream's tail as this flight moves it: a stream may own several sections of one
-    // flight (one per MiB), and each continues the one before it, not the absorbed tail.
-    let mut moved: Vec<(Arc<StreamState>, StreamTail)> = Vec::new();
-    for section in &flight.sections {
-        // A stream deleted since this flight was written keeps no entries.
-        let Some(stream) = streams.get_by_id(section.stream_id) else {
-            continue;
+/// What settling a chain's flights needs: whose chain, the catalog and streams it settles into,
+/// the retry policy, and in a fleet who leads each stream.
+pub(crate) struct Settle<'a> {
+    pub star: &'a str,
+    pub catalog: &'a Catalog,
+    pub streams: &'a StreamRegistry,
+    pub retry: &'a Backoff,
+    pub leaders: Option<&'a dyn Leaders>,
+}
+
+impl Settle<'_> {
+    /// Whether `stream`'s records in this chain belong in the index: always outside a fleet;
+    /// in one, unless the stream's leader record names another star (see [`Leaders`]).
+    async fn led_here(&self, key: &str, stream: &StreamState) -> Result<bool, RecoveryError> {
+        let Some(leaders) = self.leaders else {
+            return Ok(true);
         };
-        if stream.name() != section.stream {
-            return Err(RecoveryError::Foreign {
-                key: key.to_owned(),
-                what: format!(
-                    "its section for stream id {} names stream {:?}, but this catalog's stream {} is {:?}",
-                    section.stream_id,
-                    section.stream,
-                    section.stream_id,
-                    stream.name()
-                ),
-            });
-        }
-        let index = match moved.iter().position(|(s, _)| s.id() == stream.id()) {
-            Some(index) => index,
-            None => {
-                moved.push((stream.clone(), stream.tail_snapshot()));
-                moved.len() - 1
+        let leader = patiently("reading a stream's leader record", self.retry, || async {
+            leaders
+                .leader(stream.name())
+                .await
+                .map_err(CatalogError::Metastore)
+        })
+        .await
+        .map_err(RecoveryError::Catalog)?;
+        match leader {
+            Some(other) if other != self.star => {
+                tracing::error!(
+                    key,
+                    stream = stream.name(),
+                    leader = other,
+                    "flight holds records of a stream another star leads, written after its \
+                     leadership moved: they are left out of the index"
+                );
+                Ok(false)
             }
-        };
-        let tail = &mut moved[index].1;
-        if section.start_seq != tail.tail_seq {
-            return Err(RecoveryError::Discontinuous {
-                key: key.to_owned(),
-                stream: stream.name().to_owned(),
-                expected: tail.tail_seq,
-                found: section.start_seq,
-            });
+            _ => Ok(true),
         }
-        tail.tail_seq = section.end_seq;
-        tail.stored_bytes += section.len;
-        batch.entries.push(IndexEntry::for_section(
-            key,
-            section,
-            flight.meta.created_at_ms,
-        ));
     }
-    batch.tails = moved.iter().map(|(s, tail)| (s.id(), *tail)).collect();
-    // A flight written before flights were capped may move more streams than one transaction
-    // holds; recovery is the chain's only writer now, so its tails may go ahead too.
-    batch.spill_tails = true;
-    let state = ChainState {
-        epoch: chain.state.epoch,
-        checkpoint: Some(flight.meta.slot),
-    };
-    let committed = commit_patiently(
-        "absorbing a settled flight",
-        retry,
-        catalog,
-        star,
-        Some(chain.version),
-        state,
-        batch,
-    )
-    .await?;
-    for (stream, tail) in moved {
-        let added = tail.stored_bytes - stream.stored_bytes();
-        stream.set_next_seq(tail.tail_seq);
-        stream.advance_tail(tail.tail_seq, added);
+
+    /// Absorbs one landed flight of the chain into the index, moving the chain's checkpoint to
+    /// its slot (and the express checkpoint to `express`, for a flight carrying bundles).
+    pub(crate) async fn flight(
+        &self,
+        key: &str,
+        flight: nova_core::flight::FlightFooter,
+        chain: &VersionedChain,
+        express: Option<nova_core::catalog::ExpressCheckpoint>,
+    ) -> Result<VersionedChain, RecoveryError> {
+        let Self {
+            star,
+            catalog,
+            streams,
+            retry,
+            ..
+        } = *self;
+        let mut batch = AbsorbBatch {
+            express,
+            ..AbsorbBatch::default()
+        };
+        // Each stream's tail as this flight moves it: a stream may own several sections of one
+        // flight (one per MiB), and each continues the one before it, not the absorbed tail.
+        let mut moved: Vec<(Arc<StreamState>, StreamTail)> = Vec::new();
+        let mut checked: Vec<(u64, bool)> = Vec::new();
+        for section in &flight.sections {
+            // A stream deleted since this flight was written keeps no entries.
+            let Some(stream) = streams.get_by_id(section.stream_id) else {
+                continue;
+            };
+            // Asked once per stream of the flight.
+            let led = match checked.iter().find(|(id, _)| *id == stream.id()) {
+                Some((_, led)) => *led,
+                None => {
+                    let led = self.led_here(key, &stream).await?;
+                    checked.push((stream.id(), led));
+                    led
+                }
+            };
+            if !led {
+                continue;
+            }
+            if stream.name() != section.stream {
+                return Err(RecoveryError::Foreign {
+                    key: key.to_owned(),
+                    what: format!(
+                        "its section for stream id {} names stream {:?}, but this catalog's stream {} is {:?}",
+                        section.stream_id,
+                        section.stream,
+                        section.stream_id,
+                        stream.name()
+                    ),
+                });
+            }
+            let index = match moved.iter().position(|(s, _)| s.id() == stream.id()) {
+                Some(index) => index,
+                None => {
+                    moved.push((stream.clone(), stream.tail_snapshot()));
+                    moved.len() - 1
+                }
+            };
+            let tail = &mut moved[index].1;
+            if section.start_seq != tail.tail_seq {
+                return Err(RecoveryError::Discontinuous {
+                    key: key.to_owned(),
+                    stream: stream.name().to_owned(),
+                    expected: tail.tail_seq,
+                    found: section.start_seq,
+                });
+            }
+            tail.tail_seq = section.end_seq;
+            tail.stored_bytes += section.len;
+            batch.entries.push(IndexEntry::for_section(
+                key,
+                section,
+                flight.meta.created_at_ms,
+            ));
+        }
+        batch.tails = moved.iter().map(|(s, tail)| (s.id(), *tail)).collect();
+        // A flight written before flights were capped may move more streams than one transaction
+        // holds; recovery is the chain's only writer now, so its tails may go ahead too.
+        batch.spill_tails = true;
+        let state = ChainState {
+            epoch: chain.state.epoch,
+            checkpoint: Some(flight.meta.slot),
+        };
+        let committed = commit_patiently(
+            "absorbing a settled flight",
+            retry,
+            catalog,
+            star,
+            Some(chain.version),
+            state,
+            batch,
+        )
+        .await?;
+        for (stream, tail) in moved {
+            let added = tail.stored_bytes - stream.stored_bytes();
+            stream.set_next_seq(tail.tail_seq);
+            stream.advance_tail(tail.tail_seq, added);
+        }
+        Ok(committed)
     }
-    Ok(committed)
 }
 
 /// Checks that the store is usable for a chain: reachable, accepting writes, and making

@@ -15,8 +15,11 @@ use nova_core::budget::BudgetPermit;
 use nova_core::catalog::IndexEntry;
 use nova_proto::RequestError;
 
-use crate::packer::{Batch, Guards, InFlight, Section};
+use nova_core::metastore::Compare;
+
+use crate::packer::{Batch, InFlight, Section};
 use crate::shared::Shared;
+use crate::streams::StreamState;
 use crate::tail_cache::CachedRun;
 use crate::writer::WriteError;
 
@@ -24,8 +27,9 @@ use crate::writer::WriteError;
 pub(crate) struct Landed {
     pub slot: u64,
     pub entries: Vec<IndexEntry>,
-    /// The leaderships the flight's records were sequenced under (in a fleet).
-    pub guards: Guards,
+    /// The leadership each entry's records were sequenced under (in a fleet), beside
+    /// `entries`.
+    pub led_under: Vec<Option<Compare>>,
     /// The last express bundle (express epoch, slot) whose records this flight carries.
     pub express: Option<(u64, u64)>,
     pub _backlog: BudgetPermit,
@@ -109,37 +113,57 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
         bytes,
         backlog,
         express,
-        guards,
         ..
     } = flight;
+    // Records sequenced under a leadership this star no longer holds (an absorb found it moved
+    // to another star, or the star took the stream up again since) are not this star's to
+    // serve, acknowledge or absorb: they are left out of everything below.
+    let replaced = |stream: &StreamState, under: Option<&Compare>| {
+        stream.is_deposed() || under != stream.leadership().as_ref()
+    };
+    let stale: Vec<bool> = sections
+        .iter()
+        .map(|s| replaced(&s.stream, s.leadership.as_ref()))
+        .collect();
     let entries: Vec<IndexEntry> = footer
         .sections
         .iter()
-        .map(|s| IndexEntry::for_section(&key, s, footer.meta.created_at_ms))
+        .zip(&stale)
+        .filter(|(_, stale)| !**stale)
+        .map(|(s, _)| IndexEntry::for_section(&key, s, footer.meta.created_at_ms))
         .collect();
     // Readable first (pending index and tail cache), then the tails move, then the acks go out:
     // a reader that sees the new tail always finds the records below it.
     shared
         .pending
         .insert(slot, entries.clone(), shared.config.clock.now());
-    let runs = sections.iter().map(cached_run).collect();
+    let runs = sections
+        .iter()
+        .zip(&stale)
+        .filter(|(_, stale)| !**stale)
+        .map(|(s, _)| cached_run(s))
+        .collect();
     shared.tail_cache.insert(slot, runs);
     // The carried express records are readable from the flight now; their pins, and their
     // express-buffer charges (dropped with `express` below), go.
     for (stream_id, end_seq) in &express.pinned {
         shared.tail_cache.unpin(*stream_id, *end_seq);
     }
-    for (section, entry) in sections.iter().zip(&footer.sections) {
-        section.stream.advance_tail(entry.end_seq, entry.len);
+    for ((section, entry), stale) in sections.iter().zip(&footer.sections).zip(&stale) {
+        if !stale {
+            section.stream.advance_tail(entry.end_seq, entry.len);
+        }
     }
     shared.metrics.flights_written.inc();
     shared.metrics.flight_bytes.inc_by(bytes);
     for batch in batches {
-        // A star that lost the stream's leadership to another writer while this flight was in
-        // the air acknowledges none of its records: its absorb will refuse them.
-        if batch.stream.is_deposed()
-            && let Some(refusal) = batch.stream.refusal()
-        {
+        if replaced(&batch.stream, batch.leadership.as_ref()) {
+            let refusal = batch.stream.refusal().unwrap_or_else(|| {
+                RequestError::Unavailable(format!(
+                    "this star took stream {:?} up again since this append was admitted; retry",
+                    batch.stream.name()
+                ))
+            });
             batch.fail(refusal);
             continue;
         }
@@ -148,10 +172,16 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
         // holds the same fragment bytes from here on, under its own budget.
         let _ = batch.reply.send(Ok(batch.range));
     }
+    let led_under = sections
+        .iter()
+        .zip(&stale)
+        .filter(|(_, stale)| !**stale)
+        .map(|(s, _)| s.leadership.clone())
+        .collect();
     let landed = Landed {
         slot,
         entries,
-        guards,
+        led_under,
         express: express.through,
         _backlog: backlog,
     };

@@ -189,7 +189,15 @@ impl Star {
                 )));
         }
         probe_store(&config.star, &store, &backoff).await?;
-        let mut recovered = recover(&config.star, &store, &catalog, &streams, &backoff).await?;
+        let mut recovered = recover(
+            &config.star,
+            &store,
+            &catalog,
+            &streams,
+            &backoff,
+            config.leaders.as_deref(),
+        )
+        .await?;
         match &config.express {
             Some(express) => {
                 let successor = format!("{}/{}", config.star, recovered.chain.state.epoch);

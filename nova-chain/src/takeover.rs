@@ -10,7 +10,7 @@ use nova_core::catalog::Catalog;
 use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
 
-use crate::config::Backoff;
+use crate::config::{Backoff, Leaders};
 use crate::express::ExpressConfig;
 use crate::express::collect::Collector;
 use crate::express::recover::recover_express;
@@ -20,6 +20,7 @@ use crate::streams::StreamRegistry;
 
 /// Settles `predecessor`'s chain. `None` when the catalog holds no chain for it (it never
 /// wrote one, or another survivor already took it over and it left no trace).
+#[allow(clippy::too_many_arguments)]
 pub async fn take_over(
     predecessor: &str,
     store: &Arc<dyn ObjectStore>,
@@ -28,6 +29,7 @@ pub async fn take_over(
     max_streams: usize,
     express: Option<&ExpressConfig>,
     successor: &str,
+    leaders: Option<&dyn Leaders>,
 ) -> Result<Option<Recovered>, StartError> {
     let chain = patiently("reading the predecessor's chain", backoff, || {
         catalog.chain(predecessor)
@@ -51,7 +53,7 @@ pub async fn take_over(
         )
     })
     .await?;
-    let mut recovered = recover(predecessor, store, catalog, &streams, backoff).await?;
+    let mut recovered = recover(predecessor, store, catalog, &streams, backoff, leaders).await?;
     // The predecessor's express chain, too, may hold acknowledged records.
     match express {
         Some(express) => {

@@ -43,6 +43,34 @@ pub(crate) fn id_under(prefix: &str, key: &[u8]) -> String {
     String::from_utf8_lossy(key.get(prefix.len()..).unwrap_or_default()).into_owned()
 }
 
+/// The fleet's leader records, as recovery and takeover ask them (`nova_chain::Leaders`).
+#[derive(Debug, Clone)]
+pub struct LeaderRecords {
+    metastore: std::sync::Arc<dyn nova_core::metastore::Metastore>,
+}
+
+impl LeaderRecords {
+    pub fn new(metastore: std::sync::Arc<dyn nova_core::metastore::Metastore>) -> Self {
+        Self { metastore }
+    }
+}
+
+impl nova_chain::Leaders for LeaderRecords {
+    fn leader<'a>(
+        &'a self,
+        stream: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<String>, nova_core::metastore::MetastoreError>>
+    {
+        Box::pin(async move {
+            Ok(self
+                .metastore
+                .get(&leader_key(stream))
+                .await?
+                .map(|kv| String::from_utf8_lossy(&kv.value).into_owned()))
+        })
+    }
+}
+
 /// What a star publishes about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {

@@ -157,21 +157,48 @@ impl Fleet {
         Ok(())
     }
 
-    /// This star no longer leads `stream`.
+    /// This star no longer leads `stream`. A place is free again, so a star that was full
+    /// (`--max-streams`) takes leadership again until a take-up finds the cap again.
     pub(crate) fn stop_leading(&self, stream: &str) {
         let mut led = self.led.write();
-        led.remove(stream);
+        if led.remove(stream) {
+            self.full.store(false, Ordering::Relaxed);
+        }
         self.metrics.streams_led.set(led.len() as i64);
     }
 
-    /// Forgets a deleted stream's leadership.
-    pub async fn forget(&self, stream: &str) -> Result<(), RequestError> {
-        // A delete frees a place: take streams again until a take-up finds the cap again.
-        self.full.store(false, Ordering::Relaxed);
-        self.stop_leading(stream);
-        self.delete_own_record(stream)
-            .await
-            .map_err(metastore_unavailable)
+    /// Forgets the leadership of `deleted`, a stream this star led and has just deleted, led
+    /// under `guard`. The name may already belong to a new stream (created again through
+    /// another star while the delete ran, and taken up here meanwhile): that one's leadership,
+    /// and its leader record, are left alone.
+    async fn forget(
+        &self,
+        star: &Star,
+        deleted: &StreamState,
+        guard: Option<Compare>,
+    ) -> Result<(), RequestError> {
+        let name = deleted.name();
+        {
+            let _acquiring = self.acquiring.lock().await;
+            let renewed = star
+                .streams()
+                .get(name)
+                .is_some_and(|now| now.id() != deleted.id());
+            if !renewed {
+                self.stop_leading(name);
+            }
+        }
+        // The record only at the version the deleted stream was led under.
+        if let Some(Compare::Version(key, version)) = guard {
+            let delete = Txn::new()
+                .compare(Compare::Version(key.clone(), version))
+                .delete(key);
+            self.metastore
+                .commit(delete)
+                .await
+                .map_err(metastore_unavailable)?;
+        }
+        Ok(())
     }
 
     /// Creates a stream in the shared catalog and places its leadership at once: refused
@@ -193,8 +220,9 @@ impl Fleet {
     /// Deletes a stream this star leads (any other star answers with a redirect: the leader
     /// holds its appends in flight), and forgets its leadership.
     pub async fn delete_stream(&self, star: &Star, name: &str) -> Result<(), RequestError> {
-        self.route(star, name).await?;
+        let deleted = self.route(star, name).await?;
+        let guard = deleted.leadership();
         star.streams().delete(name).await?;
-        self.forget(name).await
+        self.forget(star, &deleted, guard).await
     }
 }

@@ -23,7 +23,7 @@ mod placement;
 mod takeover;
 
 pub use error::{HandoffError, JoinError, TakeoverError};
-pub use keys::Member;
+pub use keys::{LeaderRecords, Member};
 pub use membership::{Fleet, FleetConfig};
 pub use metrics::FleetMetrics;
 pub use takeover::TakeoverContext;

@@ -175,6 +175,7 @@ impl Fleet {
             ctx.max_streams,
             ctx.star.config().express.as_ref(),
             &format!("{}/takeover", ctx.star.config().star),
+            ctx.star.config().leaders.as_deref(),
         )
         .await?;
         // Its streams may be placed again: clear the records naming it.

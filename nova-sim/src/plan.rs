@@ -236,6 +236,7 @@ impl Plan {
                 // world's stores.
                 express: None,
                 metrics_top_streams: 10,
+                leaders: None,
             },
             auditor: AuditorPlan::draw(auditor),
             express: None,

@@ -353,6 +353,7 @@ impl Config {
             // Opened (and probed) at start-up: `crate::express::open_zones`.
             express: None,
             metrics_top_streams: self.metrics_top_streams,
+            leaders: None,
         }
     }
 

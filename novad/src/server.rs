@@ -213,6 +213,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     let mut chain = config.chain();
     chain.express = crate::express::open_zones(&config).await?;
+    if fleet.is_some() {
+        chain.leaders = Some(Arc::new(nova_fleet::LeaderRecords::new(metastore.clone())));
+    }
     if let Some(express) = &chain.express {
         tracing::info!(
             zones = express.zones.len(),

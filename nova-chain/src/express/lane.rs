@@ -84,8 +84,6 @@ pub(crate) struct Carried {
     /// The batches' express-buffer charges, released once a flight holds the sections.
     pub charges: Vec<Admitted>,
     pub hold: BundleHold,
-    /// The leaderships the bundle's records were sequenced under.
-    pub guards: crate::packer::Guards,
 }
 
 /// Whether the open bundle should close now, and when to look again.
@@ -337,7 +335,6 @@ struct Kept {
     sections: Vec<Section>,
     charges: Vec<Admitted>,
     hold: BundleHold,
-    guards: crate::packer::Guards,
 }
 
 /// A missed quorum being handled: the express epoch and the bundles from the failed slot on.
@@ -494,11 +491,9 @@ fn acknowledge(shared: &Shared, bundle: InBundle) -> Carried {
     let metrics = &shared.metrics.express;
     metrics.bundles_acked.inc();
     let mut charges = Vec::with_capacity(bundle.batches.len());
-    let mut guards = crate::packer::Guards::default();
     for batch in bundle.batches {
         count_appended(shared, &batch);
         metrics.acks.inc();
-        guards.add(batch.stream.id(), batch.leadership.as_ref());
         let Batch {
             range,
             _charge,
@@ -514,7 +509,6 @@ fn acknowledge(shared: &Shared, bundle: InBundle) -> Carried {
         sections: bundle.sections,
         charges,
         hold: bundle.hold,
-        guards,
     }
 }
 
@@ -550,9 +544,7 @@ fn refuse(
         .with_label_values(&[answer])
         .inc();
     let mut charges = Vec::with_capacity(bundle.batches.len());
-    let mut guards = crate::packer::Guards::default();
     for batch in bundle.batches {
-        guards.add(batch.stream.id(), batch.leadership.as_ref());
         let Batch { _charge, reply, .. } = batch;
         let _ = reply.send(Err(error.clone()));
         charges.push(_charge);
@@ -562,7 +554,6 @@ fn refuse(
         sections: bundle.sections,
         charges,
         hold: bundle.hold,
-        guards,
     };
     (bundle.epoch, kept)
 }
@@ -636,7 +627,6 @@ async fn seal(
                     sections: bundle.sections,
                     charges: bundle.charges,
                     hold: bundle.hold,
-                    guards: bundle.guards,
                 };
                 if let Err(mpsc::error::SendError(FromLane::Carry(lost))) =
                     packer.send(FromLane::Carry(carried)).await

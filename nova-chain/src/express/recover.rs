@@ -31,7 +31,7 @@ use super::walk::{Step, Walk, WalkEnd};
 use super::{ExpressConfig, GENERATIONS_PER_EPOCH, express_epoch, marker};
 use crate::config::Backoff;
 use crate::packer::FLIGHT_MAX_OPS;
-use crate::recovery::{RecoveryError, commit_patiently, patiently, settle_flight};
+use crate::recovery::{RecoveryError, Settle, commit_patiently, patiently};
 use crate::streams::StreamRegistry;
 use crate::writer::is_ours;
 
@@ -357,17 +357,16 @@ impl Carrier<'_> {
             epoch,
             through: Some(slot),
         });
-        self.chain = settle_flight(
-            self.star,
-            &key,
-            footer,
-            &self.chain,
-            self.catalog,
-            self.streams,
-            self.retry,
-            express,
-        )
-        .await?;
+        // The carried bundles were acknowledged at the zones under this chain's leadership;
+        // the flight carrying them is settled as it is written.
+        let settle = Settle {
+            star: self.star,
+            catalog: self.catalog,
+            streams: self.streams,
+            retry: self.retry,
+            leaders: None,
+        };
+        self.chain = settle.flight(&key, footer, &self.chain, express).await?;
         self.done.flights += 1;
         Ok(())
     }

@@ -234,10 +234,11 @@ pub enum CatalogError {
     /// Somebody else changed what this call expected to own (the chain moved on).
     #[error("catalog conflict: {0}")]
     Conflict(String),
-    /// The leadership of these streams (by id) moved to another star while the absorbing star
-    /// held records of them: their records must not reach the index.
-    #[error("the leadership of streams {0:?} moved to another star")]
-    Deposed(Vec<u64>),
+    /// These leaderships (stream id, the compare its records were sequenced under) no longer
+    /// hold: the leadership moved to another star while the absorbing star held records of
+    /// them, which must not reach the index.
+    #[error("the leadership of streams {:?} moved to another star", .0.iter().map(|(id, _)| id).collect::<Vec<_>>())]
+    Deposed(Vec<(u64, Compare)>),
     #[error("catalog value is corrupt: {0}")]
     Corrupt(String),
     #[error(transparent)]
@@ -973,12 +974,10 @@ impl Catalog {
         for (stream, guard) in guards {
             match self.holds(guard).await {
                 Ok(true) => {}
-                Ok(false) => deposed.push(*stream),
+                Ok(false) => deposed.push((*stream, guard.clone())),
                 Err(err) => return CatalogError::Metastore(err),
             }
         }
-        deposed.sort_unstable();
-        deposed.dedup();
         if deposed.is_empty() {
             // Every compare holds now: something moved and moved back. Retried, it tells.
             return CatalogError::Metastore(MetastoreError::Unavailable(

@@ -236,7 +236,12 @@ impl EtcdMetastore {
                         Retry::IfNotSent => never_sent(&err),
                     };
                     let err = error(err);
-                    if !again || !matches!(err, MetastoreError::Unavailable(_)) {
+                    if !matches!(err, MetastoreError::Unavailable(_)) {
+                        // The member answered (a refusal is an answer): it stays the one to ask.
+                        attempt.answered = true;
+                        return Err(err);
+                    }
+                    if !again {
                         return Err(err);
                     }
                     last = Some(err);

@@ -121,7 +121,7 @@ pub struct World {
     streams: Mutex<(Vec<usize>, usize, HashSet<usize>)>,
     counters: Mutex<Counters>,
     /// Handoffs and takeovers counted by incarnations that are gone.
-    fleet_counts: Mutex<(u64, u64)>,
+    fleet_counts: Mutex<(u64, u64, u64)>,
     /// Where each live stream's producer and consumer run.
     clients: Mutex<JoinSet<()>>,
 }
@@ -184,6 +184,7 @@ impl World {
             let mut counts = self.fleet_counts.lock();
             counts.0 += metrics.handoffs("saturated") + metrics.handoffs("leaving");
             counts.1 += metrics.takeovers();
+            counts.2 += up.star.metrics().deposed_streams.get();
         }
     }
 
@@ -235,6 +236,14 @@ pub fn run_fleet_seed(seed: u64) -> Result<FleetReport, Failure> {
                 world.retire(node);
             }
         }
+        let deposed = world.fleet_counts.lock().2;
+        if deposed > 0 {
+            // Detected and contained, but a second writer should never exist at all.
+            world.violation(format!(
+                "{deposed} streams were deposed: a star found another leading a stream it held \
+                 records of"
+            ));
+        }
         let oracle = world.oracle.lock();
         if !oracle.violations.is_empty() {
             return Err(Failure {
@@ -244,7 +253,7 @@ pub fn run_fleet_seed(seed: u64) -> Result<FleetReport, Failure> {
             });
         }
         let (acked_batches, refused_batches, unknown_batches) = oracle.counts();
-        let (handoffs, takeovers) = *world.fleet_counts.lock();
+        let (handoffs, takeovers, _) = *world.fleet_counts.lock();
         FleetReport {
             seed,
             stars: world.plan.stars,

@@ -230,9 +230,11 @@ async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Started {
             }
         }
     };
-    let chain = world
-        .plan
-        .chain_config(&node.id, clock, Entropy::seeded(world.entropy.next_u64()));
+    let mut chain =
+        world
+            .plan
+            .chain_config(&node.id, clock, Entropy::seeded(world.entropy.next_u64()));
+    chain.leaders = Some(Arc::new(nova_fleet::LeaderRecords::new(metastore.clone())));
     let backoff = chain.backoff();
     let star = match Star::open(chain, store.clone(), metastore, Arc::new(Metrics::new())).await {
         Ok(star) => Arc::new(star),

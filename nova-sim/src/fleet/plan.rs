@@ -193,6 +193,7 @@ impl FleetPlan {
                 entropy: Entropy::seeded(0),
                 express: None,
                 metrics_top_streams: 0,
+                leaders: None,
             },
         }
     }
