@@ -264,18 +264,18 @@ async fn commit_or_depose(
             .led_under
             .retain(|guard| !failed.iter().any(|(_, g)| guard.as_ref() == Some(g)));
         absorb.batch.guards.retain(|guard| !failed.contains(guard));
-        recount_tails(shared, &mut absorb.batch, &affected, tails).await;
+        recount_tails(shared, &mut absorb.batch, &affected, tails).await?;
     }
 }
 
 /// Recomputes the tails of `streams` in `batch` from the entries it still holds, on top of
-/// each stream's absorbed tail in the catalog.
+/// each stream's absorbed tail in the catalog. `None` when shutdown abandoned the work.
 async fn recount_tails(
     shared: &Shared,
     batch: &mut AbsorbBatch,
     streams: &[u64],
     tails: &mut HashMap<u64, StreamTail>,
-) {
+) -> Option<()> {
     for id in streams {
         tails.remove(id);
         batch.tails.retain(|(stream, _)| stream != id);
@@ -288,19 +288,38 @@ async fn recount_tails(
         if remaining.is_empty() {
             continue;
         }
-        let mut tail = match shared.catalog.stream_tail(*id).await {
-            Ok(tail) => tail,
-            Err(err) => {
-                tracing::warn!(stream_id = id, "reading a stream's absorbed tail: {err}");
-                StreamTail::default()
-            }
-        };
+        let mut tail = absorbed_tail(shared, *id).await?;
         for (end_seq, len) in remaining {
             tail.tail_seq = end_seq;
             tail.stored_bytes += len;
         }
         tails.insert(*id, tail);
         batch.tails.push((*id, tail));
+    }
+    Some(())
+}
+
+/// A stream's absorbed tail, read again until the metastore answers: a guess would commit a
+/// wrong byte count. `None` when shutdown abandoned the work.
+async fn absorbed_tail(shared: &Shared, id: u64) -> Option<StreamTail> {
+    let clock = shared.config.clock;
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        match shared.catalog.stream_tail(id).await {
+            Ok(tail) => return Some(tail),
+            Err(err) => tracing::warn!(
+                stream_id = id,
+                attempt,
+                "reading a stream's absorbed tail: {err}; retrying"
+            ),
+        }
+        let delay = shared.config.retry.delay(attempt, &shared.config.entropy);
+        tokio::select! {
+            biased;
+            _ = clock.sleep(delay) => {}
+            _ = shared.abandon.cancelled() => return None,
+        }
     }
 }
 

@@ -210,6 +210,7 @@ impl Star {
                     recovered.chain,
                     &successor,
                     &backoff,
+                    config.leaders.as_deref(),
                 )
                 .await?;
                 recovered.chain = chain;

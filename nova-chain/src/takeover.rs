@@ -68,6 +68,7 @@ pub async fn take_over(
                 // not taken for this walk's own.
                 &format!("{successor}/{}", recovered.chain.state.epoch),
                 backoff,
+                leaders,
             )
             .await?;
             recovered.chain = chain;

@@ -96,7 +96,10 @@ impl Fleet {
             return None;
         }
         let state = star.streams().get(stream)?;
-        if state.is_deposed() {
+        // Deposed, or a stream of this name that was never taken up here (created again after
+        // a delete while the delete still forgot the old one): it is claimed afresh first, so
+        // no batch of it is sequenced without a leadership guard.
+        if state.is_deposed() || state.leadership().is_none() {
             self.stop_leading(stream);
             return None;
         }
@@ -180,10 +183,11 @@ impl Fleet {
         let name = deleted.name();
         {
             let _acquiring = self.acquiring.lock().await;
-            let renewed = star
-                .streams()
-                .get(name)
-                .is_some_and(|now| now.id() != deleted.id());
+            // Renewed only if the new stream was taken up here under a leadership of its own;
+            // one merely created here again is not led until it is claimed.
+            let renewed = star.streams().get(name).is_some_and(|now| {
+                now.id() != deleted.id() && now.leadership().is_some_and(|led| Some(led) != guard)
+            });
             if !renewed {
                 self.stop_leading(name);
             }

@@ -29,7 +29,7 @@ use nova_core::object_store::{CreateOutcome, ObjectStore};
 
 use super::walk::{Step, Walk, WalkEnd};
 use super::{ExpressConfig, GENERATIONS_PER_EPOCH, express_epoch, marker};
-use crate::config::Backoff;
+use crate::config::{Backoff, Leaders};
 use crate::packer::FLIGHT_MAX_OPS;
 use crate::recovery::{RecoveryError, Settle, commit_patiently, patiently};
 use crate::streams::StreamRegistry;
@@ -56,6 +56,7 @@ pub async fn recover_express(
     chain: VersionedChain,
     successor: &str,
     retry: &Backoff,
+    leaders: Option<&dyn Leaders>,
 ) -> Result<(VersionedChain, ExpressRecovered), RecoveryError> {
     let checkpoint = patiently("reading the express checkpoint", retry, || {
         catalog.express_checkpoint(star)
@@ -106,6 +107,7 @@ pub async fn recover_express(
         catalog,
         streams,
         retry,
+        leaders,
         chain,
         open: Open::default(),
         done: ExpressRecovered::default(),
@@ -236,6 +238,7 @@ struct Carrier<'a> {
     catalog: &'a Catalog,
     streams: &'a StreamRegistry,
     retry: &'a Backoff,
+    leaders: Option<&'a dyn Leaders>,
     chain: VersionedChain,
     open: Open,
     done: ExpressRecovered,
@@ -357,14 +360,15 @@ impl Carrier<'_> {
             epoch,
             through: Some(slot),
         });
-        // The carried bundles were acknowledged at the zones under this chain's leadership;
-        // the flight carrying them is settled as it is written.
+        // The carried bundles were acknowledged at the zones; the flight carrying them is
+        // settled as it is written, leaving out (as a Standard flight's) the sections of a
+        // stream whose leadership has since moved to another star.
         let settle = Settle {
             star: self.star,
             catalog: self.catalog,
             streams: self.streams,
             retry: self.retry,
-            leaders: None,
+            leaders: self.leaders,
         };
         self.chain = settle.flight(&key, footer, &self.chain, express).await?;
         self.done.flights += 1;
