@@ -8,6 +8,7 @@
 //! order) and are left for collection. Finally the star moves to a fresh epoch, whose slot keys
 //! nothing has touched.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -248,6 +249,7 @@ pub async fn recover(
     let epoch = chain.state.epoch;
     let mut next = chain.state.checkpoint.map_or(0, |slot| slot + 1);
     let mut settled = 0u64;
+    let led = LeaderCheck::new(star, leaders, retry);
     loop {
         let key = slot_key(star, epoch, next);
         let footer = patiently("reading a chain slot", retry, || async {
@@ -272,7 +274,7 @@ pub async fn recover(
                     catalog,
                     streams,
                     retry,
-                    leaders,
+                    led: &led,
                 };
                 chain = settle.flight(&key, flight, &chain, None).await?;
                 settled += 1;
@@ -351,23 +353,39 @@ pub async fn recover(
     })
 }
 
-/// What settling a chain's flights needs: whose chain, the catalog and streams it settles into,
-/// the retry policy, and in a fleet who leads each stream.
-pub(crate) struct Settle<'a> {
-    pub star: &'a str,
-    pub catalog: &'a Catalog,
-    pub streams: &'a StreamRegistry,
-    pub retry: &'a Backoff,
-    pub leaders: Option<&'a dyn Leaders>,
+/// Which streams' records in a chain being settled belong in the index: always outside a
+/// fleet; in one, unless the stream's leader record names another star (see [`Leaders`]).
+/// Asked once per stream for the whole settling, so an answer that changes meanwhile (a
+/// record cleared) cannot leave a stream's sections half settled, with a gap.
+pub(crate) struct LeaderCheck<'a> {
+    star: &'a str,
+    leaders: Option<&'a dyn Leaders>,
+    retry: &'a Backoff,
+    answers: parking_lot::Mutex<HashMap<u64, bool>>,
 }
 
-impl Settle<'_> {
-    /// Whether `stream`'s records in this chain belong in the index: always outside a fleet;
-    /// in one, unless the stream's leader record names another star (see [`Leaders`]).
-    async fn led_here(&self, key: &str, stream: &StreamState) -> Result<bool, RecoveryError> {
+impl<'a> LeaderCheck<'a> {
+    pub(crate) fn new(star: &'a str, leaders: Option<&'a dyn Leaders>, retry: &'a Backoff) -> Self {
+        Self {
+            star,
+            leaders,
+            retry,
+            answers: parking_lot::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether `stream`'s records in the object at `key` belong in the index.
+    pub(crate) async fn led_here(
+        &self,
+        key: &str,
+        stream: &StreamState,
+    ) -> Result<bool, RecoveryError> {
         let Some(leaders) = self.leaders else {
             return Ok(true);
         };
+        if let Some(led) = self.answers.lock().get(&stream.id()) {
+            return Ok(*led);
+        }
         let leader = patiently("reading a stream's leader record", self.retry, || async {
             leaders
                 .leader(stream.name())
@@ -376,21 +394,35 @@ impl Settle<'_> {
         })
         .await
         .map_err(RecoveryError::Catalog)?;
-        match leader {
+        let led = match leader {
             Some(other) if other != self.star => {
                 tracing::error!(
                     key,
                     stream = stream.name(),
                     leader = other,
-                    "flight holds records of a stream another star leads, written after its \
+                    "the chain holds records of a stream another star leads, written after its \
                      leadership moved: they are left out of the index"
                 );
-                Ok(false)
+                false
             }
-            _ => Ok(true),
-        }
+            _ => true,
+        };
+        self.answers.lock().insert(stream.id(), led);
+        Ok(led)
     }
+}
 
+/// What settling a chain's flights needs: whose chain, the catalog and streams it settles into,
+/// the retry policy, and which streams' records belong in the index.
+pub(crate) struct Settle<'a> {
+    pub star: &'a str,
+    pub catalog: &'a Catalog,
+    pub streams: &'a StreamRegistry,
+    pub retry: &'a Backoff,
+    pub led: &'a LeaderCheck<'a>,
+}
+
+impl Settle<'_> {
     /// Absorbs one landed flight of the chain into the index, moving the chain's checkpoint to
     /// its slot (and the express checkpoint to `express`, for a flight carrying bundles).
     pub(crate) async fn flight(
@@ -414,22 +446,12 @@ impl Settle<'_> {
         // Each stream's tail as this flight moves it: a stream may own several sections of one
         // flight (one per MiB), and each continues the one before it, not the absorbed tail.
         let mut moved: Vec<(Arc<StreamState>, StreamTail)> = Vec::new();
-        let mut checked: Vec<(u64, bool)> = Vec::new();
         for section in &flight.sections {
             // A stream deleted since this flight was written keeps no entries.
             let Some(stream) = streams.get_by_id(section.stream_id) else {
                 continue;
             };
-            // Asked once per stream of the flight.
-            let led = match checked.iter().find(|(id, _)| *id == stream.id()) {
-                Some((_, led)) => *led,
-                None => {
-                    let led = self.led_here(key, &stream).await?;
-                    checked.push((stream.id(), led));
-                    led
-                }
-            };
-            if !led {
+            if !self.led.led_here(key, &stream).await? {
                 continue;
             }
             if stream.name() != section.stream {

@@ -31,7 +31,7 @@ use super::walk::{Step, Walk, WalkEnd};
 use super::{ExpressConfig, GENERATIONS_PER_EPOCH, express_epoch, marker};
 use crate::config::{Backoff, Leaders};
 use crate::packer::FLIGHT_MAX_OPS;
-use crate::recovery::{RecoveryError, Settle, commit_patiently, patiently};
+use crate::recovery::{LeaderCheck, RecoveryError, Settle, commit_patiently, patiently};
 use crate::streams::StreamRegistry;
 use crate::writer::is_ours;
 
@@ -107,7 +107,7 @@ pub async fn recover_express(
         catalog,
         streams,
         retry,
-        leaders,
+        led: LeaderCheck::new(star, leaders, retry),
         chain,
         open: Open::default(),
         done: ExpressRecovered::default(),
@@ -238,7 +238,7 @@ struct Carrier<'a> {
     catalog: &'a Catalog,
     streams: &'a StreamRegistry,
     retry: &'a Backoff,
-    leaders: Option<&'a dyn Leaders>,
+    led: LeaderCheck<'a>,
     chain: VersionedChain,
     open: Open,
     done: ExpressRecovered,
@@ -263,6 +263,11 @@ impl Carrier<'_> {
             let Some(stream) = self.streams.get_by_id(section.stream_id) else {
                 continue;
             };
+            // A stream another star leads is neither carried nor checked against its tail,
+            // which that star moves (the Standard walk left its sections out the same way).
+            if !self.led.led_here(&key, &stream).await? {
+                continue;
+            }
             // Where the Standard chain (and what this recovery carried so far) leaves it.
             let tail = self
                 .open
@@ -368,7 +373,7 @@ impl Carrier<'_> {
             catalog: self.catalog,
             streams: self.streams,
             retry: self.retry,
-            leaders: self.leaders,
+            led: &self.led,
         };
         self.chain = settle.flight(&key, footer, &self.chain, express).await?;
         self.done.flights += 1;
