@@ -219,7 +219,7 @@ pub async fn recover(
     catalog: &Catalog,
     streams: &StreamRegistry,
     retry: &Backoff,
-    leaders: Option<&dyn Leaders>,
+    led: &LeaderCheck<'_>,
 ) -> Result<Recovered, RecoveryError> {
     let current = patiently("reading the chain state", retry, || catalog.chain(star))
         .await
@@ -249,7 +249,6 @@ pub async fn recover(
     let epoch = chain.state.epoch;
     let mut next = chain.state.checkpoint.map_or(0, |slot| slot + 1);
     let mut settled = 0u64;
-    let led = LeaderCheck::new(star, leaders, retry);
     loop {
         let key = slot_key(star, epoch, next);
         let footer = patiently("reading a chain slot", retry, || async {
@@ -274,7 +273,7 @@ pub async fn recover(
                     catalog,
                     streams,
                     retry,
-                    led: &led,
+                    led,
                 };
                 chain = settle.flight(&key, flight, &chain, None).await?;
                 settled += 1;
@@ -354,10 +353,12 @@ pub async fn recover(
 }
 
 /// Which streams' records in a chain being settled belong in the index: always outside a
-/// fleet; in one, unless the stream's leader record names another star (see [`Leaders`]).
-/// Asked once per stream for the whole settling, so an answer that changes meanwhile (a
-/// record cleared) cannot leave a stream's sections half settled, with a gap.
-pub(crate) struct LeaderCheck<'a> {
+/// fleet; in one, unless the stream's leader record names another star (see [`Leaders`]), or
+/// another writer's records already fill the index where a section starts. Decided once per
+/// stream for the whole settling (the Standard walk and the Express walk after it), so an
+/// answer that changes meanwhile (a record cleared) cannot leave a stream's sections half
+/// settled, with a gap. Holds one answer per stream of the catalog at most.
+pub struct LeaderCheck<'a> {
     star: &'a str,
     leaders: Option<&'a dyn Leaders>,
     retry: &'a Backoff,
@@ -365,7 +366,8 @@ pub(crate) struct LeaderCheck<'a> {
 }
 
 impl<'a> LeaderCheck<'a> {
-    pub(crate) fn new(star: &'a str, leaders: Option<&'a dyn Leaders>, retry: &'a Backoff) -> Self {
+    /// For settling `star`'s chain, asking `leaders` (none outside a fleet).
+    pub fn new(star: &'a str, leaders: Option<&'a dyn Leaders>, retry: &'a Backoff) -> Self {
         Self {
             star,
             leaders,
@@ -409,6 +411,34 @@ impl<'a> LeaderCheck<'a> {
         };
         self.answers.lock().insert(stream.id(), led);
         Ok(led)
+    }
+
+    /// Whether a section of `stream` starting at `start_seq`, below the index's tail
+    /// `tail_seq`, is a second writer's leftover to leave out rather than a broken chain: in a
+    /// fleet, the records already there were written by the star the stream was led by (a
+    /// record naming it may have been cleared since). The stream's records in this chain are
+    /// left out from here on. Outside a fleet nobody else writes the index, and the chain is
+    /// broken.
+    pub(crate) fn overwritten(
+        &self,
+        key: &str,
+        stream: &StreamState,
+        start_seq: u64,
+        tail_seq: u64,
+    ) -> bool {
+        if self.leaders.is_none() || start_seq >= tail_seq {
+            return false;
+        }
+        tracing::error!(
+            key,
+            stream = stream.name(),
+            start_seq,
+            tail_seq,
+            "the chain holds records of a stream whose index another writer filled past their \
+             start: they are left out of the index"
+        );
+        self.answers.lock().insert(stream.id(), false);
+        true
     }
 }
 
@@ -469,7 +499,16 @@ impl Settle<'_> {
             let index = match moved.iter().position(|(s, _)| s.id() == stream.id()) {
                 Some(index) => index,
                 None => {
-                    moved.push((stream.clone(), stream.tail_snapshot()));
+                    let tail = stream.tail_snapshot();
+                    // Checked before the stream's tail is in the batch, which would write
+                    // back the one read.
+                    if self
+                        .led
+                        .overwritten(key, &stream, section.start_seq, tail.tail_seq)
+                    {
+                        continue;
+                    }
+                    moved.push((stream.clone(), tail));
                     moved.len() - 1
                 }
             };

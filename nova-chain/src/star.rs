@@ -25,7 +25,7 @@ use crate::express::recover::recover_express;
 use crate::monitor::run_monitor;
 use crate::packer::{AppendReply, Packer, Submission};
 use crate::reader::{self, Page};
-use crate::recovery::{Recovered, RecoveryError, patiently, probe_store, recover};
+use crate::recovery::{LeaderCheck, Recovered, RecoveryError, patiently, probe_store, recover};
 use crate::resolver::run_resolver;
 use crate::shared::Shared;
 use crate::streams::{StreamRegistry, StreamState};
@@ -189,15 +189,10 @@ impl Star {
                 )));
         }
         probe_store(&config.star, &store, &backoff).await?;
-        let mut recovered = recover(
-            &config.star,
-            &store,
-            &catalog,
-            &streams,
-            &backoff,
-            config.leaders.as_deref(),
-        )
-        .await?;
+        // One answer per stream for both walks.
+        let led = LeaderCheck::new(&config.star, config.leaders.as_deref(), &backoff);
+        let mut recovered =
+            recover(&config.star, &store, &catalog, &streams, &backoff, &led).await?;
         match &config.express {
             Some(express) => {
                 let successor = format!("{}/{}", config.star, recovered.chain.state.epoch);
@@ -210,7 +205,7 @@ impl Star {
                     recovered.chain,
                     &successor,
                     &backoff,
-                    config.leaders.as_deref(),
+                    &led,
                 )
                 .await?;
                 recovered.chain = chain;

@@ -14,7 +14,7 @@ use crate::config::{Backoff, Leaders};
 use crate::express::ExpressConfig;
 use crate::express::collect::Collector;
 use crate::express::recover::recover_express;
-use crate::recovery::{Recovered, RecoveryError, patiently, recover};
+use crate::recovery::{LeaderCheck, Recovered, RecoveryError, patiently, recover};
 use crate::star::{StartError, check_no_express_chain};
 use crate::streams::StreamRegistry;
 
@@ -53,7 +53,9 @@ pub async fn take_over(
         )
     })
     .await?;
-    let mut recovered = recover(predecessor, store, catalog, &streams, backoff, leaders).await?;
+    // One answer per stream for both walks.
+    let led = LeaderCheck::new(predecessor, leaders, backoff);
+    let mut recovered = recover(predecessor, store, catalog, &streams, backoff, &led).await?;
     // The predecessor's express chain, too, may hold acknowledged records.
     match express {
         Some(express) => {
@@ -68,7 +70,7 @@ pub async fn take_over(
                 // not taken for this walk's own.
                 &format!("{successor}/{}", recovered.chain.state.epoch),
                 backoff,
-                leaders,
+                &led,
             )
             .await?;
             recovered.chain = chain;

@@ -20,11 +20,13 @@ use parking_lot::Mutex;
 
 use nova_chain::admission::encoded_charge;
 use nova_chain::express::{ExpressConfig, Zone, Zones};
+use nova_chain::streams::StreamState;
 use nova_chain::{ChainConfig, Leaders, Star};
 use nova_core::catalog::{AbsorbBatch, Catalog, ChainState, StorageClass, StreamTail};
 use nova_core::flight::section::encode_fragment;
 use nova_core::flight::{FlightMeta, SectionInput, assemble_flight};
 use nova_core::keys::{chain_root, slot_key};
+use nova_core::metastore::faulty::{CommitFault, FaultyMetastore};
 use nova_core::metastore::{Metastore, MetastoreError};
 use nova_core::metrics::Metrics;
 use nova_core::object_store::faulty::Fault;
@@ -116,6 +118,17 @@ async fn led_elsewhere(catalog: &Catalog, stream_id: u64, tail: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_leaves_out_a_second_writers_standard_sections_and_the_star_starts() {
+    // b's record read once, then cleared: read again at the second flight it would name no
+    // star, and s 3..5, continuing b's tail, would be settled over b's leadership.
+    standard_case(Answers::once("s", "b"), 3).await;
+    // b's record cleared before the restart (b departed and was taken over): the sections
+    // fall below the tail b left.
+    standard_case(Arc::new(Answers::default()), 5).await;
+}
+
+/// The star wrote (and acknowledged) s 2..3 and 3..5 after its leadership of s had moved to b,
+/// which took s up at 2 and has absorbed it to `b_tail`; its records of t are its own.
+async fn standard_case(leaders: Arc<Answers>, b_tail: u64) {
     let disk = Disk::new();
     let store = disk.store();
     let metastore = disk.metastore();
@@ -139,9 +152,7 @@ async fn recovery_leaves_out_a_second_writers_standard_sections_and_the_star_sta
         )
         .await
         .unwrap();
-    // The star wrote (and acknowledged) s 2..3 and 3..5 after its leadership of s had moved to
-    // b, which took s up at 2 and has absorbed it to 5; its records of t are its own.
-    led_elsewhere(&catalog, s.id, 5).await;
+    led_elsewhere(&catalog, s.id, b_tail).await;
     for (slot, s_section, t_section) in [
         (
             0,
@@ -163,18 +174,40 @@ async fn recovery_leaves_out_a_second_writers_standard_sections_and_the_star_sta
         let (payload, _) = assemble_flight(meta, vec![s_section, t_section]);
         store.put(&slot_key(STAR, 4, slot), payload).await.unwrap();
     }
-    // b's record is asked for once: read again by the second flight it would name no star
-    // (cleared meanwhile), and settling s's second section there would leave a gap.
     let config = ChainConfig {
-        leaders: Some(Answers::once("s", "b")),
+        leaders: Some(leaders),
         ..support::config()
     };
     let star = Star::open(config, store, metastore, Arc::new(Metrics::new()))
         .await
         .expect("a chain holding a second writer's sections still settles");
     assert_eq!(bodies(&star, "t").await, ["t0", "t1"]);
-    assert_eq!(catalog.stream_tail(s.id).await.unwrap().tail_seq, 5);
-    assert_eq!(star.streams().get("s").unwrap().tail(), 5);
+    assert_eq!(catalog.stream_tail(s.id).await.unwrap().tail_seq, b_tail);
+    assert_eq!(star.streams().get("s").unwrap().tail(), b_tail);
+}
+
+/// Creates Express streams x and y on `writer` and has three records of each acknowledged at
+/// the zones, one batch per stream.
+async fn write_x_and_y(writer: &Star) -> (Arc<StreamState>, Arc<StreamState>) {
+    let mut created = Vec::new();
+    for (name, bodies) in [("x", ["x0", "x1", "x2"]), ("y", ["y0", "y1", "y2"])] {
+        let stream = writer
+            .streams()
+            .create(name, StorageClass::Express)
+            .await
+            .unwrap();
+        let bytes = bodies.iter().map(|b| b.len() as u64).sum();
+        let admitted = writer.admission().admit(encoded_charge(3, 0, bytes)).await;
+        let fragment = encode_fragment(records(&bodies).iter());
+        let reply = writer
+            .submit(stream.clone(), vec![fragment], bytes, None, admitted)
+            .await
+            .unwrap();
+        answer(reply).await.expect("acknowledged at the zones");
+        created.push(stream);
+    }
+    let y = created.pop().unwrap();
+    (created.pop().unwrap(), y)
 }
 
 fn zones(disk: &Disk) -> Zones {
@@ -208,6 +241,12 @@ fn express_config(zones: &Zones, leaders: Option<Arc<dyn Leaders>>) -> ChainConf
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_carries_no_second_writers_express_bundle_and_the_star_starts() {
+    // While b's record names b, and once it is cleared (b's records below the bundle's end).
+    express_case(Answers::once("x", "b")).await;
+    express_case(Arc::new(Answers::default())).await;
+}
+
+async fn express_case(leaders: Arc<Answers>) {
     let disk = Disk::new();
     let zones = zones(&disk);
     let writer = support::open_faulty(&disk, express_config(&zones, None))
@@ -220,40 +259,14 @@ async fn recovery_carries_no_second_writers_express_bundle_and_the_star_starts()
         Fault::Hold,
         None,
     );
-    let x = writer
-        .star
-        .streams()
-        .create("x", StorageClass::Express)
-        .await
-        .unwrap();
-    let y = writer
-        .star
-        .streams()
-        .create("y", StorageClass::Express)
-        .await
-        .unwrap();
-    for (stream, bodies) in [(&x, ["x0", "x1", "x2"]), (&y, ["y0", "y1", "y2"])] {
-        let bytes = bodies.iter().map(|b| b.len() as u64).sum();
-        let admitted = writer
-            .star
-            .admission()
-            .admit(encoded_charge(3, 0, bytes))
-            .await;
-        let fragment = encode_fragment(records(&bodies).iter());
-        let reply = writer
-            .star
-            .submit(stream.clone(), vec![fragment], bytes, None, admitted)
-            .await
-            .unwrap();
-        answer(reply).await.expect("acknowledged at the zones");
-    }
+    let (x, _) = write_x_and_y(&writer.star).await;
     // Meanwhile b took x up at 0 and absorbed one record of its own: the writer's bundle
     // x 0..3 overlaps b's records.
     let metastore: Arc<dyn Metastore> = Arc::new(writer.metastore.clone());
     let catalog = Catalog::new(metastore.clone());
     led_elsewhere(&catalog, x.id(), 1).await;
     let successor = Star::open(
-        express_config(&zones, Some(Answers::once("x", "b"))),
+        express_config(&zones, Some(leaders)),
         disk.store(),
         metastore,
         Arc::new(Metrics::new()),
@@ -262,4 +275,55 @@ async fn recovery_carries_no_second_writers_express_bundle_and_the_star_starts()
     .expect("an express chain holding a second writer's bundle still settles");
     assert_eq!(bodies(&successor, "y").await, ["y0", "y1", "y2"]);
     assert_eq!(catalog.stream_tail(x.id()).await.unwrap().tail_seq, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_walks_of_one_recovery_take_one_answer_per_stream() {
+    let disk = Disk::new();
+    let zones = zones(&disk);
+    let store = disk.store();
+    let metastore = disk.metastore();
+    // The writer's absorbs never land: its Standard flights carrying the express bundles do,
+    // and are left for recovery to settle, the bundles for it to walk again.
+    let held = FaultyMetastore::new(metastore.clone());
+    let writer = Star::open(
+        express_config(&zones, None),
+        store.clone(),
+        Arc::new(held.clone()),
+        Arc::new(Metrics::new()),
+    )
+    .await
+    .unwrap();
+    held.inject_for_keys(CommitFault::Hold, None, b"c/");
+    let (x, _) = write_x_and_y(&writer).await;
+    let mut landed = 0;
+    for _ in 0..500 {
+        landed = store
+            .list(&chain_root(STAR), None, 100)
+            .await
+            .unwrap()
+            .objects
+            .len();
+        if landed > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(landed > 0, "the writer's Standard flights never landed");
+    // b took x up at 0 and has absorbed nothing yet. Its record is read once: the Express walk
+    // asking again would find it cleared and carry x 0..3 over b's leadership (continuing b's
+    // tail, nothing else would stop it), after the Standard walk left the same records out.
+    let catalog = Catalog::new(metastore.clone());
+    led_elsewhere(&catalog, x.id(), 0).await;
+    let successor = Star::open(
+        express_config(&zones, Some(Answers::once("x", "b"))),
+        store,
+        metastore,
+        Arc::new(Metrics::new()),
+    )
+    .await
+    .expect("a chain holding a second writer's records still settles");
+    assert_eq!(bodies(&successor, "y").await, ["y0", "y1", "y2"]);
+    assert_eq!(catalog.stream_tail(x.id()).await.unwrap().tail_seq, 0);
+    drop(writer);
 }

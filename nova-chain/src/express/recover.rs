@@ -29,7 +29,7 @@ use nova_core::object_store::{CreateOutcome, ObjectStore};
 
 use super::walk::{Step, Walk, WalkEnd};
 use super::{ExpressConfig, GENERATIONS_PER_EPOCH, express_epoch, marker};
-use crate::config::{Backoff, Leaders};
+use crate::config::Backoff;
 use crate::packer::FLIGHT_MAX_OPS;
 use crate::recovery::{LeaderCheck, RecoveryError, Settle, commit_patiently, patiently};
 use crate::streams::StreamRegistry;
@@ -56,7 +56,7 @@ pub async fn recover_express(
     chain: VersionedChain,
     successor: &str,
     retry: &Backoff,
-    leaders: Option<&dyn Leaders>,
+    led: &LeaderCheck<'_>,
 ) -> Result<(VersionedChain, ExpressRecovered), RecoveryError> {
     let checkpoint = patiently("reading the express checkpoint", retry, || {
         catalog.express_checkpoint(star)
@@ -107,7 +107,7 @@ pub async fn recover_express(
         catalog,
         streams,
         retry,
-        led: LeaderCheck::new(star, leaders, retry),
+        led,
         chain,
         open: Open::default(),
         done: ExpressRecovered::default(),
@@ -238,7 +238,7 @@ struct Carrier<'a> {
     catalog: &'a Catalog,
     streams: &'a StreamRegistry,
     retry: &'a Backoff,
-    led: LeaderCheck<'a>,
+    led: &'a LeaderCheck<'a>,
     chain: VersionedChain,
     open: Open,
     done: ExpressRecovered,
@@ -276,6 +276,10 @@ impl Carrier<'_> {
                 .copied()
                 .unwrap_or(stream.tail());
             if section.end_seq <= tail {
+                continue;
+            }
+            let carried = self.open.tails.contains_key(&section.stream_id);
+            if !carried && self.led.overwritten(&key, &stream, section.start_seq, tail) {
                 continue;
             }
             if section.start_seq != tail {
@@ -373,7 +377,7 @@ impl Carrier<'_> {
             catalog: self.catalog,
             streams: self.streams,
             retry: self.retry,
-            led: &self.led,
+            led: self.led,
         };
         self.chain = settle.flight(&key, footer, &self.chain, express).await?;
         self.done.flights += 1;
