@@ -333,6 +333,9 @@ const HANDOFF_RETRY_AFTER: std::time::Duration = std::time::Duration::from_milli
 /// run one at a time, so this only bounds the queue of callers.
 const ADMIN_CALLS: usize = 64;
 
+/// Tries of one create whose insert keeps meeting other creates' id reservations.
+const CREATE_ATTEMPTS: u32 = 8;
+
 fn catalog_error(err: CatalogError) -> RequestError {
     match err {
         CatalogError::AlreadyExists(name) => RequestError::StreamExists(name),
@@ -640,56 +643,74 @@ impl StreamRegistry {
                 what: "delete streams or raise the cap",
             });
         }
-        let meta = StreamMeta {
-            id: self
+        // Each attempt under a fresh id: another create reserving one meanwhile fences the
+        // insert (see `Catalog::insert_stream`), and this one reserves again.
+        let mut attempts = 0;
+        let meta = loop {
+            attempts += 1;
+            let reserved = self
                 .catalog
                 .reserve_stream_id()
                 .await
-                .map_err(catalog_error)?,
-            name: name.to_owned(),
-            created_at_ms: self.clock.unix_ms(),
-            class,
-            retention,
-        };
-        // The manifest lands before the catalog knows the stream, so every stream whose
-        // records can reach a flight is one the bucket can name.
-        self.write_manifest(&meta, false).await.map_err(|e| {
-            RequestError::Unavailable(format!("writing the manifest of stream {name:?}: {e}"))
-        })?;
-        match self.catalog.insert_stream(&meta).await {
-            Ok(()) => {}
-            // A lost answer (the commit may have landed), or a name the catalog already has
-            // (this very create, retried inside a metastore client, or an earlier create whose
-            // outcome was unknown): the catalog says which. Found by the simulation: taking a
-            // landed create for a failed one left a stream that the catalog had and this star
-            // refused to serve or create, with its manifest marked deleted.
-            Err(err @ (CatalogError::Metastore(_) | CatalogError::AlreadyExists(_))) => {
-                match self.catalog.stream(name).await {
-                    Ok(Some(found)) if found.id == meta.id => {}
-                    Ok(Some(found)) => {
-                        self.abandon_manifest(&meta).await;
-                        self.adopt(found).await;
-                        return Err(RequestError::StreamExists(name.to_owned()));
-                    }
-                    Ok(None) => {
-                        self.abandon_manifest(&meta).await;
-                        return Err(catalog_error(err));
-                    }
-                    // Still cannot tell: leave the manifest live (a rebuild restoring an empty
-                    // stream is harmless) and say so.
-                    Err(_) => {
-                        return Err(RequestError::OutcomeUnknown(format!(
-                            "creating stream {name:?}: {err}; create it again: if this create \
-                             landed, the answer is that the stream exists"
+                .map_err(catalog_error)?;
+            let meta = StreamMeta {
+                id: reserved.id,
+                name: name.to_owned(),
+                created_at_ms: self.clock.unix_ms(),
+                class,
+                retention,
+            };
+            // The manifest lands before the catalog knows the stream, so every stream whose
+            // records can reach a flight is one the bucket can name.
+            self.write_manifest(&meta, false).await.map_err(|e| {
+                RequestError::Unavailable(format!("writing the manifest of stream {name:?}: {e}"))
+            })?;
+            match self.catalog.insert_stream(&meta, reserved).await {
+                Ok(()) => break meta,
+                Err(CatalogError::Conflict(why)) => {
+                    self.abandon_manifest(&meta).await;
+                    if attempts >= CREATE_ATTEMPTS {
+                        return Err(RequestError::Unavailable(format!(
+                            "creating stream {name:?}: {why}, {attempts} times; retry"
                         )));
                     }
                 }
+                // A lost answer (the commit may have landed, or may still), or a name the
+                // catalog already has (this very create, retried inside a metastore client, or
+                // an earlier create whose outcome was unknown): the catalog says which, once
+                // the insert can no longer apply. Found by the simulation: taking a landed
+                // create for a failed one left a stream that the catalog had and this star
+                // refused to serve or create, with its manifest marked deleted; and an insert
+                // that applied seconds after it was taken for failed brought the name back
+                // after a retried create and a delete.
+                Err(err @ (CatalogError::Metastore(_) | CatalogError::AlreadyExists(_))) => {
+                    match self.settled_insert(name).await {
+                        Ok(Some(found)) if found.id == meta.id => break meta,
+                        Ok(Some(found)) => {
+                            self.abandon_manifest(&meta).await;
+                            self.adopt(found).await;
+                            return Err(RequestError::StreamExists(name.to_owned()));
+                        }
+                        Ok(None) => {
+                            self.abandon_manifest(&meta).await;
+                            return Err(catalog_error(err));
+                        }
+                        // Still cannot tell: leave the manifest live (a rebuild restoring an
+                        // empty stream is harmless) and say so.
+                        Err(_) => {
+                            return Err(RequestError::OutcomeUnknown(format!(
+                                "creating stream {name:?}: {err}; create it again: if this \
+                                 create landed, the answer is that the stream exists"
+                            )));
+                        }
+                    }
+                }
+                Err(err) => {
+                    self.abandon_manifest(&meta).await;
+                    return Err(catalog_error(err));
+                }
             }
-            Err(err) => {
-                self.abandon_manifest(&meta).await;
-                return Err(catalog_error(err));
-            }
-        }
+        };
         let state = Arc::new(StreamState::new(meta, StreamTail::default()));
         self.insert(state.clone());
         Ok(state)
@@ -788,6 +809,14 @@ impl StreamRegistry {
 
     /// Marks the manifest of a stream that was never created deleted: a rebuild would
     /// otherwise restore it empty (a retried create gets a fresh id that outranks it anyway).
+    /// The stream the catalog holds under `name` once an insert whose answer was lost can no
+    /// longer apply: reserving an id fences it (see `Catalog::insert_stream`), so what the
+    /// catalog shows after that is final.
+    async fn settled_insert(&self, name: &str) -> Result<Option<StreamMeta>, CatalogError> {
+        self.catalog.reserve_stream_id().await?;
+        self.catalog.stream(name).await
+    }
+
     async fn abandon_manifest(&self, meta: &StreamMeta) {
         let _ = self.write_manifest(meta, true).await;
     }

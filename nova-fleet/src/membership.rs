@@ -119,6 +119,15 @@ impl Fleet {
                 what: "reading the fleet's members",
                 source,
             })?;
+        // The registration's answer may come long after it applied (a star paused meanwhile):
+        // past the trust window the lease may have lapsed, and a survivor may be taking this
+        // star's chain over already. Its recovery would meet that survivor's; join again.
+        if fleet.unrenewed() > fleet.trust() {
+            fleet.lose("unrenewed", "the fleet lease lapsed while joining".into());
+            return Err(JoinError::LeaseExpired {
+                while_doing: "joined the fleet",
+            });
+        }
         tokio::spawn(fleet.clone().renew());
         tokio::spawn(fleet.clone().refresh());
         tokio::spawn(fleet.clone().watch_trust());
@@ -414,7 +423,9 @@ impl Fleet {
 
     /// Whether this star has stopped leading for good (its lease is lost, or it left).
     pub fn is_lost(&self) -> bool {
-        self.lost.is_cancelled()
+        // Also between two checks of the trust window: a star that wakes from a pause must
+        // not act on a lease it can no longer trust.
+        self.lost.is_cancelled() || self.unrenewed() > self.trust()
     }
 
     pub(crate) async fn publish(&self) -> Result<(), MetastoreError> {

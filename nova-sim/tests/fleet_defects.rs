@@ -298,3 +298,82 @@ fn trust_in_a_lease_counts_from_its_grant_and_keep_alives_only() {
         );
     });
 }
+
+/// etcd whose answer to the first commit (a joining star's registration) reaches the star
+/// `delay` after the commit applied, as to a star paused just after sending it.
+#[derive(Debug)]
+struct LateAnswer {
+    inner: SimMetastore,
+    delay: Duration,
+    answered: AtomicBool,
+}
+
+#[async_trait]
+impl Metastore for LateAnswer {
+    fn describe(&self) -> String {
+        "late answer".into()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError> {
+        self.inner.get(key).await
+    }
+    async fn scan(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<KeyValue>, MetastoreError> {
+        self.inner.scan(prefix, after, limit).await
+    }
+    async fn commit(&self, txn: Txn) -> Result<TxnOutcome, MetastoreError> {
+        let outcome = self.inner.commit(txn).await;
+        if !self.answered.swap(true, Ordering::AcqRel) {
+            tokio::time::sleep(self.delay).await;
+        }
+        outcome
+    }
+    async fn grant_lease(&self, ttl: Duration) -> Result<u64, MetastoreError> {
+        self.inner.grant_lease(ttl).await
+    }
+    async fn keep_alive(&self, lease: u64) -> Result<Option<Duration>, MetastoreError> {
+        self.inner.keep_alive(lease).await
+    }
+    async fn revoke_lease(&self, lease: u64) -> Result<(), MetastoreError> {
+        self.inner.revoke_lease(lease).await
+    }
+}
+
+/// Found by fleet seed 31861: a star paused right after sending its registration learned that
+/// it had joined only after its lease had lapsed and a survivor had started taking its chain
+/// over; its recovery then met the survivor's and the star could not start. A registration
+/// answered past the trust window is now a join that failed, and the next one waits for the
+/// takeover as any join does.
+#[test]
+fn a_registration_answered_past_the_lease_is_a_failed_join() {
+    run(|| async {
+        let world = World::new();
+        let late = Arc::new(LateAnswer {
+            inner: world.etcd.clone(),
+            delay: TTL * 2,
+            answered: AtomicBool::new(false),
+        });
+        let config = FleetConfig {
+            star_id: "p".into(),
+            advertise: "sim://p".into(),
+            lease_ttl: TTL,
+        };
+        let metrics = FleetMetrics::new(&prometheus::Registry::new()).unwrap();
+        match Fleet::join(late.clone(), config.clone(), metrics, world.clock).await {
+            Err(nova_fleet::JoinError::LeaseExpired { .. }) => {}
+            Err(err) => panic!("the join failed otherwise: {err}"),
+            Ok(_) => panic!("a star joined on a lease it could no longer trust"),
+        }
+        let metrics = FleetMetrics::new(&prometheus::Registry::new()).unwrap();
+        let fleet = Fleet::join(late, config, metrics, world.clock)
+            .await
+            .expect("the next join succeeds");
+        assert!(!fleet.is_lost());
+    });
+}

@@ -250,6 +250,13 @@ pub struct Catalog {
     store: Arc<dyn Metastore>,
 }
 
+/// A stream id from `Catalog::reserve_stream_id`, with the revision that reserved it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReservedId {
+    pub id: u64,
+    pub revision: u64,
+}
+
 fn name_key(name: &str) -> Vec<u8> {
     let mut key = b"n/".to_vec();
     key.extend_from_slice(name.as_bytes());
@@ -534,7 +541,7 @@ impl Catalog {
 
     /// Hands out a stream id, never used before and never used again: index entries and
     /// manifests left behind by a deleted stream can never be mistaken for a new stream's.
-    pub async fn reserve_stream_id(&self) -> Result<u64, CatalogError> {
+    pub async fn reserve_stream_id(&self) -> Result<ReservedId, CatalogError> {
         loop {
             let counter = self.store.get(NEXT_ID_KEY).await?;
             let (id, compare) = match &counter {
@@ -550,8 +557,8 @@ impl Catalog {
                 .compare(compare)
                 .put(NEXT_ID_KEY.to_vec(), encode_next_id(id + 1))
                 .put(MANIFESTS_KEY.to_vec(), vec![FORMAT]);
-            if let TxnOutcome::Committed { .. } = self.store.commit(txn).await? {
-                return Ok(id);
+            if let TxnOutcome::Committed { revision } = self.store.commit(txn).await? {
+                return Ok(ReservedId { id, revision });
             }
             // Another reservation took this id; take the next one.
         }
@@ -565,15 +572,22 @@ impl Catalog {
         class: StorageClass,
         created_at_ms: u64,
     ) -> Result<StreamMeta, CatalogError> {
-        let meta = StreamMeta {
-            id: self.reserve_stream_id().await?,
-            name: name.to_owned(),
-            created_at_ms,
-            class,
-            retention: Retention::default(),
-        };
-        self.insert_stream(&meta).await?;
-        Ok(meta)
+        loop {
+            let reserved = self.reserve_stream_id().await?;
+            let meta = StreamMeta {
+                id: reserved.id,
+                name: name.to_owned(),
+                created_at_ms,
+                class,
+                retention: Retention::default(),
+            };
+            match self.insert_stream(&meta, reserved).await {
+                Ok(()) => return Ok(meta),
+                // Another create reserved an id meanwhile: reserve again.
+                Err(CatalogError::Conflict(_)) => continue,
+                Err(err) => return Err(err),
+            }
+        }
     }
 
     /// Sets the retention of stream `name`, returning the stream as it is now.
@@ -620,15 +634,30 @@ impl Catalog {
         }
     }
 
-    /// Creates a stream under an id from `reserve_stream_id`.
-    pub async fn insert_stream(&self, meta: &StreamMeta) -> Result<(), CatalogError> {
+    /// Creates a stream under an id from `reserve_stream_id`, only while no other id has been
+    /// reserved since: an insert whose answer was lost may still be queued at etcd, and could
+    /// otherwise apply much later, after a retried create and a delete of the name, bringing
+    /// back a stream nobody created. Reserving any id fences it for good. `AlreadyExists` when
+    /// the name is taken; `Conflict` when another id was reserved meanwhile (reserve again).
+    pub async fn insert_stream(
+        &self,
+        meta: &StreamMeta,
+        reserved: ReservedId,
+    ) -> Result<(), CatalogError> {
         let txn = Txn::new()
             .compare(Compare::Missing(name_key(&meta.name)))
+            .compare(Compare::Version(NEXT_ID_KEY.to_vec(), reserved.revision))
             .put(name_key(&meta.name), encode_meta(meta))
             .put(tail_key(meta.id), encode_tail(&StreamTail::default()));
         match self.store.commit(txn).await? {
             TxnOutcome::Committed { .. } => Ok(()),
-            TxnOutcome::Conflict => Err(CatalogError::AlreadyExists(meta.name.clone())),
+            TxnOutcome::Conflict if self.stream_exists(&meta.name).await? => {
+                Err(CatalogError::AlreadyExists(meta.name.clone()))
+            }
+            TxnOutcome::Conflict => Err(CatalogError::Conflict(format!(
+                "another stream id was reserved while stream {:?} was created",
+                meta.name
+            ))),
         }
     }
 
@@ -1084,6 +1113,41 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedMetastore::open(dir.path().join("m.redb")).unwrap();
         (dir, Catalog::new(Arc::new(store)))
+    }
+
+    /// Found by fleet seeds 31402 and 42568: a create whose insert was still queued at etcd
+    /// when its caller gave up, retried (under a fresh id) and then deleted, applied after the
+    /// delete and brought the name back as a stream nobody had created.
+    #[tokio::test]
+    async fn an_insert_applied_after_a_retried_create_and_a_delete_brings_nothing_back() {
+        use crate::metastore::faulty::{CommitFault, FaultyMetastore};
+        let (_dir, catalog) = catalog();
+        let slow = FaultyMetastore::new(catalog.store().clone());
+        let first = Catalog::new(Arc::new(slow.clone()));
+        let reserved = first.reserve_stream_id().await.unwrap();
+        let meta = StreamMeta {
+            id: reserved.id,
+            name: "s".into(),
+            created_at_ms: 1,
+            class: StorageClass::Standard,
+            retention: Retention::default(),
+        };
+        slow.inject(CommitFault::Hold, None);
+        let queued = tokio::spawn(async move { first.insert_stream(&meta, reserved).await });
+        slow.wait_held().await;
+        // The caller gave up on it: created again, then deleted.
+        let retried = catalog
+            .create_stream("s", StorageClass::Standard, 2)
+            .await
+            .unwrap();
+        assert_ne!(retried.id, reserved.id);
+        catalog.delete_stream("s").await.unwrap();
+        slow.clear();
+        assert!(matches!(
+            queued.await.unwrap(),
+            Err(CatalogError::Conflict(_))
+        ));
+        assert!(catalog.stream("s").await.unwrap().is_none());
     }
 
     #[tokio::test]
