@@ -643,14 +643,15 @@ impl StreamRegistry {
                 what: "delete streams or raise the cap",
             });
         }
-        // Each attempt under a fresh id: another create reserving one meanwhile fences the
-        // insert (see `Catalog::insert_stream`), and this one reserves again.
+        // Each attempt under a fresh id: another create of the name reserving meanwhile (through
+        // another star) fences the insert (see `Catalog::insert_stream`); this one reserves
+        // again, and then finds the name taken or takes it.
         let mut attempts = 0;
         let meta = loop {
             attempts += 1;
             let reserved = self
                 .catalog
-                .reserve_stream_id()
+                .reserve_stream_id(name)
                 .await
                 .map_err(catalog_error)?;
             let meta = StreamMeta {
@@ -684,7 +685,7 @@ impl StreamRegistry {
                 // that applied seconds after it was taken for failed brought the name back
                 // after a retried create and a delete.
                 Err(err @ (CatalogError::Metastore(_) | CatalogError::AlreadyExists(_))) => {
-                    match self.settled_insert(name).await {
+                    match self.catalog.settle_create(name).await {
                         Ok(Some(found)) if found.id == meta.id => break meta,
                         Ok(Some(found)) => {
                             self.abandon_manifest(&meta).await;
@@ -809,14 +810,6 @@ impl StreamRegistry {
 
     /// Marks the manifest of a stream that was never created deleted: a rebuild would
     /// otherwise restore it empty (a retried create gets a fresh id that outranks it anyway).
-    /// The stream the catalog holds under `name` once an insert whose answer was lost can no
-    /// longer apply: reserving an id fences it (see `Catalog::insert_stream`), so what the
-    /// catalog shows after that is final.
-    async fn settled_insert(&self, name: &str) -> Result<Option<StreamMeta>, CatalogError> {
-        self.catalog.reserve_stream_id().await?;
-        self.catalog.stream(name).await
-    }
-
     async fn abandon_manifest(&self, meta: &StreamMeta) {
         let _ = self.write_manifest(meta, true).await;
     }

@@ -330,6 +330,14 @@ fn chain_key(star: &str) -> Vec<u8> {
 }
 
 const NEXT_ID_KEY: &[u8] = b"m/next_stream_id";
+
+/// The reservation of the create of stream `name` in progress: rewritten by every create of
+/// the name, compared by its insert, removed once the create is settled.
+fn creating_key(name: &str) -> Vec<u8> {
+    let mut key = b"r/".to_vec();
+    key.extend_from_slice(name.as_bytes());
+    key
+}
 const MANIFESTS_KEY: &[u8] = b"m/manifests";
 const RESTORING_KEY: &[u8] = b"m/restoring";
 
@@ -539,9 +547,11 @@ impl Catalog {
         &self.store
     }
 
-    /// Hands out a stream id, never used before and never used again: index entries and
-    /// manifests left behind by a deleted stream can never be mistaken for a new stream's.
-    pub async fn reserve_stream_id(&self) -> Result<ReservedId, CatalogError> {
+    /// Hands out a stream id for a create of stream `name`, never used before and never used
+    /// again: index entries and manifests left behind by a deleted stream can never be
+    /// mistaken for a new stream's. It also takes over the name's create reservation, which
+    /// fences any earlier create of the name still queued (see `insert_stream`).
+    pub async fn reserve_stream_id(&self, name: &str) -> Result<ReservedId, CatalogError> {
         loop {
             let counter = self.store.get(NEXT_ID_KEY).await?;
             let (id, compare) = match &counter {
@@ -556,7 +566,8 @@ impl Catalog {
             let txn = Txn::new()
                 .compare(compare)
                 .put(NEXT_ID_KEY.to_vec(), encode_next_id(id + 1))
-                .put(MANIFESTS_KEY.to_vec(), vec![FORMAT]);
+                .put(MANIFESTS_KEY.to_vec(), vec![FORMAT])
+                .put(creating_key(name), encode_next_id(id));
             if let TxnOutcome::Committed { revision } = self.store.commit(txn).await? {
                 return Ok(ReservedId { id, revision });
             }
@@ -573,7 +584,7 @@ impl Catalog {
         created_at_ms: u64,
     ) -> Result<StreamMeta, CatalogError> {
         loop {
-            let reserved = self.reserve_stream_id().await?;
+            let reserved = self.reserve_stream_id(name).await?;
             let meta = StreamMeta {
                 id: reserved.id,
                 name: name.to_owned(),
@@ -583,7 +594,7 @@ impl Catalog {
             };
             match self.insert_stream(&meta, reserved).await {
                 Ok(()) => return Ok(meta),
-                // Another create reserved an id meanwhile: reserve again.
+                // Another create of the name reserved meanwhile: reserve again.
                 Err(CatalogError::Conflict(_)) => continue,
                 Err(err) => return Err(err),
             }
@@ -634,11 +645,12 @@ impl Catalog {
         }
     }
 
-    /// Creates a stream under an id from `reserve_stream_id`, only while no other id has been
-    /// reserved since: an insert whose answer was lost may still be queued at etcd, and could
-    /// otherwise apply much later, after a retried create and a delete of the name, bringing
-    /// back a stream nobody created. Reserving any id fences it for good. `AlreadyExists` when
-    /// the name is taken; `Conflict` when another id was reserved meanwhile (reserve again).
+    /// Creates a stream under an id from `reserve_stream_id`, only while the name's create
+    /// reservation is still that one: an insert whose answer was lost may still be queued at
+    /// etcd, and could otherwise apply much later, after a retried create and a delete of the
+    /// name, bringing back a stream nobody created. Another reservation of the name, or
+    /// `settle_create`, fences it for good; creates of other names never do. `AlreadyExists`
+    /// when the name is taken; `Conflict` when another create of it reserved meanwhile.
     pub async fn insert_stream(
         &self,
         meta: &StreamMeta,
@@ -646,19 +658,33 @@ impl Catalog {
     ) -> Result<(), CatalogError> {
         let txn = Txn::new()
             .compare(Compare::Missing(name_key(&meta.name)))
-            .compare(Compare::Version(NEXT_ID_KEY.to_vec(), reserved.revision))
+            .compare(Compare::Version(
+                creating_key(&meta.name),
+                reserved.revision,
+            ))
             .put(name_key(&meta.name), encode_meta(meta))
-            .put(tail_key(meta.id), encode_tail(&StreamTail::default()));
+            .put(tail_key(meta.id), encode_tail(&StreamTail::default()))
+            .delete(creating_key(&meta.name));
         match self.store.commit(txn).await? {
             TxnOutcome::Committed { .. } => Ok(()),
             TxnOutcome::Conflict if self.stream_exists(&meta.name).await? => {
                 Err(CatalogError::AlreadyExists(meta.name.clone()))
             }
             TxnOutcome::Conflict => Err(CatalogError::Conflict(format!(
-                "another stream id was reserved while stream {:?} was created",
+                "another create of stream {:?} reserved it meanwhile",
                 meta.name
             ))),
         }
+    }
+
+    /// Settles a create of stream `name` whose insert answered with an error: drops the name's
+    /// create reservation, so no insert of it still queued can ever apply, and returns the
+    /// stream the catalog holds under the name now, which is then final for that create.
+    pub async fn settle_create(&self, name: &str) -> Result<Option<StreamMeta>, CatalogError> {
+        self.store
+            .commit(Txn::new().delete(creating_key(name)))
+            .await?;
+        self.stream(name).await
     }
 
     /// Whether the catalog holds anything: a rebuild only writes into an empty one (or one a
@@ -803,6 +829,7 @@ impl Catalog {
             .compare(Compare::Version(name_key(name), kv.version))
             .delete(name_key(name))
             .delete(tail_key(meta.id))
+            .delete(creating_key(name))
             .put(tombstone_key(meta.id), tombstone)
             .put(audit::dropping_key(meta.id), audit::encode_dropping(name));
         match self.store.commit(txn).await? {
@@ -1124,7 +1151,7 @@ mod tests {
         let (_dir, catalog) = catalog();
         let slow = FaultyMetastore::new(catalog.store().clone());
         let first = Catalog::new(Arc::new(slow.clone()));
-        let reserved = first.reserve_stream_id().await.unwrap();
+        let reserved = first.reserve_stream_id("s").await.unwrap();
         let meta = StreamMeta {
             id: reserved.id,
             name: "s".into(),
@@ -1148,6 +1175,36 @@ mod tests {
             Err(CatalogError::Conflict(_))
         ));
         assert!(catalog.stream("s").await.unwrap().is_none());
+    }
+
+    /// The fence is the name's: creates of other names between a reservation and its insert
+    /// (through other stars) do not make it fail.
+    #[tokio::test]
+    async fn creates_of_other_names_do_not_fence_an_insert() {
+        let (_dir, catalog) = catalog();
+        let reserved = catalog.reserve_stream_id("s").await.unwrap();
+        catalog
+            .create_stream("other", StorageClass::Standard, 1)
+            .await
+            .unwrap();
+        let meta = StreamMeta {
+            id: reserved.id,
+            name: "s".into(),
+            created_at_ms: 1,
+            class: StorageClass::Standard,
+            retention: Retention::default(),
+        };
+        catalog.insert_stream(&meta, reserved).await.unwrap();
+        assert_eq!(catalog.stream("s").await.unwrap(), Some(meta));
+        // Settled: no reservation is left behind.
+        assert!(
+            catalog
+                .store()
+                .get(&creating_key("s"))
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[tokio::test]
