@@ -76,7 +76,7 @@ pub struct Config {
     #[arg(long, env = "NOVA_ADVERTISE_ADDR", help_heading = "Fleet")]
     pub advertise_addr: Option<String>,
 
-    /// The fleet lease's time to live, seconds. A star renews it every third of it; a star
+    /// The fleet lease's time to live, seconds. A star renews it every quarter of it; a star
     /// that cannot renew it for three quarters of it stops acknowledging, and once it lapses
     /// the star's registration is gone. Shorter: faster failover; longer: more tolerance of a
     /// slow etcd.
