@@ -96,7 +96,7 @@ impl FleetMetrics {
             )?,
             capacity_refusals: counter(
                 "nova_fleet_capacity_refusals_total",
-                "Placements refused because every star is saturated or draining",
+                "Placements refused because every star is saturated, draining or full",
             )?,
             lease_age: seconds(
                 "nova_fleet_lease_age_seconds",

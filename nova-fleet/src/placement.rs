@@ -86,7 +86,7 @@ impl Fleet {
                 RequestError::CapReached {
                     cap: "fleet capacity",
                     limit: self.members.read().len().max(1) as u64,
-                    what: "every star of the fleet is saturated or draining",
+                    what: "every star of the fleet is saturated, draining or full (--max-streams)",
                     retry_after: CAPACITY_RETRY,
                 }
             })
