@@ -677,34 +677,10 @@ impl StreamRegistry {
                     }
                 }
                 // A lost answer (the commit may have landed, or may still), or a name the
-                // catalog already has (this very create, retried inside a metastore client, or
-                // an earlier create whose outcome was unknown): the catalog says which, once
-                // the insert can no longer apply. Found by the simulation: taking a landed
-                // create for a failed one left a stream that the catalog had and this star
-                // refused to serve or create, with its manifest marked deleted; and an insert
-                // that applied seconds after it was taken for failed brought the name back
-                // after a retried create and a delete.
+                // catalog already has: see `settle_insert`.
                 Err(err @ (CatalogError::Metastore(_) | CatalogError::AlreadyExists(_))) => {
-                    match self.catalog.settle_create(name).await {
-                        Ok(Some(found)) if found.id == meta.id => break meta,
-                        Ok(Some(found)) => {
-                            self.abandon_manifest(&meta).await;
-                            self.adopt(found).await;
-                            return Err(RequestError::StreamExists(name.to_owned()));
-                        }
-                        Ok(None) => {
-                            self.abandon_manifest(&meta).await;
-                            return Err(catalog_error(err));
-                        }
-                        // Still cannot tell: leave the manifest live (a rebuild restoring an
-                        // empty stream is harmless) and say so.
-                        Err(_) => {
-                            return Err(RequestError::OutcomeUnknown(format!(
-                                "creating stream {name:?}: {err}; create it again: if this \
-                                 create landed, the answer is that the stream exists"
-                            )));
-                        }
-                    }
+                    self.settle_insert(&meta, err).await?;
+                    break meta;
                 }
                 Err(err) => {
                     self.abandon_manifest(&meta).await;
@@ -806,6 +782,40 @@ impl StreamRegistry {
         stale.deleted.store(true, Ordering::Release);
         stale.tail_moved.notify_waiters();
         self.metrics.streams.set(self.len() as i64);
+    }
+
+    /// Settles a create of `meta` whose insert answered `err`: a lost answer (the commit may
+    /// have landed, or may still), or a name the catalog already has (this very create,
+    /// retried inside a metastore client, or an earlier create whose outcome was unknown). The
+    /// catalog says which, once the insert can no longer apply. `Ok` when this create landed.
+    /// Found by the simulation: taking a landed create for a failed one left a stream that the
+    /// catalog had and this star refused to serve or create, with its manifest marked deleted;
+    /// and an insert that applied seconds after it was taken for failed brought the name back
+    /// after a retried create and a delete.
+    async fn settle_insert(
+        &self,
+        meta: &StreamMeta,
+        err: CatalogError,
+    ) -> Result<(), RequestError> {
+        let name = &meta.name;
+        match self.catalog.settle_create(name).await {
+            Ok(Some(found)) if found.id == meta.id => Ok(()),
+            Ok(Some(found)) => {
+                self.abandon_manifest(meta).await;
+                self.adopt(found).await;
+                Err(RequestError::StreamExists(name.to_owned()))
+            }
+            Ok(None) => {
+                self.abandon_manifest(meta).await;
+                Err(catalog_error(err))
+            }
+            // Still cannot tell: leave the manifest live (a rebuild restoring an empty stream
+            // is harmless) and say so.
+            Err(_) => Err(RequestError::OutcomeUnknown(format!(
+                "creating stream {name:?}: {err}; create it again: if this create landed, the \
+                 answer is that the stream exists"
+            ))),
+        }
     }
 
     /// Marks the manifest of a stream that was never created deleted: a rebuild would

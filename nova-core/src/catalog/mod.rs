@@ -1142,6 +1142,17 @@ mod tests {
         (dir, Catalog::new(Arc::new(store)))
     }
 
+    /// A Standard stream `name` under a reserved id, as a create would insert it.
+    fn standard(name: &str, reserved: ReservedId) -> StreamMeta {
+        StreamMeta {
+            id: reserved.id,
+            name: name.into(),
+            created_at_ms: 1,
+            class: StorageClass::Standard,
+            retention: Retention::default(),
+        }
+    }
+
     /// Found by fleet seeds 31402 and 42568: a create whose insert was still queued at etcd
     /// when its caller gave up, retried (under a fresh id) and then deleted, applied after the
     /// delete and brought the name back as a stream nobody had created.
@@ -1152,13 +1163,7 @@ mod tests {
         let slow = FaultyMetastore::new(catalog.store().clone());
         let first = Catalog::new(Arc::new(slow.clone()));
         let reserved = first.reserve_stream_id("s").await.unwrap();
-        let meta = StreamMeta {
-            id: reserved.id,
-            name: "s".into(),
-            created_at_ms: 1,
-            class: StorageClass::Standard,
-            retention: Retention::default(),
-        };
+        let meta = standard("s", reserved);
         slow.inject(CommitFault::Hold, None);
         let queued = tokio::spawn(async move { first.insert_stream(&meta, reserved).await });
         slow.wait_held().await;
@@ -1187,13 +1192,7 @@ mod tests {
             .create_stream("other", StorageClass::Standard, 1)
             .await
             .unwrap();
-        let meta = StreamMeta {
-            id: reserved.id,
-            name: "s".into(),
-            created_at_ms: 1,
-            class: StorageClass::Standard,
-            retention: Retention::default(),
-        };
+        let meta = standard("s", reserved);
         catalog.insert_stream(&meta, reserved).await.unwrap();
         assert_eq!(catalog.stream("s").await.unwrap(), Some(meta));
         // Settled: no reservation is left behind.
