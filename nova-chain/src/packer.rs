@@ -405,6 +405,26 @@ impl Packer {
             let _ = sub.reply.send(Err(refusal));
             return;
         }
+        let express = sub.express;
+        if express != (sub.stream.class() == StorageClass::Express) {
+            // The stream's class changed while this batch waited: it was charged for the other
+            // one. Nothing was sequenced; the producer sends it again under the new class.
+            let _ = sub.reply.send(Err(RequestError::UnavailableFor {
+                reason: format!(
+                    "stream {:?} changed its storage class while this append waited; retry",
+                    sub.stream.name()
+                ),
+                retry_after: Duration::from_millis(100),
+            }));
+            return;
+        }
+        // Before the sequence check: while the express chain is down, a producer resending at
+        // its durable tail would otherwise hear of a batch held for sealing (its own, whose
+        // outcome is unknown) instead of why Express appends are refused.
+        if express && let Some(refusal) = Lane::refusal(self.express.as_ref()) {
+            let _ = sub.reply.send(Err(refusal));
+            return;
+        }
         let next = sub.stream.next_seq();
         if let Some(expected) = sub.match_seq_num
             && expected != next
@@ -419,23 +439,6 @@ impl Packer {
                 expected,
                 next_seq: next,
             }));
-            return;
-        }
-        let express = sub.express;
-        if express != (sub.stream.class() == StorageClass::Express) {
-            // The stream's class changed while this batch waited: it was charged for the other
-            // one. Nothing was sequenced; the producer sends it again under the new class.
-            let _ = sub.reply.send(Err(RequestError::UnavailableFor {
-                reason: format!(
-                    "stream {:?} changed its storage class while this append waited; retry",
-                    sub.stream.name()
-                ),
-                retry_after: Duration::from_millis(100),
-            }));
-            return;
-        }
-        if express && let Some(refusal) = Lane::refusal(self.express.as_ref()) {
-            let _ = sub.reply.send(Err(refusal));
             return;
         }
         let records: u64 = sub.chunks.iter().map(|c| c.records).sum();

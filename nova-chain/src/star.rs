@@ -459,7 +459,8 @@ impl Star {
                 let mut down = self.shared.express_down.subscribe();
                 let charge = admitted.charged();
                 let moved = tokio::select! {
-                    moved = express.admit(charge) => moved,
+                    // A down lane refuses at once, even when the buffer has room.
+                    biased;
                     reason = down.wait_for(Option::is_some) => {
                         let reason = reason
                             .ok()
@@ -467,6 +468,7 @@ impl Star {
                             .unwrap_or_else(|| "the express lane stopped".into());
                         return Err(crate::express::lane::refused_while_down(config, &reason));
                     }
+                    moved = express.admit(charge) => moved,
                 };
                 drop(admitted);
                 moved

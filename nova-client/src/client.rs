@@ -7,7 +7,7 @@ use nova_proto::clock::Clock;
 use nova_proto::domain::SequencedRecord;
 use nova_proto::route::{Router, Settings, Stub};
 
-use crate::config::{ClientConfig, RetryPolicy};
+use crate::config::{ClientConfig, RetryObserver, RetryPolicy, Retrying};
 use crate::jitter::Jitter;
 use nova_proto::v1;
 
@@ -26,6 +26,7 @@ pub struct Client {
     router: Router,
     jitter: Arc<Jitter>,
     retry: RetryPolicy,
+    on_retry: RetryObserver,
 }
 
 /// One stream of a [`Client`]: the stream calls without repeating its name. Cheap to clone.
@@ -259,6 +260,7 @@ impl Client {
                             .tls_only(url.starts_with("https://")),
                         jitter: Arc::new(Jitter::new(&Clock::system(), url)),
                         retry: config.retry,
+                        on_retry: config.on_retry.clone(),
                     });
                 }
                 Err(e) => last = connect_error(crate::error::with_causes(&e)),
@@ -281,6 +283,17 @@ impl Client {
                 Err(error) if error.is_retryable() && attempt < self.retry.max_attempts => {
                     attempt += 1;
                     let wait = self.retry.wait(attempt, &error, &self.jitter);
+                    self.on_retry.tell(|| Retrying {
+                        what: if stream.is_empty() {
+                            "a call to the server".to_owned()
+                        } else {
+                            format!("a call about stream {stream:?}")
+                        },
+                        attempt: attempt - 1,
+                        cause: error.clone(),
+                        wait,
+                        gives_up_in: None,
+                    });
                     Clock::system().sleep(wait).await;
                 }
                 Err(error) => return Err(error),
@@ -317,6 +330,11 @@ impl Client {
             },
         )
         .try_flatten()
+    }
+
+    /// Who hears of retries.
+    pub(crate) fn retry_observer(&self) -> &RetryObserver {
+        &self.on_retry
     }
 
     /// Learns from a failed call about `stream` where its leader is (or that it moved).

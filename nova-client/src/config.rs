@@ -1,5 +1,6 @@
 //! How a [`crate::Client`] connects and retries.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use nova_proto::route::{ClientTls, Credentials, InvalidToken};
@@ -29,6 +30,9 @@ pub struct ClientConfig {
     /// How `https://` endpoints are verified, and the certificate presented to servers that
     /// ask for one (see [`ClientConfig::with_tls`]).
     pub tls: ClientTls,
+    /// Told before every retry the client and its producers make (see
+    /// [`ClientConfig::on_retry`]).
+    pub on_retry: RetryObserver,
 }
 
 impl Default for ClientConfig {
@@ -41,6 +45,7 @@ impl Default for ClientConfig {
             retry: RetryPolicy::default(),
             credentials: Credentials::none(),
             tls: ClientTls::default(),
+            on_retry: RetryObserver::default(),
         }
     }
 }
@@ -81,6 +86,14 @@ impl ClientConfig {
         self
     }
 
+    /// Calls `observer` before each retry of a call or of a producer's batch, with what was
+    /// refused, why, and when the next attempt goes out: a way to show that a client is
+    /// waiting rather than hung. It runs on the retrying task, so it should be quick.
+    pub fn on_retry(mut self, observer: impl Fn(&Retrying) + Send + Sync + 'static) -> Self {
+        self.on_retry = RetryObserver(Some(Arc::new(observer)));
+        self
+    }
+
     /// Sends `token` with every call, to every star and gateway the client reaches, as
     /// `authorization: Bearer <token>`. Refused when it is not printable ASCII without spaces.
     pub fn with_token(mut self, token: &str) -> Result<Self, InvalidToken> {
@@ -96,6 +109,46 @@ impl ClientConfig {
             Ok(token) if !token.is_empty() => self.with_token(&token),
             _ => Ok(self),
         }
+    }
+}
+
+/// A retry about to happen.
+#[derive(Debug, Clone)]
+pub struct Retrying {
+    /// What is being retried ("append to \"orders\"", "a call about \"orders\"").
+    pub what: String,
+    /// The retry's number: 1 for the first.
+    pub attempt: u32,
+    /// Why the last attempt failed (the server's refusal, or the connection's end).
+    pub cause: Error,
+    /// How long until the next attempt.
+    pub wait: Duration,
+    /// How long until the client gives up, when it will: a producer's delivery timeout left.
+    pub gives_up_in: Option<Duration>,
+}
+
+/// What [`ClientConfig::on_retry`] calls.
+type OnRetry = dyn Fn(&Retrying) + Send + Sync;
+
+/// Who hears of retries; nobody by default.
+#[derive(Clone, Default)]
+pub struct RetryObserver(Option<Arc<OnRetry>>);
+
+impl RetryObserver {
+    pub(crate) fn tell(&self, retrying: impl FnOnce() -> Retrying) {
+        if let Some(observer) = &self.0 {
+            observer(&retrying());
+        }
+    }
+}
+
+impl std::fmt::Debug for RetryObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "RetryObserver(set)"
+        } else {
+            "RetryObserver(none)"
+        })
     }
 }
 

@@ -28,6 +28,29 @@ pub enum Error {
     /// A producer gave up after its retry budget; `last` is why the last attempt failed.
     #[error("gave up after {attempts} attempts: {last}")]
     RetriesExhausted { attempts: u32, last: Box<Error> },
+    /// A producer's batch was not acknowledged within its delivery timeout, retries included.
+    /// The producer stops: the batches after it fail with the same error, unsent.
+    #[error(
+        "the {records} records from seq {start_seq} were not acknowledged within the {:?} \
+         delivery timeout ({}); the last refusal: {last}",
+        timeout,
+        if *outcome_unknown {
+            "outcome unknown: an attempt may still land, so they may or may not be appended"
+        } else {
+            "they were not appended: every attempt was refused"
+        }
+    )]
+    DeliveryTimeout {
+        /// Where the batch starts, and how many records it holds.
+        start_seq: u64,
+        records: u64,
+        timeout: Duration,
+        /// Whether an attempt of the batch went unanswered or was answered "outcome unknown",
+        /// so that it may be durable after all.
+        outcome_unknown: bool,
+        /// Why the last attempt failed.
+        last: Box<Error>,
+    },
 }
 
 /// What kind of failure an [`Error`] is, in the SDK's own terms rather than gRPC's.
@@ -51,7 +74,7 @@ pub enum ErrorCode {
     Internal,
     /// No connection could be made, or a session ended.
     Disconnected,
-    /// A producer's retry budget ran out.
+    /// A producer's retry budget or delivery timeout ran out.
     GaveUp,
     /// No token, or one the server does not know: give one (`with_token`).
     Unauthenticated,
@@ -66,7 +89,7 @@ impl Error {
     pub fn kind(&self) -> ErrorCode {
         match self {
             Error::Connect { .. } | Error::SessionClosed(_) => ErrorCode::Disconnected,
-            Error::RetriesExhausted { .. } => ErrorCode::GaveUp,
+            Error::RetriesExhausted { .. } | Error::DeliveryTimeout { .. } => ErrorCode::GaveUp,
             Error::Status { code, .. } => match code {
                 Code::InvalidArgument => ErrorCode::InvalidArgument,
                 Code::NotFound => ErrorCode::StreamNotFound,
@@ -90,7 +113,9 @@ impl Error {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Error::Status { retry_after, .. } => *retry_after,
-            Error::RetriesExhausted { last, .. } => last.retry_after(),
+            Error::RetriesExhausted { last, .. } | Error::DeliveryTimeout { last, .. } => {
+                last.retry_after()
+            }
             _ => None,
         }
     }
@@ -99,7 +124,9 @@ impl Error {
     pub fn next_seq(&self) -> Option<u64> {
         match self {
             Error::Status { next_seq, .. } => *next_seq,
-            Error::RetriesExhausted { last, .. } => last.next_seq(),
+            Error::RetriesExhausted { last, .. } | Error::DeliveryTimeout { last, .. } => {
+                last.next_seq()
+            }
             _ => None,
         }
     }
@@ -109,7 +136,9 @@ impl Error {
     pub fn first_seq(&self) -> Option<u64> {
         match self {
             Error::Status { first_seq, .. } => *first_seq,
-            Error::RetriesExhausted { last, .. } => last.first_seq(),
+            Error::RetriesExhausted { last, .. } | Error::DeliveryTimeout { last, .. } => {
+                last.first_seq()
+            }
             _ => None,
         }
     }
@@ -118,7 +147,9 @@ impl Error {
     pub fn leader(&self) -> Option<&str> {
         match self {
             Error::Status { leader, .. } => leader.as_deref(),
-            Error::RetriesExhausted { last, .. } => last.leader(),
+            Error::RetriesExhausted { last, .. } | Error::DeliveryTimeout { last, .. } => {
+                last.leader()
+            }
             _ => None,
         }
     }
@@ -126,7 +157,9 @@ impl Error {
     pub fn code(&self) -> Option<Code> {
         match self {
             Error::Status { code, .. } => Some(*code),
-            Error::RetriesExhausted { last, .. } => last.code(),
+            Error::RetriesExhausted { last, .. } | Error::DeliveryTimeout { last, .. } => {
+                last.code()
+            }
             _ => None,
         }
     }
@@ -138,7 +171,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Connect { .. } | Error::SessionClosed(_) => true,
-            Error::RetriesExhausted { .. } => false,
+            Error::RetriesExhausted { .. } | Error::DeliveryTimeout { .. } => false,
             Error::Status { code, .. } => matches!(
                 code,
                 Code::Unavailable
@@ -160,6 +193,9 @@ impl Error {
         match self {
             Error::SessionClosed(_) => true,
             Error::RetriesExhausted { last, .. } => last.is_outcome_unknown(),
+            Error::DeliveryTimeout {
+                outcome_unknown, ..
+            } => *outcome_unknown,
             // The star answers every failure with a specific code, so UNKNOWN and CANCELLED
             // can only come from the transport (a connection reset mid-call).
             Error::Status { code, .. } => matches!(

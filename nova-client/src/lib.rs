@@ -38,11 +38,11 @@ mod session;
 pub use client::{
     Client, Page, ReadOptions, Retention, StorageClass, StreamConfig, StreamHandle, StreamInfo,
 };
-pub use config::{ClientConfig, RetryPolicy, TOKEN_ENV};
+pub use config::{ClientConfig, RetryObserver, RetryPolicy, Retrying, TOKEN_ENV};
 pub use consumer::Consumer;
 pub use error::{Error, ErrorCode};
 pub use info::{ServerInfo, ServerLimits, ServerRole};
 pub use nova_proto::domain::{Header, Record, SequencedRecord};
 pub use nova_proto::route::{ClientTls, InvalidToken};
-pub use producer::{AppendTicket, Producer, ProducerConfig};
+pub use producer::{AppendTicket, DEFAULT_DELIVERY_TIMEOUT, Producer, ProducerConfig};
 pub use session::{Ack, AckReceiver, AppendSender, AppendSession};

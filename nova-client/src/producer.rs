@@ -10,9 +10,15 @@
 //! only writer; a second writer shows up as a `FAILED_PRECONDITION` error.
 //!
 //! Memory is bounded: `append` waits while `max_unacked_bytes` of records are unacknowledged.
-//! Retries are bounded too: after `max_retries` consecutive failed attempts (each waiting for the
-//! server's `retry-after-ms` hint when it sent one, else an exponential backoff) the producer
-//! stops and every pending append fails with `Error::RetriesExhausted`, naming the last cause.
+//! Retrying is bounded in time: a batch not acknowledged within `delivery_timeout` of its first
+//! send (retries included, each waiting for the server's `retry-after-ms` hint when it sent one,
+//! else an exponential backoff) fails with `Error::DeliveryTimeout`, naming the last refusal and
+//! whether the batch may have landed anyway. A star that keeps answering and keeps refusing
+//! (a shed, an Express quorum out of reach, an object-store outage) is therefore given up on
+//! too, not only one that cannot be reached. Reconnecting is bounded in attempts as well:
+//! after `max_retries` consecutive failed attempts the producer stops with
+//! `Error::RetriesExhausted`. Either way the producer stops, and every later append fails with
+//! the same error: none is sent after a gap.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -26,10 +32,13 @@ use tonic::Code;
 use nova_proto::domain::Record;
 
 use crate::client::Client;
-use crate::config::RetryPolicy;
+use crate::config::{RetryPolicy, Retrying};
 use crate::error::Error;
 use crate::jitter::Jitter;
 use crate::session::{AckReceiver, AppendSender};
+
+/// [`ProducerConfig::delivery_timeout`]'s default.
+pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Clone)]
 pub struct ProducerConfig {
@@ -44,8 +53,13 @@ pub struct ProducerConfig {
     /// Records larger than this are refused by `append` (keep it at the star's
     /// `--max-record-bytes`).
     pub max_record_bytes: usize,
-    /// Consecutive failed attempts before the producer gives up.
+    /// Consecutive failed attempts to reconnect before the producer gives up.
     pub max_retries: u32,
+    /// The longest a batch may wait for its acknowledgement, from its first send, retries
+    /// included; then it fails, and the producer with it. Two minutes by default (Kafka's
+    /// `delivery.timeout.ms` too): long enough to ride out a star's restart or a leader's
+    /// move, short enough that a persistent refusal surfaces as an error.
+    pub delivery_timeout: Duration,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
     /// What lingers and backoffs are timed on: the system clock, or a simulated one in tests.
@@ -61,6 +75,7 @@ impl Default for ProducerConfig {
             max_unacked_bytes: 32 << 20,
             max_record_bytes: 1 << 20,
             max_retries: 10,
+            delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(5),
             clock: Clock::system(),
@@ -118,6 +133,8 @@ impl Producer {
             config: config.clone(),
             stopped: Arc::new(Mutex::new(None)),
             jitter,
+            last_failure: None,
+            retries: 0,
         };
         worker.next_seq = worker.first_connect().await?;
         // Appends queue here only until the worker picks them up; the unacked-bytes budget in
@@ -214,9 +231,21 @@ struct Batch {
 struct Inflight {
     start: u64,
     batch: Batch,
+    /// When it was first sent: its delivery timeout runs from here.
+    first_sent: Instant,
+    /// Its latest attempt is sent and unanswered.
+    outstanding: bool,
+    /// An earlier attempt ended without a definite answer (the session broke under it, or the
+    /// star answered "outcome unknown"): it may land yet.
+    maybe_landed: bool,
 }
 
 impl Inflight {
+    /// Whether the batch may be durable although it was never acknowledged.
+    fn outcome_unknown(&self) -> bool {
+        self.outstanding || self.maybe_landed
+    }
+
     fn end(&self) -> u64 {
         self.start + self.batch.records.len() as u64
     }
@@ -247,6 +276,11 @@ struct Worker {
     stopped: Arc<Mutex<Option<Error>>>,
     /// Spreads backoffs apart from other producers'.
     jitter: Jitter,
+    /// Why the latest attempt failed, for the error a delivery timeout gives.
+    last_failure: Option<Error>,
+    /// Retries since the last acknowledgement: backoffs grow with it even when each retry
+    /// reconnects fine and is refused again (a star that answers and keeps refusing).
+    retries: u32,
 }
 
 /// Why the current session is no longer usable.
@@ -261,6 +295,7 @@ impl Worker {
         loop {
             let linger_until = self.open.opened.map(|at| at + self.config.linger);
             let waiting_for_ack = !self.inflight.is_empty();
+            let delivery_deadline = self.delivery_deadline();
             let outcome = tokio::select! {
                 command = commands.recv(), if commands_open => match command {
                     Some(Command::Append { record, ticket, permit }) => {
@@ -289,6 +324,9 @@ impl Worker {
                 },
                 _ = sleep_until(self.config.clock, linger_until), if linger_until.is_some() => self.send_open().await,
                 ack = next_ack(&mut self.session), if waiting_for_ack => self.on_ack(ack),
+                _ = sleep_until(self.config.clock, delivery_deadline), if delivery_deadline.is_some() => {
+                    Err(Broken::Fatal(self.timed_out()))
+                }
             };
             let outcome = match outcome {
                 Ok(()) => Ok(()),
@@ -316,14 +354,57 @@ impl Worker {
             return Ok(());
         }
         let batch = std::mem::take(&mut self.open);
-        let inflight = Inflight {
+        let mut inflight = Inflight {
             start: self.next_seq,
             batch,
+            first_sent: self.config.clock.now(),
+            outstanding: false,
+            maybe_landed: false,
         };
         self.next_seq = inflight.end();
-        let sent = send(&mut self.session, &self.stream, &inflight).await;
+        let sent = send(&mut self.session, &self.stream, &mut inflight).await;
         self.inflight.push_back(inflight);
         sent
+    }
+
+    /// When the oldest unacknowledged batch runs out of time.
+    fn delivery_deadline(&self) -> Option<Instant> {
+        self.inflight
+            .front()
+            .map(|batch| batch.first_sent + self.config.delivery_timeout)
+    }
+
+    /// The error for the oldest batch's delivery timeout: every batch after it fails the same
+    /// way (none of them can land before it does, each being sent at its place).
+    fn timed_out(&self) -> Error {
+        let last = self.last_failure.clone().unwrap_or_else(|| Error::Status {
+            code: Code::DeadlineExceeded,
+            message: "the star accepted the batch and did not answer".into(),
+            retry_after: None,
+            next_seq: None,
+            first_seq: None,
+            leader: None,
+        });
+        match self.inflight.front() {
+            Some(batch) => Error::DeliveryTimeout {
+                start_seq: batch.start,
+                records: batch.batch.records.len() as u64,
+                timeout: self.config.delivery_timeout,
+                outcome_unknown: batch.outcome_unknown(),
+                last: Box::new(last),
+            },
+            None => last,
+        }
+    }
+
+    /// The session is gone: whatever it carried unanswered may land yet.
+    fn session_lost(&mut self) {
+        for batch in &mut self.inflight {
+            if batch.outstanding {
+                batch.outstanding = false;
+                batch.maybe_landed = true;
+            }
+        }
     }
 
     fn on_ack(&mut self, ack: Result<crate::session::Ack, Error>) -> Result<(), Broken> {
@@ -336,6 +417,7 @@ impl Worker {
                     return Err(Broken::Fatal(protocol("an ack arrived out of place")));
                 }
                 batch.resolve();
+                self.retries = 0;
                 Ok(())
             }
             // A mismatch right after a reconnect means an earlier attempt of this batch was
@@ -343,6 +425,11 @@ impl Worker {
             Err(error)
                 if error.is_retryable() || error.code() == Some(Code::FailedPrecondition) =>
             {
+                // The answer is the front batch's: a refusal applied nothing of this attempt.
+                if let Some(front) = self.inflight.front_mut() {
+                    front.outstanding = false;
+                    front.maybe_landed |= error.is_outcome_unknown();
+                }
                 Err(Broken::Retry(error))
             }
             Err(error) => Err(Broken::Fatal(error)),
@@ -383,53 +470,49 @@ impl Worker {
     }
 
     /// Re-establishes the session after `cause`, resolving what the star already has and
-    /// sending the rest again, within the retry budget.
+    /// sending the rest again, within the retry budget and the oldest batch's delivery timeout.
     async fn reconnect(&mut self, mut cause: Error) -> Result<(), Error> {
+        self.session = None;
+        self.session_lost();
         for attempt in 1..=self.config.max_retries {
             self.client.learn(&self.stream, &cause);
-            self.config.clock.sleep(self.backoff(attempt, &cause)).await;
-            let tail = match self.connect().await {
-                Ok(tail) => tail,
-                Err(error) if error.is_retryable() => {
-                    cause = error;
-                    continue;
-                }
-                Err(error) => return Err(error),
+            self.retries = self.retries.saturating_add(1);
+            let wait = if cause.leader().is_some() && attempt == 1 {
+                // The leader is known: go there at once.
+                Duration::ZERO
+            } else {
+                self.backoff(self.retries, &cause)
             };
-            // Everything below the tail landed (the producer is the stream's only writer).
-            while self.inflight.front().is_some_and(|b| b.end() <= tail) {
-                if let Some(batch) = self.inflight.pop_front() {
-                    batch.resolve();
-                }
+            self.last_failure = Some(cause.clone());
+            let deadline = self.delivery_deadline();
+            let now = self.config.clock.now();
+            if deadline.is_some_and(|deadline| now + wait >= deadline) {
+                // The next attempt would go out past the oldest batch's timeout.
+                return Err(self.timed_out());
             }
-            if let Some(first) = self.inflight.front()
-                && first.start != tail
-            {
-                // An earlier attempt was admitted but is not durable yet, or another writer
-                // appended: ask again after a pause, and let the budget decide.
-                cause = Error::Status {
-                    code: Code::FailedPrecondition,
-                    message: format!(
-                        "stream {:?} ends at {tail}, but the producer's next batch starts at {}",
-                        self.stream, first.start
-                    ),
-                    retry_after: None,
-                    next_seq: Some(tail),
-                    first_seq: None,
-                    leader: None,
-                };
-                continue;
-            }
-            let mut resent = Ok(());
-            for batch in &self.inflight {
-                resent = send(&mut self.session, &self.stream, batch).await;
-                if resent.is_err() {
-                    break;
-                }
-            }
-            match resent {
+            self.client.retry_observer().tell(|| Retrying {
+                what: format!("append to {:?}", self.stream),
+                attempt: self.retries,
+                cause: cause.clone(),
+                wait,
+                gives_up_in: deadline.map(|deadline| deadline.saturating_duration_since(now)),
+            });
+            self.config.clock.sleep(wait).await;
+            let clock = self.config.clock;
+            let attempted = match deadline {
+                Some(deadline) => match clock.timeout_at(deadline, self.resynchronise()).await {
+                    Ok(attempted) => attempted,
+                    Err(_) => Err(Broken::Fatal(self.timed_out())),
+                },
+                None => self.resynchronise().await,
+            };
+            match attempted {
                 Ok(()) => return Ok(()),
-                Err(Broken::Retry(error)) => cause = error,
+                Err(Broken::Retry(error)) => {
+                    self.session = None;
+                    self.session_lost();
+                    cause = error;
+                }
                 Err(Broken::Fatal(error)) => return Err(error),
             }
         }
@@ -437,6 +520,43 @@ impl Worker {
             attempts: self.config.max_retries,
             last: Box::new(cause),
         })
+    }
+
+    /// One attempt to carry on: a new session, the stream's tail, what landed resolved, the
+    /// rest sent again in order.
+    async fn resynchronise(&mut self) -> Result<(), Broken> {
+        let tail = match self.connect().await {
+            Ok(tail) => tail,
+            Err(error) if error.is_retryable() => return Err(Broken::Retry(error)),
+            Err(error) => return Err(Broken::Fatal(error)),
+        };
+        // Everything below the tail landed (the producer is the stream's only writer).
+        while self.inflight.front().is_some_and(|b| b.end() <= tail) {
+            if let Some(batch) = self.inflight.pop_front() {
+                batch.resolve();
+            }
+        }
+        if let Some(first) = self.inflight.front()
+            && first.start != tail
+        {
+            // An earlier attempt was admitted but is not durable yet, or another writer
+            // appended: ask again after a pause, and let the budget decide.
+            return Err(Broken::Retry(Error::Status {
+                code: Code::FailedPrecondition,
+                message: format!(
+                    "stream {:?} ends at {tail}, but the producer's next batch starts at {}",
+                    self.stream, first.start
+                ),
+                retry_after: None,
+                next_seq: Some(tail),
+                first_seq: None,
+                leader: None,
+            }));
+        }
+        for batch in &mut self.inflight {
+            send(&mut self.session, &self.stream, batch).await?;
+        }
+        Ok(())
     }
 
     /// How long to wait before attempt `attempt` after `cause`: none for a redirect (the
@@ -496,11 +616,13 @@ fn protocol(what: &str) -> Error {
 async fn send(
     session: &mut Option<(AppendSender, AckReceiver)>,
     stream: &str,
-    batch: &Inflight,
+    batch: &mut Inflight,
 ) -> Result<(), Broken> {
     let Some((sender, _)) = session.as_ref() else {
         return Err(Broken::Retry(Error::SessionClosed("no session".into())));
     };
+    // From here until its answer, the attempt may land.
+    batch.outstanding = true;
     sender
         .send(stream, batch.batch.records.clone(), Some(batch.start))
         .await

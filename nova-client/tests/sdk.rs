@@ -19,6 +19,27 @@ fn novad() -> NovadBuilder {
     NovadBuilder::new(workspace_binary("novad"))
 }
 
+/// A star on moto with a fault proxy between them, to make the object store hang.
+fn star_behind_a_fault_proxy() -> (Moto, FaultProxy, nova_testkit::Novad) {
+    let moto = Moto::start();
+    moto.create_bucket("store");
+    let store = FaultProxy::start(([127, 0, 0, 1], moto.port()).into());
+    let star = novad()
+        .args([
+            "--s3-bucket",
+            "store",
+            "--s3-endpoint",
+            &store.endpoint(),
+            "--s3-path-style",
+        ])
+        .args(["--s3-request-timeout-ms", "500"])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "testtest")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .start();
+    (moto, store, star)
+}
+
 async fn read_bodies(client: &Client, stream: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut consumer = Consumer::new(client.clone(), stream, 0);
@@ -106,22 +127,7 @@ async fn retries_after_dropped_connections_and_a_restart_write_each_record_once(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_producer_blocks_at_its_unacknowledged_bytes_bound() {
-    let moto = Moto::start();
-    moto.create_bucket("bound");
-    let store = FaultProxy::start(([127, 0, 0, 1], moto.port()).into());
-    let star = novad()
-        .args([
-            "--s3-bucket",
-            "bound",
-            "--s3-endpoint",
-            &store.endpoint(),
-            "--s3-path-style",
-        ])
-        .args(["--s3-request-timeout-ms", "500"])
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "testtest")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .start();
+    let (_moto, store, star) = star_behind_a_fault_proxy();
     let client = Client::connect(&star.url()).await.unwrap();
     client.create_stream("s").await.unwrap();
     let config = ProducerConfig {
@@ -252,4 +258,65 @@ async fn a_following_consumer_waits_at_the_tail_without_polling() {
     let page = short.next_page().await.unwrap();
     assert!(page.records.is_empty());
     assert_eq!(page.tail_seq, 1);
+}
+
+/// A star whose object store hangs holds the producer's batch admitted and unanswered: the
+/// batch fails at its delivery timeout, "outcome unknown" (it may land once the store is back),
+/// every later append of the producer fails the same way, and nothing is written twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_fails_at_its_delivery_timeout_and_so_does_every_later_one() {
+    let (_moto, store, star) = star_behind_a_fault_proxy();
+    let client = Client::connect(&star.url()).await.unwrap();
+    client.create_stream("s").await.unwrap();
+    let timeout = Duration::from_secs(3);
+    let config = ProducerConfig {
+        delivery_timeout: timeout,
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::new(client.clone(), "s", config).await.unwrap();
+    store.set(Fault::Hang);
+    let started = Instant::now();
+    let first = producer.append(Record::new("first")).await.unwrap();
+    let failed = tokio::time::timeout(Duration::from_secs(30), first.wait())
+        .await
+        .expect("the batch gives up at its delivery timeout")
+        .expect_err("not acknowledged while the store hangs");
+    let took = started.elapsed();
+    assert!(
+        took >= timeout && took < timeout + Duration::from_secs(5),
+        "failed at its delivery timeout, after {took:?}"
+    );
+    match &failed {
+        Error::DeliveryTimeout {
+            start_seq,
+            records,
+            outcome_unknown,
+            ..
+        } => {
+            assert_eq!((*start_seq, *records), (0, 1));
+            assert!(*outcome_unknown, "the star holds it admitted: {failed}");
+        }
+        other => panic!("expected DeliveryTimeout, got {other}"),
+    }
+    assert!(failed.is_outcome_unknown() && !failed.is_retryable());
+    assert!(failed.to_string().contains("delivery timeout"), "{failed}");
+    // The producer stopped: nothing after the failed batch is sent after a gap.
+    let later = match producer.append(Record::new("later")).await {
+        Err(error) => error,
+        Ok(ticket) => ticket.wait().await.expect_err("no later batch is sent"),
+    };
+    assert!(
+        matches!(later, Error::DeliveryTimeout { start_seq: 0, .. }),
+        "later appends fail with the same error: {later}"
+    );
+
+    // The store comes back: the admitted batch lands (its outcome was unknown), once; the
+    // later record was never sent.
+    store.set(Fault::Pass);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while client.describe_stream("s").await.unwrap().tail_seq == 0 {
+        assert!(Instant::now() < deadline, "the held batch lands");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(read_bodies(&client, "s").await, ["first"]);
 }

@@ -41,6 +41,12 @@ pub struct AppendArgs {
     /// from it; 1 MiB from a server too old to say). A larger value is capped at the server's.
     #[arg(long, value_parser = parse_bytes)]
     max_record_bytes: Option<u64>,
+    /// The longest a batch may wait for its acknowledgement, from its first send, retries
+    /// included. While it retries, nova says on stderr what was refused and when it tries
+    /// again; when the time runs out it exits 1, naming the last refusal and whether the batch
+    /// may have been appended anyway.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    delivery_timeout: Duration,
 }
 
 #[derive(Serialize)]
@@ -102,6 +108,7 @@ pub async fn run(client: &Client, args: AppendArgs, format: Format) -> anyhow::R
             .max(1),
         linger: args.linger,
         max_record_bytes: max_record_bytes as usize,
+        delivery_timeout: args.delivery_timeout,
         ..ProducerConfig::default()
     };
     let producer = Producer::new(client.clone(), &args.stream, config).await?;

@@ -73,6 +73,11 @@ pub struct BenchArgs {
     /// and peak RSS.
     #[arg(long)]
     metrics_url: Option<String>,
+    /// The longest a session waits for an acknowledgement after sending a batch; then the
+    /// session stops and the wait is counted as a DeadlineExceeded error. (The bench does not
+    /// retry: a refused batch stops its session and is counted under its code.)
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    delivery_timeout: Duration,
     /// No live progress bar.
     #[arg(long)]
     quiet: bool,
@@ -180,6 +185,7 @@ async fn session(
         }
     };
     let window = Arc::new(Semaphore::new(args.pipeline.max(1)));
+    let delivery_timeout = args.delivery_timeout;
     let (sent, mut to_ack) =
         mpsc::channel::<(Instant, tokio::sync::OwnedSemaphorePermit)>(args.pipeline.max(1));
     // Each session sends an equal share of the target rate.
@@ -219,7 +225,21 @@ async fn session(
         })
     };
     while let Some((started, permit)) = to_ack.recv().await {
-        match receiver.next_ack().await {
+        let ack = tokio::time::timeout_at((started + delivery_timeout).into(), receiver.next_ack())
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Status {
+                    code: tonic::Code::DeadlineExceeded,
+                    message: format!(
+                        "no acknowledgement within --delivery-timeout {delivery_timeout:?}"
+                    ),
+                    retry_after: None,
+                    next_seq: None,
+                    first_seq: None,
+                    leader: None,
+                })
+            });
+        match ack {
             Ok(ack) => {
                 let micros = started.elapsed().as_micros().max(1) as u64;
                 let _ = latencies.record(micros.min(100_000_000));

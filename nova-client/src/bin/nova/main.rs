@@ -11,6 +11,7 @@ mod framing;
 mod output;
 mod read;
 mod report;
+mod retries;
 mod status;
 mod stream;
 mod token;
@@ -144,9 +145,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         cli.tls_server_name.clone(),
     )
     .map_err(|e| report::CliError::invalid(e.to_string()))?;
+    // Calls that are safe to repeat (describe, list, read, status) are retried a few times,
+    // each retry said on stderr; appends retry within the producer's delivery timeout; a
+    // follow retries on its own, as long as it takes, saying so (see read.rs).
+    let follows = match &cli.command {
+        Command::Read(args) => args.follows(),
+        Command::Tail(args) => args.follows(),
+        _ => false,
+    };
+    let retry = if follows {
+        RetryPolicy::none()
+    } else {
+        RetryPolicy::default()
+    };
+    let notices = std::sync::Arc::new(retries::Notices::new(cli.output == Format::Json));
     let mut config = ClientConfig::new([server.as_str()])
-        .with_retry(RetryPolicy::none())
-        .with_tls(tls);
+        .with_retry(retry)
+        .with_tls(tls)
+        .on_retry(move |retrying| notices.tell(retrying));
     if let Some(token) = &cli.token {
         config = config.with_token(token)?;
     }

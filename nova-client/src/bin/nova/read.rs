@@ -38,7 +38,8 @@ pub struct ReadArgs {
     #[arg(long)]
     limit: Option<u64>,
     /// Keep reading at the tail: print new records as they arrive, until interrupted (or
-    /// --limit, or --until). Survives server restarts and leader moves.
+    /// --limit, or --until). Survives server restarts and leader moves: it waits for its
+    /// server as long as it takes, as tail -f does, saying on stderr that it is retrying.
     #[arg(short, long)]
     follow: bool,
     #[command(flatten)]
@@ -50,7 +51,8 @@ pub struct TailArgs {
     /// The stream to read.
     stream: String,
     /// Follow the stream: wait at the tail for new records until interrupted. Survives server
-    /// restarts and leader moves.
+    /// restarts and leader moves: it waits for its server as long as it takes, saying on
+    /// stderr that it is retrying.
     #[arg(short, long)]
     follow: bool,
     /// How many records before the tail to start at.
@@ -58,6 +60,20 @@ pub struct TailArgs {
     lines: u64,
     #[command(flatten)]
     print: PrintArgs,
+}
+
+impl ReadArgs {
+    /// Whether it waits for new records (and so for its server, however long).
+    pub fn follows(&self) -> bool {
+        self.follow
+    }
+}
+
+impl TailArgs {
+    /// Whether it waits for new records (and so for its server, however long).
+    pub fn follows(&self) -> bool {
+        self.follow
+    }
 }
 
 #[derive(Args, Debug, Clone, Copy)]
@@ -223,29 +239,51 @@ fn at_end(plan: &Plan, consumer: &Consumer, page: &Page) -> bool {
     at_tail && plan.until.is_some_and(|until| now_ms() > until)
 }
 
-/// The state of a follower that lost its server: said once when lost, once when back.
+/// The state of a follower that lost its server. A follow waits for its server as long as it
+/// takes, as `tail -f` does, and says so: once when lost, then at each attempt (at most about
+/// once a second), and once when back.
 #[derive(Default)]
 struct Reconnecting {
     attempts: u32,
+    last_said: Option<std::time::Instant>,
 }
 
 impl Reconnecting {
     async fn failed(&mut self, plan: &Plan, error: &Error, position: u64) {
-        if self.attempts == 0 {
-            note(
-                plan.output,
-                "notice",
-                &format!(
-                    "lost the server ({error}); retrying, to resume {} at seq {position}",
-                    plan.stream
-                ),
-            );
-        }
         self.attempts += 1;
         let step = RECONNECT_FIRST
             .saturating_mul(1 << self.attempts.saturating_sub(1).min(8))
             .min(RECONNECT_MAX);
-        tokio::time::sleep(error.retry_after().unwrap_or(step)).await;
+        let wait = error.retry_after().unwrap_or(step);
+        let now = std::time::Instant::now();
+        if self.attempts == 1 {
+            note(
+                plan.output,
+                "notice",
+                &format!(
+                    "lost the server ({error}); retrying until it is back (Ctrl-C stops), to \
+                     resume {} at seq {position}",
+                    plan.stream
+                ),
+            );
+            self.last_said = Some(now);
+        } else if self
+            .last_said
+            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1))
+        {
+            note(
+                plan.output,
+                "notice",
+                &format!(
+                    "still retrying {} (attempt {}): {error}; next attempt in {} ms",
+                    plan.stream,
+                    self.attempts,
+                    wait.as_millis()
+                ),
+            );
+            self.last_said = Some(now);
+        }
+        tokio::time::sleep(wait).await;
     }
 
     fn recovered(&mut self, plan: &Plan, position: u64) {

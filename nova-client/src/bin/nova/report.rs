@@ -116,6 +116,20 @@ fn explain(error: &anyhow::Error, server: &str) -> Explained {
 /// What to do about a failure the server (or the network) caused, when there is advice to
 /// give.
 fn hint(error: &Error, server: &str) -> Option<String> {
+    if let Error::DeliveryTimeout {
+        outcome_unknown, ..
+    } = error
+    {
+        return Some(if *outcome_unknown {
+            "the batch may have landed: read the stream's tail (`nova stream describe`, \
+             `nova tail`) before sending it again, or it may be appended twice"
+                .to_owned()
+        } else {
+            "nothing of the batch was appended; append it again once the cause is gone, or \
+             allow longer with --delivery-timeout"
+                .to_owned()
+        });
+    }
     let text = error.to_string();
     let address = server
         .split_once("://")
