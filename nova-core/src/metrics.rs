@@ -684,6 +684,7 @@ impl Metrics {
         self.sheds.with_label_values(&["max_subscriptions"]);
         self.sheds.with_label_values(&["max_streams"]);
         self.sheds.with_label_values(&["admin_calls"]);
+        self.sheds.with_label_values(&["fleet_capacity"]);
         for reason in [
             "empty_batch",
             "max_batch_records",

@@ -27,3 +27,7 @@ pub use keys::{LeaderRecords, Member};
 pub use membership::{Fleet, FleetConfig};
 pub use metrics::FleetMetrics;
 pub use takeover::TakeoverContext;
+
+/// The cap a fleet-capacity refusal names: no star of the fleet is open to a new stream's
+/// leadership (every one saturated, draining or full at `--max-streams`).
+pub const FLEET_CAPACITY: &str = "fleet capacity";

@@ -84,7 +84,7 @@ impl Fleet {
             .ok_or_else(|| {
                 self.metrics.capacity_refusals.inc();
                 RequestError::CapReached {
-                    cap: "fleet capacity",
+                    cap: crate::FLEET_CAPACITY,
                     limit: self.members.read().len().max(1) as u64,
                     what: "every star of the fleet is saturated, draining or full (--max-streams)",
                     retry_after: CAPACITY_RETRY,

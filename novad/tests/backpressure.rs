@@ -48,7 +48,7 @@ async fn sessions_past_the_cap_are_shed_with_a_hint_and_open_ones_carry_on() {
     assert!(
         novad
             .log()
-            .contains("shed new work at --max-producer-sessions=2"),
+            .contains("shed new work: --max-producer-sessions reached (2)"),
         "the shed is logged"
     );
 

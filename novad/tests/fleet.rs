@@ -314,6 +314,35 @@ async fn saturated_stars_take_no_new_streams_and_a_full_fleet_refuses_with_a_hin
         .filter_map(|s| s.metric("nova_fleet_capacity_refusals_total"))
         .sum();
     assert!(refusals >= 1.0);
+    // A shed like any other: counted under its cap, and logged naming the cap, the stream and
+    // the peer, by the star that refused it.
+    let sheds: f64 = [&full, &full2]
+        .iter()
+        .filter_map(|s| s.metric("nova_sheds_total{cap=\"fleet_capacity\"}"))
+        .sum();
+    assert!(sheds >= 1.0, "the refusal is counted as a shed");
+    let logged = [&full, &full2].iter().map(|s| s.log()).find(|log| {
+        log.lines().any(|line| {
+            line.contains("shed new work: fleet capacity reached")
+                && line.contains("fleet_capacity")
+                && line.contains("one-more")
+                && line.contains("127.0.0.1")
+        })
+    });
+    assert!(
+        logged.is_some(),
+        "the shed is logged with its cap, stream and peer: {:?}",
+        [&full, &full2]
+            .iter()
+            .flat_map(|s| {
+                s.log()
+                    .lines()
+                    .filter(|l| l.contains("shed"))
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+    );
     full2.kill9();
 }
 

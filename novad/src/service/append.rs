@@ -281,7 +281,7 @@ async fn admit(
             .access
             .check(principal, nova_core::net::Scope::Append, name)
         {
-            Ok(()) => ctx.route(name).await,
+            Ok(()) => ctx.route(name, peer).await,
             Err(error) => Err(error),
         },
         Err(error) => Err(error),

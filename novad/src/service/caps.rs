@@ -101,26 +101,44 @@ impl Cap {
             });
         }
         let kind = self.kind;
-        self.metrics.sheds.with_label_values(&[kind.label]).inc();
-        self.metrics.refused.hit(stream, peer);
-        if let Some(unlogged) = self.sheds.admit(kind.label) {
-            tracing::warn!(
-                cap = kind.label,
-                limit = self.limit,
-                stream = stream.unwrap_or("-"),
-                peer = %nova_core::top::peer_key(peer),
-                unlogged_since_last = unlogged,
-                "shed new work at {}={}: {}",
-                kind.flag,
-                self.limit,
-                kind.what
-            );
-        }
-        Err(RequestError::CapReached {
+        let refusal = RequestError::CapReached {
             cap: kind.flag,
             limit: self.limit as u64,
             what: kind.what,
             retry_after: kind.retry_after,
-        })
+        };
+        record_shed(
+            &self.metrics,
+            &self.sheds,
+            kind.label,
+            &refusal,
+            stream,
+            peer,
+        );
+        Err(refusal)
+    }
+}
+
+/// Counts one shed under its cap (`nova_sheds_total{cap=label}`), tallies it against the
+/// stream and the peer, and logs it naming all three (a burst as one line a second). Every
+/// shed of new work goes through here, whichever cap refused it.
+pub fn record_shed(
+    metrics: &Metrics,
+    sheds: &ShedLog,
+    label: &'static str,
+    refusal: &RequestError,
+    stream: Option<&str>,
+    peer: Option<SocketAddr>,
+) {
+    metrics.sheds.with_label_values(&[label]).inc();
+    metrics.refused.hit(stream, peer);
+    if let Some(unlogged) = sheds.admit(label) {
+        tracing::warn!(
+            cap = label,
+            stream = stream.unwrap_or("-"),
+            peer = %nova_core::top::peer_key(peer),
+            unlogged_since_last = unlogged,
+            "shed new work: {refusal}"
+        );
     }
 }

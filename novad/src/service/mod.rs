@@ -6,6 +6,7 @@ pub mod caps;
 pub mod charge;
 pub mod info;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,10 +68,40 @@ impl Context {
     }
 
     /// The stream, when this star leads it; otherwise a redirect to its leader.
-    pub async fn route(&self, name: &str) -> Result<Arc<StreamState>, RequestError> {
+    pub async fn route(
+        &self,
+        name: &str,
+        peer: Option<SocketAddr>,
+    ) -> Result<Arc<StreamState>, RequestError> {
         match &self.fleet {
-            Some(fleet) => fleet.route(&self.star, name).await,
+            Some(fleet) => {
+                let routed = fleet.route(&self.star, name).await;
+                self.count_fleet_shed(&routed, name, peer);
+                routed
+            }
             None => self.star.streams().get_or_not_found(name),
+        }
+    }
+
+    /// A fleet in which no star is open to a stream's leadership refused it (placing a new
+    /// stream, or one left without a leader): a shed like any other, counted and logged.
+    fn count_fleet_shed<T>(
+        &self,
+        result: &Result<T, RequestError>,
+        stream: &str,
+        peer: Option<SocketAddr>,
+    ) {
+        if let Err(refusal @ RequestError::CapReached { cap, .. }) = result
+            && *cap == nova_fleet::FLEET_CAPACITY
+        {
+            caps::record_shed(
+                &self.metrics,
+                &self.sheds,
+                "fleet_capacity",
+                refusal,
+                Some(stream),
+                peer,
+            );
         }
     }
 }
@@ -179,7 +210,7 @@ impl Nova for NovaService {
         let ctx = &self.ctx;
         ctx.access
             .check(principal.as_deref(), Scope::Read, &request.stream)?;
-        let stream = ctx.route(&request.stream).await?;
+        let stream = ctx.route(&request.stream, peer).await?;
         // Every read in progress is a subscription: the cap bounds how many pages (each within
         // the read caps, with at most 8 sections in flight) the star builds at once. A follow
         // read holds its slot while it waits at the tail, and nothing else: the next page is
@@ -235,11 +266,12 @@ impl Nova for NovaService {
         request: Request<v1::ResolveRefsRequest>,
     ) -> Result<Response<v1::ResolveRefsResponse>, Status> {
         let principal = nova_core::net::principal(&request);
+        let peer = request.remote_addr();
         let request = request.into_inner();
         self.ctx
             .access
             .check(principal.as_deref(), Scope::Read, &request.stream)?;
-        let stream = self.ctx.route(&request.stream).await?;
+        let stream = self.ctx.route(&request.stream, peer).await?;
         let max_refs = match request.max_refs {
             0 => COLD_READ_REFS,
             n => (n as usize).min(MAX_RESOLVED_REFS),
@@ -275,6 +307,7 @@ impl Nova for NovaService {
         request: Request<v1::CreateStreamRequest>,
     ) -> Result<Response<v1::CreateStreamResponse>, Status> {
         let principal = nova_core::net::principal(&request);
+        let peer = request.remote_addr();
         let request = request.into_inner();
         self.ctx
             .access
@@ -291,9 +324,11 @@ impl Nova for NovaService {
         let retention = retention_from(request.retention)?;
         let (stream, leader) = match &self.ctx.fleet {
             Some(fleet) => {
-                let (stream, leader) = fleet
+                let created = fleet
                     .create_stream(&self.ctx.star, &request.stream, class, retention)
-                    .await?;
+                    .await;
+                self.ctx.count_fleet_shed(&created, &request.stream, peer);
+                let (stream, leader) = created?;
                 (stream, Some(leader))
             }
             None => (
@@ -321,6 +356,7 @@ impl Nova for NovaService {
         request: Request<v1::DescribeStreamRequest>,
     ) -> Result<Response<v1::DescribeStreamResponse>, Status> {
         let principal = nova_core::net::principal(&request);
+        let peer = request.remote_addr();
         let name = request.into_inner().stream;
         // A producer describes the stream it appends to (to learn its tail): any scope on the
         // stream allows it; a describe shows no records.
@@ -329,7 +365,7 @@ impl Nova for NovaService {
             &[Scope::Read, Scope::Append, Scope::Admin],
             &name,
         )?;
-        let stream = self.ctx.route(&name).await?;
+        let stream = self.ctx.route(&name, peer).await?;
         let first_seq = self.ctx.star.first_seq(&stream).await?;
         let leader = match &self.ctx.fleet {
             Some(fleet) => fleet.leader_of(&name).await?,
@@ -428,6 +464,7 @@ impl Nova for NovaService {
         request: Request<v1::ReconfigureStreamRequest>,
     ) -> Result<Response<v1::ReconfigureStreamResponse>, Status> {
         let principal = nova_core::net::principal(&request);
+        let peer = request.remote_addr();
         let request = request.into_inner();
         self.ctx
             .access
@@ -435,7 +472,7 @@ impl Nova for NovaService {
         let retention = retention_from(request.retention)?;
         let class = class_from(request.storage_class)?;
         if self.ctx.fleet.is_some() {
-            self.ctx.route(&request.stream).await?;
+            self.ctx.route(&request.stream, peer).await?;
         }
         let streams = self.ctx.star.streams();
         if let Some(class) = class {
