@@ -32,7 +32,7 @@ pub enum Error {
     /// The producer stops: the batches after it fail with the same error, unsent.
     #[error(
         "the {records} records from seq {start_seq} were not acknowledged within the {:?} \
-         delivery timeout ({}); the last refusal: {last}",
+         delivery timeout ({}); the last failure: {last}",
         timeout,
         if *outcome_unknown {
             "outcome unknown: an attempt may still land, so they may or may not be appended"

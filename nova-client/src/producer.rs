@@ -297,6 +297,12 @@ impl Worker {
             let waiting_for_ack = !self.inflight.is_empty();
             let delivery_deadline = self.delivery_deadline();
             let outcome = tokio::select! {
+                // An ack that arrives with the deadline is taken first: the batch landed.
+                biased;
+                answer = next_answer(&mut self.session), if waiting_for_ack => self.on_ack(answer),
+                _ = sleep_until(self.config.clock, delivery_deadline), if delivery_deadline.is_some() => {
+                    Err(Broken::Fatal(self.timed_out()))
+                }
                 command = commands.recv(), if commands_open => match command {
                     Some(Command::Append { record, ticket, permit }) => {
                         self.open.bytes += record.content_bytes() as usize;
@@ -323,10 +329,6 @@ impl Worker {
                     }
                 },
                 _ = sleep_until(self.config.clock, linger_until), if linger_until.is_some() => self.send_open().await,
-                ack = next_ack(&mut self.session), if waiting_for_ack => self.on_ack(ack),
-                _ = sleep_until(self.config.clock, delivery_deadline), if delivery_deadline.is_some() => {
-                    Err(Broken::Fatal(self.timed_out()))
-                }
             };
             let outcome = match outcome {
                 Ok(()) => Ok(()),
@@ -354,7 +356,7 @@ impl Worker {
             return Ok(());
         }
         let batch = std::mem::take(&mut self.open);
-        let mut inflight = Inflight {
+        let inflight = Inflight {
             start: self.next_seq,
             batch,
             first_sent: self.config.clock.now(),
@@ -362,9 +364,23 @@ impl Worker {
             maybe_landed: false,
         };
         self.next_seq = inflight.end();
-        let sent = send(&mut self.session, &self.stream, &mut inflight).await;
         self.inflight.push_back(inflight);
-        sent
+        // Sending waits while the transport pushes back (a star whose admission is full stops
+        // reading); that wait counts against the oldest batch's delivery timeout too.
+        let Some(deadline) = self.delivery_deadline() else {
+            return Ok(());
+        };
+        let clock = self.config.clock;
+        let Some(batch) = self.inflight.back_mut() else {
+            return Ok(());
+        };
+        match clock
+            .timeout_at(deadline, send(&mut self.session, &self.stream, batch))
+            .await
+        {
+            Ok(sent) => sent,
+            Err(_) => Err(Broken::Fatal(self.timed_out())),
+        }
     }
 
     /// When the oldest unacknowledged batch runs out of time.
@@ -379,7 +395,8 @@ impl Worker {
     fn timed_out(&self) -> Error {
         let last = self.last_failure.clone().unwrap_or_else(|| Error::Status {
             code: Code::DeadlineExceeded,
-            message: "the star accepted the batch and did not answer".into(),
+            message: "no answer came for it: nothing refused it, and nothing acknowledged it"
+                .into(),
             retry_after: None,
             next_seq: None,
             first_seq: None,
@@ -407,7 +424,17 @@ impl Worker {
         }
     }
 
-    fn on_ack(&mut self, ack: Result<crate::session::Ack, Error>) -> Result<(), Broken> {
+    fn on_ack(
+        &mut self,
+        answer: Result<Result<crate::session::Ack, Error>, Error>,
+    ) -> Result<(), Broken> {
+        let ack = match answer {
+            Ok(ack) => ack,
+            // The session ended (a status on the stream, a broken connection): that answers
+            // no batch, so whatever is outstanding may land yet (`session_lost`).
+            Err(error) if error.is_retryable() => return Err(Broken::Retry(error)),
+            Err(error) => return Err(Broken::Fatal(error)),
+        };
         match ack {
             Ok(ack) => {
                 let Some(batch) = self.inflight.pop_front() else {
@@ -418,6 +445,7 @@ impl Worker {
                 }
                 batch.resolve();
                 self.retries = 0;
+                self.last_failure = None;
                 Ok(())
             }
             // A mismatch right after a reconnect means an earlier attempt of this batch was
@@ -425,7 +453,8 @@ impl Worker {
             Err(error)
                 if error.is_retryable() || error.code() == Some(Code::FailedPrecondition) =>
             {
-                // The answer is the front batch's: a refusal applied nothing of this attempt.
+                // The star answers in order, so its refusal is the front batch's, and applied
+                // nothing of this attempt.
                 if let Some(front) = self.inflight.front_mut() {
                     front.outstanding = false;
                     front.maybe_landed |= error.is_outcome_unknown();
@@ -498,15 +527,7 @@ impl Worker {
                 gives_up_in: deadline.map(|deadline| deadline.saturating_duration_since(now)),
             });
             self.config.clock.sleep(wait).await;
-            let clock = self.config.clock;
-            let attempted = match deadline {
-                Some(deadline) => match clock.timeout_at(deadline, self.resynchronise()).await {
-                    Ok(attempted) => attempted,
-                    Err(_) => Err(Broken::Fatal(self.timed_out())),
-                },
-                None => self.resynchronise().await,
-            };
-            match attempted {
+            match self.resynchronise().await {
                 Ok(()) => return Ok(()),
                 Err(Broken::Retry(error)) => {
                     self.session = None;
@@ -523,9 +544,18 @@ impl Worker {
     }
 
     /// One attempt to carry on: a new session, the stream's tail, what landed resolved, the
-    /// rest sent again in order.
+    /// rest sent again in order. Each step ends at the oldest unresolved batch's delivery
+    /// timeout (which moves on once the tail shows the oldest ones landed).
     async fn resynchronise(&mut self) -> Result<(), Broken> {
-        let tail = match self.connect().await {
+        let clock = self.config.clock;
+        let connected = match self.delivery_deadline() {
+            Some(deadline) => match clock.timeout_at(deadline, self.connect()).await {
+                Ok(connected) => connected,
+                Err(_) => return Err(Broken::Fatal(self.timed_out())),
+            },
+            None => self.connect().await,
+        };
+        let tail = match connected {
             Ok(tail) => tail,
             Err(error) if error.is_retryable() => return Err(Broken::Retry(error)),
             Err(error) => return Err(Broken::Fatal(error)),
@@ -553,10 +583,19 @@ impl Worker {
                 leader: None,
             }));
         }
-        for batch in &mut self.inflight {
-            send(&mut self.session, &self.stream, batch).await?;
+        let Some(deadline) = self.delivery_deadline() else {
+            return Ok(());
+        };
+        let resend = async {
+            for batch in &mut self.inflight {
+                send(&mut self.session, &self.stream, batch).await?;
+            }
+            Ok(())
+        };
+        match clock.timeout_at(deadline, resend).await {
+            Ok(resent) => resent,
+            Err(_) => Err(Broken::Fatal(self.timed_out())),
         }
-        Ok(())
     }
 
     /// How long to wait before attempt `attempt` after `cause`: none for a redirect (the
@@ -629,11 +668,11 @@ async fn send(
         .map_err(Broken::Retry)
 }
 
-async fn next_ack(
+async fn next_answer(
     session: &mut Option<(AppendSender, AckReceiver)>,
-) -> Result<crate::session::Ack, Error> {
+) -> Result<Result<crate::session::Ack, Error>, Error> {
     match session.as_mut() {
-        Some((_, receiver)) => receiver.next_ack().await,
+        Some((_, receiver)) => receiver.next_answer().await,
         None => std::future::pending().await,
     }
 }

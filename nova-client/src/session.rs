@@ -114,14 +114,21 @@ pub struct AckReceiver {
 
 impl AckReceiver {
     pub async fn next_ack(&mut self) -> Result<Ack, Error> {
+        self.next_answer().await?
+    }
+
+    /// The next answer (an ack, or the server's refusal of that batch) or, as the outer error,
+    /// the end of the session itself (a status on the stream, a broken connection), which
+    /// answers no batch in particular.
+    pub(crate) async fn next_answer(&mut self) -> Result<Result<Ack, Error>, Error> {
         match self.acks.message().await? {
             Some(v1::AppendAck {
                 error: Some(error), ..
-            }) => Err(error.into()),
-            Some(ack) => Ok(Ack {
+            }) => Ok(Err(error.into())),
+            Some(ack) => Ok(Ok(Ack {
                 start_seq: ack.start_seq,
                 end_seq: ack.end_seq,
-            }),
+            })),
             None => Err(Error::SessionClosed(
                 "the server ended the session with answers still owed".into(),
             )),

@@ -141,6 +141,10 @@ async fn append_gives_up_within_its_delivery_timeout_naming_the_express_quorum()
         stderr.contains("were not acknowledged within the 6s delivery timeout"),
         "named the timeout: {stderr}"
     );
+    assert!(
+        stderr.contains("none of the input was acknowledged (it was to start at seq 1)"),
+        "said how much of the input is in the stream: {stderr}"
+    );
     let known = stderr.contains("they were not appended");
     assert!(
         known || stderr.contains("outcome unknown"),

@@ -21,6 +21,10 @@ fn novad() -> NovadBuilder {
 
 /// A star on moto with a fault proxy between them, to make the object store hang.
 fn star_behind_a_fault_proxy() -> (Moto, FaultProxy, nova_testkit::Novad) {
+    star_behind_a_fault_proxy_with(&[])
+}
+
+fn star_behind_a_fault_proxy_with(args: &[&str]) -> (Moto, FaultProxy, nova_testkit::Novad) {
     let moto = Moto::start();
     moto.create_bucket("store");
     let store = FaultProxy::start(([127, 0, 0, 1], moto.port()).into());
@@ -33,11 +37,28 @@ fn star_behind_a_fault_proxy() -> (Moto, FaultProxy, nova_testkit::Novad) {
             "--s3-path-style",
         ])
         .args(["--s3-request-timeout-ms", "500"])
+        .args(args.iter().copied())
         .env("AWS_ACCESS_KEY_ID", "test")
         .env("AWS_SECRET_ACCESS_KEY", "testtest")
         .env("AWS_EC2_METADATA_DISABLED", "true")
         .start();
     (moto, store, star)
+}
+
+/// A client of `star` and a producer of its new stream "s" whose batches time out after
+/// `timeout`.
+async fn producer_timing_out_after(
+    star: &nova_testkit::Novad,
+    timeout: Duration,
+) -> (Client, Producer) {
+    let client = Client::connect(&star.url()).await.unwrap();
+    client.create_stream("s").await.unwrap();
+    let config = ProducerConfig {
+        delivery_timeout: timeout,
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::new(client.clone(), "s", config).await.unwrap();
+    (client, producer)
 }
 
 async fn read_bodies(client: &Client, stream: &str) -> Vec<String> {
@@ -266,14 +287,8 @@ async fn a_following_consumer_waits_at_the_tail_without_polling() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_fails_at_its_delivery_timeout_and_so_does_every_later_one() {
     let (_moto, store, star) = star_behind_a_fault_proxy();
-    let client = Client::connect(&star.url()).await.unwrap();
-    client.create_stream("s").await.unwrap();
     let timeout = Duration::from_secs(3);
-    let config = ProducerConfig {
-        delivery_timeout: timeout,
-        ..ProducerConfig::default()
-    };
-    let producer = Producer::new(client.clone(), "s", config).await.unwrap();
+    let (client, producer) = producer_timing_out_after(&star, timeout).await;
     store.set(Fault::Hang);
     let started = Instant::now();
     let first = producer.append(Record::new("first")).await.unwrap();
@@ -319,4 +334,47 @@ async fn a_batch_fails_at_its_delivery_timeout_and_so_does_every_later_one() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(read_bodies(&client, "s").await, ["first"]);
+}
+
+/// A star whose admission buffer is full stops reading its sessions, so a producer's sends wait
+/// on the transport: the delivery timeout bounds that wait too, and the producer gives up
+/// rather than hang with its appends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delivery_timeout_holds_while_the_star_stops_reading() {
+    let (_moto, store, star) = star_behind_a_fault_proxy_with(&["--s3-memory-buffer-mib", "1"]);
+    let timeout = Duration::from_secs(3);
+    let (_client, producer) = producer_timing_out_after(&star, timeout).await;
+    store.set(Fault::Hang);
+    let started = Instant::now();
+    let first = producer
+        .append(Record::new(vec![b'h'; 1024]))
+        .await
+        .unwrap();
+    // Far more than the star admits: its buffer fills, it stops reading, and the producer's
+    // sends wait on HTTP/2 flow control.
+    let appending = tokio::spawn(async move {
+        for _ in 0..16 * 1024 {
+            if producer
+                .append(Record::new(vec![b'h'; 1024]))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    let failed = tokio::time::timeout(Duration::from_secs(30), first.wait())
+        .await
+        .expect("the first batch gives up at its delivery timeout")
+        .expect_err("not acknowledged while the store hangs");
+    assert!(matches!(failed, Error::DeliveryTimeout { .. }), "{failed}");
+    assert!(
+        started.elapsed() < timeout + Duration::from_secs(5),
+        "gave up at its timeout, after {:?}",
+        started.elapsed()
+    );
+    tokio::time::timeout(Duration::from_secs(10), appending)
+        .await
+        .expect("the appends after it fail too, rather than wait")
+        .unwrap();
 }

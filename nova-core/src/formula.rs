@@ -18,9 +18,28 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::limits::MIB;
+use crate::limits::{KIB, MIB};
 use crate::memory::Ceiling;
 use crate::metrics::MemoryMetrics;
+
+/// The formula's terms as `nova_memory_formula_bytes{term}` names them.
+pub const TERMS: [&str; 6] = [
+    "admission",
+    "express",
+    "read",
+    "tail_cache",
+    "transport",
+    "auditor",
+];
+
+/// What a star holds beyond its formula however idle: the binary, the runtime and its threads,
+/// the embedded metastore's page cache, allocator slack (docs/backpressure.md).
+pub const FIXED_OVERHEAD: u64 = 48 * MIB;
+
+/// What each session place adds beyond its stream window: the session's state, the one DATA
+/// frame the charging layer may hold while the session's charge waits, and the start of a next
+/// message in the transport's buffer.
+pub const SESSION_OVERHEAD: u64 = 64 * KIB;
 
 /// The budgets the formula adds up, in bytes, as configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +79,12 @@ impl Formula {
 }
 
 impl Budgets {
+    /// The overhead beyond the formula at the session cap: [`FIXED_OVERHEAD`] and
+    /// [`SESSION_OVERHEAD`] per session place.
+    pub fn overhead(&self) -> u64 {
+        FIXED_OVERHEAD + self.max_sessions * SESSION_OVERHEAD
+    }
+
     /// The formula with `open_sessions` sessions open.
     pub fn formula(&self, open_sessions: u64) -> Formula {
         Formula {
@@ -129,10 +154,13 @@ impl MemoryModel {
         self.budgets.at_session_cap()
     }
 
-    /// Refuses budgets that cannot fit under the ceiling at the session cap, naming each term.
+    /// Refuses budgets that cannot fit under the ceiling at the session cap, with the overhead
+    /// beyond the formula, naming each term.
     pub fn check_fits(&self) -> Result<(), String> {
         let worst = self.at_session_cap();
-        if worst.total() <= self.ceiling.bytes {
+        let overhead = self.budgets.overhead();
+        let total = worst.total() + overhead;
+        if total <= self.ceiling.bytes {
             return Ok(());
         }
         Err(format!(
@@ -140,8 +168,9 @@ impl MemoryModel {
              admission buffer {} (--s3-memory-buffer-mib) + express buffer {} + read budget {} \
              (--read-memory-mib) + tail window cache {} (--tail-window-cache-mib) + {} sessions × {} \
              stream window (--max-producer-sessions × --grpc-stream-window-kib) + auditor {} \
-             (--auditor) = {} = {} over. Lower a budget, raise --memory-ceiling, or pass \
-             --allow-memory-overcommit to start anyway",
+             (--auditor) + fixed overhead {} (48 MiB, and 64 KiB per session place) = {} = {} \
+             over. Lower a budget, raise --memory-ceiling, or pass --allow-memory-overcommit to \
+             start anyway",
             mib(self.ceiling.bytes),
             self.ceiling.source,
             mib(worst.admission),
@@ -151,8 +180,9 @@ impl MemoryModel {
             self.budgets.max_sessions,
             mib(self.budgets.stream_window),
             mib(worst.auditor),
-            mib(worst.total()),
-            mib(worst.total() - self.ceiling.bytes),
+            mib(overhead),
+            mib(total),
+            mib(total - self.ceiling.bytes),
         ))
     }
 

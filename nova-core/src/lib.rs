@@ -1,6 +1,7 @@
 //! Nova's core: records, the flight object format, budgets, the catalog, the object store and
 //! metastore traits with their backends, and metrics. Everything a star and a gateway share.
 
+pub mod allocator;
 pub mod budget;
 pub mod catalog;
 pub use nova_proto::clock;

@@ -12,7 +12,8 @@ pub const CHAIN_BACKLOG_FLIGHTS: u32 = 1024;
 pub const TAIL_WINDOW_CACHE_MIB: u64 = 128;
 /// `--max-producer-sessions`: concurrent producer sessions per star.
 pub const MAX_PRODUCER_SESSIONS: u32 = 4096;
-/// `--max-subscriptions`: reads waiting at a stream's tail at once.
+/// `--max-subscriptions`: reads in progress at once, every read counted (those waiting at a
+/// stream's tail for new records included).
 pub const MAX_SUBSCRIPTIONS: u32 = 16_384;
 /// `--max-streams`: streams a star holds. Each costs about 1 KiB of fixed memory (its entry in
 /// the registry and two metric series), so the default adds at most ~10 MiB to the overhead.

@@ -15,6 +15,11 @@ const V1_UNLIMITED: u64 = 1 << 62;
 pub enum CeilingSource {
     /// Set with `--memory-ceiling`.
     Explicit,
+    /// Set with `--memory-ceiling` above the cgroup's memory limit (`asked`), and capped to
+    /// the limit: the kernel kills at the limit, whatever the flag says.
+    Capped {
+        asked: u64,
+    },
     CgroupV2,
     CgroupV1,
     /// 60% of physical memory.
@@ -25,6 +30,7 @@ impl fmt::Display for CeilingSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             CeilingSource::Explicit => "--memory-ceiling",
+            CeilingSource::Capped { .. } => "--memory-ceiling, capped to the cgroup memory limit",
             CeilingSource::CgroupV2 => "cgroup v2 memory.max",
             CeilingSource::CgroupV1 => "cgroup v1 memory.limit_in_bytes",
             CeilingSource::Physical => "60% of physical memory",
@@ -38,29 +44,43 @@ pub struct Ceiling {
     pub source: CeilingSource,
 }
 
-/// The ceiling for this process: `explicit` when given, else the cgroup limit, else 60% of
-/// physical memory.
+/// The ceiling for this process: `explicit` when given (capped to the cgroup limit when above
+/// it), else the cgroup limit, else 60% of physical memory.
 pub fn detect_ceiling(explicit: Option<u64>) -> Ceiling {
-    if let Some(bytes) = explicit {
-        return Ceiling {
-            bytes,
-            source: CeilingSource::Explicit,
-        };
-    }
-    let root = Path::new("/");
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    if let Some(bytes) = cgroup_v2_limit(&cgroups, root) {
-        return Ceiling {
+    choose_ceiling(explicit, cgroup_limit(&cgroups, Path::new("/")))
+}
+
+/// The cgroup's memory limit, v2 or v1, when one is set.
+fn cgroup_limit(cgroups: &str, root: &Path) -> Option<Ceiling> {
+    if let Some(bytes) = cgroup_v2_limit(cgroups, root) {
+        return Some(Ceiling {
             bytes,
             source: CeilingSource::CgroupV2,
-        };
+        });
     }
-    if let Some(bytes) = cgroup_v1_limit(&cgroups, root) {
-        return Ceiling {
+    cgroup_v1_limit(cgroups, root).map(|bytes| Ceiling {
+        bytes,
+        source: CeilingSource::CgroupV1,
+    })
+}
+
+fn choose_ceiling(explicit: Option<u64>, limit: Option<Ceiling>) -> Ceiling {
+    match (explicit, limit) {
+        (Some(asked), Some(limit)) if asked > limit.bytes => Ceiling {
+            bytes: limit.bytes,
+            source: CeilingSource::Capped { asked },
+        },
+        (Some(bytes), _) => Ceiling {
             bytes,
-            source: CeilingSource::CgroupV1,
-        };
+            source: CeilingSource::Explicit,
+        },
+        (None, Some(limit)) => limit,
+        (None, None) => physical(),
     }
+}
+
+fn physical() -> Ceiling {
     let total = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|meminfo| mem_total(&meminfo))
@@ -182,6 +202,26 @@ mod tests {
         let cgroups = "9:name=systemd:/\n4:cpu,memory:/nova\n";
         assert_eq!(cgroup_v1_limit(cgroups, root.path()), Some(256 << 20));
         assert_eq!(cgroup_v1_limit("4:memory:/\n", root.path()), None);
+    }
+
+    #[test]
+    fn an_explicit_ceiling_above_the_cgroup_limit_is_capped_to_it() {
+        let cgroup = Ceiling {
+            bytes: 1 << 30,
+            source: CeilingSource::CgroupV2,
+        };
+        let limit = Some(cgroup);
+        let capped = choose_ceiling(Some(4 << 30), limit);
+        assert_eq!(capped.bytes, 1 << 30);
+        assert_eq!(capped.source, CeilingSource::Capped { asked: 4 << 30 });
+        let below = choose_ceiling(Some(512 << 20), limit);
+        assert_eq!(below.bytes, 512 << 20);
+        assert_eq!(below.source, CeilingSource::Explicit);
+        assert_eq!(choose_ceiling(None, limit), cgroup);
+        assert_eq!(
+            choose_ceiling(Some(8 << 30), None).source,
+            CeilingSource::Explicit
+        );
     }
 
     #[test]

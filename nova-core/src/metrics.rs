@@ -240,15 +240,62 @@ pub fn register_build_info(r: &Registry, prefix: &str, version: &str, started_un
     register(r, started);
 }
 
-/// The process's own resource use, refreshed at each scrape.
+/// The process's own resource use and its allocator's figures, refreshed at each scrape. The
+/// star and the gateway export them under the same names.
 #[derive(Debug, Clone)]
 pub struct ProcessMetrics {
     pub resident: IntGauge,
     pub peak_resident: IntGauge,
     pub cpu_seconds: Gauge,
+    pub allocated: IntGauge,
+    pub mapped: IntGauge,
+    pub retained: IntGauge,
+    /// Times free memory was returned to the system (`crate::allocator::trim_periodically`).
+    pub trims: IntCounter,
 }
 
 impl ProcessMetrics {
+    pub fn register(r: &Registry) -> Self {
+        Self {
+            resident: gauge(r, "nova_process_resident_bytes", "Resident memory (VmRSS)."),
+            peak_resident: gauge(
+                r,
+                "nova_process_peak_resident_bytes",
+                "Peak resident memory since start (VmHWM).",
+            ),
+            cpu_seconds: register(
+                r,
+                Gauge::new(
+                    "nova_process_cpu_seconds_total",
+                    "CPU time used, user and system, in seconds.",
+                )
+                .expect("valid metric"),
+            ),
+            allocated: gauge(
+                r,
+                "nova_allocator_allocated_bytes",
+                "Memory the process has allocated and not freed.",
+            ),
+            mapped: gauge(
+                r,
+                "nova_allocator_mapped_bytes",
+                "Memory the allocator has taken from the system: its arenas and the large \
+                 buffers mapped on their own.",
+            ),
+            retained: gauge(
+                r,
+                "nova_allocator_retained_bytes",
+                "Memory freed by the process but held in the allocator's arenas (resident \
+                 until reused or trimmed).",
+            ),
+            trims: counter(
+                r,
+                "nova_allocator_trims_total",
+                "Times the allocator's free memory was returned to the system.",
+            ),
+        }
+    }
+
     pub fn refresh(&self) {
         if let Some((rss, peak)) = crate::memory::resident_bytes(std::process::id()) {
             self.resident.set(rss as i64);
@@ -256,6 +303,11 @@ impl ProcessMetrics {
         }
         if let Some(cpu) = crate::memory::cpu_seconds() {
             self.cpu_seconds.set(cpu);
+        }
+        if let Some(stats) = crate::allocator::stats() {
+            self.allocated.set(stats.allocated as i64);
+            self.mapped.set(stats.mapped as i64);
+            self.retained.set(stats.retained as i64);
         }
     }
 }
@@ -629,22 +681,7 @@ impl Metrics {
                     "1 while the star reads saturated (refuses new leadership), else 0.",
                 ),
             },
-            process: ProcessMetrics {
-                resident: gauge(&r, "nova_process_resident_bytes", "Resident memory (VmRSS)."),
-                peak_resident: gauge(
-                    &r,
-                    "nova_process_peak_resident_bytes",
-                    "Peak resident memory since start (VmHWM).",
-                ),
-                cpu_seconds: register(
-                    &r,
-                    Gauge::new(
-                        "nova_process_cpu_seconds_total",
-                        "CPU time used, user and system, in seconds.",
-                    )
-                    .expect("valid metric"),
-                ),
-            },
+            process: ProcessMetrics::register(&r),
             rpc: RpcMetrics::register(&r, "nova"),
             epoch: gauge(&r, "nova_star_epoch", "The star's chain epoch: it changes at every restart or takeover of the chain."),
             append_ack: register(
@@ -730,14 +767,7 @@ impl Metrics {
                 self.store.requests.with_label_values(&[op, outcome]);
             }
         }
-        for term in [
-            "admission",
-            "express",
-            "read",
-            "tail_cache",
-            "transport",
-            "auditor",
-        ] {
+        for term in crate::formula::TERMS {
             self.memory.formula.with_label_values(&[term]);
         }
     }

@@ -29,6 +29,8 @@ where
     E: std::fmt::Display,
     F: Future<Output = Result<(), E>>,
 {
+    // Before the runtime's threads exist: the arena limit binds only arenas made after it.
+    crate::allocator::tune();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -217,8 +217,10 @@ pub struct Config {
 
     // ---- memory --------------------------------------------------------------------------
     /// The memory the star may use. Default: the cgroup's memory limit (v2 memory.max or v1
-    /// memory.limit_in_bytes) when one is set, else 60% of physical memory. The budgets'
-    /// formula must fit under it at the session cap, or novad refuses to start.
+    /// memory.limit_in_bytes) when one is set, else 60% of physical memory. A value above the
+    /// cgroup's limit is capped to the limit, with a warning. The budgets' formula plus the
+    /// fixed overhead (48 MiB and 64 KiB per session place) must fit under it at the session
+    /// cap, or novad refuses to start.
     #[arg(long, env = "NOVA_MEMORY_CEILING", help_heading = "Memory")]
     pub memory_ceiling: Option<ByteSize>,
 

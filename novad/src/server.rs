@@ -102,6 +102,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         started_at_ms as f64 / 1000.0,
     );
     let ceiling = detect_ceiling(config.memory_ceiling.map(ByteSize::bytes));
+    if let nova_core::memory::CeilingSource::Capped { asked } = ceiling.source {
+        // The kernel kills at the container's limit whatever the flag says: budgets checked
+        // against the flag would fit a memory the star does not have.
+        tracing::warn!(
+            asked = %human_bytes(asked),
+            limit = %human_bytes(ceiling.bytes),
+            "--memory-ceiling is above the container's memory limit; the limit is the ceiling"
+        );
+    }
     let memory = Arc::new(crate::memory::model(
         &config,
         ceiling,
@@ -139,6 +148,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "append to, read, reconfigure and delete every stream",
     );
     let connections = Arc::new(nova_core::net::Connections::default());
+    tokio::spawn(nova_core::allocator::trim_periodically(
+        Clock::system(),
+        metrics.process.trims.clone(),
+    ));
     let store = open_store(&config).await?;
     let stopping = CancellationToken::new();
     security.spawn_reloads(&stopping);

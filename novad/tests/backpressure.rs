@@ -141,6 +141,7 @@ async fn a_full_admission_buffer_blocks_producers_until_flights_land() {
         1 + BATCHES as u64
     );
     assert_eq!(novad.metric("nova_admission_buffer_used_bytes"), Some(0.0));
+    assert_peak_rss_within_formula(&novad, 2);
 }
 
 #[tokio::test]

@@ -163,22 +163,7 @@ async fn express_acks_at_a_quorum_fails_fast_without_one_and_resumes() {
         .sum();
     assert!(failures >= 1.0, "deadline failures are counted");
     // Memory within the closed formula (plus the star's fixed overhead) through the outage.
-    let formula: f64 = [
-        "admission",
-        "express",
-        "read",
-        "tail_cache",
-        "transport",
-        "auditor",
-    ]
-    .iter()
-    .filter_map(|t| {
-        series(
-            &metrics,
-            &format!("nova_memory_formula_bytes{{term=\"{t}\"}}"),
-        )
-    })
-    .sum();
+    let formula = nova_testkit::formula_bytes(&metrics) as f64;
     let express_term = series(&metrics, "nova_memory_formula_bytes{term=\"express\"}").unwrap();
     assert!(
         express_term > 0.0,

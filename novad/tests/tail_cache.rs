@@ -37,6 +37,7 @@ async fn evicted_and_skipped_flights_are_read_from_the_object_store() {
         used <= (1 << 20) as f64,
         "the cache stays in its budget: {used}"
     );
+    assert_peak_rss_within_formula(&novad, 1);
 
     // A single flight of 1.5 MiB cannot fit a 1 MiB cache at all.
     let huge: Vec<_> = (0..3)

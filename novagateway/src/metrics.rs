@@ -45,6 +45,8 @@ pub struct GatewayMetrics {
     pub star_reachable: IntGauge,
     /// 1 while both answer: the gateway can serve history and the tail.
     pub ready: IntGauge,
+    /// Resident memory, CPU and the allocator's figures, under the star's names.
+    pub process: nova_core::metrics::ProcessMetrics,
 }
 
 impl GatewayMetrics {
@@ -77,6 +79,7 @@ impl GatewayMetrics {
             store_reachable: gauge(&r, "nova_gateway_store_reachable", "1 while the object store answers the gateway's probes (every 5 s)."),
             star_reachable: gauge(&r, "nova_gateway_star_reachable", "1 while the star (--star) answers the gateway's probes (every 5 s)."),
             ready: gauge(&r, "nova_gateway_ready", "1 while the gateway's object store and star both answer."),
+            process: nova_core::metrics::ProcessMetrics::register(&r),
             registry: r,
         };
         for route in ["owner", "peer", "spilled", "direct"] {
@@ -98,6 +101,7 @@ impl GatewayMetrics {
     }
 
     pub fn render(&self) -> String {
+        self.process.refresh();
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()

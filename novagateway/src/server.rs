@@ -49,6 +49,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
              (no --auth-tokens): every client that reaches it reads what that token may read"
         );
     }
+    tokio::spawn(nova_core::allocator::trim_periodically(
+        Clock::system(),
+        metrics.process.trims.clone(),
+    ));
     let connections = Arc::new(nova_core::net::Connections::default());
     if config.store.s3().is_none() {
         crate::health::check_store_dir(&config.store_dir).await?;

@@ -2,6 +2,7 @@
 //! loopback port and stopped by PID when its handle drops.
 
 pub mod certs;
+pub mod cold_readers;
 pub mod crash_loop;
 mod etcd;
 pub mod history;
@@ -14,6 +15,6 @@ mod proxy;
 
 pub use etcd::{Etcd, EtcdCluster};
 pub use moto::{LoggedRequest, Moto};
-pub use novad::{Novad, NovadBuilder, scrape, scrape_at, series};
+pub use novad::{Novad, NovadBuilder, formula_bytes, scrape, scrape_at, series};
 pub use process::{free_port, wait_for_port, workspace_binary, workspace_root};
 pub use proxy::{Fault, FaultProxy};

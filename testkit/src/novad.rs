@@ -398,6 +398,15 @@ pub fn series(page: &str, name: &str) -> Option<f64> {
     })
 }
 
+/// The star's memory formula on a metrics page: the sum of its `nova_memory_formula_bytes`
+/// terms (the transport term counting the sessions open at the scrape).
+pub fn formula_bytes(page: &str) -> u64 {
+    nova_core::formula::TERMS
+        .iter()
+        .filter_map(|t| series(page, &format!("nova_memory_formula_bytes{{term=\"{t}\"}}")))
+        .sum::<f64>() as u64
+}
+
 impl Drop for Novad {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {

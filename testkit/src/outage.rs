@@ -38,6 +38,8 @@ pub struct OutageScenario {
     /// How long producers keep going after the store is back.
     pub after: Duration,
     pub drain_timeout: Duration,
+    /// Extra environment for novad (an allocator to preload, say).
+    pub env: Vec<(String, String)>,
 }
 
 impl OutageScenario {
@@ -57,6 +59,7 @@ impl OutageScenario {
             fault: Fault::Hang,
             after: Duration::from_secs(3),
             drain_timeout: Duration::from_secs(120),
+            env: Vec::new(),
         }
     }
 
@@ -111,7 +114,7 @@ pub fn auditor_memory() -> u64 {
 /// The star's fixed overhead beyond its formula with `sessions` session slots (see
 /// `OutageScenario::overhead_bytes`).
 pub fn star_overhead_bytes(sessions: u64) -> u64 {
-    (48 << 20) + sessions * 64 * 1024
+    nova_core::formula::FIXED_OVERHEAD + sessions * nova_core::formula::SESSION_OVERHEAD
 }
 
 #[derive(Debug, Default)]
@@ -269,7 +272,11 @@ pub async fn run(scenario: OutageScenario) -> OutageReport {
     let admission = scenario.admission_mib.to_string();
     let tail = scenario.tail_mib.to_string();
     let read = scenario.read_mib.to_string();
-    let novad = NovadBuilder::new(&scenario.novad)
+    let mut builder = NovadBuilder::new(&scenario.novad);
+    for (key, value) in &scenario.env {
+        builder = builder.env(key, value);
+    }
+    let novad = builder
         .args([
             "--s3-bucket",
             "outage",

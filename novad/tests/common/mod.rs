@@ -94,3 +94,33 @@ pub fn wait_exit(novad: &mut Novad, timeout: Duration) -> std::process::ExitStat
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Asserts that the star's peak resident memory (the kernel's count, which the OOM killer
+/// uses) stayed within its memory formula with up to `sessions` producer sessions open (each
+/// with the default 64 KiB stream window), plus the fixed overhead docs/backpressure.md states.
+/// A budget's gauge says what the budget accounts for; this says what the process holds.
+pub fn assert_peak_rss_within_formula(novad: &Novad, sessions: u64) {
+    let metrics = novad.metrics();
+    let term = |t: &str| {
+        nova_testkit::series(
+            &metrics,
+            &format!("nova_memory_formula_bytes{{term=\"{t}\"}}"),
+        )
+        .unwrap_or(0.0) as u64
+    };
+    let formula: u64 = ["admission", "express", "read", "tail_cache", "auditor"]
+        .iter()
+        .map(|t| term(t))
+        .sum::<u64>()
+        + sessions * 64 * 1024;
+    let bound = formula + nova_testkit::outage::star_overhead_bytes(sessions);
+    let peak = nova_testkit::series(&metrics, "nova_process_peak_resident_bytes")
+        .expect("novad exports its peak RSS") as u64;
+    assert!(
+        peak <= bound,
+        "peak RSS {} MiB over the formula {} MiB plus overhead ({} MiB)",
+        peak >> 20,
+        formula >> 20,
+        bound >> 20
+    );
+}

@@ -145,7 +145,10 @@ pub async fn run(client: &Client, args: AppendArgs, format: Format) -> anyhow::R
                     break 'inputs;
                 }
             };
-            let ticket = producer.append(record).await?;
+            let ticket = match producer.append(record).await {
+                Ok(ticket) => ticket,
+                Err(error) => return Err(what_was_appended(first, error).await),
+            };
             count += 1;
             // Only the first and the last tickets matter for the range; the producer resolves
             // the rest in order between them.
@@ -156,13 +159,25 @@ pub async fn run(client: &Client, args: AppendArgs, format: Format) -> anyhow::R
             }
         }
     }
-    producer.close().await?;
+    let closed = producer.close().await;
     let start = match first {
-        Some(ticket) => Some(ticket.wait().await?),
+        Some(ticket) => match ticket.wait().await {
+            Ok(seq) => Some(seq),
+            Err(error) => return Err(said_with_range(None, error)),
+        },
         None => None,
     };
+    if let Err(error) = closed {
+        return Err(said_with_range(start, error));
+    }
     let end = match last {
-        Some(ticket) => Some(ticket.wait().await? + 1),
+        Some(ticket) => Some(
+            ticket
+                .wait()
+                .await
+                .map_err(|error| said_with_range(start, error))?
+                + 1,
+        ),
         None => start.map(|s| s + 1),
     };
     let mut out = std::io::stdout().lock();
@@ -204,4 +219,42 @@ pub async fn run(client: &Client, args: AppendArgs, format: Format) -> anyhow::R
             Err(error.into())
         }
     }
+}
+
+/// The producer failed part-way: say how much of the input is in the stream, so that it can be
+/// sent again from the right record rather than whole (which would append the rest twice).
+async fn what_was_appended(
+    first: Option<AppendTicket>,
+    error: nova_client::Error,
+) -> anyhow::Error {
+    let start = match first {
+        Some(ticket) => ticket.wait().await.ok(),
+        None => None,
+    };
+    said_with_range(start, error)
+}
+
+fn said_with_range(start: Option<u64>, error: nova_client::Error) -> anyhow::Error {
+    let failed_at = match &error {
+        nova_client::Error::DeliveryTimeout { start_seq, .. } => Some(*start_seq),
+        _ => None,
+    };
+    let context = match (start, failed_at) {
+        (Some(start), Some(at)) if at >= start => format!(
+            "the first {} records of the input were appended ({start}..{at}); from record {} \
+             of the input on they were not{}",
+            at - start,
+            at - start + 1,
+            if error.is_outcome_unknown() {
+                ", or may not have been"
+            } else {
+                ""
+            }
+        ),
+        (None, Some(at)) => {
+            format!("none of the input was acknowledged (it was to start at seq {at})")
+        }
+        _ => return error.into(),
+    };
+    anyhow::Error::new(error).context(context)
 }

@@ -122,11 +122,12 @@ fn hint(error: &Error, server: &str) -> Option<String> {
     {
         return Some(if *outcome_unknown {
             "the batch may have landed: read the stream's tail (`nova stream describe`, \
-             `nova tail`) before sending it again, or it may be appended twice"
+             `nova tail`) before sending the rest of the input again, or part of it may be \
+             appended twice"
                 .to_owned()
         } else {
-            "nothing of the batch was appended; append it again once the cause is gone, or \
-             allow longer with --delivery-timeout"
+            "once the cause is gone, append the rest of the input again (not what was \
+             appended), or allow longer with --delivery-timeout"
                 .to_owned()
         });
     }
