@@ -574,6 +574,13 @@ mod tests {
         assert_eq!(config.max_record_bytes, ByteSize(1 << 20));
         assert_eq!(config.max_read_bytes, ByteSize(8 << 20));
         assert_eq!(config.max_read_records, 8192);
+        // The auditor's, as the spec gives them: 50 requests a second, 64 MiB a second
+        // assembled, 2 jobs at once, a 40 GiB fetch cache.
+        assert!(config.auditor);
+        assert_eq!(config.auditor_s3_budget, 50);
+        assert_eq!(config.auditor_rewrite_mib, 64);
+        assert_eq!(config.auditor_workers, 2);
+        assert_eq!(config.auditor_fetch_cache_mib, 40_960);
         assert!(config.check().is_ok());
         Config::command().debug_assert();
     }

@@ -346,3 +346,81 @@ async fn a_rebuilt_catalog_resumes_the_express_chain_behind_its_collected_slots(
         restored.log()
     );
 }
+
+/// The express buffer bounds Express batches from their acknowledgement until the regional
+/// store holds them: with the regional store hung, Express appends are still acknowledged at a
+/// zone quorum until the buffer is full, then wait for room (counted as waiters) instead of
+/// growing memory, and carry on once the regional store answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_express_buffer_blocks_appends_until_the_regional_store_holds_them() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use nova_testkit::{Fault, FaultProxy};
+
+    let regional = Moto::start();
+    regional.create_bucket("regional");
+    let proxy = FaultProxy::start(([127, 0, 0, 1], regional.port()).into());
+    let zones = Zones::start();
+    let novad = zones
+        .args(via_endpoint(novad(), &proxy.endpoint(), "regional"))
+        .args([
+            "--s3-request-timeout-ms",
+            "500",
+            "--s3-express-memory-buffer-mib",
+            "1",
+            "--max-batch-bytes",
+            "256KiB",
+            "--auditor",
+            "false",
+        ])
+        .start();
+    let client = client(&novad).await;
+    create_express(&client, "x").await;
+    proxy.set(Fault::Hang);
+
+    const BATCHES: u64 = 16;
+    let acked = Arc::new(AtomicU64::new(0));
+    let appending = {
+        let (client, acked) = (client.clone(), acked.clone());
+        tokio::spawn(async move {
+            let mut session = client.append_session().await.unwrap();
+            let mut sent = Vec::new();
+            for batch in 0..BATCHES {
+                let bodies: Vec<String> = (0..4)
+                    .map(|i| format!("{batch}-{i}-{}", "e".repeat(60 << 10)))
+                    .collect();
+                session
+                    .append("x", to_records(&bodies), None)
+                    .await
+                    .expect("acknowledged once there is room");
+                acked.fetch_add(1, Ordering::Relaxed);
+                sent.extend(bodies);
+            }
+            sent
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let before = acked.load(Ordering::Relaxed);
+    assert!(
+        (1..BATCHES).contains(&before),
+        "acknowledged at quorum until the 1 MiB buffer filled, then blocked: {before} of {BATCHES}"
+    );
+    let waiters = novad.metric("nova_express_buffer_waiters").unwrap_or(0.0);
+    assert!(
+        waiters >= 1.0,
+        "the blocked append waits for room: {waiters}"
+    );
+    let used = novad.metric("nova_express_buffer_used_bytes").unwrap();
+    let capacity = novad.metric("nova_express_buffer_capacity_bytes").unwrap();
+    assert_eq!(capacity, (1 << 20) as f64);
+    // A batch charged more than the room left is admitted alone (clamped to the buffer).
+    assert!(used <= capacity, "the buffer holds {used} of {capacity}");
+
+    proxy.set(Fault::Pass);
+    let sent = tokio::time::timeout(Duration::from_secs(120), appending)
+        .await
+        .expect("appends carry on once the regional store answers")
+        .unwrap();
+    assert_eq!(read_all(&client, "x").await, sent);
+}

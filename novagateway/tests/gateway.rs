@@ -476,3 +476,34 @@ fn the_gateway_exports_its_metrics_and_stops_cleanly_on_sigterm() {
     );
     assert!(gateway.log().contains("novagateway stopped cleanly"));
 }
+
+/// The footer cache holds no more than `--footer-cache-bytes`: with room for a few footers
+/// only, reading the whole history twice decodes footers again the second time (they were
+/// evicted), every record still arrives, and the cache's weight stays at its capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_footer_cache_evicts_at_its_capacity() {
+    let c = cluster(&["--footer-cache-bytes", "512"]);
+    let tail = fill(&c.star, "s", 40, 50, 1024).await;
+    let star = Client::connect(&c.star.url()).await.unwrap();
+    let expected = read_range(&star, "s", 0, tail).await;
+    let gateway = &c.gateways[0];
+    let via = Client::connect(&gateway.url()).await.unwrap();
+    assert!(read_range(&via, "s", 0, tail).await == expected);
+    let misses = metric(gateway, "nova_gateway_footer_cache_misses_total");
+    assert!(misses > 1.0, "footers were read: {misses}");
+    assert!(read_range(&via, "s", 0, tail).await == expected);
+    let again = metric(gateway, "nova_gateway_footer_cache_misses_total");
+    assert!(
+        again > misses,
+        "a second pass found footers evicted and read them again ({misses} then {again}; \
+         the cache weighs {})",
+        metric(gateway, "nova_gateway_footer_cache_used_bytes")
+    );
+    assert_eq!(
+        metric(gateway, "nova_gateway_footer_cache_capacity_bytes"),
+        512.0
+    );
+    let used = metric(gateway, "nova_gateway_footer_cache_used_bytes");
+    // moka settles its weight lazily: at most one footer over, momentarily.
+    assert!(used <= 2.0 * 512.0, "footer cache weighs {used}");
+}
