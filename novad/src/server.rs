@@ -380,6 +380,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             security.tokens.clone(),
             &security_metrics,
         ))
+        // A read's charge is held until its response is sent.
+        .layer(nova_core::net::hold::HoldLayer)
         // Appends are charged from their length prefix, before tonic buffers them.
         .layer(ChargeLayer::new(
             star.admission().clone(),

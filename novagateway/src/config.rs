@@ -138,6 +138,13 @@ pub struct Config {
     #[arg(long, env = "NOVA_MAX_READ_RECORDS", default_value_t = limits::MAX_READ_RECORDS, help_heading = "Budgets")]
     pub max_read_records: u32,
 
+    /// Reads in progress at once, from their arrival until their response is sent (those
+    /// forwarded to the star and waiting at a stream's tail included). A read past the cap is
+    /// refused at once with RESOURCE_EXHAUSTED naming the flag and a retry hint; reads in
+    /// progress are never cut.
+    #[arg(long, env = "NOVA_GATEWAY_MAX_READS", default_value_t = crate::read::MAX_READS, help_heading = "Budgets")]
+    pub max_reads: u32,
+
     // ---- peers ----------------------------------------------------------------------------
     /// How long a fetch from a peer may take before the peer is taken for dead.
     #[arg(long, env = "NOVA_GATEWAY_PEER_TIMEOUT_MS", default_value_t = 2000)]

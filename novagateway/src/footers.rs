@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use moka::future::Cache;
 
+use nova_core::budget::Budget;
 use nova_core::flight::{
-    FetchError, FlightFooter, FormatError, ObjectFooter, SectionEntry, fetch_footer,
+    FetchError, FlightFooter, FormatError, ObjectFooter, SUGGESTED_TAIL_READ, SectionEntry,
+    fetch_footer,
 };
 use nova_core::object_store::ObjectStore;
 
@@ -18,7 +20,13 @@ pub struct Footers {
     cache: Cache<String, Arc<FlightFooter>>,
     store: Arc<dyn ObjectStore>,
     metrics: GatewayMetrics,
+    /// The fetch pool: a footer being fetched and decoded is charged to it.
+    pool: Budget,
 }
+
+/// What a footer fetch is charged while it runs: the 64 KiB tail read and the footer decoded
+/// from it. (A footer longer than the tail read, rare, is read whole in a second request.)
+pub const FOOTER_FETCH_CHARGE: u64 = 2 * SUGGESTED_TAIL_READ;
 
 /// What a decoded footer occupies in memory.
 fn weight(footer: &FlightFooter) -> u32 {
@@ -32,7 +40,12 @@ fn weight(footer: &FlightFooter) -> u32 {
 }
 
 impl Footers {
-    pub fn new(capacity: u64, store: Arc<dyn ObjectStore>, metrics: GatewayMetrics) -> Self {
+    pub fn new(
+        capacity: u64,
+        store: Arc<dyn ObjectStore>,
+        metrics: GatewayMetrics,
+        pool: Budget,
+    ) -> Self {
         metrics.footer_cache_capacity.set(capacity as i64);
         let cache = Cache::builder()
             .max_capacity(capacity)
@@ -42,17 +55,20 @@ impl Footers {
             cache,
             store,
             metrics,
+            pool,
         }
     }
 
     /// The footer of the flight at `key`.
     pub async fn get(&self, key: &str) -> Result<Arc<FlightFooter>, Arc<FetchError>> {
         let store = self.store.clone();
+        let pool = self.pool.clone();
         let owned = key.to_owned();
         let entry = self
             .cache
             .entry(owned.clone())
             .or_try_insert_with(async move {
+                let _charge = pool.acquire(FOOTER_FETCH_CHARGE).await;
                 match fetch_footer(store.as_ref(), &owned).await? {
                     ObjectFooter::Flight(footer) => Ok(Arc::new(footer)),
                     ObjectFooter::Fence(_) => Err(FetchError::Format {
@@ -66,6 +82,9 @@ impl Footers {
             .await?;
         if entry.is_fresh() {
             self.metrics.footer_cache_misses.inc();
+            // moka applies evictions (and its weight) in batches, later; settle them now, at
+            // the cost of a fetch anyway, so the cache is at its capacity when the gauge says.
+            self.cache.run_pending_tasks().await;
         } else {
             self.metrics.footer_cache_hits.inc();
         }

@@ -2,6 +2,7 @@
 
 mod config;
 mod footers;
+mod formula;
 mod health;
 mod metrics;
 mod read;

@@ -45,6 +45,15 @@ pub struct GatewayMetrics {
     pub star_reachable: IntGauge,
     /// 1 while both answer: the gateway can serve history and the tail.
     pub ready: IntGauge,
+    /// New reads refused at a cap, by cap.
+    pub sheds: IntCounterVec,
+    /// Reads in progress, and how many may be (`--max-reads`).
+    pub reads_in_progress: IntGauge,
+    pub reads_capacity: IntGauge,
+    /// The gateway's memory formula by term, its ceiling, and their ratio.
+    pub formula: IntGaugeVec,
+    pub ceiling: IntGauge,
+    pub saturation: prometheus::Gauge,
     /// Resident memory, CPU and the allocator's figures, under the star's names.
     pub process: nova_core::metrics::ProcessMetrics,
 }
@@ -79,12 +88,19 @@ impl GatewayMetrics {
             store_reachable: gauge(&r, "nova_gateway_store_reachable", "1 while the object store answers the gateway's probes (every 5 s)."),
             star_reachable: gauge(&r, "nova_gateway_star_reachable", "1 while the star (--star) answers the gateway's probes (every 5 s)."),
             ready: gauge(&r, "nova_gateway_ready", "1 while the gateway's object store and star both answer."),
+            sheds: counter_vec(&r, "nova_gateway_sheds_total", "New reads refused with RESOURCE_EXHAUSTED, by the cap that refused them.", &["cap"]),
+            reads_in_progress: gauge(&r, "nova_gateway_reads", "Reads in progress, from arrival until their response is sent."),
+            reads_capacity: gauge(&r, "nova_gateway_reads_capacity", "Reads in progress allowed at once (--max-reads)."),
+            formula: register(&r, IntGaugeVec::new(Opts::new("nova_gateway_memory_formula_bytes", "Terms of the gateway's memory formula: fetch_pool, footer_cache, object_cache, reads (--max-reads × per-read state), fixed."), &["term"]).expect("valid metric")),
+            ceiling: gauge(&r, "nova_gateway_memory_ceiling_bytes", "The memory the gateway may use: its cgroup's limit, else 60% of physical memory."),
+            saturation: register(&r, prometheus::Gauge::new("nova_gateway_memory_saturation_ratio", "The memory formula divided by the ceiling.").expect("valid metric")),
             process: nova_core::metrics::ProcessMetrics::register(&r),
             registry: r,
         };
         for route in ["owner", "peer", "spilled", "direct"] {
             metrics.fetches.with_label_values(&[route]);
         }
+        metrics.sheds.with_label_values(&["max_reads"]);
         for source in ["history", "star"] {
             metrics.reads.with_label_values(&[source]);
         }

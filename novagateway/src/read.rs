@@ -13,17 +13,20 @@
 //! object gone: it asks the star for fresh refs and starts again, up to `STALE_REF_RETRIES`
 //! times, so a consumer never sees the move.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
-use nova_core::budget::Budget;
+use nova_core::budget::{Budget, BudgetPermit};
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, SectionEntry, verify_section};
 use nova_core::limits::COLD_READ_REFS;
 use nova_core::object_store::StoreError;
+use nova_core::shed::ShedLog;
 use nova_proto::RequestError;
 use nova_proto::route::Router;
 use nova_proto::v1;
@@ -32,6 +35,7 @@ use nova_proto::validate::read_caps;
 use crate::footers::Footers;
 use crate::metrics::GatewayMetrics;
 use crate::tier::Tier;
+use nova_core::net::hold::Hold;
 
 pub struct Reader {
     /// The star(s): requests about a stream go to its leader, following redirects.
@@ -42,7 +46,23 @@ pub struct Reader {
     pub metrics: GatewayMetrics,
     pub max_read_bytes: u64,
     pub max_read_records: u32,
+    /// Places for reads in progress (`--max-reads`).
+    pub reads: Arc<Semaphore>,
+    pub max_reads: u32,
+    /// Throttles the shed log to a line a second.
+    pub sheds: Arc<ShedLog>,
 }
+
+/// `--max-reads`' default.
+pub const MAX_READS: u32 = 1024;
+
+/// What a read holds outside the fetch pool while in progress, for the memory formula: its
+/// task and request, the refs and footers it looks at, the page's bookkeeping (records are in
+/// the pool's share), its HTTP/2 stream.
+pub const PER_READ_BYTES: u64 = 64 * 1024;
+
+/// The retry hint of a read shed at `--max-reads`.
+const SHED_RETRY_AFTER: Duration = Duration::from_millis(500);
 
 /// How often one read asks for fresh refs after finding an object gone.
 const STALE_REF_RETRIES: u32 = 3;
@@ -67,12 +87,44 @@ fn fetch_failure(err: impl std::ops::Deref<Target = FetchError>) -> Failure {
     }
 }
 
+/// What a read in progress holds until its response is sent: its place under `--max-reads`,
+/// and its share of the fetch pool (a history read's).
+struct ReadHolds {
+    _place: OwnedSemaphorePermit,
+    _pool: Option<BudgetPermit>,
+    gauge: prometheus::IntGauge,
+}
+
+impl Drop for ReadHolds {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
 impl Reader {
-    pub async fn read(&self, request: v1::ReadRequest) -> Result<v1::ReadResponse, Status> {
+    /// Serves a read, or sheds it at `--max-reads`. The [`Hold`] keeps its place and its pool
+    /// share until the response is sent.
+    pub async fn read(
+        &self,
+        request: v1::ReadRequest,
+        peer: Option<SocketAddr>,
+    ) -> Result<(v1::ReadResponse, Hold), Status> {
+        let Ok(place) = self.reads.clone().try_acquire_owned() else {
+            return Err(self.shed(&request.stream, peer));
+        };
+        self.metrics.reads_in_progress.inc();
+        let mut holds = ReadHolds {
+            _place: place,
+            _pool: None,
+            gauge: self.metrics.reads_in_progress.clone(),
+        };
         let mut stale = 0;
         loop {
             match self.read_once(&request).await {
-                Ok(response) => return Ok(response),
+                Ok((response, pool)) => {
+                    holds._pool = pool;
+                    return Ok((response, Hold::new(holds)));
+                }
                 Err(Failure::Status(status)) => return Err(status),
                 Err(Failure::Stale(key)) if stale < STALE_REF_RETRIES => {
                     stale += 1;
@@ -86,7 +138,31 @@ impl Reader {
         }
     }
 
-    async fn read_once(&self, request: &v1::ReadRequest) -> Result<v1::ReadResponse, Failure> {
+    /// A read past `--max-reads`: counted, logged (a line a second), refused with a hint.
+    fn shed(&self, stream: &str, peer: Option<SocketAddr>) -> Status {
+        self.metrics.sheds.with_label_values(&["max_reads"]).inc();
+        let refusal = RequestError::CapReached {
+            cap: "--max-reads",
+            limit: self.max_reads as u64,
+            what: "every read place of this gateway is taken; reads in progress are never cut",
+            retry_after: SHED_RETRY_AFTER,
+        };
+        if let Some(unlogged) = self.sheds.admit("max_reads") {
+            tracing::warn!(
+                cap = "max_reads",
+                stream,
+                peer = %nova_core::top::peer_key(peer),
+                unlogged_since_last = unlogged,
+                "shed new work: {refusal}"
+            );
+        }
+        refusal.into()
+    }
+
+    async fn read_once(
+        &self,
+        request: &v1::ReadRequest,
+    ) -> Result<(v1::ReadResponse, Option<BudgetPermit>), Failure> {
         let refs = self
             .star
             .call(&request.stream, |mut star| async move {
@@ -113,7 +189,7 @@ impl Reader {
                     star.read(request.clone()).await
                 })
                 .await?;
-            return Ok(page.into_inner());
+            return Ok((page.into_inner(), None));
         }
         self.metrics.reads.with_label_values(&["history"]).inc();
         let (max_records, max_bytes) =
@@ -153,9 +229,10 @@ impl Reader {
             }
         }
 
-        // The whole response's share of the fetch pool, taken at once.
+        // The whole response's share of the fetch pool, taken at once, and held until the
+        // response is sent: the sections fetched, and the encoded response built from them.
         let waited = Instant::now();
-        let _permit = self.pool.acquire(planned).await;
+        let permit = self.pool.acquire(2 * planned).await;
         let in_use = self.pool.in_use() as i64;
         if in_use > self.metrics.fetch_pool_peak.get() {
             self.metrics.fetch_pool_peak.set(in_use);
@@ -203,10 +280,13 @@ impl Reader {
                 .unwrap_or(records.len());
             records.drain(..first);
         }
-        Ok(v1::ReadResponse {
-            records: records.into_iter().map(Into::into).collect(),
-            next_seq: page.next_seq,
-            tail_seq: refs.tail_seq,
-        })
+        Ok((
+            v1::ReadResponse {
+                records: records.into_iter().map(Into::into).collect(),
+                next_seq: page.next_seq,
+                tail_seq: refs.tail_seq,
+            },
+            Some(permit),
+        ))
     }
 }

@@ -101,18 +101,29 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         )
         .context("a --peers entry is not a URL")?,
     );
+    let pool = Budget::new(
+        config.fetch_inflight,
+        metrics.fetch_pool.clone(),
+        Clock::system(),
+    );
+    metrics.reads_capacity.set(config.max_reads as i64);
+    crate::formula::export(&config, &metrics);
     let reader = Arc::new(Reader {
         star,
-        footers: Footers::new(config.footer_cache_bytes, store.clone(), metrics.clone()),
-        tier: tier.clone(),
-        pool: Budget::new(
-            config.fetch_inflight,
-            metrics.fetch_pool.clone(),
-            Clock::system(),
+        footers: Footers::new(
+            config.footer_cache_bytes,
+            store.clone(),
+            metrics.clone(),
+            pool.clone(),
         ),
+        tier: tier.clone(),
+        pool: pool.clone(),
         metrics: metrics.clone(),
         max_read_bytes: config.max_read_bytes,
         max_read_records: config.max_read_records,
+        reads: Arc::new(tokio::sync::Semaphore::new(config.max_reads.max(1) as usize)),
+        max_reads: config.max_reads,
+        sheds: Arc::new(nova_core::shed::ShedLog::new(Clock::system())),
     });
 
     let stopping = CancellationToken::new();
@@ -172,6 +183,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let peer = GatewayPeerServer::new(PeerService {
         tier,
         access: nova_core::net::Access::new(&security_metrics),
+        pool,
     })
     .max_encoding_message_size(usize::MAX);
     security.spawn_reloads(&stopping);
@@ -190,6 +202,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             security.tokens.clone(),
             &security_metrics,
         ))
+        .layer(nova_core::net::hold::HoldLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

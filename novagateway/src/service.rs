@@ -107,11 +107,16 @@ impl Nova for GatewayService {
         request: Request<v1::ReadRequest>,
     ) -> Result<Response<v1::ReadResponse>, Status> {
         let principal = nova_core::net::principal(&request);
+        let peer = request.remote_addr();
         let request = request.into_inner();
         self.access
             .check(principal.as_deref(), Scope::Read, &request.stream)?;
-        match self.reader.read(request.clone()).await {
-            Ok(response) => Ok(Response::new(response)),
+        match self.reader.read(request.clone(), peer).await {
+            Ok((response, hold)) => {
+                let mut response = Response::new(response);
+                response.extensions_mut().insert(hold);
+                Ok(response)
+            }
             Err(status) => {
                 self.count_read_error(&request, &status);
                 Err(status)
@@ -217,6 +222,8 @@ impl Nova for GatewayService {
 pub struct PeerService {
     pub tier: Arc<Tier>,
     pub access: nova_core::net::Access,
+    /// The fetch pool, which a range served to a peer is charged to like a read's sections.
+    pub pool: nova_core::budget::Budget,
 }
 
 /// The largest range a peer serves: a section (sections are capped at 1 MiB unless a single
@@ -241,6 +248,20 @@ impl GatewayPeer for PeerService {
             ))
             .into());
         }
+        // The range fetched (or cached) and its encoded copy in the response, held until the
+        // response is sent. Taken only if there is room now: the asking gateway holds its own
+        // pool while it waits for this, so waiting here could deadlock two gateways whose
+        // pools are full of reads of each other's objects. Refused, it fetches the range from
+        // the object store itself.
+        let Some(charge) = self.pool.try_acquire(2 * request.len) else {
+            return Err(RequestError::CapReached {
+                cap: "--fetch-inflight",
+                limit: self.pool.capacity(),
+                what: "this gateway's fetch pool is full; fetch the range from the object store",
+                retry_after: std::time::Duration::from_millis(100),
+            }
+            .into());
+        };
         let data = self
             .tier
             .serve_owned(&request.object_key, request.offset, request.len)
@@ -251,6 +272,10 @@ impl GatewayPeer for PeerService {
                 }
                 other => Status::from(RequestError::Unavailable(other.to_string())),
             })?;
-        Ok(Response::new(v1::FetchRangeResponse { data }))
+        let mut response = Response::new(v1::FetchRangeResponse { data });
+        response
+            .extensions_mut()
+            .insert(nova_core::net::hold::Hold::new(charge));
+        Ok(response)
     }
 }

@@ -285,6 +285,11 @@ impl Tier {
                             key: key.to_owned(),
                         })
                     }
+                    // The owner's fetch pool is full: it is alive, just busy.
+                    Ok(Err(status)) if status.code() == tonic::Code::ResourceExhausted => {
+                        self.metrics.fetches.with_label_values(&["direct"]).inc();
+                        self.direct(key, offset, len).await
+                    }
                     failed => {
                         let why = match failed {
                             Ok(Err(status)) => status.to_string(),

@@ -406,15 +406,7 @@ async fn a_gateway_beside_a_star_on_the_embedded_default() {
     let star = NovadBuilder::new(workspace_binary("novad"))
         .args(["--tail-window-cache-mib", "1"])
         .start();
-    let store_dir = star.data_dir().join("store");
-    let gateway = NovadBuilder::gateway(workspace_binary("novagateway"))
-        .args([
-            "--star",
-            &star.url(),
-            "--store-dir",
-            store_dir.to_str().unwrap(),
-        ])
-        .start();
+    let gateway = NovadBuilder::gateway_beside(workspace_binary("novagateway"), &star).start();
     let tail = fill(&star, "local", 30, 100, 1024).await;
     let expected = read_range(
         &Client::connect(&star.url()).await.unwrap(),
@@ -496,8 +488,10 @@ async fn the_footer_cache_evicts_at_its_capacity() {
     assert!(
         again > misses,
         "a second pass found footers evicted and read them again ({misses} then {again}; \
-         the cache weighs {})",
-        metric(gateway, "nova_gateway_footer_cache_used_bytes")
+         the cache weighs {}; hits {}, history reads {})",
+        metric(gateway, "nova_gateway_footer_cache_used_bytes"),
+        metric(gateway, "nova_gateway_footer_cache_hits_total"),
+        metric(gateway, "nova_gateway_reads_total{source=\"history\"}")
     );
     assert_eq!(
         metric(gateway, "nova_gateway_footer_cache_capacity_bytes"),
@@ -506,4 +500,53 @@ async fn the_footer_cache_evicts_at_its_capacity() {
     let used = metric(gateway, "nova_gateway_footer_cache_used_bytes");
     // moka settles its weight lazily: at most one footer over, momentarily.
     assert!(used <= 2.0 * 512.0, "footer cache weighs {used}");
+}
+
+/// Reads past `--max-reads` are shed at once with RESOURCE_EXHAUSTED naming the flag and a
+/// retry hint, counted and logged; the read in progress (here one waiting at the tail on the
+/// star) is not cut, and once it ends its place is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_past_the_cap_are_shed_with_a_hint() {
+    let star = NovadBuilder::new(workspace_binary("novad")).start();
+    let gateway = NovadBuilder::gateway_beside(workspace_binary("novagateway"), &star)
+        .args(["--max-reads", "1"])
+        .start();
+    let tail = fill(&star, "capped", 1, 10, 100).await;
+    let via = Client::connect(&gateway.url()).await.unwrap();
+    let waiting = {
+        let via = via.clone();
+        tokio::spawn(async move {
+            let options = nova_client::ReadOptions {
+                wait: Duration::from_secs(3),
+                ..Default::default()
+            };
+            via.read_with("capped", tail, options).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    match via.read("capped", 0, 0).await {
+        Err(error) => {
+            assert_eq!(error.code(), Some(Code::ResourceExhausted), "{error}");
+            assert!(error.to_string().contains("--max-reads"), "{error}");
+            assert!(error.retry_after().is_some(), "a retry hint: {error}");
+        }
+        Ok(_) => panic!("a second read passed --max-reads 1"),
+    }
+    assert_eq!(
+        metric(&gateway, "nova_gateway_sheds_total{cap=\"max_reads\"}"),
+        1.0
+    );
+    assert_eq!(metric(&gateway, "nova_gateway_reads_capacity"), 1.0);
+    assert!(
+        gateway
+            .log()
+            .contains("shed new work: --max-reads reached (1)"),
+        "the shed is logged"
+    );
+    let page = waiting
+        .await
+        .unwrap()
+        .expect("the waiting read was not cut");
+    assert!(page.records.is_empty());
+    assert_eq!(via.read("capped", 0, 0).await.unwrap().records.len(), 10);
 }

@@ -120,38 +120,7 @@ impl ColdReaders {
                 let stream = format!("cold-{}", r % self.streams);
                 let (pages, page_bytes) = (self.pages, self.page_bytes);
                 tokio::spawn(async move {
-                    let mut next = 0;
-                    let mut bytes = 0u64;
-                    // Pages of up to `page_bytes`: under the read budget a page may come back
-                    // smaller, so a reader reads on until it has what `pages` full ones hold.
-                    while bytes < pages as u64 * page_bytes {
-                        let page = loop {
-                            let options = ReadOptions {
-                                max_bytes: page_bytes,
-                                ..ReadOptions::default()
-                            };
-                            match client.read_with(&stream, next, options).await {
-                                Ok(page) => break page,
-                                // A subscription shed: come back after the hint.
-                                Err(error) if error.is_retryable() => {
-                                    let wait =
-                                        error.retry_after().unwrap_or(Duration::from_millis(50));
-                                    tokio::time::sleep(wait).await;
-                                }
-                                Err(error) => panic!("read {stream}: {error}"),
-                            }
-                        };
-                        bytes += page
-                            .records
-                            .iter()
-                            .map(|r| r.record.body.len() as u64)
-                            .sum::<u64>();
-                        next = page.next_seq;
-                        if next >= page.tail_seq {
-                            break;
-                        }
-                    }
-                    bytes
+                    read_pages(&client, &stream, pages as u64 * page_bytes, page_bytes).await
                 })
             })
             .collect();
@@ -181,4 +150,37 @@ impl ColdReaders {
         }
         report
     }
+}
+
+/// Reads `stream` from its start in pages of up to `page_bytes` until `want` content bytes have
+/// arrived or the tail is reached, waiting out each retryable refusal (a shed) for its hint;
+/// returns the content bytes read. Under a read budget a page may come back smaller than asked.
+pub async fn read_pages(client: &Client, stream: &str, want: u64, page_bytes: u64) -> u64 {
+    let mut next = 0;
+    let mut bytes = 0u64;
+    while bytes < want {
+        let options = ReadOptions {
+            max_bytes: page_bytes,
+            ..ReadOptions::default()
+        };
+        let page = match client.read_with(stream, next, options).await {
+            Ok(page) => page,
+            Err(error) if error.is_retryable() => {
+                let wait = error.retry_after().unwrap_or(Duration::from_millis(50));
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            Err(error) => panic!("read {stream}: {error}"),
+        };
+        bytes += page
+            .records
+            .iter()
+            .map(|r| r.record.body.len() as u64)
+            .sum::<u64>();
+        next = page.next_seq;
+        if next >= page.tail_seq {
+            break;
+        }
+    }
+    bytes
 }

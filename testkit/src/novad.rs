@@ -46,6 +46,18 @@ impl NovadBuilder {
         }
     }
 
+    /// A gateway for `star` on the embedded default: it reads the star's local object-store
+    /// directory.
+    pub fn gateway_beside(binary: impl Into<PathBuf>, star: &Novad) -> Self {
+        let store_dir = star.data_dir().join("store");
+        Self::gateway(binary).args([
+            "--star".to_owned(),
+            star.url(),
+            "--store-dir".to_owned(),
+            store_dir.display().to_string(),
+        ])
+    }
+
     /// Listens on this port instead of a free one picked at start (to name it to peers first).
     pub fn port(mut self, port: u16) -> Self {
         self.port = Some(port);

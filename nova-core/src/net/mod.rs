@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod conn;
+pub mod hold;
 pub mod tls;
 
 use std::net::SocketAddr;

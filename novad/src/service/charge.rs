@@ -25,14 +25,11 @@ use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use parking_lot::Mutex;
 
-use nova_chain::ReadCharge;
 use nova_chain::admission::{AdmissionBuffer, Admitted, received_charge_within};
 use nova_proto::RequestError;
 
 /// The gRPC path whose requests are charged.
 const APPEND_PATH: &str = "/nova.v1.Nova/Append";
-/// The gRPC path whose responses hold a read charge.
-const READ_PATH: &str = "/nova.v1.Nova/Read";
 const PREFIX_LEN: usize = 5;
 /// The largest message any other call may send: reads and admin calls are small, and their
 /// bodies are not charged, so a large one is refused before it is buffered.
@@ -362,54 +359,8 @@ fn ended_inside_a_message() -> RequestError {
     )
 }
 
-/// A page's share of the read budget, handed out of the read handler in the response's
-/// extensions; released once the response body is sent, or dropped.
-#[derive(Clone, Debug)]
-pub struct ReadHold {
-    /// Held for its release on drop.
-    _charge: Arc<ReadCharge>,
-}
-
-impl ReadHold {
-    pub fn new(charge: ReadCharge) -> Self {
-        Self {
-            _charge: Arc::new(charge),
-        }
-    }
-}
-
-/// A response body that releases its read charge when it ends.
-struct HeldBody {
-    inner: tonic::body::Body,
-    hold: Option<ReadHold>,
-}
-
-impl HttpBody for HeldBody {
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        if frame.is_none() {
-            self.hold = None;
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// Wraps `Append` request bodies in a charging `ChargedBody`, other requests in a limiting one,
-/// and `Read` response bodies in `HeldBody`.
+/// Wraps `Append` request bodies in a charging `ChargedBody`, other requests in a limiting one.
+/// (A `Read`'s charge is held until its response is sent by `nova_core::net::hold`.)
 #[derive(Clone)]
 pub struct ChargeLayer {
     admission: AdmissionBuffer,
@@ -472,21 +423,8 @@ where
         } else {
             Mode::Limit
         };
-        let path = parts.uri.path().to_owned();
         let body = tonic::body::Body::new(ChargedBody::new(body, mode));
-        let request = http::Request::from_parts(parts, body);
-        match path.as_str() {
-            READ_PATH => {
-                let response = self.inner.call(request);
-                Box::pin(async move {
-                    let (mut parts, body) = response.await?.into_parts();
-                    let hold = parts.extensions.remove::<ReadHold>();
-                    let body = tonic::body::Body::new(HeldBody { inner: body, hold });
-                    Ok(http::Response::from_parts(parts, body))
-                })
-            }
-            _ => Box::pin(self.inner.call(request)),
-        }
+        Box::pin(self.inner.call(http::Request::from_parts(parts, body)))
     }
 }
 

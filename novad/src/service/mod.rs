@@ -257,7 +257,7 @@ impl Nova for NovaService {
         // The page's read charge stays held until the response is sent (charge.rs).
         response
             .extensions_mut()
-            .insert(charge::ReadHold::new(page.charge));
+            .insert(nova_core::net::hold::Hold::new(page.charge));
         Ok(response)
     }
 

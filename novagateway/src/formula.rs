@@ -1,0 +1,51 @@
+//! The gateway's memory formula: what its budgets let it hold, exported term by term beside
+//! its ceiling, as the star's is.
+//!
+//! ```text
+//! fetch pool + footer cache + object cache + --max-reads × per-read state + fixed overhead
+//! ```
+//!
+//! The fetch pool bounds every byte a read, a footer fetch or a range served to a peer holds
+//! from its fetch until its response is sent; the caches are bounded by their capacities; each
+//! read in progress adds its own state outside the pool (`PER_READ_BYTES`). The fixed overhead
+//! is the star's 48 MiB base (binary, runtime, connection pools, allocator slack).
+
+use nova_core::formula::FIXED_OVERHEAD;
+use nova_core::memory::detect_ceiling;
+
+use crate::config::Config;
+use crate::metrics::GatewayMetrics;
+use crate::read::PER_READ_BYTES;
+
+/// The formula's terms, in bytes.
+pub fn terms(config: &Config) -> [(&'static str, u64); 5] {
+    [
+        ("fetch_pool", config.fetch_inflight),
+        ("footer_cache", config.footer_cache_bytes),
+        ("object_cache", config.object_cache_bytes),
+        ("reads", config.max_reads as u64 * PER_READ_BYTES),
+        ("fixed", FIXED_OVERHEAD),
+    ]
+}
+
+/// Exports the formula, the ceiling and the saturation, and warns when the formula does not fit.
+pub fn export(config: &Config, metrics: &GatewayMetrics) {
+    let ceiling = detect_ceiling(None);
+    let mut total = 0;
+    for (term, bytes) in terms(config) {
+        metrics.formula.with_label_values(&[term]).set(bytes as i64);
+        total += bytes;
+    }
+    metrics.ceiling.set(ceiling.bytes as i64);
+    let saturation = total as f64 / ceiling.bytes.max(1) as f64;
+    metrics.saturation.set(saturation);
+    if total > ceiling.bytes {
+        tracing::warn!(
+            formula = %nova_proto::units::human_bytes(total),
+            ceiling = %nova_proto::units::human_bytes(ceiling.bytes),
+            ceiling_source = %ceiling.source,
+            "the gateway's budgets (--fetch-inflight, --footer-cache-bytes, --object-cache-bytes, \
+             --max-reads) do not fit under its memory ceiling"
+        );
+    }
+}
