@@ -234,6 +234,9 @@ impl Config {
     }
 
     pub fn check(&self) -> Result<(), String> {
+        if self.max_reads == 0 {
+            return Err("--max-reads must be at least 1".into());
+        }
         // Peers are called with the upstream token: never in plain text when the gateway's
         // calls to its star are encrypted.
         let me = self.advertise();

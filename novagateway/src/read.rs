@@ -61,6 +61,11 @@ pub const MAX_READS: u32 = 1024;
 /// the pool's share), its HTTP/2 stream.
 pub const PER_READ_BYTES: u64 = 64 * 1024;
 
+/// What each record of a page costs beyond its bytes while the response is built (its
+/// decoded form and its message in the response), charged with the sections (as the star
+/// charges 192 bytes a record).
+const PER_RECORD_BYTES: u64 = 192;
+
 /// The retry hint of a read shed at `--max-reads`.
 const SHED_RETRY_AFTER: Duration = Duration::from_millis(500);
 
@@ -181,19 +186,32 @@ impl Reader {
             .refs
             .first()
             .map_or(request.start_seq, |r| r.start_seq.max(request.start_seq));
-        if start_seq >= refs.hot_from_seq || refs.refs.is_empty() {
-            self.metrics.reads.with_label_values(&["star"]).inc();
-            let page = self
-                .star
-                .call(&request.stream, |mut star| async move {
-                    star.read(request.clone()).await
-                })
-                .await?;
-            return Ok((page.into_inner(), None));
-        }
-        self.metrics.reads.with_label_values(&["history"]).inc();
         let (max_records, max_bytes) =
             read_caps(request, self.max_read_records, self.max_read_bytes);
+        if start_seq >= refs.hot_from_seq || refs.refs.is_empty() {
+            self.metrics.reads.with_label_values(&["star"]).inc();
+            // Within the gateway's own caps, and charged to the pool once it arrives (the
+            // decoded page and its encoded copy), held until it is sent like a history page.
+            let forwarded = v1::ReadRequest {
+                max_records,
+                max_bytes,
+                ..request.clone()
+            };
+            let page = self
+                .star
+                .call(&request.stream, |mut star| {
+                    let forwarded = forwarded.clone();
+                    async move { star.read(forwarded).await }
+                })
+                .await?
+                .into_inner();
+            let charge = self
+                .pool
+                .acquire(2 * prost::Message::encoded_len(&page) as u64)
+                .await;
+            return Ok((page, Some(charge)));
+        }
+        self.metrics.reads.with_label_values(&["history"]).inc();
 
         // Where each ref's section is, from the footers.
         let footers =
@@ -201,6 +219,7 @@ impl Reader {
                 .await;
         let mut plan: Vec<(String, SectionEntry)> = Vec::new();
         let mut planned = 0u64;
+        let mut records = 0u64;
         for (object_ref, footer) in refs.refs.iter().zip(footers) {
             let footer = footer.map_err(fetch_failure)?;
             let section = footer
@@ -222,6 +241,7 @@ impl Reader {
                     )))
                 })?;
             planned += section.len;
+            records += section.end_seq - section.start_seq;
             plan.push((object_ref.object_key.clone(), section));
             // Enough sections to fill the page's byte budget; more would only be thrown away.
             if planned >= max_bytes {
@@ -232,7 +252,11 @@ impl Reader {
         // The whole response's share of the fetch pool, taken at once, and held until the
         // response is sent: the sections fetched, and the encoded response built from them.
         let waited = Instant::now();
-        let permit = self.pool.acquire(2 * planned).await;
+        let records = records.min(max_records as u64);
+        let permit = self
+            .pool
+            .acquire(2 * planned + records * PER_RECORD_BYTES)
+            .await;
         let in_use = self.pool.in_use() as i64;
         if in_use > self.metrics.fetch_pool_peak.get() {
             self.metrics.fetch_pool_peak.set(in_use);

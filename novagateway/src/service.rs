@@ -226,6 +226,9 @@ pub struct PeerService {
     pub pool: nova_core::budget::Budget,
 }
 
+/// How long a range served to a peer may wait for room in the fetch pool.
+const PEER_CHARGE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The largest range a peer serves: a section (sections are capped at 1 MiB unless a single
 /// record is larger, and records are capped at the star's --max-record-bytes).
 pub const MAX_PEER_RANGE: u64 = 128 << 20;
@@ -249,11 +252,13 @@ impl GatewayPeer for PeerService {
             .into());
         }
         // The range fetched (or cached) and its encoded copy in the response, held until the
-        // response is sent. Taken only if there is room now: the asking gateway holds its own
-        // pool while it waits for this, so waiting here could deadlock two gateways whose
-        // pools are full of reads of each other's objects. Refused, it fetches the range from
-        // the object store itself.
-        let Some(charge) = self.pool.try_acquire(2 * request.len) else {
+        // response is sent. The wait for room is short: the asking gateway holds its own pool
+        // while it waits for this, so waiting long could deadlock two gateways whose pools are
+        // full of reads of each other's objects. Refused, it fetches the range from the object
+        // store itself.
+        let Ok(charge) =
+            tokio::time::timeout(PEER_CHARGE_WAIT, self.pool.acquire(2 * request.len)).await
+        else {
             return Err(RequestError::CapReached {
                 cap: "--fetch-inflight",
                 limit: self.pool.capacity(),
