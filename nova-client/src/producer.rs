@@ -24,6 +24,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt;
 use nova_proto::clock::{Clock, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -366,20 +367,33 @@ impl Worker {
         self.next_seq = inflight.end();
         self.inflight.push_back(inflight);
         // Sending waits while the transport pushes back (a star whose admission is full stops
-        // reading); that wait counts against the oldest batch's delivery timeout too.
-        let Some(deadline) = self.delivery_deadline() else {
-            return Ok(());
-        };
+        // reading); that wait counts against the oldest batch's delivery timeout too. Answers
+        // are not read meanwhile, so at the deadline those that came in are taken first: the
+        // oldest batch may have been acknowledged, which moves the deadline on.
         let clock = self.config.clock;
-        let Some(batch) = self.inflight.back_mut() else {
-            return Ok(());
-        };
-        match clock
-            .timeout_at(deadline, send(&mut self.session, &self.stream, batch))
-            .await
-        {
-            Ok(sent) => sent,
-            Err(_) => Err(Broken::Fatal(self.timed_out())),
+        loop {
+            let Some(deadline) = self.delivery_deadline() else {
+                return Ok(());
+            };
+            let Some(batch) = self.inflight.back_mut() else {
+                return Ok(());
+            };
+            // A send cut off by the deadline did not queue the batch (mpsc sends are
+            // all-or-nothing), so sending it again is safe.
+            if let Ok(sent) = clock
+                .timeout_at(deadline, send(&mut self.session, &self.stream, batch))
+                .await
+            {
+                return sent;
+            }
+            let mut answered = false;
+            while let Some(answer) = next_answer(&mut self.session).now_or_never() {
+                self.on_ack(answer)?;
+                answered = true;
+            }
+            if !answered || self.delivery_deadline().is_none_or(|next| next <= deadline) {
+                return Err(Broken::Fatal(self.timed_out()));
+            }
         }
     }
 

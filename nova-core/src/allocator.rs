@@ -13,8 +13,10 @@
 //! - buffers of [`MMAP_THRESHOLD`] or more are mapped on their own and unmapped when freed
 //!   (`M_MMAP_THRESHOLD`, which also stops glibc from raising it), so a page, a section or a
 //!   flight gives its memory back the moment it is dropped;
-//! - every [`TRIM_EVERY`], when more than [`TRIM_ABOVE`] lies free inside the arenas,
-//!   `malloc_trim` returns the free pages to the system.
+//! - every [`TRIM_EVERY`], when the memory free inside the arenas has grown by more than
+//!   [`TRIM_ABOVE`] since the last trim, `malloc_trim` returns the free pages to the system.
+//!   (A trim hands pages back without taking them out of the arenas' free lists, so the free
+//!   figure does not fall after it: the growth, not the level, says there is more to return.)
 //!
 //! Each setting an operator gives in glibc's own environment variables (`MALLOC_ARENA_MAX`,
 //! `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`) wins over Nova's. docs/budgets.md has
@@ -34,7 +36,7 @@ pub const TRIM_THRESHOLD: i32 = 1024 * 1024;
 /// How often free memory inside the arenas is looked at, and returned when there is enough.
 pub const TRIM_EVERY: Duration = Duration::from_secs(5);
 
-/// Free memory inside the arenas worth a `malloc_trim`.
+/// Growth of the free memory inside the arenas worth a `malloc_trim`.
 pub const TRIM_ABOVE: u64 = 8 << 20;
 
 /// What the allocator holds, in bytes.
@@ -44,8 +46,8 @@ pub struct AllocatorStats {
     pub allocated: u64,
     /// Taken from the system: the arenas plus the buffers mapped on their own.
     pub mapped: u64,
-    /// Free inside the arenas: held by the allocator, not by the program (resident until
-    /// trimmed or reused).
+    /// Free inside the arenas: held by the allocator, not by the program. Resident unless a
+    /// trim has returned its pages since (a trim does not lower this figure).
     pub retained: u64,
 }
 
@@ -100,27 +102,49 @@ pub fn stats() -> Option<AllocatorStats> {
     }
 }
 
-/// Returns the free memory inside the arenas to the system when there is more than
-/// [`TRIM_ABOVE`] of it; true when it trimmed.
-pub fn trim_if_worth_it() -> bool {
+/// Returns the free memory inside the arenas to the system when it has grown by more than
+/// [`TRIM_ABOVE`] since `*last` (the free figure after the previous trim); true when it
+/// trimmed.
+pub fn trim_if_worth_it(last: &mut u64) -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        if stats().is_some_and(|s| s.retained > TRIM_ABOVE) {
-            // SAFETY: malloc_trim releases free memory only; it takes malloc's locks.
-            unsafe { libc::malloc_trim(0) };
-            return true;
+        let Some(now) = stats() else {
+            return false;
+        };
+        if now.retained <= last.saturating_add(TRIM_ABOVE) {
+            // Reused or still small: remember the lower level, so growth is measured from it.
+            *last = (*last).min(now.retained);
+            return false;
         }
+        // SAFETY: malloc_trim releases free memory only; it takes malloc's locks.
+        unsafe { libc::malloc_trim(0) };
+        *last = stats().map_or(now.retained, |s| s.retained);
+        return true;
     }
-    false
+    #[allow(unreachable_code, reason = "the trim exists only on glibc")]
+    {
+        let _ = last;
+        false
+    }
 }
 
 /// Trims every [`TRIM_EVERY`] for as long as it runs (spawn it on the server's runtime, which
 /// it leaves to a blocking thread for the trim itself: it walks every arena).
 pub async fn trim_periodically(clock: crate::clock::Clock, trims: prometheus::IntCounter) {
+    let mut last = 0;
     loop {
         clock.sleep(TRIM_EVERY).await;
-        if let Ok(true) = tokio::task::spawn_blocking(trim_if_worth_it).await {
-            trims.inc();
+        let trimmed = tokio::task::spawn_blocking(move || {
+            let mut level = last;
+            let trimmed = trim_if_worth_it(&mut level);
+            (trimmed, level)
+        })
+        .await;
+        if let Ok((trimmed, level)) = trimmed {
+            last = level;
+            if trimmed {
+                trims.inc();
+            }
         }
     }
 }

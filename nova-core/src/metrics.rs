@@ -285,13 +285,13 @@ impl ProcessMetrics {
             retained: gauge(
                 r,
                 "nova_allocator_retained_bytes",
-                "Memory freed by the process but held in the allocator's arenas (resident \
-                 until reused or trimmed).",
+                "Memory freed by the process but held in the allocator's arenas: resident \
+                 unless a trim returned its pages (a trim does not lower this figure).",
             ),
             trims: counter(
                 r,
                 "nova_allocator_trims_total",
-                "Times the allocator's free memory was returned to the system.",
+                "Times the allocator's free memory was returned to the system (malloc_trim).",
             ),
         }
     }
