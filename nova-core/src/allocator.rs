@@ -5,8 +5,8 @@
 //! many-threaded server badly: each busy thread gets an arena of its own (up to eight per
 //! core), a freed large buffer raises the size above which buffers are mapped on their own, so
 //! later large buffers come from the arenas instead, and memory freed inside an arena stays
-//! resident. Two hundred readers of 8 MiB pages then leave the star holding over a gigabyte
-//! while its read budget never passed 64 MiB. Tuned:
+//! resident. Two hundred readers of 8 MiB pages then left a release-build star holding over a
+//! gigabyte while its read budget never passed 64 MiB. Tuned:
 //!
 //! - at most [`ARENAS`] arenas (`M_ARENA_MAX`), so freed memory is shared across threads
 //!   instead of stranded in one thread's arena;

@@ -216,6 +216,27 @@ async fn the_fetch_pool_bound_holds_under_many_readers() {
         waited > 0.0,
         "responses waited for room, and the wait shows"
     );
+    // And what the process holds: its peak RSS within its memory formula.
+    let formula: f64 = [
+        "fetch_pool",
+        "footer_cache",
+        "object_cache",
+        "reads",
+        "fixed",
+    ]
+    .iter()
+    .map(|t| {
+        metric(
+            gateway,
+            &format!("nova_gateway_memory_formula_bytes{{term=\"{t}\"}}"),
+        )
+    })
+    .sum();
+    let peak = metric(gateway, "nova_process_peak_resident_bytes");
+    assert!(
+        peak > 0.0 && peak <= formula,
+        "peak RSS {peak} over the formula {formula}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
