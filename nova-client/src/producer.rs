@@ -494,7 +494,10 @@ impl Worker {
                             last: Box::new(error),
                         });
                     }
-                    self.config.clock.sleep(self.backoff(attempt, &error)).await;
+                    self.config
+                        .clock
+                        .sleep(self.backoff(attempt, attempt, &error))
+                        .await;
                 }
                 Err(error) => return Err(error),
             }
@@ -520,12 +523,7 @@ impl Worker {
         for attempt in 1..=self.config.max_retries {
             self.client.learn(&self.stream, &cause);
             self.retries = self.retries.saturating_add(1);
-            let wait = if cause.leader().is_some() && attempt == 1 {
-                // The leader is known: go there at once.
-                Duration::ZERO
-            } else {
-                self.backoff(self.retries, &cause)
-            };
+            let wait = self.backoff(attempt, self.retries, &cause);
             self.last_failure = Some(cause.clone());
             let deadline = self.delivery_deadline();
             let now = self.config.clock.now();
@@ -612,11 +610,13 @@ impl Worker {
         }
     }
 
-    /// How long to wait before attempt `attempt` after `cause`: none for a redirect (the
-    /// leader is known), the server's hint when it sent one, else an exponential backoff.
-    /// Each wait is jittered (between half and all of it) so that producers failed by one
-    /// event do not come back in lockstep.
-    fn backoff(&self, attempt: u32, cause: &Error) -> Duration {
+    /// How long to wait before attempt `attempt` of an episode after `cause`: none for its
+    /// first after a redirect (the leader is known), else the server's hint when it sent one,
+    /// else an exponential backoff at `step` (the retries since the last acknowledgement, so
+    /// it grows across reconnects that succeed and are refused again). Each wait is jittered
+    /// (between half and all of it) so that producers failed by one event do not come back in
+    /// lockstep.
+    fn backoff(&self, attempt: u32, step: u32, cause: &Error) -> Duration {
         if cause.leader().is_some() && attempt == 1 {
             return Duration::ZERO;
         }
@@ -626,7 +626,7 @@ impl Worker {
             max_backoff: self.config.max_backoff,
         };
         // The producer counts retries from 1; the policy counts attempts, the first retry 2.
-        policy.wait(attempt.saturating_add(1), cause, &self.jitter)
+        policy.wait(step.saturating_add(1), cause, &self.jitter)
     }
 
     async fn fail_everything(&mut self, error: &Error, commands: &mut mpsc::Receiver<Command>) {

@@ -31,6 +31,27 @@ impl ShedLog {
         }
     }
 
+    /// Logs one shed of new work at the cap `label`, naming the stream and the peer, unless
+    /// another of its kind was logged within the second (then it is counted into the next
+    /// line). The star and the gateway log every shed through here, in one format.
+    pub fn shed(
+        &self,
+        label: &'static str,
+        refusal: &dyn std::fmt::Display,
+        stream: Option<&str>,
+        peer: Option<std::net::SocketAddr>,
+    ) {
+        if let Some(unlogged) = self.admit(label) {
+            tracing::warn!(
+                cap = label,
+                stream = stream.unwrap_or("-"),
+                peer = %crate::top::peer_key(peer),
+                unlogged_since_last = unlogged,
+                "shed new work: {refusal}"
+            );
+        }
+    }
+
     /// Records one event of `kind`. Returns `Some(n)` when the caller should log now, where `n`
     /// is how many events of this kind went unlogged since the last line.
     pub fn admit(&self, kind: &'static str) -> Option<u64> {

@@ -152,15 +152,7 @@ impl Reader {
             what: "every read place of this gateway is taken; reads in progress are never cut",
             retry_after: SHED_RETRY_AFTER,
         };
-        if let Some(unlogged) = self.sheds.admit("max_reads") {
-            tracing::warn!(
-                cap = "max_reads",
-                stream,
-                peer = %nova_core::top::peer_key(peer),
-                unlogged_since_last = unlogged,
-                "shed new work: {refusal}"
-            );
-        }
+        self.sheds.shed("max_reads", &refusal, Some(stream), peer);
         refusal.into()
     }
 

@@ -217,21 +217,7 @@ async fn the_fetch_pool_bound_holds_under_many_readers() {
         "responses waited for room, and the wait shows"
     );
     // And what the process holds: its peak RSS within its memory formula.
-    let formula: f64 = [
-        "fetch_pool",
-        "footer_cache",
-        "object_cache",
-        "reads",
-        "fixed",
-    ]
-    .iter()
-    .map(|t| {
-        metric(
-            gateway,
-            &format!("nova_gateway_memory_formula_bytes{{term=\"{t}\"}}"),
-        )
-    })
-    .sum();
+    let formula = nova_testkit::gateway_formula_bytes(&gateway.metrics()) as f64;
     let peak = metric(gateway, "nova_process_peak_resident_bytes");
     assert!(
         peak > 0.0 && peak <= formula,

@@ -4,7 +4,9 @@
 
 use nova_client::{Client, Producer, ProducerConfig, Record};
 use nova_testkit::cold_readers::read_pages;
-use nova_testkit::{Moto, Novad, NovadBuilder, free_port, series, workspace_binary};
+use nova_testkit::{
+    Moto, Novad, NovadBuilder, free_port, gateway_formula_bytes, series, workspace_binary,
+};
 
 const MIB: u64 = 1 << 20;
 const STREAMS: usize = 10;
@@ -62,22 +64,7 @@ async fn read_everything(vias: &[Client]) -> u64 {
 /// charged to its 16 MiB fetch pool, and that it served history.
 fn within_formula(gateway: &Novad) {
     let page = gateway.metrics();
-    let formula: f64 = [
-        "fetch_pool",
-        "footer_cache",
-        "object_cache",
-        "reads",
-        "fixed",
-    ]
-    .iter()
-    .map(|t| {
-        series(
-            &page,
-            &format!("nova_gateway_memory_formula_bytes{{term=\"{t}\"}}"),
-        )
-        .unwrap_or_else(|| panic!("the gateway exports its formula's {t} term"))
-    })
-    .sum();
+    let formula = gateway_formula_bytes(&page) as f64;
     let peak = series(&page, "nova_process_peak_resident_bytes").expect("peak RSS");
     let history = series(&page, "nova_gateway_reads_total{source=\"history\"}").unwrap_or(0.0);
     assert!(history > 0.0, "reads were served from history");

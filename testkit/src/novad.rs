@@ -419,6 +419,27 @@ pub fn formula_bytes(page: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
+/// A gateway's memory formula on its metrics page: the sum of its
+/// `nova_gateway_memory_formula_bytes` terms (a panic if one is missing).
+pub fn gateway_formula_bytes(page: &str) -> u64 {
+    [
+        "fetch_pool",
+        "footer_cache",
+        "object_cache",
+        "reads",
+        "fixed",
+    ]
+    .iter()
+    .map(|t| {
+        series(
+            page,
+            &format!("nova_gateway_memory_formula_bytes{{term=\"{t}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("the gateway exports its formula's {t} term"))
+    })
+    .sum::<f64>() as u64
+}
+
 impl Drop for Novad {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -132,13 +132,5 @@ pub fn record_shed(
 ) {
     metrics.sheds.with_label_values(&[label]).inc();
     metrics.refused.hit(stream, peer);
-    if let Some(unlogged) = sheds.admit(label) {
-        tracing::warn!(
-            cap = label,
-            stream = stream.unwrap_or("-"),
-            peer = %nova_core::top::peer_key(peer),
-            unlogged_since_last = unlogged,
-            "shed new work: {refusal}"
-        );
-    }
+    sheds.shed(label, refusal, stream, peer);
 }
