@@ -236,6 +236,7 @@ impl Client {
             max_message_bytes: config.max_message_bytes,
             credentials: config.credentials.clone(),
             tls: config.tls.clone(),
+            redirect_hosts: config.redirect_hosts.clone(),
         };
         let mut last = Error::Connect {
             url: String::new(),
@@ -257,7 +258,7 @@ impl Client {
                 Ok(channel) => {
                     return Ok(Self {
                         router: Router::with_settings(settings.client(channel), settings.clone())
-                            .tls_only(url.starts_with("https://")),
+                            .seeds(url, config.endpoints.iter().map(String::as_str)),
                         jitter: Arc::new(Jitter::new(&Clock::system(), url)),
                         retry: config.retry,
                         on_retry: config.on_retry.clone(),

@@ -33,6 +33,9 @@ pub struct ClientConfig {
     /// Told before every retry the client and its producers make (see
     /// [`ClientConfig::on_retry`]).
     pub on_retry: RetryObserver,
+    /// Hosts a redirect over TLS may name beyond the endpoints' own and their domains (see
+    /// [`ClientConfig::with_redirect_hosts`]).
+    pub redirect_hosts: Vec<String>,
 }
 
 impl Default for ClientConfig {
@@ -46,6 +49,7 @@ impl Default for ClientConfig {
             credentials: Credentials::none(),
             tls: ClientTls::default(),
             on_retry: RetryObserver::default(),
+            redirect_hosts: Vec::new(),
         }
     }
 }
@@ -83,6 +87,18 @@ impl ClientConfig {
     /// `http://` endpoint is plain text; nothing falls back from TLS to plain text.
     pub fn with_tls(mut self, tls: ClientTls) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Lets redirects over TLS go to `hosts` (exact names, or `*.domain`) besides the
+    /// endpoints' hosts and their domains. A redirect carries the client's token; over TLS
+    /// with the system's roots, one to any other host is refused (with the CA of the fleet given
+    /// by [`ClientConfig::with_tls`], any server it vouches for is followed).
+    pub fn with_redirect_hosts(
+        mut self,
+        hosts: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        self.redirect_hosts = hosts.into_iter().map(Into::into).collect();
         self
     }
 

@@ -36,10 +36,20 @@ pub const TERMS: [&str; 6] = [
 /// the embedded metastore's page cache, allocator slack (docs/backpressure.md).
 pub const FIXED_OVERHEAD: u64 = 48 * MIB;
 
+/// Request messages of calls other than `Append` in arrival, at most: a budget for the whole
+/// server (`net::small`), beyond the formula like the fixed overhead.
+pub const REQUEST_MESSAGES: u64 = crate::net::small::SMALL_MESSAGES_BUDGET;
+
 /// What each session place adds beyond its stream window: the session's state, the one DATA
 /// frame the charging layer may hold while the session's charge waits, and the start of a next
 /// message in the transport's buffer.
 pub const SESSION_OVERHEAD: u64 = 64 * KIB;
+
+/// The overhead beyond the formula with `sessions` session places: [`FIXED_OVERHEAD`],
+/// [`REQUEST_MESSAGES`] and [`SESSION_OVERHEAD`] per place.
+pub fn overhead_with(sessions: u64) -> u64 {
+    FIXED_OVERHEAD + REQUEST_MESSAGES + sessions * SESSION_OVERHEAD
+}
 
 /// The budgets the formula adds up, in bytes, as configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,10 +89,9 @@ impl Formula {
 }
 
 impl Budgets {
-    /// The overhead beyond the formula at the session cap: [`FIXED_OVERHEAD`] and
-    /// [`SESSION_OVERHEAD`] per session place.
+    /// The overhead beyond the formula at the session cap.
     pub fn overhead(&self) -> u64 {
-        FIXED_OVERHEAD + self.max_sessions * SESSION_OVERHEAD
+        overhead_with(self.max_sessions)
     }
 
     /// The formula with `open_sessions` sessions open.
@@ -168,7 +177,8 @@ impl MemoryModel {
              admission buffer {} (--s3-memory-buffer-mib) + express buffer {} + read budget {} \
              (--read-memory-mib) + tail window cache {} (--tail-window-cache-mib) + {} sessions × {} \
              stream window (--max-producer-sessions × --grpc-stream-window-kib) + auditor {} \
-             (--auditor) + fixed overhead {} (48 MiB, and 64 KiB per session place) = {} = {} \
+             (--auditor) + fixed overhead {} (48 MiB, 8 MiB of request messages, and 64 KiB \
+             per session place) = {} = {} \
              over. Lower a budget, raise --memory-ceiling, or pass --allow-memory-overcommit to \
              start anyway",
             mib(self.ceiling.bytes),

@@ -203,6 +203,25 @@ pub fn data_key_star(key: &str) -> Option<&str> {
         .map(|(star, _)| star)
 }
 
+/// Whether `key` names an object that holds records, and so one a read may name: a data object,
+/// or a flight's slot in a star's chain (`chain/{star}/{epoch}/{slot}`; not a settle marker).
+/// What a gateway serves its peers is held to these, so a peer fetch cannot read manifests,
+/// markers or anything else under the store's prefix.
+pub fn is_record_object(key: &str) -> bool {
+    if parse_any_data_key(key).is_some() {
+        return true;
+    }
+    let Some(rest) = key.strip_prefix("chain/") else {
+        return false;
+    };
+    let Some((star, _)) = rest.split_once('/') else {
+        return false;
+    };
+    let root = chain_root(star);
+    parse_epoch(&root, key)
+        .is_some_and(|epoch| parse_slot(&chain_prefix(star, epoch), key).is_some())
+}
+
 /// A data object's stream and record range, whichever star's prefix holds it.
 pub fn parse_any_data_key(key: &str) -> Option<DataKey> {
     parse_data_key(&data_root(data_key_star(key)?), key)
@@ -336,5 +355,16 @@ mod tests {
                 rewritten: true,
             })
         );
+    }
+
+    #[test]
+    fn record_objects_are_data_objects_and_chain_slots() {
+        assert!(is_record_object(&data_key("s1", 7, 0, 10, 3)));
+        assert!(is_record_object(&slot_key("s1", 2, 5)));
+        assert!(is_record_object(&rewritten_key("s1", 7, 0, 10, 3)));
+        assert!(!is_record_object(&settle_marker_key("s1", 2, 5)));
+        assert!(!is_record_object(&stream_manifest_key("s1", 7)));
+        assert!(!is_record_object("chain/s1/0000000002/../../streams/x"));
+        assert!(!is_record_object("other-app/secrets.txt"));
     }
 }

@@ -431,6 +431,18 @@ impl Config {
     /// it would fail, after retries, with a transport error naming nothing.
     fn check_advertise(&self) -> Result<(), String> {
         let Some(given) = &self.advertise_addr else {
+            // In a fleet, redirects name this star: an address that means "every interface"
+            // names no host a client can reach (and a TLS client would check a certificate
+            // against it).
+            if self.metastore.starts_with("etcd://") && self.listen.ip().is_unspecified() {
+                return Err(format!(
+                    "--listen {} is every interface, not an address other stars and clients \
+                     can reach: in a fleet, give --advertise-addr with this star's name (the \
+                     one its certificate carries, with TLS), e.g. https://star-1.example:{}",
+                    self.listen,
+                    self.listen.port()
+                ));
+            }
             return Ok(());
         };
         let url = self.advertise();
@@ -606,8 +618,14 @@ mod tests {
         );
         assert_eq!(
             advertised(&["--listen", "127.0.0.1:7402"]),
-            Ok("http://127.0.0.1:7402".into())
+            Ok("http://127.0.0.1:7402".to_owned())
         );
+        // A fleet star listening on every interface must say where it is reached.
+        let refused =
+            advertised(&["--listen", "0.0.0.0:7400", "--metastore", "etcd://e:2379"]).unwrap_err();
+        assert!(refused.contains("--advertise-addr"), "{refused}");
+        // A single star redirects nobody.
+        assert!(advertised(&["--listen", "0.0.0.0:7400"]).is_ok());
         for bad in [
             "ftp://h:1",
             "http://:7400",

@@ -299,6 +299,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             metrics.clone(),
             sheds.clone(),
         ),
+        read_shares: nova_core::net::shares::Shares::of(
+            config.read_memory_mib * nova_core::limits::MIB,
+            config.listener.max_client_share_percent,
+        ),
         metrics: metrics.clone(),
         sheds,
         shutdown: stopping.clone(),
@@ -335,6 +339,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     });
     let max_message = config.max_message_bytes();
+    let (access, shed_log) = (ctx.access.clone(), ctx.sheds.clone());
     let nova = NovaServer::new(NovaService::new(ctx))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message.max(config.max_read_bytes.bytes() as usize * 2));
@@ -381,7 +386,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             &security_metrics,
         ))
         // A read's charge is held until its response is sent.
-        .layer(nova_core::net::hold::HoldLayer)
+        .layer(nova_core::net::hold::HoldLayer::new(connections.clone()))
         // Appends are charged from their length prefix, before tonic buffers them.
         .layer(ChargeLayer::new(
             star.admission().clone(),
@@ -389,6 +394,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 max_message: config.max_message_bytes() as u64,
                 largest_fragment: config.largest_fragment(),
             },
+            access,
+            nova_core::net::small::SmallMessages::new(
+                metrics
+                    .sheds
+                    .with_label_values(&[nova_core::net::small::SHED_LABEL]),
+                shed_log,
+                config.listener.max_client_share_percent,
+            ),
+            config.listener.max_client_share_percent,
         ))
         .add_service(health_service)
         .add_service(reflection_v1)

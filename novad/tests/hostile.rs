@@ -285,3 +285,344 @@ async fn hostile_connections_are_bounded_counted_and_leave_good_clients_served()
     append(&mut session, &mut appended).await;
     assert_eq!(read_all(&client, "good").await.len(), appended);
 }
+
+// Hostile clients holding a token: each test below fails without the bound it names.
+
+const OPS: &str = "ops-token-0123456789abcdef";
+const INTRUDER: &str = "intruder-token-0123456789abcdef";
+
+/// A tokens file: `ops` may do anything; `intruder` holds `grants` (none: ",").
+struct Tokens {
+    path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn tokens(intruder_grants: &str) -> Tokens {
+    use nova_core::net::auth::digest_hex;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    std::fs::write(
+        &path,
+        format!(
+            "ops admin:,append:,read: sha256:{}\nintruder {intruder_grants} sha256:{}\n",
+            digest_hex(OPS),
+            digest_hex(INTRUDER)
+        ),
+    )
+    .unwrap();
+    Tokens { path, _dir: dir }
+}
+
+async fn as_ops(novad: &nova_testkit::Novad) -> nova_client::Client {
+    let config = nova_client::ClientConfig::new([novad.url()])
+        .with_token(OPS)
+        .unwrap();
+    nova_client::Client::connect_with(config).await.unwrap()
+}
+
+/// An HTTP/2 connection of our own, with the stream window it advertises.
+async fn raw_h2(port: u16, window: u32) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (h2, connection) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .handshake(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    h2.ready().await.unwrap()
+}
+
+/// Opens a gRPC call on `path` with `token`; the request's body is left open.
+async fn open_call(
+    h2: &mut h2::client::SendRequest<Bytes>,
+    port: u16,
+    path: &str,
+    token: &str,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let request = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {token}"))
+        .body(())
+        .unwrap();
+    *h2 = h2.clone().ready().await.unwrap();
+    h2.send_request(request, false).unwrap()
+}
+
+fn grpc_frame(message: &[u8]) -> Vec<u8> {
+    let mut out = vec![0];
+    out.extend((message.len() as u32).to_be_bytes());
+    out.extend(message);
+    out
+}
+
+/// Item 1 of the hostile-clients issue: an append token that sends only the prefix of large
+/// messages (and the start of their bodies) must not stall every other producer. A message
+/// for a stream the token may not append to is refused before it is charged; the token's
+/// messages still arriving hold at most its share of the admission buffer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefixes_without_bodies_do_not_stall_other_producers() {
+    let tokens = tokens("append:own/");
+    let novad = novad()
+        .args(["--auth-tokens", tokens.path.to_str().unwrap()])
+        .start();
+    let ops = as_ops(&novad).await;
+    ops.create_stream("good").await.unwrap();
+    let mut h2 = raw_h2(novad.port(), 65_535).await;
+    let mut held = Vec::new();
+    // Eight sessions, each with a 32 MiB message of which only the prefix and the stream's
+    // name arrive: four for a stream the token may not append to, four for one it may.
+    for i in 0..8 {
+        let stream = if i % 2 == 0 { "good" } else { "own/x" };
+        let (response, mut send) =
+            open_call(&mut h2, novad.port(), "/nova.v1.Nova/Append", INTRUDER).await;
+        let mut start = vec![0u8];
+        start.extend((32u32 << 20).to_be_bytes());
+        start.extend([0x0a, stream.len() as u8]);
+        start.extend(stream.as_bytes());
+        send.send_data(Bytes::from(start), false).unwrap();
+        held.push((response, send));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // A good producer's twenty batches go through at once, as they would with nobody else.
+    let started = Instant::now();
+    let mut session = ops.append_session().await.unwrap();
+    let mut appended = 0;
+    for _ in 0..20 {
+        append(&mut session, &mut appended).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "20 appends took {:?} beside the intruder's prefixes",
+        started.elapsed()
+    );
+    // Each refusal is counted: permission first, then the share.
+    let denied = novad
+        .metric("nova_auth_refusals_total{reason=\"permission_denied\"}")
+        .unwrap();
+    assert!(denied >= 4.0, "{denied} permission refusals");
+    let shed = novad
+        .metric("nova_sheds_total{cap=\"receiving_share\"}")
+        .unwrap();
+    assert!(shed >= 3.0, "{shed} receiving_share sheds");
+    // The refused sessions were answered in their place, without waiting for their bodies.
+    let mut answered = 0;
+    for (response, _) in held.iter_mut() {
+        let response = tokio::time::timeout(Duration::from_secs(5), response)
+            .await
+            .expect("an answer")
+            .unwrap();
+        let mut body = response.into_body();
+        if let Ok(Some(Ok(data))) = tokio::time::timeout(Duration::from_secs(2), body.data()).await
+        {
+            use prost::Message;
+            let ack = nova_proto::v1::AppendAck::decode(&data[5..]).unwrap();
+            assert!(ack.error.is_some(), "{ack:?}");
+            answered += 1;
+        }
+    }
+    assert!(
+        answered >= 7,
+        "{answered} of the 7 refused messages answered"
+    );
+    assert_eq!(read_all(&ops, "good").await.len(), appended);
+}
+
+/// Item 2: a read token that opens reads of large pages and never takes them (its HTTP/2
+/// window at zero) holds at most its share of the read budget, so other readers are served at
+/// once; its connection is closed at --send-timeout, which frees what it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_withholding_its_window_holds_only_its_share_and_only_until_the_send_timeout() {
+    let tokens = tokens("read:");
+    let novad = novad()
+        .args([
+            "--auth-tokens",
+            tokens.path.to_str().unwrap(),
+            "--read-memory-mib",
+            "16",
+            "--max-read-bytes",
+            "4MiB",
+            "--send-timeout",
+            "4s",
+        ])
+        .start();
+    let ops = as_ops(&novad).await;
+    ops.create_stream("big").await.unwrap();
+    let mut session = ops.append_session().await.unwrap();
+    let body = "x".repeat(60 * 1024);
+    for _ in 0..4 {
+        let batch = (0..20)
+            .map(|_| nova_client::Record::new(body.clone()))
+            .collect();
+        session.append("big", batch, None).await.unwrap();
+    }
+    let mut h2 = raw_h2(novad.port(), 0).await;
+    let request = {
+        use prost::Message;
+        nova_proto::v1::ReadRequest {
+            stream: "big".into(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    let mut stuck = Vec::new();
+    for _ in 0..8 {
+        let (response, mut send) =
+            open_call(&mut h2, novad.port(), "/nova.v1.Nova/Read", INTRUDER).await;
+        send.send_data(Bytes::from(grpc_frame(&request)), true)
+            .unwrap();
+        stuck.push(response);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Another reader's whole stream, page by page, within a bound well inside the timeout.
+    let started = Instant::now();
+    let read = tokio::time::timeout(Duration::from_secs(3), read_all(&ops, "big"))
+        .await
+        .expect("a good reader served beside the stuck pages");
+    assert_eq!(read.len(), 80);
+    eprintln!("good reader served in {:?}", started.elapsed());
+    // At the timeout the intruder's connection is closed and counted.
+    eventually(Duration::from_secs(15), "a send_timeout closure", || {
+        novad
+            .metric("nova_connections_closed_total{reason=\"send_timeout\"}")
+            .unwrap_or(0.0)
+            >= 1.0
+    })
+    .await;
+    eventually(Duration::from_secs(5), "the read budget let go", || {
+        novad.metric("nova_read_memory_used_bytes").unwrap_or(1.0) == 0.0
+    })
+    .await;
+}
+
+/// Item 3: a token with no grants at all opens hundreds of small calls whose messages never
+/// finish arriving. What they hold is charged to a budget and the token's share of it, the rest
+/// are refused at their prefix, each call fails at its deadline, and the star's memory stays
+/// within the stated per-connection cost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_small_messages_are_bounded_and_time_out() {
+    let tokens = tokens(",");
+    let novad = novad()
+        .args(["--auth-tokens", tokens.path.to_str().unwrap()])
+        .start();
+    let ops = as_ops(&novad).await;
+    ops.create_stream("good").await.unwrap();
+    let before = resident(&novad);
+    let mut calls = Vec::new();
+    for _ in 0..2 {
+        let mut h2 = raw_h2(novad.port(), 65_535).await;
+        for _ in 0..500 {
+            let (response, mut send) = open_call(
+                &mut h2,
+                novad.port(),
+                "/nova.v1.Nova/DescribeStream",
+                INTRUDER,
+            )
+            .await;
+            // A message declared at 64 KiB, all of it but its last byte sent.
+            let mut start = vec![0u8];
+            start.extend((64u32 << 10).to_be_bytes());
+            start.extend(vec![0u8; (64 << 10) - 1]);
+            send.send_data(Bytes::from(start), false).unwrap();
+            calls.push((response, send));
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let grown = resident(&novad) - before;
+    eprintln!(
+        "1,000 unfinished describes grew the star by {:.1} MiB",
+        grown / (1 << 20) as f64
+    );
+    assert!(
+        grown < 24.0 * (1 << 20) as f64,
+        "1,000 unfinished 64 KiB messages grew the star by {grown} bytes"
+    );
+    let shed = novad
+        .metric("nova_sheds_total{cap=\"request_bodies\"}")
+        .unwrap();
+    assert!(shed >= 900.0, "{shed} refused at their prefix");
+    // Good clients are served meanwhile.
+    ops.describe_stream("good").await.unwrap();
+    let mut session = ops.append_session().await.unwrap();
+    let mut appended = 0;
+    append(&mut session, &mut appended).await;
+    // Those charged fail at the deadline, letting go of their charge.
+    let mut codes = std::collections::BTreeMap::new();
+    for (response, _send) in calls {
+        let code = match tokio::time::timeout(Duration::from_secs(15), response).await {
+            Ok(Ok(response)) => response
+                .headers()
+                .get("grpc-status")
+                .map(|s| s.to_str().unwrap().to_owned())
+                .unwrap_or_else(|| "trailers".into()),
+            Ok(Err(error)) => format!("h2: {error}"),
+            Err(_) => "no answer".into(),
+        };
+        *codes.entry(code).or_insert(0) += 1;
+    }
+    eprintln!("answers: {codes:?}");
+    assert!(!codes.contains_key("no answer"), "{codes:?}");
+    // DEADLINE_EXCEEDED (4) for the charged; RESOURCE_EXHAUSTED (8) for the refused.
+    assert!(codes.get("4").copied().unwrap_or(0) >= 1, "{codes:?}");
+    assert!(codes.get("8").copied().unwrap_or(0) >= 900, "{codes:?}");
+}
+
+/// Item 4: a client that stops reading while the star has bytes for it (answers to its pings)
+/// keeps h2 from reading its connection; the deadlines still close it, from their timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_stops_reading_is_closed_all_the_same() {
+    use tokio::io::AsyncWriteExt;
+    let novad = novad()
+        .args(["--first-request-timeout", "3s", "--keepalive-timeout", "2s"])
+        .start();
+    let client = client(&novad).await;
+    client.create_stream("good").await.unwrap();
+    let open_before = novad.metric("nova_connections").unwrap();
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", novad.port()))
+        .await
+        .unwrap();
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend([0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    tcp.write_all(&hello).await.unwrap();
+    // PINGs, each owed an answer, until the star stops taking them: its answers fill the
+    // socket's buffers, as nothing here reads them.
+    let ping: Vec<u8> = (0..1024)
+        .flat_map(|_| [0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8])
+        .collect();
+    let mut sent = 0usize;
+    while let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(&ping)).await
+    {
+        sent += ping.len();
+        assert!(sent < 1 << 30, "the star read a gigabyte of pings");
+    }
+    eprintln!("the star stopped reading after {sent} bytes of pings");
+    assert!(
+        novad.metric("nova_connections").unwrap() > open_before,
+        "still open while it cannot write"
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the stalled connection closed",
+        || novad.metric("nova_connections").unwrap() <= open_before,
+    )
+    .await;
+    let closed: f64 = ["first_request_timeout", "write_timeout"]
+        .iter()
+        .map(|reason| {
+            novad
+                .metric(&format!(
+                    "nova_connections_closed_total{{reason=\"{reason}\"}}"
+                ))
+                .unwrap_or(0.0)
+        })
+        .sum();
+    assert!(closed >= 1.0, "the closure is counted");
+    drop(tcp);
+    // The good client is still served.
+    let mut session = client.append_session().await.unwrap();
+    let mut appended = 0;
+    append(&mut session, &mut appended).await;
+}

@@ -402,14 +402,17 @@ async fn certificates_and_tokens_reload_without_a_restart() {
     // A new token list on SIGHUP: the old admin token goes, a new one comes. The file keeps
     // its modification time, so only the signal can make the star read it again.
     let stamp = std::fs::metadata(&tokens.path).unwrap().modified().unwrap();
-    write_tokens(
-        &tokens.path,
-        &[(
-            "ops2",
-            &[grant(Scope::Admin, ""), grant(Scope::Read, "")],
-            "fresh-admin-token",
-        )],
-    );
+    let write_fresh = || {
+        write_tokens(
+            &tokens.path,
+            &[(
+                "ops2",
+                &[grant(Scope::Admin, ""), grant(Scope::Read, "")],
+                "fresh-admin-token",
+            )],
+        )
+    };
+    write_fresh();
     std::fs::File::options()
         .write(true)
         .open(&tokens.path)
@@ -430,13 +433,21 @@ async fn certificates_and_tokens_reload_without_a_restart() {
     .await;
     assert!(!served(&second.ca(), ADMIN).await);
     assert!(novad.log().contains("--auth-tokens reloaded (SIGHUP)"));
-    // A broken file is refused and the tokens in use stay.
+    // A broken file is refused, and fails closed: no token is accepted until it is fixed (a
+    // revocation written badly must not leave the revoked token working).
     std::fs::write(&tokens.path, "ops admin: plaintext-token\n").unwrap();
     within_ten_seconds("the broken file is refused", async || {
         novad.log().contains("--auth-tokens not reloaded")
     })
     .await;
-    assert!(served(&second.ca(), "fresh-admin-token").await);
+    assert!(novad.log().contains("NO TOKEN IS ACCEPTED"));
+    assert!(!served(&second.ca(), "fresh-admin-token").await);
+    // Fixed, the file's tokens are accepted again.
+    write_fresh();
+    within_ten_seconds("the fixed file's token is accepted", async || {
+        served(&second.ca(), "fresh-admin-token").await
+    })
+    .await;
     assert!(
         novad
             .metric("nova_tls_reloads_total{outcome=\"ok\"}")

@@ -10,7 +10,7 @@
 //! read in progress adds its own state outside the pool (`PER_READ_BYTES`). The fixed overhead
 //! is the star's 48 MiB base (binary, runtime, connection pools, allocator slack).
 
-use nova_core::formula::FIXED_OVERHEAD;
+use nova_core::formula::{FIXED_OVERHEAD, REQUEST_MESSAGES};
 use nova_core::memory::detect_ceiling;
 
 use crate::config::Config;
@@ -24,7 +24,7 @@ pub fn terms(config: &Config) -> [(&'static str, u64); 5] {
         ("footer_cache", config.footer_cache_bytes),
         ("object_cache", config.object_cache_bytes),
         ("reads", config.max_reads as u64 * PER_READ_BYTES),
-        ("fixed", FIXED_OVERHEAD),
+        ("fixed", FIXED_OVERHEAD + REQUEST_MESSAGES),
     ]
 }
 

@@ -6,6 +6,7 @@ mod formula;
 mod health;
 mod metrics;
 mod read;
+mod redirects;
 mod server;
 mod service;
 mod tier;

@@ -101,6 +101,9 @@ impl GatewayMetrics {
             metrics.fetches.with_label_values(&[route]);
         }
         metrics.sheds.with_label_values(&["max_reads"]);
+        metrics
+            .sheds
+            .with_label_values(&[nova_core::net::small::SHED_LABEL]);
         for source in ["history", "star"] {
             metrics.reads.with_label_values(&[source]);
         }

@@ -77,7 +77,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ),
         upstream.clone(),
     )
-    .tls_only(config.star.starts_with("https://"));
+    .seeds(&config.star, [config.star.as_str()]);
 
     let health = crate::health::Health::new(metrics.clone());
     crate::health::check_at_start(&store, &star, &config.star, &health).await?;
@@ -202,7 +202,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             security.tokens.clone(),
             &security_metrics,
         ))
-        .layer(nova_core::net::hold::HoldLayer)
+        // A star's redirect stays between the gateway and the star.
+        .layer(crate::redirects::NoRedirectsLayer)
+        .layer(nova_core::net::hold::HoldLayer::new(connections.clone()))
+        // Every request message is small: collected outside tonic, within a budget and a
+        // deadline, and refused at its prefix if it says it is large.
+        .layer(nova_core::net::small::SmallMessagesLayer(
+            nova_core::net::small::SmallMessages::new(
+                metrics
+                    .sheds
+                    .with_label_values(&[nova_core::net::small::SHED_LABEL]),
+                Arc::new(nova_core::shed::ShedLog::new(Clock::system())),
+                config.listener.max_client_share_percent,
+            ),
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

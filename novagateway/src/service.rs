@@ -196,8 +196,10 @@ impl Nova for GatewayService {
 
     async fn get_server_info(
         &self,
-        _request: Request<v1::GetServerInfoRequest>,
+        request: Request<v1::GetServerInfoRequest>,
     ) -> Result<Response<v1::GetServerInfoResponse>, Status> {
+        let principal = nova_core::net::principal(&request);
+        let detail = |text: &str| nova_core::net::deployment_detail(principal.as_deref(), text);
         let identity = &self.identity;
         Ok(Response::new(v1::GetServerInfoResponse {
             version: identity.version.to_owned(),
@@ -211,8 +213,8 @@ impl Nova for GatewayService {
                 max_read_records: identity.max_read_records,
                 ..v1::ServerLimits::default()
             }),
-            store: identity.store.clone(),
-            star: self.star_url.clone(),
+            store: detail(&identity.store),
+            star: detail(&self.star_url),
             ..v1::GetServerInfoResponse::default()
         }))
     }
@@ -244,6 +246,15 @@ impl GatewayPeer for PeerService {
         let principal = nova_core::net::principal(&request);
         self.access.check(principal.as_deref(), Scope::Read, "")?;
         let request = request.into_inner();
+        // Only objects that hold records: a peer has no business with manifests or markers,
+        // and without tokens anyone may call this.
+        if !nova_core::keys::is_record_object(&request.object_key) {
+            return Err(RequestError::InvalidRequest(format!(
+                "{:?} is not an object that holds records (a data object or a chain slot)",
+                request.object_key
+            ))
+            .into());
+        }
         if request.len > MAX_PEER_RANGE {
             return Err(RequestError::InvalidRequest(format!(
                 "range of {} bytes is over the {MAX_PEER_RANGE}-byte limit",

@@ -15,7 +15,7 @@ const READERS: usize = 1000;
 const STREAM_BYTES: u64 = 64 * (32 << 10);
 
 /// Budgets small beside what 1,000 readers of 2 MiB could hold (4 GiB with their encoded
-/// copies): a formula of 16 + 4 + 16 + 1024 × 64 KiB + 48 = 148 MiB.
+/// copies): a formula of 16 + 4 + 16 + 1024 × 64 KiB + 48 + 8 = 156 MiB.
 const SMALL_BUDGETS: [&str; 6] = [
     "--fetch-inflight",
     "16MiB",

@@ -3,6 +3,15 @@
 //! follows redirects, remembers each stream's leader, and forgets it when the leader stops
 //! answering, so the next call asks the star it started from, which knows the new leader. The
 //! SDK and the read tier both route through one.
+//!
+//! A redirect carries the caller's token to wherever it points, and it comes from a star (or
+//! from whoever can write the fleet's records). So a router reached over TLS follows one only
+//! to a server it trusts as it trusts the seed: any `https://` server when it verifies against
+//! a CA of its own (`--tls-ca`: the fleet's CA), and otherwise only the seeds' hosts, hosts in
+//! a seed's domain (`star-2.nova.internal` for a seed `star-1.nova.internal`) and the names it
+//! was given (`--allow-redirect`). Plain text is never followed from TLS. A router on plain
+//! text follows any plain-text redirect: its network is trusted by choice, and its token
+//! already crosses it in the clear.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -93,8 +102,10 @@ pub struct Router {
     routes: Arc<Routes>,
     settings: Settings,
     /// Reached over TLS: a redirect to a plain-text URL is refused, never followed (the call
-    /// would carry its token in the clear).
+    /// would carry its token in the clear), and one to another host must be trusted.
     tls_only: bool,
+    /// The hosts of the seeds it was given.
+    seed_hosts: Vec<String>,
 }
 
 /// How connections to leaders are made.
@@ -109,6 +120,9 @@ pub struct Settings {
     pub credentials: Credentials,
     /// How `https://` URLs are verified (and the client's certificate, for mutual TLS).
     pub tls: ClientTls,
+    /// Hosts a redirect may name beyond the seeds' and their domains: exact names, or
+    /// `*.domain` for every name in a domain.
+    pub redirect_hosts: Vec<String>,
 }
 
 impl Default for Settings {
@@ -119,6 +133,7 @@ impl Default for Settings {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             credentials: Credentials::none(),
             tls: ClientTls::default(),
+            redirect_hosts: Vec::new(),
         }
     }
 }
@@ -223,6 +238,30 @@ struct Routes {
     stars: Mutex<HashMap<String, Stub>>,
 }
 
+/// The host of a URL, lower-cased.
+fn host_of(url: &str) -> Option<String> {
+    let uri: http::Uri = url.parse().ok()?;
+    Some(uri.host()?.trim_matches(['[', ']']).to_ascii_lowercase())
+}
+
+/// The domain a host name sits in, when it has one of at least two labels (`nova.internal`
+/// for `star-1.nova.internal`); none for an address or a name of one or two labels.
+fn domain_of(host: &str) -> Option<&str> {
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return None;
+    }
+    let (_, domain) = host.split_once('.')?;
+    domain.contains('.').then_some(domain)
+}
+
+fn in_domain(host: &str, domain: &str) -> bool {
+    host.len() > domain.len() + 1
+        && host
+            .to_ascii_lowercase()
+            .ends_with(&domain.to_ascii_lowercase())
+        && host.as_bytes()[host.len() - domain.len() - 1] == b'.'
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
@@ -242,14 +281,58 @@ impl Router {
             routes: Arc::default(),
             settings,
             tls_only: false,
+            seed_hosts: Vec::new(),
         }
     }
 
-    /// Whether the seed was reached over TLS (an `https://` URL): then only `https://`
-    /// redirects are followed.
-    pub fn tls_only(mut self, tls_only: bool) -> Self {
-        self.tls_only = tls_only;
+    /// The seed reached (`connected`) and every seed configured: over TLS, only trusted
+    /// `https://` redirects are followed.
+    pub fn seeds<'a>(mut self, connected: &'a str, all: impl IntoIterator<Item = &'a str>) -> Self {
+        self.tls_only = connected.starts_with("https://");
+        self.seed_hosts = all
+            .into_iter()
+            .chain([connected])
+            .filter_map(host_of)
+            .collect();
         self
+    }
+
+    /// Whether a redirect to `url` may be followed; if not, why.
+    pub fn may_follow(&self, url: &str) -> Result<(), String> {
+        if !self.tls_only {
+            return Ok(());
+        }
+        if !url.starts_with("https://") {
+            return Err(
+                "this client speaks TLS and will not send a call in plain text; the \
+                        leader's --advertise-addr should be its https:// URL"
+                    .to_owned(),
+            );
+        }
+        if self.settings.tls.ca_pem.is_some() {
+            // Verified against the CA this client was given: the fleet's own.
+            return Ok(());
+        }
+        let Some(host) = host_of(url) else {
+            return Err("the redirect names no host".to_owned());
+        };
+        let trusted = self.seed_hosts.iter().any(|seed| {
+            *seed == host || domain_of(seed).is_some_and(|domain| in_domain(&host, domain))
+        }) || self.settings.redirect_hosts.iter().any(|allowed| {
+            match allowed.strip_prefix("*.") {
+                Some(domain) => in_domain(&host, domain),
+                None => allowed.eq_ignore_ascii_case(&host),
+            }
+        });
+        if trusted {
+            Ok(())
+        } else {
+            Err(format!(
+                "{host} is not a seed's host or in a seed's domain, and this client checks \
+                 certificates against the system's roots, which vouch for any public name; \
+                 trust the fleet's CA (--tls-ca) or allow the name (--allow-redirect {host})"
+            ))
+        }
     }
 
     pub fn seed(&self) -> Stub {
@@ -282,8 +365,8 @@ impl Router {
     pub fn learn(&self, stream: &str, leader: Option<&str>, retryable: bool) {
         let mut leaders = lock(&self.routes.leaders);
         match leader {
-            // Never a plain-text leader for a client that speaks TLS.
-            Some(url) if self.tls_only && !url.starts_with("https://") => {}
+            // Never a leader this client does not trust as it trusts its seed.
+            Some(url) if self.may_follow(url).is_err() => {}
             Some(url) => {
                 if leaders.len() >= MAX_REMEMBERED_LEADERS {
                     leaders.clear();
@@ -314,17 +397,14 @@ impl Router {
                 Ok(value) => return Ok(value),
                 Err(status) => {
                     let leader = crate::error::leader(&status);
-                    if self.tls_only
-                        && let Some(url) = leader.as_deref()
-                        && !url.starts_with("https://")
+                    if let Some(url) = leader.as_deref()
+                        && let Err(why) = self.may_follow(url)
                     {
                         // The next call starts again from the seed, not from a leader that
                         // sent this redirect.
                         self.learn(stream, None, true);
                         return Err(Status::unavailable(format!(
-                            "not following a redirect to {url}: this client speaks TLS and will \
-                             not send a call in plain text; the leader's --advertise-addr \
-                             should be its https:// URL"
+                            "not following a redirect to {url}: {why}"
                         )));
                     }
                     let retryable = matches!(
@@ -340,5 +420,64 @@ impl Router {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(seed: &str, settings: Settings) -> Router {
+        let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        Router::with_settings(settings.client(channel), settings).seeds(seed, [seed])
+    }
+
+    #[tokio::test]
+    async fn redirects_are_followed_only_to_servers_trusted_like_the_seed() {
+        let tls = router("https://star-1.nova.internal:7400", Settings::default());
+        assert!(tls.may_follow("https://star-2.nova.internal:7400").is_ok());
+        assert!(tls.may_follow("https://STAR-1.nova.internal:7401").is_ok());
+        let refused = tls.may_follow("https://collector.example.com").unwrap_err();
+        assert!(
+            refused.contains("--allow-redirect collector.example.com"),
+            "{refused}"
+        );
+        assert!(tls.may_follow("http://star-2.nova.internal:7400").is_err());
+        // A domain is a whole label: nova.internal does not cover evilnova.internal.
+        assert!(tls.may_follow("https://x.evilnova.internal").is_err());
+
+        // Given names (and domains) are followed too.
+        let allowed = router(
+            "https://10.0.0.1:7400",
+            Settings {
+                redirect_hosts: vec!["10.0.0.2".into(), "*.stars.example".into()],
+                ..Settings::default()
+            },
+        );
+        assert!(allowed.may_follow("https://10.0.0.2:7400").is_ok());
+        assert!(allowed.may_follow("https://a.stars.example").is_ok());
+        assert!(allowed.may_follow("https://10.0.0.3:7400").is_err());
+
+        // Verified against the fleet's own CA: any https server it vouches for.
+        let pinned = router(
+            "https://10.0.0.1:7400",
+            Settings {
+                tls: ClientTls {
+                    ca_pem: Some(b"a CA".to_vec()),
+                    ..ClientTls::default()
+                },
+                ..Settings::default()
+            },
+        );
+        assert!(pinned.may_follow("https://10.0.0.9:7400").is_ok());
+        assert!(pinned.may_follow("http://10.0.0.9:7400").is_err());
+
+        // Plain text trusts its network.
+        let plain = router("http://127.0.0.1:7400", Settings::default());
+        assert!(plain.may_follow("http://10.1.2.3:7400").is_ok());
+
+        // What is refused is not remembered either.
+        tls.learn("s", Some("https://collector.example.com"), true);
+        assert_eq!(tls.leader("s"), None);
     }
 }

@@ -114,7 +114,7 @@ pub fn auditor_memory() -> u64 {
 /// The star's fixed overhead beyond its formula with `sessions` session slots (see
 /// `OutageScenario::overhead_bytes`).
 pub fn star_overhead_bytes(sessions: u64) -> u64 {
-    nova_core::formula::FIXED_OVERHEAD + sessions * nova_core::formula::SESSION_OVERHEAD
+    nova_core::formula::overhead_with(sessions)
 }
 
 #[derive(Debug, Default)]

@@ -112,16 +112,12 @@ impl Principal {
         {
             return Ok(());
         }
-        let held: Vec<String> = self.grants.iter().map(ToString::to_string).collect();
+        // The refusal names what is missing, never what the token holds: a caller probing a
+        // token learns nothing of its other grants.
         Err(RequestError::PermissionDenied(format!(
-            "token {:?} has no {} scope for stream {stream:?} (its grants: {})",
+            "token {:?} has no {} scope for stream {stream:?}",
             self.name,
             scope.as_str(),
-            if held.is_empty() {
-                "none".to_owned()
-            } else {
-                held.join(", ")
-            }
         )))
     }
 }
@@ -209,6 +205,26 @@ pub struct Tokens {
     reloads: prometheus::IntCounterVec,
 }
 
+/// A grant's prefix is a plain prefix of the stream's name: `read:logs` covers `logs-private/`
+/// as well as `logs/`. Said at load for every grant whose prefix does not end at a separator.
+fn warn_of_open_prefixes(principal: &Principal) {
+    for grant in &principal.grants {
+        let ends_at_separator =
+            grant.prefix.is_empty() || grant.prefix.ends_with(['/', '.', '-', '_', ':']);
+        if !ends_at_separator {
+            tracing::warn!(
+                token = %principal.name,
+                grant = %grant,
+                "grant {grant} covers every stream whose name starts with {:?} ({:?} as well as \
+                 {:?}); end the prefix with a separator such as '/' to grant one namespace",
+                grant.prefix,
+                format!("{}-private/", grant.prefix),
+                format!("{}/", grant.prefix),
+            );
+        }
+    }
+}
+
 /// Why a call is refused before its handler runs.
 fn unauthenticated(why: &str) -> RequestError {
     RequestError::Unauthenticated(format!(
@@ -221,6 +237,9 @@ impl Tokens {
     /// Reads the file; an error here stops the server from starting.
     pub fn load(path: &Path, reloads: prometheus::IntCounterVec) -> Result<Self, TokenFileError> {
         let entries = Self::read(path)?;
+        for entry in &entries {
+            warn_of_open_prefixes(&entry.principal);
+        }
         Ok(Self {
             path: path.to_owned(),
             entries: Arc::new(RwLock::new(Arc::new(entries))),
@@ -273,19 +292,27 @@ impl Tokens {
             .ok_or_else(|| unauthenticated("the token is not one this server knows"))
     }
 
-    /// Reads the file again; on failure the tokens in use stay.
+    /// Reads the file again. A file that cannot be read (deleted, say) or parsed fails closed:
+    /// no token is accepted until it is fixed, because keeping the old tokens would keep a
+    /// revoked one working.
     pub fn reload(&self, why: &str) {
         match Self::read(&self.path) {
             Ok(entries) => {
                 let count = entries.len();
+                for entry in &entries {
+                    warn_of_open_prefixes(&entry.principal);
+                }
                 *self.entries.write() = Arc::new(entries);
                 self.reloads.with_label_values(&["ok"]).inc();
                 tracing::info!(tokens = count, "--auth-tokens reloaded ({why})");
             }
             Err(problem) => {
+                *self.entries.write() = Arc::new(Vec::new());
                 self.reloads.with_label_values(&["failed"]).inc();
                 tracing::error!(
-                    "--auth-tokens not reloaded ({why}): {problem}; the tokens loaded before stay"
+                    "--auth-tokens not reloaded ({why}): {problem}; NO TOKEN IS ACCEPTED until \
+                     the file is fixed (every call but health checks is refused), so that a \
+                     revocation cannot fail open"
                 );
             }
         }
@@ -367,6 +394,10 @@ mod tests {
         let denied = ingest.allows(Scope::Read, "billing/x").unwrap_err();
         assert!(matches!(denied, RequestError::PermissionDenied(_)));
         assert!(denied.to_string().contains("no read scope"), "{denied}");
+        assert!(
+            !denied.to_string().contains("logs/"),
+            "a refusal does not list the token's grants: {denied}"
+        );
         assert!(!denied.to_string().contains("s3cret"));
         let admin = ingest.allows(Scope::Admin, "logs/app").unwrap_err();
         assert!(admin.to_string().contains("no admin scope"), "{admin}");

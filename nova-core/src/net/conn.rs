@@ -2,16 +2,20 @@
 //! places from its accept until it closes; past the cap a new connection is closed at once and
 //! counted, and open ones are never cut to make room. A TLS handshake runs in a task of its own
 //! (the accept loop never waits on a slow client) and must finish, and the first request arrive,
-//! within `--first-request-timeout`; a connection with no call in progress for
-//! `--idle-timeout` is closed. Both are enforced from the connection's own reads, so a
-//! connection costs no task or timer beyond what tonic gives it.
+//! within `--first-request-timeout` of the accept; a connection with no call in progress for
+//! `--idle-timeout` is closed. So is one whose writes make no progress for
+//! `--keepalive-timeout` (a peer that stopped reading), and one holding a response it has not
+//! taken within `--send-timeout` (a consumer that withholds its HTTP/2 window). The deadlines
+//! run on one timer per connection, polled from both its reads and its writes: h2 stops
+//! reading while it has bytes it cannot write, so a check on reads alone never fires for a
+//! peer that stopped reading.
 
 #![allow(
     clippy::disallowed_methods,
     reason = "the network edge: connection deadlines and file watches run on the real clock, never a simulated one"
 )]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -44,6 +48,10 @@ pub struct ConnLimits {
     pub first_request: Duration,
     /// With no call in progress.
     pub idle: Duration,
+    /// With bytes to write and none taken by the peer.
+    pub write_stall: Duration,
+    /// From a response's first frame to its last, for responses that hold a charge.
+    pub send: Duration,
 }
 
 /// One listener's connection series.
@@ -54,7 +62,8 @@ pub struct ConnMetrics {
     pub accepted: prometheus::IntCounter,
     /// New connections refused: `max_connections`, `tls_handshake`.
     pub refused: IntCounterVec,
-    /// Connections closed by the server: `first_request_timeout`, `idle_timeout`.
+    /// Connections closed by the server: `first_request_timeout`, `idle_timeout`,
+    /// `write_timeout`, `send_timeout`.
     pub closed: IntCounterVec,
 }
 
@@ -86,19 +95,26 @@ impl ConnMetrics {
             closed: counter_vec(
                 r,
                 &format!("{prefix}_connections_closed_total"),
-                "gRPC connections the server closed: first_request_timeout (no request within --first-request-timeout), idle_timeout (no call for --idle-timeout).",
+                "gRPC connections the server closed: first_request_timeout (no request within --first-request-timeout), idle_timeout (no call for --idle-timeout), write_timeout (the peer took no bytes for --keepalive-timeout), send_timeout (a response not taken within --send-timeout).",
                 &["reason"],
             ),
         };
         for reason in ["max_connections", "tls_handshake"] {
             metrics.refused.with_label_values(&[reason]);
         }
-        for reason in ["first_request_timeout", "idle_timeout"] {
+        for reason in CLOSE_REASONS {
             metrics.closed.with_label_values(&[reason]);
         }
         metrics
     }
 }
+
+const CLOSE_REASONS: [&str; 4] = [
+    "first_request_timeout",
+    "idle_timeout",
+    "write_timeout",
+    "send_timeout",
+];
 
 /// What a connection's calls tell it: whether it has had one, how many run, when one last
 /// began or ended.
@@ -109,6 +125,11 @@ pub struct ConnState {
     active: AtomicU64,
     /// Milliseconds after `opened` that a call last began or ended.
     last_call_ms: AtomicU64,
+    /// Responses being sent that hold a charge, by a serial number: when each began, in
+    /// milliseconds after `opened`. Serials grow with time, so the first is the oldest. At most
+    /// one per HTTP/2 stream (`--max-concurrent-streams`).
+    sending: Mutex<BTreeMap<u64, u64>>,
+    next_send: AtomicU64,
 }
 
 impl ConnState {
@@ -118,6 +139,8 @@ impl ConnState {
             calls: AtomicU64::new(0),
             active: AtomicU64::new(0),
             last_call_ms: AtomicU64::new(0),
+            sending: Mutex::new(BTreeMap::new()),
+            next_send: AtomicU64::new(0),
         }
     }
 
@@ -140,6 +163,22 @@ impl ConnState {
 
     /// Why the connection should close now, or when to look again.
     fn verdict(&self, limits: &ConnLimits) -> Result<Instant, &'static str> {
+        let calls = self.calls_verdict(limits)?;
+        let oldest_send = self.sending.lock().first_key_value().map(|(_, &ms)| ms);
+        match oldest_send {
+            Some(began) => {
+                let deadline = self.opened + Duration::from_millis(began) + limits.send;
+                if Instant::now() >= deadline {
+                    Err("send_timeout")
+                } else {
+                    Ok(calls.min(deadline))
+                }
+            }
+            None => Ok(calls),
+        }
+    }
+
+    fn calls_verdict(&self, limits: &ConnLimits) -> Result<Instant, &'static str> {
         if self.calls.load(Ordering::Acquire) == 0 {
             let deadline = self.opened + limits.first_request;
             return if Instant::now() >= deadline {
@@ -169,6 +208,25 @@ pub struct Connections {
     by_peer: Mutex<HashMap<SocketAddr, Arc<ConnState>>>,
 }
 
+/// The address a request came from, as its connection reported it.
+pub fn peer(extensions: &http::Extensions) -> Option<SocketAddr> {
+    extensions
+        .get::<TcpConnectInfo>()
+        .and_then(|info| info.remote_addr)
+}
+
+/// A response being sent on a connection, which must be taken within `--send-timeout`.
+#[derive(Debug)]
+pub struct SendMark(Option<(Arc<ConnState>, u64)>);
+
+impl Drop for SendMark {
+    fn drop(&mut self) {
+        if let Some((state, serial)) = self.0.take() {
+            state.sending.lock().remove(&serial);
+        }
+    }
+}
+
 /// A call in progress on a connection; the connection is busy until it drops.
 #[derive(Debug)]
 pub struct CallMark(Option<Arc<ConnState>>);
@@ -191,14 +249,23 @@ impl Drop for CallMark {
 impl Connections {
     /// Marks the connection `extensions` came in on busy until the mark drops.
     pub fn begin(&self, extensions: &http::Extensions) -> CallMark {
-        let state = extensions
-            .get::<TcpConnectInfo>()
-            .and_then(|info| info.remote_addr)
-            .and_then(|peer| self.by_peer.lock().get(&peer).cloned());
+        let state = peer(extensions).and_then(|peer| self.by_peer.lock().get(&peer).cloned());
         if let Some(state) = &state {
             state.begin();
         }
         CallMark(state)
+    }
+
+    /// Starts the `--send-timeout` clock for a response on the connection from `peer`; it
+    /// stops when the mark drops (the response's last frame is out).
+    pub fn begin_send(&self, peer: Option<SocketAddr>) -> SendMark {
+        let state = peer.and_then(|peer| self.by_peer.lock().get(&peer).cloned());
+        SendMark(state.map(|state| {
+            let serial = state.next_send.fetch_add(1, Ordering::AcqRel);
+            let began = state.since_opened();
+            state.sending.lock().insert(serial, began);
+            (state, serial)
+        }))
     }
 
     fn register(&self, peer: SocketAddr) -> Arc<ConnState> {
@@ -245,6 +312,8 @@ pub struct Conn {
     state: Arc<ConnState>,
     limits: ConnLimits,
     check: Pin<Box<Sleep>>,
+    /// Since when the connection has had bytes to write that the peer would not take.
+    write_stalled: Option<Instant>,
     closed: IntCounterVec,
     place: Place,
 }
@@ -261,16 +330,54 @@ impl Connected for Conn {
 }
 
 impl Conn {
-    /// Closes the connection (an error from its read) once a limit says so.
+    /// Closes the connection (an error from its read or write) once a limit says so. Looked
+    /// at on every read and write: a response that starts sending can bring the next deadline
+    /// nearer than the timer's.
     fn poll_limits(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         loop {
-            ready!(self.check.as_mut().poll(cx));
-            match self.state.verdict(&self.limits) {
-                Ok(next) => self.check.as_mut().reset(next),
+            let verdict =
+                self.state
+                    .verdict(&self.limits)
+                    .and_then(|next| match self.write_stalled {
+                        Some(since) if Instant::now() >= since + self.limits.write_stall => {
+                            Err("write_timeout")
+                        }
+                        Some(since) => Ok(next.min(since + self.limits.write_stall)),
+                        None => Ok(next),
+                    });
+            match verdict {
+                Ok(next) => {
+                    if next != self.check.deadline() {
+                        self.check.as_mut().reset(next);
+                    }
+                }
                 Err(reason) => {
                     self.closed.with_label_values(&[reason]).inc();
                     tracing::debug!(peer = %self.place.peer, reason, "closing a connection");
                     return Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, reason));
+                }
+            }
+            ready!(self.check.as_mut().poll(cx));
+        }
+    }
+
+    /// Notes whether a write went through, and fails it once the peer has taken nothing for
+    /// too long (or another deadline passed while the connection could only wait to write).
+    fn after_write<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match poll {
+            Poll::Ready(result) => {
+                self.write_stalled = None;
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                self.write_stalled.get_or_insert_with(Instant::now);
+                match self.poll_limits(cx) {
+                    Poll::Ready(error) => Poll::Ready(Err(error)),
+                    Poll::Pending => Poll::Pending,
                 }
             }
         }
@@ -300,10 +407,12 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.io {
+        let this = &mut *self;
+        let poll = match &mut this.io {
             Io::Plain(io) => Pin::new(io).poll_write(cx, buf),
             Io::Tls(io) => Pin::new(io.as_mut()).poll_write(cx, buf),
-        }
+        };
+        this.after_write(cx, poll)
     }
 
     fn poll_write_vectored(
@@ -311,10 +420,12 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.io {
+        let this = &mut *self;
+        let poll = match &mut this.io {
             Io::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
             Io::Tls(io) => Pin::new(io.as_mut()).poll_write_vectored(cx, bufs),
-        }
+        };
+        this.after_write(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -325,10 +436,12 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.io {
+        let this = &mut *self;
+        let poll = match &mut this.io {
             Io::Plain(io) => Pin::new(io).poll_flush(cx),
             Io::Tls(io) => Pin::new(io.as_mut()).poll_flush(cx),
-        }
+        };
+        this.after_write(cx, poll)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -421,12 +534,15 @@ async fn accept_loop(
             _permit: place,
         };
         let closed = metrics.closed.clone();
+        // Every deadline counts from the accept, the TLS handshake's time included.
+        let first_check = state.opened + limits.first_request;
         let conn = move |io| Conn {
             io,
             local,
             state,
             limits,
-            check: Box::pin(tokio::time::sleep(limits.first_request)),
+            check: Box::pin(tokio::time::sleep_until(first_check)),
+            write_stalled: None,
             closed,
             place,
         };

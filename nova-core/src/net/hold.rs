@@ -4,6 +4,11 @@
 //! (a read slot, a share of the fetch pool) into the response's extensions as a [`Hold`], and
 //! [`HoldLayer`] moves them into the response body, which drops them once its last frame is
 //! out (or the call is cancelled).
+//!
+//! Such a response must be taken within `--send-timeout`: the layer starts its connection's
+//! send clock with it (`conn::SendMark`), and a connection still holding it at the deadline is
+//! closed, which frees the charge and whatever h2 buffered for it. A consumer that withholds
+//! its window so loses its own connection, and holds the budget for no longer than that.
 
 use std::any::Any;
 use std::future::Future;
@@ -13,6 +18,8 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
+
+use super::conn::{Connections, SendMark, peer};
 
 /// Charges a response holds until it is sent.
 #[derive(Clone)]
@@ -24,10 +31,10 @@ impl Hold {
     }
 }
 
-/// A response body that lets go of its [`Hold`] when it ends.
+/// A response body that lets go of its [`Hold`] (and stops its send clock) when it ends.
 struct HeldBody {
     inner: tonic::body::Body,
-    hold: Option<Hold>,
+    hold: Option<(Hold, SendMark)>,
 }
 
 impl HttpBody for HeldBody {
@@ -54,21 +61,33 @@ impl HttpBody for HeldBody {
     }
 }
 
-/// Moves each response's [`Hold`] into its body.
-#[derive(Clone, Copy, Default)]
-pub struct HoldLayer;
+/// Moves each response's [`Hold`] into its body, and times its sending.
+#[derive(Clone)]
+pub struct HoldLayer {
+    connections: Arc<Connections>,
+}
+
+impl HoldLayer {
+    pub fn new(connections: Arc<Connections>) -> Self {
+        Self { connections }
+    }
+}
 
 impl<S> tower_layer::Layer<S> for HoldLayer {
     type Service = HoldService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        HoldService { inner }
+        HoldService {
+            inner,
+            connections: self.connections.clone(),
+        }
     }
 }
 
 #[derive(Clone)]
 pub struct HoldService<S> {
     inner: S,
+    connections: Arc<Connections>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -90,13 +109,15 @@ where
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let peer = peer(request.extensions());
+        let connections = self.connections.clone();
         let response = self.inner.call(request);
         Box::pin(async move {
             let (mut parts, body) = response.await?.into_parts();
             let body = match parts.extensions.remove::<Hold>() {
                 Some(hold) => tonic::body::Body::new(HeldBody {
                     inner: body,
-                    hold: Some(hold),
+                    hold: Some((hold, connections.begin_send(peer))),
                 }),
                 None => body,
             };

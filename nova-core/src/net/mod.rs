@@ -5,6 +5,8 @@
 pub mod auth;
 pub mod conn;
 pub mod hold;
+pub mod shares;
+pub mod small;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -95,6 +97,26 @@ pub struct ListenerArgs {
     )]
     pub idle_timeout: DurationArg,
 
+    /// How long a consumer may take to receive a response that holds part of a budget (a
+    /// page of records, and its share of the read buffer). A connection still holding such a
+    /// response at the deadline is closed and counted (send_timeout), so a consumer that
+    /// withholds its HTTP/2 window fails on its own instead of holding the budget for everyone.
+    #[arg(
+        long,
+        env = "NOVA_SEND_TIMEOUT",
+        default_value = "30s",
+        help_heading = "Budgets"
+    )]
+    pub send_timeout: DurationArg,
+
+    /// How much of each budget one token may hold in work that waits on its client: messages
+    /// still arriving (of the admission buffer and of the small-request budget) and pages not
+    /// yet taken (of the read budget), as a percentage. Past it, that token's new appends and
+    /// small requests are refused with RESOURCE_EXHAUSTED and its reads wait, while other
+    /// tokens are served. Applies only with --auth-tokens (a token is the client).
+    #[arg(long, env = "NOVA_MAX_CLIENT_SHARE_PERCENT", default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100), help_heading = "Budgets")]
+    pub max_client_share_percent: u8,
+
     /// How often the server pings each connection over HTTP/2; a peer that does not answer
     /// within --keepalive-timeout is taken for dead and its connection closed.
     #[arg(
@@ -105,7 +127,8 @@ pub struct ListenerArgs {
     )]
     pub keepalive_interval: DurationArg,
 
-    /// How long a keepalive ping may go unanswered.
+    /// How long a keepalive ping may go unanswered; also how long a peer may take none of the
+    /// bytes the server has to write before its connection is closed (write_timeout).
     #[arg(
         long,
         env = "NOVA_KEEPALIVE_TIMEOUT",
@@ -174,6 +197,8 @@ impl ListenerArgs {
             max_connections: self.max_connections as usize,
             first_request: self.first_request_timeout.0,
             idle: self.idle_timeout.0,
+            write_stall: self.keepalive_timeout.0,
+            send: self.send_timeout.0,
         }
     }
 
@@ -182,6 +207,7 @@ impl ListenerArgs {
         for (flag, value) in [
             ("--first-request-timeout", self.first_request_timeout.0),
             ("--idle-timeout", self.idle_timeout.0),
+            ("--send-timeout", self.send_timeout.0),
             ("--keepalive-interval", self.keepalive_interval.0),
             ("--keepalive-timeout", self.keepalive_timeout.0),
         ] {
@@ -427,6 +453,16 @@ where
 /// The principal the auth layer found for a call, when the server checks tokens.
 pub fn principal<T>(request: &tonic::Request<T>) -> Option<Arc<Principal>> {
     request.extensions().get::<Arc<Principal>>().cloned()
+}
+
+/// What `GetServerInfo` says of where the data lives (bucket, prefix, endpoint) to a caller:
+/// all of it without tokens or to an admin token, nothing to other tokens, which need no map of
+/// the deployment to append or read.
+pub fn deployment_detail(principal: Option<&Principal>, detail: &str) -> String {
+    match principal {
+        Some(principal) if !principal.has(Scope::Admin) => String::new(),
+        _ => detail.to_owned(),
+    }
 }
 
 /// Authorises calls for the handlers: each refusal is counted, and logged (a line a second at

@@ -29,7 +29,7 @@ use nova_proto::wire::WireAppend;
 
 use super::Context;
 use super::caps::CapPermit;
-use super::charge::Charges;
+use super::charge::{Charged, Charges};
 
 pub type AckStream = Pin<Box<dyn Stream<Item = Result<v1::AppendAck, Status>> + Send>>;
 
@@ -221,6 +221,26 @@ fn rejection_reason(error: &RequestError) -> &'static str {
     }
 }
 
+/// Answers an append with a refusal: counted by reason; tallied and logged with the stream and
+/// the peer (a redirect is routing, not a refusal, so it is not tallied against them).
+fn reject(ctx: &Context, peer: Option<SocketAddr>, error: RequestError, stream: &str) -> Pending {
+    let reason = rejection_reason(&error);
+    ctx.metrics.rejections.with_label_values(&[reason]).inc();
+    if !matches!(error, RequestError::NotLeader { .. }) {
+        ctx.metrics.refused.hit(Some(stream), peer);
+    }
+    if let Some(unlogged) = ctx.sheds.admit(reason) {
+        tracing::info!(
+            reason,
+            stream,
+            peer = %nova_core::top::peer_key(peer),
+            unlogged_since_last = unlogged,
+            "append rejected: {error}"
+        );
+    }
+    Pending::Answer(refusal(&error))
+}
+
 async fn admit(
     ctx: &Context,
     peer: Option<SocketAddr>,
@@ -233,7 +253,26 @@ async fn admit(
     // test calling the service directly) tonic's message is the request, charged now.
     // `exact`: the message is a buffer of exactly its size, so its fragment may keep it.
     let (mut admitted, request, exact) = match charges.map(Charges::take) {
-        Some(Some((admitted, message))) => (admitted, WireAppend::parse(message), true),
+        Some(Some(Charged::Message(admitted, message))) => {
+            (admitted, WireAppend::parse(message), true)
+        }
+        // Refused before it was charged: for its stream's scope, or its client's share.
+        Some(Some(Charged::Refused { error, stream })) => {
+            if let RequestError::CapReached { cap, .. } = &error
+                && *cap == super::caps::RECEIVING_SHARE
+            {
+                super::caps::record_shed(
+                    &ctx.metrics,
+                    &ctx.sheds,
+                    super::caps::RECEIVING_SHARE,
+                    &error,
+                    (!stream.is_empty()).then_some(stream.as_str()),
+                    peer,
+                );
+                return Pending::Answer(refusal(&error));
+            }
+            return reject(ctx, peer, error, &stream);
+        }
         // Every placeholder tonic yields stands for a queued message; one without is a bug, and
         // answering it would shift every later answer by one.
         Some(None) => {
@@ -254,25 +293,7 @@ async fn admit(
     admitted.received();
     let clock = ctx.star.config().clock;
     let arrived = clock.now();
-    // Counted by reason; tallied and logged with the stream and the peer (a redirect is
-    // routing, not a refusal, so it is not tallied against them).
-    let refuse = |error: RequestError, stream: &str| {
-        let reason = rejection_reason(&error);
-        ctx.metrics.rejections.with_label_values(&[reason]).inc();
-        if !matches!(error, RequestError::NotLeader { .. }) {
-            ctx.metrics.refused.hit(Some(stream), peer);
-        }
-        if let Some(unlogged) = ctx.sheds.admit(reason) {
-            tracing::info!(
-                reason,
-                stream,
-                peer = %nova_core::top::peer_key(peer),
-                unlogged_since_last = unlogged,
-                "append rejected: {error}"
-            );
-        }
-        Pending::Answer(refusal(&error))
-    };
+    let refuse = |error: RequestError, stream: &str| reject(ctx, peer, error, stream);
     // In a fleet, every append is routed: a stream this star does not lead (or no longer
     // leads) is answered with a redirect naming its leader.
     // Each append names its stream: the session's token must allow appending to it.

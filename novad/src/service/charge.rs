@@ -12,7 +12,15 @@
 //! producer: the transport holds at most its stream window, and this layer at most the one DATA
 //! frame it was given (16 KiB, HTTP/2's default frame size). The message before is always handed
 //! over first, so a session never waits on a charge for a message behind one it has not
-//! finished. Calls other than `Append` pass through, held to small messages.
+//! finished. Calls other than `Append` are held to small messages (`nova_core::net::small`).
+//!
+//! A message is authorised before it is charged: its stream's name is its first field, so the
+//! layer reads that far (at most a few hundred bytes) and refuses, without charging or keeping
+//! any of it, a message for a stream the session's token may not append to. And while a
+//! message arrives, its charge also counts against its client's share of the buffer (a quarter;
+//! `nova_core::net::shares`): a client that sends prefixes and trickles bodies holds at most
+//! that, never the whole buffer. A refused message is skipped on the wire and answered in its
+//! place in the session's order.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -26,14 +34,20 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use parking_lot::Mutex;
 
 use nova_chain::admission::{AdmissionBuffer, Admitted, received_charge_within};
+use nova_core::limits::MAX_STREAM_NAME_BYTES;
+use nova_core::net::shares::{Share, Shares, holder};
+use nova_core::net::small::SmallMessages;
+use nova_core::net::{Access, Principal, Scope};
 use nova_proto::RequestError;
+
+use super::caps::RECEIVING_SHARE;
 
 /// The gRPC path whose requests are charged.
 const APPEND_PATH: &str = "/nova.v1.Nova/Append";
 const PREFIX_LEN: usize = 5;
-/// The largest message any other call may send: reads and admin calls are small, and their
-/// bodies are not charged, so a large one is refused before it is buffered.
-pub const SMALL_MESSAGE_LIMIT: u64 = 64 * 1024;
+/// How much of a message's start is read to find its stream's name: its tag, its length (two
+/// bytes at most for a name within the limit) and the name.
+const NAME_PEEK: usize = 1 + 2 + MAX_STREAM_NAME_BYTES;
 /// A message whose charge was granted must arrive whole within this long, plus a second for
 /// every `MESSAGE_MIN_RATE` bytes of it. Its charge holds admission room others wait for, so a
 /// producer that stalls (or trickles) mid-message loses its session. The deadline is fixed when
@@ -42,15 +56,24 @@ pub const MESSAGE_GRACE: Duration = Duration::from_secs(30);
 /// The slowest rate a message may arrive at, in bytes per second, past `MESSAGE_GRACE`.
 pub const MESSAGE_MIN_RATE: u64 = 1 << 20;
 
-/// Messages assembled and charged, waiting for the handler, in arrival order. At most one or
-/// two: the next message is read only once the handler has taken the one before (it waits for
-/// tonic, which waits for the placeholder standing for each message).
+/// What the layer made of one message, for the handler.
+#[derive(Debug)]
+pub enum Charged {
+    /// Assembled and charged.
+    Message(Admitted, Bytes),
+    /// Refused before it was charged (skipped on the wire): answer it with `error`.
+    Refused { error: RequestError, stream: String },
+}
+
+/// Messages assembled and charged (or refused), waiting for the handler, in arrival order. At
+/// most a few: the next message is read only once the handler has taken the one before (it
+/// waits for tonic, which waits for the placeholder standing for each message).
 #[derive(Debug, Default)]
-pub struct Charges(Mutex<VecDeque<(Admitted, Bytes)>>);
+pub struct Charges(Mutex<VecDeque<Charged>>);
 
 impl Charges {
     /// The next message and its charge.
-    pub fn take(&self) -> Option<(Admitted, Bytes)> {
+    pub fn take(&self) -> Option<Charged> {
         self.0.lock().pop_front()
     }
 }
@@ -63,8 +86,12 @@ const PLACEHOLDER: [u8; PREFIX_LEN] = [0; PREFIX_LEN];
 enum Framing {
     /// Reading a prefix; `got` bytes of it so far.
     Prefix { bytes: [u8; PREFIX_LEN], got: usize },
-    /// An append message of `len` bytes waits for its charge.
-    Charging { len: u64 },
+    /// Reading the start of a message of `len` bytes, up to its stream's name.
+    Naming { len: u64, peek: Vec<u8> },
+    /// An append message of `len` bytes, of which `peek` has arrived, waits for its charge.
+    Charging { len: u64, peek: Vec<u8> },
+    /// Skipping the rest of a refused message.
+    Skipping { remaining: u64 },
     /// Copying a charged append message into a buffer of exactly its size.
     Assembling { remaining: u64, buf: BytesMut },
     /// Passing a message through to tonic untouched (other calls; messages over the limit,
@@ -74,17 +101,18 @@ enum Framing {
 
 type Pending = Pin<Box<dyn Future<Output = Admitted> + Send>>;
 
-/// What the body does at each message's prefix.
+/// What a session's body charges, and who for.
 #[derive(Clone)]
-enum Mode {
-    /// Append: charge the admission buffer, then assemble the message outside tonic.
-    Charge {
-        admission: AdmissionBuffer,
-        charges: Arc<Charges>,
-        limits: TransportLimits,
-    },
-    /// Any other call: refuse a message over `SMALL_MESSAGE_LIMIT` before it is buffered.
-    Limit,
+struct Session {
+    admission: AdmissionBuffer,
+    charges: Arc<Charges>,
+    limits: TransportLimits,
+    /// What each client holds of the buffer in messages still arriving.
+    receiving: Arc<Shares>,
+    /// Who the session's messages are charged to: its token (none without tokens).
+    holder: Option<String>,
+    principal: Option<Arc<Principal>>,
+    access: Access,
 }
 
 /// The sizes the charging layer works with, from the batch caps.
@@ -99,11 +127,13 @@ pub struct TransportLimits {
 
 pub struct ChargedBody {
     inner: tonic::body::Body,
-    mode: Mode,
+    session: Session,
     framing: Framing,
     /// Bytes received and not yet processed (at most one DATA frame).
     held: Option<Bytes>,
     pending: Option<Pending>,
+    /// The message's part of the client's share, from its prefix until it is whole.
+    share: Option<Share>,
     /// The charge of the message being assembled.
     granted: Option<Admitted>,
     /// While a message is being assembled: when its session is ended if it is not whole yet.
@@ -124,14 +154,63 @@ fn fresh_prefix() -> Framing {
     }
 }
 
+/// What the start of a message says of its stream.
+enum Naming {
+    /// More bytes are needed to tell.
+    More,
+    /// The message does not start with a stream name this layer can read (a field order other
+    /// than the usual, or a malformed message): it is charged, and authorised by the handler.
+    Unknown,
+    Name(String),
+}
+
+/// Reads the stream's name from the start of an `AppendRequest` (field 1, length-delimited).
+fn naming(peek: &[u8], len: u64) -> Naming {
+    const STREAM_TAG: u8 = 0x0a;
+    let Some(&tag) = peek.first() else {
+        return Naming::More;
+    };
+    if tag != STREAM_TAG {
+        return Naming::Unknown;
+    }
+    // The name's length, a varint of at most two bytes for names within the limit.
+    let mut name_len = 0u64;
+    let mut at = 1;
+    loop {
+        let Some(&byte) = peek.get(at) else {
+            return Naming::More;
+        };
+        name_len |= u64::from(byte & 0x7f) << (7 * (at - 1));
+        at += 1;
+        if byte & 0x80 == 0 {
+            break;
+        }
+        if at > 2 {
+            return Naming::Unknown;
+        }
+    }
+    let end = at as u64 + name_len;
+    if name_len as usize > MAX_STREAM_NAME_BYTES || end > len {
+        return Naming::Unknown;
+    }
+    if (peek.len() as u64) < end {
+        return Naming::More;
+    }
+    match std::str::from_utf8(&peek[at..end as usize]) {
+        Ok(name) => Naming::Name(name.to_owned()),
+        Err(_) => Naming::Unknown,
+    }
+}
+
 impl ChargedBody {
-    fn new(inner: tonic::body::Body, mode: Mode) -> Self {
+    fn new(inner: tonic::body::Body, session: Session) -> Self {
         Self {
             inner,
-            mode,
+            session,
             framing: fresh_prefix(),
             held: None,
             pending: None,
+            share: None,
             granted: None,
             deadline: None,
             failed: None,
@@ -139,8 +218,8 @@ impl ChargedBody {
         }
     }
 
-    /// Processes `data`, returning what tonic may see now. Stops at a prefix that must wait for
-    /// its charge, keeping the rest in `held`.
+    /// Processes `data`, returning what tonic may see now. Stops at a message that must wait
+    /// for its charge, keeping the rest in `held`.
     fn process(&mut self, mut data: Bytes) -> Result<Bytes, tonic::Status> {
         let mut out = BytesMut::new();
         while !data.is_empty() {
@@ -148,6 +227,14 @@ impl ChargedBody {
                 Framing::Passing { remaining } => {
                     let take = (*remaining).min(data.len() as u64) as usize;
                     out.extend_from_slice(&data.split_to(take));
+                    *remaining -= take as u64;
+                    if *remaining == 0 {
+                        self.framing = fresh_prefix();
+                    }
+                }
+                Framing::Skipping { remaining } => {
+                    let take = (*remaining).min(data.len() as u64) as usize;
+                    data.advance(take);
                     *remaining -= take as u64;
                     if *remaining == 0 {
                         self.framing = fresh_prefix();
@@ -175,36 +262,40 @@ impl ChargedBody {
                         )));
                     }
                     let len = (&prefix[1..]).get_u32() as u64;
-                    // Small messages of other calls pass through to tonic; so does an append
-                    // over the transport's limit, which tonic refuses at its prefix. Any other
-                    // append waits for its charge.
-                    let charged = match &self.mode {
-                        Mode::Limit if len > SMALL_MESSAGE_LIMIT => {
-                            return Err(status(RequestError::MessageTooLarge(format!(
-                                "a message of {len} bytes, over the {SMALL_MESSAGE_LIMIT} bytes \
-                                 this call accepts"
-                            ))));
-                        }
-                        Mode::Charge {
-                            admission, limits, ..
-                        } if len <= limits.max_message => Some((
-                            admission.clone(),
-                            received_charge_within(len, limits.largest_fragment),
-                        )),
-                        Mode::Limit | Mode::Charge { .. } => None,
+                    if len > self.session.limits.max_message {
+                        // tonic refuses it at its prefix, before it is buffered.
+                        out.extend_from_slice(&prefix);
+                        self.framing = Framing::Passing { remaining: len };
+                        continue;
+                    }
+                    self.framing = Framing::Naming {
+                        len,
+                        peek: Vec::new(),
                     };
-                    if let Some((admission, charge)) = charged {
-                        self.pending = Some(Box::pin(async move { admission.admit(charge).await }));
-                        self.framing = Framing::Charging { len };
+                    if len == 0 && self.named(Naming::Unknown, &mut out) {
                         if !data.is_empty() {
                             self.held = Some(data);
                         }
                         return Ok(out.freeze());
                     }
-                    out.extend_from_slice(&prefix);
-                    self.framing = Framing::Passing { remaining: len };
-                    if len == 0 {
-                        self.framing = fresh_prefix();
+                }
+                Framing::Naming { len, peek } => {
+                    let want = (*len - peek.len() as u64).min(NAME_PEEK as u64 - peek.len() as u64)
+                        as usize;
+                    let take = want.min(data.len());
+                    peek.extend_from_slice(&data.split_to(take));
+                    let told = match naming(peek, *len) {
+                        Naming::More if peek.len() as u64 == *len || peek.len() >= NAME_PEEK => {
+                            Naming::Unknown
+                        }
+                        Naming::More => continue,
+                        told => told,
+                    };
+                    if self.named(told, &mut out) {
+                        if !data.is_empty() {
+                            self.held = Some(data);
+                        }
+                        return Ok(out.freeze());
                     }
                 }
                 Framing::Charging { .. } => {
@@ -215,17 +306,74 @@ impl ChargedBody {
         Ok(out.freeze())
     }
 
+    /// The message's stream is known (or cannot be told early): refuse it, or start charging
+    /// it. True when it waits for its charge.
+    fn named(&mut self, told: Naming, out: &mut BytesMut) -> bool {
+        let Framing::Naming { len, peek } = std::mem::replace(&mut self.framing, fresh_prefix())
+        else {
+            return false;
+        };
+        let session = &self.session;
+        let charge = received_charge_within(len, session.limits.largest_fragment);
+        let stream = match &told {
+            Naming::Name(name) => name.clone(),
+            _ => String::new(),
+        };
+        let refusal = match &told {
+            Naming::Name(name) => session
+                .access
+                .check(session.principal.as_deref(), Scope::Append, name)
+                .err(),
+            _ => None,
+        };
+        let refusal = refusal.or_else(|| {
+            let holder = session.holder.as_deref()?;
+            match session.receiving.try_take(holder, charge) {
+                Some(share) => {
+                    self.share = Some(share);
+                    None
+                }
+                None => Some(RequestError::CapReached {
+                    cap: RECEIVING_SHARE,
+                    limit: session.receiving.cap(),
+                    what: "bytes of the admission buffer one token may hold in messages still \
+                           arriving (--max-client-share-percent); send each message whole",
+                    retry_after: Duration::from_secs(1),
+                }),
+            }
+        });
+        if let Some(error) = refusal {
+            // Answered in its place; the rest of it is skipped, never kept.
+            session
+                .charges
+                .0
+                .lock()
+                .push_back(Charged::Refused { error, stream });
+            out.extend_from_slice(&PLACEHOLDER);
+            let remaining = len - peek.len() as u64;
+            if remaining > 0 {
+                self.framing = Framing::Skipping { remaining };
+            }
+            return false;
+        }
+        let admission = session.admission.clone();
+        self.pending = Some(Box::pin(async move { admission.admit(charge).await }));
+        self.framing = Framing::Charging { len, peek };
+        true
+    }
+
     /// The charge is granted: assemble the message (or hand over an empty one).
     fn start_message(&mut self, admitted: Admitted, out: &mut BytesMut) {
-        let Framing::Charging { len } = self.framing else {
+        let Framing::Charging { len, peek } = std::mem::replace(&mut self.framing, fresh_prefix())
+        else {
             return;
         };
         self.granted = Some(admitted);
-        self.framing = Framing::Assembling {
-            remaining: len,
-            buf: BytesMut::with_capacity(len as usize),
-        };
-        if len == 0 {
+        let mut buf = BytesMut::with_capacity(len as usize);
+        buf.extend_from_slice(&peek);
+        let remaining = len - peek.len() as u64;
+        self.framing = Framing::Assembling { remaining, buf };
+        if remaining == 0 {
             self.finish_message(out);
         } else {
             let allowed = MESSAGE_GRACE + Duration::from_secs(len / MESSAGE_MIN_RATE);
@@ -238,10 +386,14 @@ impl ChargedBody {
     fn finish_message(&mut self, out: &mut BytesMut) {
         let framing = std::mem::replace(&mut self.framing, fresh_prefix());
         self.deadline = None;
-        if let (Framing::Assembling { buf, .. }, Some(admitted), Mode::Charge { charges, .. }) =
-            (framing, self.granted.take(), &self.mode)
-        {
-            charges.0.lock().push_back((admitted, buf.freeze()));
+        // Whole: no longer arriving, so no longer on the client's share.
+        self.share = None;
+        if let (Framing::Assembling { buf, .. }, Some(admitted)) = (framing, self.granted.take()) {
+            self.session
+                .charges
+                .0
+                .lock()
+                .push_back(Charged::Message(admitted, buf.freeze()));
             out.extend_from_slice(&PLACEHOLDER);
         }
     }
@@ -262,6 +414,7 @@ impl ChargedBody {
         self.pending = None;
         self.held = None;
         self.deadline = None;
+        self.share = None;
         if out.is_empty() {
             self.done = true;
             Poll::Ready(Some(Err(status)))
@@ -360,16 +513,33 @@ fn ended_inside_a_message() -> RequestError {
 }
 
 /// Wraps `Append` request bodies in a charging `ChargedBody`, other requests in a limiting one.
+/// Runs inside the authentication layer: a call's token is known.
 /// (A `Read`'s charge is held until its response is sent by `nova_core::net::hold`.)
 #[derive(Clone)]
 pub struct ChargeLayer {
     admission: AdmissionBuffer,
     limits: TransportLimits,
+    receiving: Arc<Shares>,
+    access: Access,
+    small: SmallMessages,
 }
 
 impl ChargeLayer {
-    pub fn new(admission: AdmissionBuffer, limits: TransportLimits) -> Self {
-        Self { admission, limits }
+    /// A token may hold `share_percent` of the buffer in messages still arriving.
+    pub fn new(
+        admission: AdmissionBuffer,
+        limits: TransportLimits,
+        access: Access,
+        small: SmallMessages,
+        share_percent: u8,
+    ) -> Self {
+        Self {
+            receiving: Shares::of(admission.budget().capacity(), share_percent),
+            admission,
+            limits,
+            access,
+            small,
+        }
     }
 }
 
@@ -379,8 +549,7 @@ impl<S> tower_layer::Layer<S> for ChargeLayer {
     fn layer(&self, inner: S) -> Self::Service {
         ChargeService {
             inner,
-            admission: self.admission.clone(),
-            limits: self.limits,
+            layer: self.clone(),
         }
     }
 }
@@ -388,8 +557,7 @@ impl<S> tower_layer::Layer<S> for ChargeLayer {
 #[derive(Clone)]
 pub struct ChargeService<S> {
     inner: S,
-    admission: AdmissionBuffer,
-    limits: TransportLimits,
+    layer: ChargeLayer,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -412,18 +580,27 @@ where
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
-        let mode = if parts.uri.path() == APPEND_PATH {
+        let principal = parts.extensions.get::<Arc<Principal>>().cloned();
+        let peer = nova_core::net::conn::peer(&parts.extensions);
+        let body = if parts.uri.path() == APPEND_PATH {
             let charges = Arc::new(Charges::default());
             parts.extensions.insert(charges.clone());
-            Mode::Charge {
-                admission: self.admission.clone(),
-                charges,
-                limits: self.limits,
-            }
+            let layer = &self.layer;
+            tonic::body::Body::new(ChargedBody::new(
+                body,
+                Session {
+                    admission: layer.admission.clone(),
+                    charges,
+                    limits: layer.limits,
+                    receiving: layer.receiving.clone(),
+                    holder: holder(principal.as_deref()),
+                    principal,
+                    access: layer.access.clone(),
+                },
+            ))
         } else {
-            Mode::Limit
+            self.layer.small.limit(body, principal.as_deref(), peer)
         };
-        let body = tonic::body::Body::new(ChargedBody::new(body, mode));
         Box::pin(self.inner.call(http::Request::from_parts(parts, body)))
     }
 }
@@ -440,6 +617,31 @@ mod tests {
         max_message: 1 << 20,
         largest_fragment: u64::MAX,
     };
+
+    fn session(admission: AdmissionBuffer, charges: Arc<Charges>) -> Session {
+        let metrics = nova_core::net::SecurityMetrics::register(&prometheus::Registry::new(), "t");
+        Session {
+            receiving: Shares::of(admission.budget().capacity(), 25),
+            admission,
+            charges,
+            limits: LIMITS,
+            holder: Some("test".into()),
+            principal: None,
+            access: Access::new(&metrics),
+        }
+    }
+
+    fn messages(charges: &Charges) -> Vec<Bytes> {
+        charges
+            .0
+            .lock()
+            .iter()
+            .map(|charged| match charged {
+                Charged::Message(_, message) => message.clone(),
+                Charged::Refused { error, .. } => panic!("refused: {error}"),
+            })
+            .collect()
+    }
 
     fn framed(messages: &[&[u8]]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -465,24 +667,27 @@ mod tests {
     /// and the messages queued for the handler.
     async fn pass(wire: &[u8], chunk: usize, admission: AdmissionBuffer) -> (Vec<u8>, Vec<Bytes>) {
         let charges = Arc::new(Charges::default());
-        let mode = Mode::Charge {
-            admission: admission.clone(),
-            charges: charges.clone(),
-            limits: LIMITS,
-        };
+        let mode = session(admission.clone(), charges.clone());
         let mut body = ChargedBody::new(body(wire, chunk), mode);
         let mut out = Vec::new();
         while let Some(frame) = body.frame().await {
             out.extend_from_slice(&frame.unwrap().into_data().unwrap());
         }
-        let queued = charges.0.lock();
+        let charged: u64 = charges
+            .0
+            .lock()
+            .iter()
+            .map(|c| match c {
+                Charged::Message(admitted, _) => admitted.charged(),
+                Charged::Refused { .. } => 0,
+            })
+            .sum();
         assert_eq!(
-            queued.iter().map(|(a, _)| a.charged()).sum::<u64>(),
+            charged,
             admission.budget().in_use(),
             "the queue holds every charge taken"
         );
-        let messages = queued.iter().map(|(_, m)| m.clone()).collect();
-        (out, messages)
+        (out, messages(&charges))
     }
 
     #[tokio::test]
@@ -540,11 +745,7 @@ mod tests {
         let mut oversized = vec![0u8];
         oversized.extend_from_slice(&((2u32 << 20).to_be_bytes()));
         let charges = Arc::new(Charges::default());
-        let mode = Mode::Charge {
-            admission: admission.clone(),
-            charges: charges.clone(),
-            limits: LIMITS,
-        };
+        let mode = session(admission.clone(), charges.clone());
         let mut passing = ChargedBody::new(body(&oversized, 64), mode);
         let first = passing.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(
@@ -556,31 +757,10 @@ mod tests {
 
         let mut compressed = framed(&[b"abc"]);
         compressed[0] = 1;
-        let mode = Mode::Charge {
-            admission,
-            charges: Arc::default(),
-            limits: LIMITS,
-        };
+        let mode = session(admission, Arc::default());
         let mut body = ChargedBody::new(body(&compressed, 64), mode);
         let error = body.frame().await.unwrap().unwrap_err();
         assert_eq!(error.code(), tonic::Code::InvalidArgument);
-    }
-
-    /// Calls other than Append are held to small messages before anything is buffered.
-    #[tokio::test]
-    async fn other_calls_refuse_large_messages() {
-        let small = framed(&[&[1u8; 100]]);
-        let mut body_small = ChargedBody::new(body(&small, 16), Mode::Limit);
-        let mut out = Vec::new();
-        while let Some(frame) = body_small.frame().await {
-            out.extend_from_slice(&frame.unwrap().into_data().unwrap());
-        }
-        assert_eq!(out, small);
-        let mut large = vec![0u8];
-        large.extend_from_slice(&((SMALL_MESSAGE_LIMIT as u32 + 1).to_be_bytes()));
-        let mut body_large = ChargedBody::new(body(&large, 16), Mode::Limit);
-        let error = body_large.frame().await.unwrap().unwrap_err();
-        assert_eq!(error.code(), tonic::Code::ResourceExhausted);
     }
 
     /// A producer that stops in the middle of a message whose charge it holds loses its
@@ -601,11 +781,7 @@ mod tests {
                 .chain(futures::stream::pending());
         let inner = tonic::body::Body::new(http_body_util::StreamBody::new(stalled));
         let charges = Arc::new(Charges::default());
-        let mode = Mode::Charge {
-            admission: admission.clone(),
-            charges: charges.clone(),
-            limits: LIMITS,
-        };
+        let mode = session(admission.clone(), charges.clone());
         let mut body = ChargedBody::new(inner, mode);
         let mut passed = 0;
         let error = loop {
@@ -639,11 +815,7 @@ mod tests {
         let mut wire = whole.clone();
         wire.extend_from_slice(&[0, 0, 0, 0, 50, 1, 2, 3]);
         let charges = Arc::new(Charges::default());
-        let mode = Mode::Charge {
-            admission,
-            charges: charges.clone(),
-            limits: LIMITS,
-        };
+        let mode = session(admission, charges.clone());
         let mut body = ChargedBody::new(body(&wire, 4), mode);
         let mut passed = Vec::new();
         let error = loop {
@@ -656,5 +828,139 @@ mod tests {
         assert_eq!(passed, PLACEHOLDER, "the whole message was handed on first");
         assert_eq!(error.code(), tonic::Code::InvalidArgument);
         assert!(body.frame().await.is_none(), "nothing after the error");
+    }
+
+    /// The start of an append message for `stream`, padded to `len` bytes.
+    fn append_to(stream: &str, len: usize) -> Vec<u8> {
+        let mut message = vec![0x0a, stream.len() as u8];
+        message.extend_from_slice(stream.as_bytes());
+        message.resize(len, 0x42);
+        message
+    }
+
+    #[test]
+    fn the_stream_name_is_read_from_the_start_of_a_message() {
+        let message = append_to("logs/a", 100);
+        assert!(matches!(naming(&message[..3], 100), Naming::More));
+        assert!(matches!(naming(&message, 100), Naming::Name(n) if n == "logs/a"));
+        // Another field first, or a name longer than a stream's may be: not told early.
+        assert!(matches!(naming(&[0x12, 1, 0], 100), Naming::Unknown));
+        assert!(matches!(naming(&[0x0a, 0x80, 0x08], 2000), Naming::Unknown));
+        // A name running past the message's end.
+        assert!(matches!(naming(&message, 5), Naming::Unknown));
+    }
+
+    /// A message for a stream the session's token may not append to is refused before it is
+    /// charged, and skipped; the next message, for a stream it may, is charged as usual.
+    #[tokio::test]
+    async fn a_message_outside_the_tokens_grants_is_refused_before_it_is_charged() {
+        use nova_core::net::auth::Grant;
+        let admission = AdmissionBuffer::new(
+            1 << 20,
+            Metrics::new().admission,
+            nova_core::clock::Clock::system(),
+        );
+        let charges = Arc::new(Charges::default());
+        let mut mode = session(admission.clone(), charges.clone());
+        mode.principal = Some(Arc::new(Principal {
+            name: "ingest".into(),
+            grants: vec![Grant {
+                scope: Scope::Append,
+                prefix: "ok/".into(),
+            }],
+        }));
+        let denied = append_to("secret/x", 5000);
+        let allowed = append_to("ok/x", 300);
+        let wire = framed(&[&denied, &allowed]);
+        let mut body = ChargedBody::new(body(&wire, 7), mode);
+        let mut out = Vec::new();
+        while let Some(frame) = body.frame().await {
+            out.extend_from_slice(&frame.unwrap().into_data().unwrap());
+        }
+        assert_eq!(out, framed(&[b"", b""]), "a placeholder for each, in order");
+        let mut queued = charges.0.lock();
+        match queued.pop_front() {
+            Some(Charged::Refused { error, stream }) => {
+                assert!(
+                    matches!(error, RequestError::PermissionDenied(_)),
+                    "{error}"
+                );
+                assert_eq!(stream, "secret/x");
+            }
+            other => panic!("{other:?}"),
+        }
+        match queued.pop_front() {
+            Some(Charged::Message(admitted, message)) => {
+                assert_eq!(message, allowed);
+                assert_eq!(admitted.charged(), admission.budget().in_use());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A client's messages still arriving hold at most its share of the buffer: a session that
+    /// sends a prefix and stalls keeps that much, and the client's next message is refused
+    /// (RESOURCE_EXHAUSTED with a hint) rather than charged, while other clients are not.
+    #[tokio::test]
+    async fn messages_still_arriving_hold_at_most_their_clients_share() {
+        let admission = AdmissionBuffer::new(
+            16 << 20,
+            Metrics::new().admission,
+            nova_core::clock::Clock::system(),
+        );
+        let receiving = Shares::of(admission.budget().capacity(), 25);
+        let stalled = |holder: &str| {
+            let mut mode = session(admission.clone(), Arc::default());
+            mode.receiving = receiving.clone();
+            mode.holder = Some(holder.into());
+            let mut wire = vec![0u8];
+            wire.extend_from_slice(&(900_000u32).to_be_bytes());
+            wire.extend_from_slice(&append_to("s", 600));
+            let stream =
+                futures::stream::iter(vec![Ok::<_, tonic::Status>(Frame::data(Bytes::from(wire)))])
+                    .chain(futures::stream::pending());
+            let charges = mode.charges.clone();
+            let body = ChargedBody::new(
+                tonic::body::Body::new(http_body_util::StreamBody::new(stream)),
+                mode,
+            );
+            (body, charges)
+        };
+        let poll_once = |body: &mut ChargedBody| {
+            let waker = futures::task::noop_waker();
+            let mut cx = std::task::Context::from_waker(&waker);
+            Pin::new(body).poll_frame(&mut cx)
+        };
+        let (mut first, _) = stalled("a");
+        assert!(
+            poll_once(&mut first).is_pending(),
+            "charged, waiting for the rest"
+        );
+        let held = admission.budget().in_use();
+        assert!(held > 900_000, "{held}");
+        let (mut second, refused) = stalled("a");
+        let frame = poll_once(&mut second);
+        assert!(
+            matches!(&frame, Poll::Ready(Some(Ok(f))) if f.data_ref().is_some_and(|d| d[..] == PLACEHOLDER)),
+            "answered in its place"
+        );
+        match refused.take() {
+            Some(Charged::Refused { error, .. }) => {
+                assert_eq!(
+                    tonic::Status::from(error).code(),
+                    tonic::Code::ResourceExhausted
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(admission.budget().in_use(), held, "nothing more charged");
+        let (mut other, _) = stalled("b");
+        assert!(poll_once(&mut other).is_pending());
+        assert!(
+            admission.budget().in_use() > held,
+            "another client has its own share"
+        );
+        drop(first);
+        assert_eq!(receiving.held("a"), 0, "let go with the session");
     }
 }

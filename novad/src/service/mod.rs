@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use nova_chain::READ_PER_RECORD;
 use nova_chain::Star;
 use nova_chain::streams::StreamState;
 use nova_core::catalog::{Retention, StorageClass};
@@ -42,6 +43,8 @@ pub struct Context {
     pub sessions: Cap,
     /// Reads in progress, including those waiting at a stream's tail (`wait_ms`).
     pub subscriptions: Cap,
+    /// What each client holds of the read budget in pages not yet sent.
+    pub read_shares: Arc<nova_core::net::shares::Shares>,
     pub metrics: Arc<Metrics>,
     pub sheds: Arc<ShedLog>,
     /// Fires when novad starts shutting down: sessions stop reading and finish.
@@ -216,6 +219,7 @@ impl Nova for NovaService {
         // read holds its slot while it waits at the tail, and nothing else: the next page is
         // produced only when the consumer asks for it.
         let _subscription = ctx.subscriptions.admit(peer, Some(&request.stream))?;
+        let holder = nova_core::net::shares::holder(principal.as_deref());
         let start_seq = ctx
             .start_seq(&stream, request.start_seq, request.start_timestamp)
             .await?;
@@ -230,6 +234,14 @@ impl Nova for NovaService {
         }
         let (max_records, max_bytes) =
             read_caps(&request, ctx.max_read_records, ctx.max_read_bytes);
+        // What the page may hold counts against the client's share of the read budget from
+        // before it is built until it is sent: a client whose pages are not taken (a window
+        // withheld) waits on its own share, and holds no more than it of the budget.
+        let most = max_bytes + max_records as u64 * READ_PER_RECORD;
+        let mut share = match &holder {
+            Some(holder) => Some(ctx.read_shares.take_waiting(holder, most).await),
+            None => None,
+        };
         let mut page = ctx
             .star
             .read(&stream, start_seq, max_records, max_bytes)
@@ -254,10 +266,14 @@ impl Nova for NovaService {
             next_seq: page.next_seq,
             tail_seq: page.tail_seq,
         });
-        // The page's read charge stays held until the response is sent (charge.rs).
+        // The page's read charge stays held until the response is sent (charge.rs), counted
+        // against the client's share meanwhile.
+        if let Some(share) = &mut share {
+            share.shrink_to(page.charge.bytes());
+        }
         response
             .extensions_mut()
-            .insert(nova_core::net::hold::Hold::new(page.charge));
+            .insert(nova_core::net::hold::Hold::new((page.charge, share)));
         Ok(response)
     }
 
@@ -501,8 +517,11 @@ impl Nova for NovaService {
 
     async fn get_server_info(
         &self,
-        _request: Request<v1::GetServerInfoRequest>,
+        request: Request<v1::GetServerInfoRequest>,
     ) -> Result<Response<v1::GetServerInfoResponse>, Status> {
-        Ok(Response::new(info::server_info(&self.ctx)))
+        let principal = nova_core::net::principal(&request);
+        let mut info = info::server_info(&self.ctx);
+        info.store = nova_core::net::deployment_detail(principal.as_deref(), &info.store);
+        Ok(Response::new(info))
     }
 }

@@ -55,6 +55,17 @@ struct Cli {
     #[arg(long, global = true, env = "NOVA_TLS_CA")]
     tls_ca: Option<std::path::PathBuf>,
 
+    /// A host a redirect over TLS may send this command's calls (and its token) to, besides the
+    /// server's own host and its domain: a name, or *.domain. Repeat for more. Not needed with
+    /// --tls-ca (the fleet's CA vouches for its stars).
+    #[arg(
+        long,
+        env = "NOVA_ALLOW_REDIRECT",
+        value_delimiter = ',',
+        global = true
+    )]
+    allow_redirect: Vec<String>,
+
     /// A client certificate (PEM) to present to servers that require one (mutual TLS); with
     /// --client-key.
     #[arg(long, global = true, env = "NOVA_CLIENT_CERT", requires = "client_key")]
@@ -162,6 +173,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut config = ClientConfig::new([server.as_str()])
         .with_retry(retry)
         .with_tls(tls)
+        .with_redirect_hosts(cli.allow_redirect.clone())
         .on_retry(move |retrying| notices.tell(retrying));
     if let Some(token) = &cli.token {
         config = config.with_token(token)?;
