@@ -34,6 +34,7 @@ use nova_core::catalog::IndexEntry;
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, FormatError, fetch_section};
 use nova_core::limits::COLD_READ_REFS;
+use nova_core::net::shares::{Share, Shares};
 use nova_core::object_store::StoreError;
 use nova_core::record::SequencedRecord;
 use nova_proto::RequestError;
@@ -55,36 +56,66 @@ pub struct Page {
 /// wire form, and its framing in the encoded response.
 pub const READ_PER_RECORD: u64 = 192;
 
-/// A read's charge to the read budget, grown as the read takes more.
+/// Whose share of the read budget a read is charged to besides the budget itself
+/// (`nova_core::net::shares`): a client's pages being built and not yet taken hold at most its
+/// share.
+#[derive(Debug, Clone)]
+pub struct ReadShare {
+    pub shares: Arc<Shares>,
+    pub holder: String,
+}
+
+/// A read's charge to the read budget (and to its client's share), grown as the read takes
+/// more.
 #[derive(Debug)]
 pub struct ReadCharge {
     budget: Budget,
     permit: Option<BudgetPermit>,
+    gate: Option<ReadShare>,
+    share: Option<Share>,
 }
 
 impl ReadCharge {
-    fn new(budget: Budget) -> Self {
+    fn new(budget: Budget, gate: Option<ReadShare>) -> Self {
         Self {
             budget,
             permit: None,
+            gate,
+            share: None,
         }
     }
 
-    /// Grows the charge by `bytes`. The first growth waits for room (the read holds nothing
-    /// yet); later ones succeed only if there is room now.
+    /// Grows the charge by `bytes`. The first growth waits for room, in the client's share
+    /// first (its own pages hold it up, nobody else's) and then in the budget; later ones
+    /// succeed only if both have room now.
     async fn grow(&mut self, bytes: u64) -> bool {
         match &mut self.permit {
             None => {
+                if let Some(gate) = &self.gate {
+                    self.share = Some(gate.shares.take_waiting(&gate.holder, bytes).await);
+                }
                 self.permit = Some(self.budget.acquire(bytes).await);
                 true
             }
-            Some(permit) => match self.budget.try_acquire(bytes) {
-                Some(more) => {
-                    permit.merge(more);
-                    true
+            Some(permit) => {
+                if let Some(share) = &mut self.share
+                    && !share.try_grow(bytes)
+                {
+                    return false;
                 }
-                None => false,
-            },
+                match self.budget.try_acquire(bytes) {
+                    Some(more) => {
+                        permit.merge(more);
+                        true
+                    }
+                    None => {
+                        if let Some(share) = &mut self.share {
+                            share.shrink_to(share.bytes() - bytes);
+                        }
+                        false
+                    }
+                }
+            }
         }
     }
 
@@ -177,11 +208,12 @@ pub(crate) async fn read(
     start_seq: u64,
     max_records: u32,
     max_bytes: u64,
+    gate: Option<ReadShare>,
 ) -> Result<Page, RequestError> {
     check_not_trimmed(shared, stream, start_seq, false).await?;
     let tail = stream.tail();
     let mut page = PageBuilder::new(start_seq, tail, max_records.max(1) as usize, max_bytes);
-    let mut charge = ReadCharge::new(shared.read_budget.clone());
+    let mut charge = ReadCharge::new(shared.read_budget.clone(), gate.clone());
     let mut stale_refs = 0;
     while !page.full() {
         let seq = page.next_seq;
@@ -254,7 +286,7 @@ pub(crate) async fn read(
                     if page.records.is_empty() {
                         // Nothing taken yet: give the charge back, so the next stretch may wait
                         // for room again and the page still serves at least one record.
-                        charge = ReadCharge::new(shared.read_budget.clone());
+                        charge = ReadCharge::new(shared.read_budget.clone(), gate.clone());
                     }
                     break;
                 }

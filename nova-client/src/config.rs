@@ -33,7 +33,7 @@ pub struct ClientConfig {
     /// Told before every retry the client and its producers make (see
     /// [`ClientConfig::on_retry`]).
     pub on_retry: RetryObserver,
-    /// Hosts a redirect over TLS may name beyond the endpoints' own and their domains (see
+    /// Hosts a redirect over TLS may name beyond the endpoints' own (see
     /// [`ClientConfig::with_redirect_hosts`]).
     pub redirect_hosts: Vec<String>,
 }
@@ -91,7 +91,7 @@ impl ClientConfig {
     }
 
     /// Lets redirects over TLS go to `hosts` (exact names, or `*.domain`) besides the
-    /// endpoints' hosts and their domains. A redirect carries the client's token; over TLS
+    /// endpoints' hosts. A redirect carries the client's token; over TLS
     /// with the system's roots, one to any other host is refused (with the CA of the fleet given
     /// by [`ClientConfig::with_tls`], any server it vouches for is followed).
     pub fn with_redirect_hosts(

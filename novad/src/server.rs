@@ -401,6 +401,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     .with_label_values(&[nova_core::net::small::SHED_LABEL]),
                 shed_log,
                 config.listener.max_client_share_percent,
+                security.tokens.is_some(),
             ),
             config.listener.max_client_share_percent,
         ))

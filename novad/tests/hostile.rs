@@ -361,7 +361,8 @@ fn grpc_frame(message: &[u8]) -> Vec<u8> {
 /// Item 1 of the hostile-clients issue: an append token that sends only the prefix of large
 /// messages (and the start of their bodies) must not stall every other producer. A message
 /// for a stream the token may not append to is refused before it is charged; the token's
-/// messages still arriving hold at most its share of the admission buffer.
+/// messages still arriving hold at most its share of the admission buffer, and the rest wait
+/// on that share, charging nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefixes_without_bodies_do_not_stall_other_producers() {
     let tokens = tokens("append:own/");
@@ -399,18 +400,20 @@ async fn prefixes_without_bodies_do_not_stall_other_producers() {
         "20 appends took {:?} beside the intruder's prefixes",
         started.elapsed()
     );
-    // Each refusal is counted: permission first, then the share.
+    // Each refusal is counted.
     let denied = novad
         .metric("nova_auth_refusals_total{reason=\"permission_denied\"}")
         .unwrap();
     assert!(denied >= 4.0, "{denied} permission refusals");
-    let shed = novad
-        .metric("nova_sheds_total{cap=\"receiving_share\"}")
-        .unwrap();
-    assert!(shed >= 3.0, "{shed} receiving_share sheds");
+    // The intruder holds one message's charge (its first take), no more.
+    let used = novad.metric("nova_admission_buffer_used_bytes").unwrap();
+    assert!(
+        used < 160.0 * (1 << 20) as f64,
+        "the intruder's prefixes hold {used} bytes of the admission buffer"
+    );
     // The refused sessions were answered in their place, without waiting for their bodies.
     let mut answered = 0;
-    for (response, _) in held.iter_mut() {
+    for (response, _) in held.iter_mut().step_by(2) {
         let response = tokio::time::timeout(Duration::from_secs(5), response)
             .await
             .expect("an answer")
@@ -425,8 +428,8 @@ async fn prefixes_without_bodies_do_not_stall_other_producers() {
         }
     }
     assert!(
-        answered >= 7,
-        "{answered} of the 7 refused messages answered"
+        answered == 4,
+        "{answered} of the 4 refused messages answered"
     );
     assert_eq!(read_all(&ops, "good").await.len(), appended);
 }
@@ -565,8 +568,8 @@ async fn unfinished_small_messages_are_bounded_and_time_out() {
     }
     eprintln!("answers: {codes:?}");
     assert!(!codes.contains_key("no answer"), "{codes:?}");
-    // DEADLINE_EXCEEDED (4) for the charged; RESOURCE_EXHAUSTED (8) for the refused.
-    assert!(codes.get("4").copied().unwrap_or(0) >= 1, "{codes:?}");
+    // UNAVAILABLE (14) for the charged; RESOURCE_EXHAUSTED (8) for the refused.
+    assert!(codes.get("14").copied().unwrap_or(0) >= 1, "{codes:?}");
     assert!(codes.get("8").copied().unwrap_or(0) >= 900, "{codes:?}");
 }
 

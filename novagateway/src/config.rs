@@ -73,6 +73,17 @@ pub struct Config {
     #[arg(long, env = "NOVA_UPSTREAM_CA", help_heading = "Upstream")]
     pub upstream_ca: Option<PathBuf>,
 
+    /// Hosts (names, or *.domain; comma-separated) a star's redirect over TLS may send the
+    /// gateway's calls, and its --upstream-token, to besides --star's host. Not needed with
+    /// --upstream-ca: the fleet's CA vouches for its stars.
+    #[arg(
+        long,
+        env = "NOVA_UPSTREAM_ALLOW_REDIRECT",
+        value_delimiter = ',',
+        help_heading = "Upstream"
+    )]
+    pub upstream_allow_redirect: Vec<String>,
+
     /// The certificate (PEM) this gateway presents to a star or peer that requires one (mutual
     /// TLS); with --upstream-key.
     #[arg(
@@ -195,6 +206,7 @@ impl Config {
             connect_timeout: Duration::from_secs(5),
             credentials,
             tls,
+            redirect_hosts: self.upstream_allow_redirect.clone(),
             ..nova_proto::route::Settings::default()
         })
     }

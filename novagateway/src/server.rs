@@ -214,6 +214,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     .with_label_values(&[nova_core::net::small::SHED_LABEL]),
                 Arc::new(nova_core::shed::ShedLog::new(Clock::system())),
                 config.listener.max_client_share_percent,
+                security.tokens.is_some(),
             ),
         ))
         .add_service(health_service)

@@ -7,9 +7,9 @@
 //! A redirect carries the caller's token to wherever it points, and it comes from a star (or
 //! from whoever can write the fleet's records). So a router reached over TLS follows one only
 //! to a server it trusts as it trusts the seed: any `https://` server when it verifies against
-//! a CA of its own (`--tls-ca`: the fleet's CA), and otherwise only the seeds' hosts, hosts in
-//! a seed's domain (`star-2.nova.internal` for a seed `star-1.nova.internal`) and the names it
-//! was given (`--allow-redirect`). Plain text is never followed from TLS. A router on plain
+//! a CA of its own (`--tls-ca`: the fleet's CA), and otherwise only the seeds' hosts and the
+//! names it was given (`--allow-redirect`, exact or `*.domain`). No domain is inferred from a
+//! seed: without a list of public suffixes, `x.herokuapp.com`'s parent would be anyone's. Plain text is never followed from TLS. A router on plain
 //! text follows any plain-text redirect: its network is trusted by choice, and its token
 //! already crosses it in the clear.
 
@@ -244,16 +244,6 @@ fn host_of(url: &str) -> Option<String> {
     Some(uri.host()?.trim_matches(['[', ']']).to_ascii_lowercase())
 }
 
-/// The domain a host name sits in, when it has one of at least two labels (`nova.internal`
-/// for `star-1.nova.internal`); none for an address or a name of one or two labels.
-fn domain_of(host: &str) -> Option<&str> {
-    if host.parse::<std::net::IpAddr>().is_ok() {
-        return None;
-    }
-    let (_, domain) = host.split_once('.')?;
-    domain.contains('.').then_some(domain)
-}
-
 fn in_domain(host: &str, domain: &str) -> bool {
     host.len() > domain.len() + 1
         && host
@@ -316,21 +306,21 @@ impl Router {
         let Some(host) = host_of(url) else {
             return Err("the redirect names no host".to_owned());
         };
-        let trusted = self.seed_hosts.iter().any(|seed| {
-            *seed == host || domain_of(seed).is_some_and(|domain| in_domain(&host, domain))
-        }) || self.settings.redirect_hosts.iter().any(|allowed| {
-            match allowed.strip_prefix("*.") {
-                Some(domain) => in_domain(&host, domain),
-                None => allowed.eq_ignore_ascii_case(&host),
-            }
-        });
+        let trusted = self.seed_hosts.contains(&host)
+            || self.settings.redirect_hosts.iter().any(|allowed| {
+                match allowed.strip_prefix("*.") {
+                    Some(domain) => in_domain(&host, domain),
+                    None => allowed.eq_ignore_ascii_case(&host),
+                }
+            });
         if trusted {
             Ok(())
         } else {
             Err(format!(
-                "{host} is not a seed's host or in a seed's domain, and this client checks \
-                 certificates against the system's roots, which vouch for any public name; \
-                 trust the fleet's CA (--tls-ca) or allow the name (--allow-redirect {host})"
+                "{host} is not a seed's host, and this client checks certificates against the \
+                 system's roots, which vouch for any public name; trust the fleet's CA \
+                 (--tls-ca), give every star as a seed, or allow the name (--allow-redirect \
+                 {host})"
             ))
         }
     }
@@ -435,18 +425,17 @@ mod tests {
     #[tokio::test]
     async fn redirects_are_followed_only_to_servers_trusted_like_the_seed() {
         let tls = router("https://star-1.nova.internal:7400", Settings::default());
-        assert!(tls.may_follow("https://star-2.nova.internal:7400").is_ok());
         assert!(tls.may_follow("https://STAR-1.nova.internal:7401").is_ok());
+        // No domain is inferred: a seed on a shared suffix would trust everyone on it.
+        assert!(tls.may_follow("https://star-2.nova.internal:7400").is_err());
         let refused = tls.may_follow("https://collector.example.com").unwrap_err();
         assert!(
             refused.contains("--allow-redirect collector.example.com"),
             "{refused}"
         );
-        assert!(tls.may_follow("http://star-2.nova.internal:7400").is_err());
-        // A domain is a whole label: nova.internal does not cover evilnova.internal.
-        assert!(tls.may_follow("https://x.evilnova.internal").is_err());
+        assert!(tls.may_follow("http://star-1.nova.internal:7400").is_err());
 
-        // Given names (and domains) are followed too.
+        // Given names and domains are followed too; a domain is whole labels.
         let allowed = router(
             "https://10.0.0.1:7400",
             Settings {
@@ -456,6 +445,7 @@ mod tests {
         );
         assert!(allowed.may_follow("https://10.0.0.2:7400").is_ok());
         assert!(allowed.may_follow("https://a.stars.example").is_ok());
+        assert!(allowed.may_follow("https://a.evilstars.example").is_err());
         assert!(allowed.may_follow("https://10.0.0.3:7400").is_err());
 
         // Verified against the fleet's own CA: any https server it vouches for.

@@ -14,6 +14,7 @@ pub async fn run_all(store: &dyn Metastore, prefix: &str) {
     failed_compares_apply_nothing(store, &key("cas/")).await;
     one_revision_per_transaction(store, &key("revision/")).await;
     scans(store, &key("scan/")).await;
+    many_gets(store, &key("many/")).await;
     binary_keys_scan_in_byte_order(store, &key("binary/")).await;
     transaction_size_limit(store, &key("size/")).await;
     leases(store, &key("lease/")).await;
@@ -202,6 +203,41 @@ pub async fn scans(store: &dyn Metastore, prefix: &[u8]) {
             .expect("scan")
             .is_empty()
     );
+}
+
+/// Many keys read at once come back in the order asked, missing ones as `None`, across more
+/// keys than one transaction may hold.
+pub async fn many_gets(store: &dyn Metastore, prefix: &[u8]) {
+    let count = store.capabilities().max_txn_ops + 3;
+    let mut keys = Vec::new();
+    for i in 0..count {
+        keys.push(join(prefix, &format!("{i:04}")));
+    }
+    // Every other key exists, written in transactions the store accepts.
+    let present: Vec<&Vec<u8>> = keys.iter().step_by(2).collect();
+    for chunk in present.chunks(store.capabilities().max_txn_ops.max(1)) {
+        let mut txn = Txn::new();
+        for key in chunk {
+            txn = txn.put(key.to_vec(), key.to_vec());
+        }
+        store.commit(txn).await.expect("commit");
+    }
+    let mut asked = keys.clone();
+    asked.reverse();
+    let got = store.get_many(&asked).await.expect("get_many");
+    assert_eq!(got.len(), asked.len(), "one answer per key");
+    for (key, answer) in asked.iter().zip(got) {
+        let index = keys.iter().position(|k| k == key).unwrap_or(0);
+        match answer {
+            Some(kv) => {
+                assert_eq!(index % 2, 0, "a key never written was found");
+                assert_eq!(&kv.key, key, "answers in the order asked");
+                assert_eq!(&kv.value, key);
+                assert!(kv.version > 0);
+            }
+            None => assert_eq!(index % 2, 1, "a written key was not found"),
+        }
+    }
 }
 
 /// The catalog's keys carry big-endian numbers, so bytes up to 0xff must sort and bound scans

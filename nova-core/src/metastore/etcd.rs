@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare as EtcdCompare, CompareOp, ConnectOptions, GetOptions, PutOptions,
-    Txn as EtcdTxn, TxnOp,
+    Txn as EtcdTxn, TxnOp, TxnOpResponse,
 };
 use tokio::sync::Semaphore;
 
@@ -77,7 +77,19 @@ pub struct EtcdMetastore {
     members: Arc<[Client]>,
     current: Arc<AtomicUsize>,
     options: EtcdOptions,
-    calls: Arc<Semaphore>,
+    /// Turns for reads, which clients' calls make (a describe of a stream another star leads,
+    /// a listing), each lane `max_inflight` wide.
+    reads: Arc<Semaphore>,
+    /// Turns for transactions (the absorb's commits, placements, handoffs): a lane of their
+    /// own, so a flood of reads can slow other reads but never the commits appends wait on.
+    writes: Arc<Semaphore>,
+}
+
+/// Which queue a call waits in.
+#[derive(Clone, Copy)]
+enum Lane {
+    Read,
+    Write,
 }
 
 /// One call on one member. Dropped before `answered` (an error, a timeout, the caller gone), it
@@ -202,7 +214,8 @@ impl EtcdMetastore {
         Ok(Self {
             members: members.into(),
             current: Arc::new(AtomicUsize::new(0)),
-            calls: Arc::new(Semaphore::new(options.max_inflight.max(1))),
+            reads: Arc::new(Semaphore::new(options.max_inflight.max(1))),
+            writes: Arc::new(Semaphore::new(options.max_inflight.max(1))),
             options,
         })
     }
@@ -251,11 +264,14 @@ impl EtcdMetastore {
         Err(last.unwrap_or_else(|| MetastoreError::Unavailable("no etcd member answered".into())))
     }
 
-    async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, MetastoreError> {
-        self.calls
-            .acquire()
-            .await
-            .map_err(|_| MetastoreError::Unavailable("metastore closed".into()))
+    async fn turn(&self, lane: Lane) -> Result<tokio::sync::SemaphorePermit<'_>, MetastoreError> {
+        match lane {
+            Lane::Read => &self.reads,
+            Lane::Write => &self.writes,
+        }
+        .acquire()
+        .await
+        .map_err(|_| MetastoreError::Unavailable("metastore closed".into()))
     }
 
     fn to_etcd(&self, txn: Txn) -> Result<EtcdTxn, MetastoreError> {
@@ -297,7 +313,7 @@ impl Metastore for EtcdMetastore {
     /// The database size of the member this client is connected to (etcd's own
     /// `etcd_mvcc_db_total_size_in_bytes`): what counts against its --quota-backend-bytes.
     async fn size_bytes(&self) -> Result<Option<u64>, MetastoreError> {
-        let _turn = self.turn().await?;
+        let _turn = self.turn(Lane::Read).await?;
         let status = self
             .on_member(Retry::Idempotent, |client| async move {
                 client.maintenance_client().status().await
@@ -315,7 +331,7 @@ impl Metastore for EtcdMetastore {
     }
 
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError> {
-        let _turn = self.turn().await?;
+        let _turn = self.turn(Lane::Read).await?;
         let mut response = self
             .on_member(Retry::Idempotent, |client| async move {
                 client.kv_client().get(key, None).await
@@ -326,6 +342,47 @@ impl Metastore for EtcdMetastore {
             value: kv.value().to_vec(),
             version: revision(kv.mod_revision()),
         }))
+    }
+
+    /// One transaction of reads per `max_txn_ops` keys: a listing's tails in one round trip.
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<KeyValue>>, MetastoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(self.options.max_txn_ops.max(1)) {
+            let txn = EtcdTxn::new().and_then(
+                chunk
+                    .iter()
+                    .map(|key| TxnOp::get(key.clone(), None))
+                    .collect::<Vec<_>>(),
+            );
+            let _turn = self.turn(Lane::Read).await?;
+            let response = self
+                .on_member(Retry::Idempotent, |client| {
+                    let txn = txn.clone();
+                    async move { client.kv_client().txn(txn).await }
+                })
+                .await?;
+            let answers = response.op_responses();
+            if answers.len() != chunk.len() {
+                return Err(MetastoreError::Internal(format!(
+                    "etcd answered {} reads of {}",
+                    answers.len(),
+                    chunk.len()
+                )));
+            }
+            for answer in answers {
+                let TxnOpResponse::Get(get) = answer else {
+                    return Err(MetastoreError::Internal(
+                        "etcd answered a read with something else".into(),
+                    ));
+                };
+                out.push(get.kvs().first().map(|kv| KeyValue {
+                    key: kv.key().to_vec(),
+                    value: kv.value().to_vec(),
+                    version: revision(kv.mod_revision()),
+                }));
+            }
+        }
+        Ok(out)
     }
 
     async fn scan(
@@ -348,7 +405,7 @@ impl Metastore for EtcdMetastore {
         if end != [0] && start >= end {
             return Ok(Vec::new());
         }
-        let _turn = self.turn().await?;
+        let _turn = self.turn(Lane::Read).await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut response = self
             .on_member(Retry::Idempotent, |client| {
@@ -373,7 +430,7 @@ impl Metastore for EtcdMetastore {
     async fn commit(&self, txn: Txn) -> Result<TxnOutcome, MetastoreError> {
         txn.check(self.options.max_txn_ops, true)?;
         let txn = self.to_etcd(txn)?;
-        let _turn = self.turn().await?;
+        let _turn = self.turn(Lane::Write).await?;
         let response = self
             .on_member(Retry::IfNotSent, |client| {
                 let txn = txn.clone();
@@ -487,6 +544,35 @@ mod tests {
             .await
             .unwrap();
         crate::metastore::conformance::run_all(&store, "conformance/").await;
+    }
+
+    /// Reads and transactions wait in lanes of their own: with every read turn taken (a flood
+    /// of describes, say), a commit (the absorb's) still goes through at once.
+    #[tokio::test]
+    async fn a_flood_of_reads_does_not_hold_up_commits() {
+        let etcd = nova_testkit::Etcd::start();
+        let options = EtcdOptions {
+            max_inflight: 4,
+            ..EtcdOptions::new(vec![etcd.endpoint()])
+        };
+        let store = EtcdMetastore::connect(options).await.unwrap();
+        let _flood = store.reads.acquire_many(4).await.unwrap();
+        let clock = crate::clock::Clock::system();
+        let commit = store.commit(Txn::new().put(b"lanes/k".to_vec(), b"v".to_vec()));
+        assert!(
+            matches!(
+                clock.timeout(Duration::from_secs(5), commit).await,
+                Ok(Ok(TxnOutcome::Committed { .. }))
+            ),
+            "a commit waited behind reads"
+        );
+        assert!(
+            clock
+                .timeout(Duration::from_millis(200), store.get(b"lanes/k"))
+                .await
+                .is_err(),
+            "a read past its lane's turns waits"
+        );
     }
 
     /// A cluster of three with one member stopped (SIGSTOP: it holds its connections and

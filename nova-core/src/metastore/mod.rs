@@ -165,6 +165,16 @@ pub trait Metastore: Send + Sync + fmt::Debug + 'static {
 
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError>;
 
+    /// Each of `keys`, in order. A backend that can read many keys in one round trip does (etcd:
+    /// a transaction of reads); the default reads them one by one.
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<KeyValue>>, MetastoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            out.push(self.get(key).await?);
+        }
+        Ok(out)
+    }
+
     /// Keys starting with `prefix`, in byte order, strictly after `start_after` when given, at
     /// most `limit` (capped at `MAX_SCAN`).
     async fn scan(

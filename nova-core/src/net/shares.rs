@@ -109,6 +109,22 @@ pub struct Share {
 }
 
 impl Share {
+    /// Adds `bytes` if the holder's share has room for them now.
+    pub fn try_grow(&mut self, bytes: u64) -> bool {
+        let mut held = self.shares.held.lock();
+        let now = held.get(&self.holder).copied().unwrap_or(0);
+        if now.saturating_add(bytes) > self.shares.cap {
+            return false;
+        }
+        held.insert(self.holder.clone(), now + bytes);
+        self.bytes += bytes;
+        true
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// Gives back all but `bytes` (what was taken for the most a request could hold, once it
     /// is known what it does hold).
     pub fn shrink_to(&mut self, bytes: u64) {
@@ -185,8 +201,14 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "a's own charge blocks it");
         first.shrink_to(50);
-        let second = waiting.await.unwrap();
+        let mut second = waiting.await.unwrap();
+        assert!(!second.try_grow(1), "the share is full");
+        drop(theirs);
+        let theirs = shares.take_waiting("b", 10).await;
         assert_eq!(shares.held("a"), 100);
+        first.shrink_to(40);
+        assert!(second.try_grow(10));
+        assert_eq!((shares.held("a"), second.bytes()), (100, 60));
         drop((first, second, theirs));
         assert_eq!(shares.held("a"), 0);
     }

@@ -5,10 +5,10 @@
 //! (so no idle deadline closes it). A client could so hold memory it never sent on every stream
 //! of every connection. Here a message is refused at its prefix if it declares more than
 //! [`SMALL_MESSAGE_LIMIT`] bytes; otherwise it is collected outside tonic, charged to a budget
-//! of [`SMALL_MESSAGES_BUDGET`] bytes for the whole server (and to the client's quarter share
+//! of [`SMALL_MESSAGES_BUDGET`] bytes for the whole server (and to the token's share
 //! of it, per token), and handed to tonic only once whole. The first message must be whole within
 //! [`SMALL_MESSAGE_GRACE`] of the call's headers, and each later one within that of its
-//! prefix; past it the call fails with DEADLINE_EXCEEDED and lets go of its charge.
+//! prefix; past it the call fails with UNAVAILABLE and lets go of its charge.
 //!
 //! Legitimate small messages arrive in one frame, so the budget is all but empty except while
 //! clients trickle; its share (`--max-client-share-percent`) keeps one token's trickling from
@@ -46,22 +46,35 @@ pub const SHED_LABEL: &str = "request_bodies";
 
 const PREFIX_LEN: usize = 5;
 
+/// The holder of calls made without a token on a server that checks tokens (health checks,
+/// reflection). No token's name has a space, so none can be it.
+const ANONYMOUS: &str = "(no token)";
+
 /// The server's budget for small messages in arrival, and who holds what of it.
 #[derive(Clone)]
 pub struct SmallMessages {
     budget: Arc<Semaphore>,
     shares: Arc<Shares>,
+    /// Whether the server checks tokens: then the calls that need none (health, reflection)
+    /// share one holder between them, so that anonymous clients hold at most one share.
+    tokens: bool,
     sheds: prometheus::IntCounter,
     log: Arc<ShedLog>,
 }
 
 impl SmallMessages {
     /// `sheds` counts refusals (the server's sheds counter at [`SHED_LABEL`]); `log` logs them;
-    /// a token may hold `share_percent` of the budget.
-    pub fn new(sheds: prometheus::IntCounter, log: Arc<ShedLog>, share_percent: u8) -> Self {
+    /// a token may hold `share_percent` of the budget; `tokens`: the server checks tokens.
+    pub fn new(
+        sheds: prometheus::IntCounter,
+        log: Arc<ShedLog>,
+        share_percent: u8,
+        tokens: bool,
+    ) -> Self {
         Self {
             budget: Arc::new(Semaphore::new(SMALL_MESSAGES_BUDGET as usize)),
             shares: Shares::of(SMALL_MESSAGES_BUDGET, share_percent),
+            tokens,
             sheds,
             log,
         }
@@ -82,7 +95,10 @@ impl SmallMessages {
         tonic::body::Body::new(LimitedBody {
             inner: body,
             messages: self.clone(),
-            holder: holder(principal),
+            holder: match holder(principal) {
+                None if self.tokens => Some(ANONYMOUS.to_owned()),
+                named => named,
+            },
             peer,
             framing: Framing::Prefix {
                 bytes: [0; PREFIX_LEN],
@@ -179,14 +195,10 @@ impl LimitedBody {
                              call accepts"
                         )));
                     }
-                    let charge = self
-                        .messages
-                        .charge(self.holder.as_deref(), PREFIX_LEN as u64 + len)?;
-                    let mut buf = BytesMut::with_capacity(PREFIX_LEN + len as usize);
-                    buf.extend_from_slice(&prefix);
                     if len == 0 {
-                        // An empty message is whole at its prefix.
-                        out.extend_from_slice(&buf);
+                        // An empty message (a health check's) is whole at its prefix, and
+                        // holds nothing.
+                        out.extend_from_slice(&prefix);
                         self.framing = Framing::Prefix {
                             bytes: [0; PREFIX_LEN],
                             got: 0,
@@ -194,6 +206,11 @@ impl LimitedBody {
                         self.deadline = None;
                         continue;
                     }
+                    let charge = self
+                        .messages
+                        .charge(self.holder.as_deref(), PREFIX_LEN as u64 + len)?;
+                    let mut buf = BytesMut::with_capacity(PREFIX_LEN + len as usize);
+                    buf.extend_from_slice(&prefix);
                     self.framing = Framing::Collecting {
                         remaining: len,
                         buf,
@@ -268,11 +285,14 @@ impl HttpBody for LimitedBody {
                 Poll::Pending => {
                     if let Some(deadline) = &mut this.deadline {
                         ready!(deadline.as_mut().poll(cx));
-                        return this.end(tonic::Status::deadline_exceeded(format!(
-                            "the request message did not arrive whole within {}s; nothing was \
-                             done",
-                            SMALL_MESSAGE_GRACE.as_secs()
-                        )));
+                        return this.end(
+                            RequestError::Unavailable(format!(
+                                "the request message did not arrive whole within {}s; nothing \
+                                 was done",
+                                SMALL_MESSAGE_GRACE.as_secs()
+                            ))
+                            .into(),
+                        );
                     }
                     return Poll::Pending;
                 }
@@ -372,6 +392,7 @@ mod tests {
             sheds,
             Arc::new(ShedLog::new(crate::clock::Clock::system())),
             25,
+            true,
         )
     }
 
@@ -464,8 +485,22 @@ mod tests {
                 .is_err(),
             "waiting for the rest, charged"
         );
+        // Calls without a token (health, reflection) share one holder: anonymous clients
+        // together hold at most one share.
+        let mut anonymous = Vec::new();
+        let refused = loop {
+            let mut body = small.limit(stalled(), None, None);
+            match tokio::time::timeout(Duration::from_millis(1), body.frame()).await {
+                Ok(Some(Err(status))) => break status,
+                Ok(other) => panic!("{other:?}"),
+                Err(_) => anonymous.push(body),
+            }
+        };
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(anonymous.len(), bodies.len());
+        drop(anonymous);
         let error = bodies[0].frame().await.unwrap().unwrap_err();
-        assert_eq!(error.code(), tonic::Code::DeadlineExceeded);
+        assert_eq!(error.code(), tonic::Code::Unavailable);
         drop(bodies);
         drop(theirs);
         assert_eq!(small.in_use(), 0);
@@ -477,6 +512,6 @@ mod tests {
             >()));
         let mut body = small.limit(silent, None, None);
         let error = body.frame().await.unwrap().unwrap_err();
-        assert_eq!(error.code(), tonic::Code::DeadlineExceeded);
+        assert_eq!(error.code(), tonic::Code::Unavailable);
     }
 }

@@ -256,21 +256,8 @@ async fn admit(
         Some(Some(Charged::Message(admitted, message))) => {
             (admitted, WireAppend::parse(message), true)
         }
-        // Refused before it was charged: for its stream's scope, or its client's share.
+        // Refused before it was charged: the token may not append to its stream.
         Some(Some(Charged::Refused { error, stream })) => {
-            if let RequestError::CapReached { cap, .. } = &error
-                && *cap == super::caps::RECEIVING_SHARE
-            {
-                super::caps::record_shed(
-                    &ctx.metrics,
-                    &ctx.sheds,
-                    super::caps::RECEIVING_SHARE,
-                    &error,
-                    (!stream.is_empty()).then_some(stream.as_str()),
-                    peer,
-                );
-                return Pending::Answer(refusal(&error));
-            }
             return reject(ctx, peer, error, &stream);
         }
         // Every placeholder tonic yields stands for a queued message; one without is a bug, and

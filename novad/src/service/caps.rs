@@ -38,10 +38,6 @@ pub const SUBSCRIPTIONS: CapKind = CapKind {
     retry_after: Duration::from_millis(nova_core::limits::SESSION_SHED_RETRY_AFTER_MS),
 };
 
-/// The label of an append refused because its client holds its share of the admission buffer
-/// in messages still arriving.
-pub const RECEIVING_SHARE: &str = "receiving_share";
-
 #[derive(Debug)]
 pub struct Cap {
     kind: CapKind,

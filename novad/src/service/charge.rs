@@ -17,9 +17,10 @@
 //! A message is authorised before it is charged: its stream's name is its first field, so the
 //! layer reads that far (at most a few hundred bytes) and refuses, without charging or keeping
 //! any of it, a message for a stream the session's token may not append to. And while a
-//! message arrives, its charge also counts against its client's share of the buffer (a quarter;
-//! `nova_core::net::shares`): a client that sends prefixes and trickles bodies holds at most
-//! that, never the whole buffer. A refused message is skipped on the wire and answered in its
+//! message arrives, its charge also counts against its token's share of the buffer
+//! (`--max-client-share-percent`; `nova_core::net::shares`), taken before the buffer's: a token
+//! that sends prefixes and trickles bodies holds at most that, never the whole buffer, and its
+//! further messages wait on its own share. A refused message is skipped on the wire and answered in its
 //! place in the session's order.
 
 use std::collections::VecDeque;
@@ -39,8 +40,6 @@ use nova_core::net::shares::{Share, Shares, holder};
 use nova_core::net::small::SmallMessages;
 use nova_core::net::{Access, Principal, Scope};
 use nova_proto::RequestError;
-
-use super::caps::RECEIVING_SHARE;
 
 /// The gRPC path whose requests are charged.
 const APPEND_PATH: &str = "/nova.v1.Nova/Append";
@@ -99,7 +98,7 @@ enum Framing {
     Passing { remaining: u64 },
 }
 
-type Pending = Pin<Box<dyn Future<Output = Admitted> + Send>>;
+type Pending = Pin<Box<dyn Future<Output = (Option<Share>, Admitted)> + Send>>;
 
 /// What a session's body charges, and who for.
 #[derive(Clone)]
@@ -315,8 +314,9 @@ impl ChargedBody {
         };
         let session = &self.session;
         let charge = received_charge_within(len, session.limits.largest_fragment);
+        // For the refusal's log line and tally, cut as the handler cuts a name it logs.
         let stream = match &told {
-            Naming::Name(name) => name.clone(),
+            Naming::Name(name) => name.chars().take(128).collect(),
             _ => String::new(),
         };
         let refusal = match &told {
@@ -326,22 +326,6 @@ impl ChargedBody {
                 .err(),
             _ => None,
         };
-        let refusal = refusal.or_else(|| {
-            let holder = session.holder.as_deref()?;
-            match session.receiving.try_take(holder, charge) {
-                Some(share) => {
-                    self.share = Some(share);
-                    None
-                }
-                None => Some(RequestError::CapReached {
-                    cap: RECEIVING_SHARE,
-                    limit: session.receiving.cap(),
-                    what: "bytes of the admission buffer one token may hold in messages still \
-                           arriving (--max-client-share-percent); send each message whole",
-                    retry_after: Duration::from_secs(1),
-                }),
-            }
-        });
         if let Some(error) = refusal {
             // Answered in its place; the rest of it is skipped, never kept.
             session
@@ -356,8 +340,17 @@ impl ChargedBody {
             }
             return false;
         }
+        // The token's share first, then the buffer: a token whose messages still arriving hold
+        // its share waits on its own, and holds nothing of the buffer meanwhile.
         let admission = session.admission.clone();
-        self.pending = Some(Box::pin(async move { admission.admit(charge).await }));
+        let (shares, holder) = (session.receiving.clone(), session.holder.clone());
+        self.pending = Some(Box::pin(async move {
+            let share = match holder {
+                Some(holder) => Some(shares.take_waiting(&holder, charge).await),
+                None => None,
+            };
+            (share, admission.admit(charge).await)
+        }));
         self.framing = Framing::Charging { len, peek };
         true
     }
@@ -444,7 +437,8 @@ impl HttpBody for ChargedBody {
         loop {
             let mut out = BytesMut::new();
             if let Some(pending) = &mut this.pending {
-                let admitted = ready!(pending.as_mut().poll(cx));
+                let (share, admitted) = ready!(pending.as_mut().poll(cx));
+                this.share = share;
                 this.pending = None;
                 this.start_message(admitted, &mut out);
             }
@@ -898,11 +892,12 @@ mod tests {
         }
     }
 
-    /// A client's messages still arriving hold at most its share of the buffer: a session that
-    /// sends a prefix and stalls keeps that much, and the client's next message is refused
-    /// (RESOURCE_EXHAUSTED with a hint) rather than charged, while other clients are not.
+    /// A token's messages still arriving hold at most its share of the buffer: a session that
+    /// sends a prefix and stalls keeps that much, and the token's next message waits on the
+    /// token's own share (charging nothing of the buffer), while other tokens are charged as
+    /// usual.
     #[tokio::test]
-    async fn messages_still_arriving_hold_at_most_their_clients_share() {
+    async fn messages_still_arriving_hold_at_most_their_tokens_share() {
         let admission = AdmissionBuffer::new(
             16 << 20,
             Metrics::new().admission,
@@ -919,48 +914,41 @@ mod tests {
             let stream =
                 futures::stream::iter(vec![Ok::<_, tonic::Status>(Frame::data(Bytes::from(wire)))])
                     .chain(futures::stream::pending());
-            let charges = mode.charges.clone();
-            let body = ChargedBody::new(
+            ChargedBody::new(
                 tonic::body::Body::new(http_body_util::StreamBody::new(stream)),
                 mode,
-            );
-            (body, charges)
+            )
         };
         let poll_once = |body: &mut ChargedBody| {
             let waker = futures::task::noop_waker();
             let mut cx = std::task::Context::from_waker(&waker);
             Pin::new(body).poll_frame(&mut cx)
         };
-        let (mut first, _) = stalled("a");
+        let mut first = stalled("a");
         assert!(
             poll_once(&mut first).is_pending(),
             "charged, waiting for the rest"
         );
         let held = admission.budget().in_use();
         assert!(held > 900_000, "{held}");
-        let (mut second, refused) = stalled("a");
-        let frame = poll_once(&mut second);
+        let mut second = stalled("a");
         assert!(
-            matches!(&frame, Poll::Ready(Some(Ok(f))) if f.data_ref().is_some_and(|d| d[..] == PLACEHOLDER)),
-            "answered in its place"
+            poll_once(&mut second).is_pending(),
+            "waiting on its token's share"
         );
-        match refused.take() {
-            Some(Charged::Refused { error, .. }) => {
-                assert_eq!(
-                    tonic::Status::from(error).code(),
-                    tonic::Code::ResourceExhausted
-                );
-            }
-            other => panic!("{other:?}"),
-        }
         assert_eq!(admission.budget().in_use(), held, "nothing more charged");
-        let (mut other, _) = stalled("b");
+        let mut other = stalled("b");
         assert!(poll_once(&mut other).is_pending());
         assert!(
             admission.budget().in_use() > held,
-            "another client has its own share"
+            "another token has its own share"
         );
         drop(first);
-        assert_eq!(receiving.held("a"), 0, "let go with the session");
+        assert!(poll_once(&mut second).is_pending());
+        assert_eq!(
+            receiving.held("a"),
+            held,
+            "the waiting message took the share the first let go of"
+        );
     }
 }

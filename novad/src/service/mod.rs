@@ -13,7 +13,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use nova_chain::READ_PER_RECORD;
 use nova_chain::Star;
 use nova_chain::streams::StreamState;
 use nova_core::catalog::{Retention, StorageClass};
@@ -234,17 +233,16 @@ impl Nova for NovaService {
         }
         let (max_records, max_bytes) =
             read_caps(&request, ctx.max_read_records, ctx.max_read_bytes);
-        // What the page may hold counts against the client's share of the read budget from
-        // before it is built until it is sent: a client whose pages are not taken (a window
+        // What the page holds counts against the client's share of the read budget too, from
+        // while it is built until it is sent: a client whose pages are not taken (a window
         // withheld) waits on its own share, and holds no more than it of the budget.
-        let most = max_bytes + max_records as u64 * READ_PER_RECORD;
-        let mut share = match &holder {
-            Some(holder) => Some(ctx.read_shares.take_waiting(holder, most).await),
-            None => None,
-        };
+        let share = holder.map(|holder| nova_chain::ReadShare {
+            shares: ctx.read_shares.clone(),
+            holder,
+        });
         let mut page = ctx
             .star
-            .read(&stream, start_seq, max_records, max_bytes)
+            .read_as(&stream, start_seq, max_records, max_bytes, share)
             .await?;
         if let Some(timestamp) = request.start_timestamp {
             // The seek lands at or before the first record stamped at `timestamp`: pass over
@@ -266,14 +264,10 @@ impl Nova for NovaService {
             next_seq: page.next_seq,
             tail_seq: page.tail_seq,
         });
-        // The page's read charge stays held until the response is sent (charge.rs), counted
-        // against the client's share meanwhile.
-        if let Some(share) = &mut share {
-            share.shrink_to(page.charge.bytes());
-        }
+        // The page's read charge (and its share) stays held until the response is sent.
         response
             .extensions_mut()
-            .insert(nova_core::net::hold::Hold::new((page.charge, share)));
+            .insert(nova_core::net::hold::Hold::new(page.charge));
         Ok(response)
     }
 
@@ -417,20 +411,32 @@ impl Nova for NovaService {
                     .streams_with_prefix(&request.prefix, &request.start_after, limit + 1)
                     .await
                     .map_err(|e| RequestError::Unavailable(format!("listing streams: {e}")))?;
+                // The tails of the streams another star leads, read in one go.
+                let led: Vec<Option<Arc<StreamState>>> = metas
+                    .iter()
+                    .map(|meta| {
+                        streams
+                            .get_by_id(meta.id)
+                            .filter(|state| fleet.leads(state.name()))
+                    })
+                    .collect();
+                let others: Vec<u64> = metas
+                    .iter()
+                    .zip(&led)
+                    .filter(|(_, led)| led.is_none())
+                    .map(|(meta, _)| meta.id)
+                    .collect();
+                let mut tails = streams
+                    .catalog()
+                    .stream_tails(&others)
+                    .await
+                    .map_err(|e| RequestError::Unavailable(format!("listing streams: {e}")))?
+                    .into_iter();
                 let mut out = Vec::with_capacity(metas.len());
-                for meta in metas {
-                    let led = streams
-                        .get_by_id(meta.id)
-                        .filter(|state| fleet.leads(state.name()));
+                for (meta, led) in metas.into_iter().zip(led) {
                     out.push(match led {
                         Some(state) => state,
-                        None => {
-                            let tail =
-                                streams.catalog().stream_tail(meta.id).await.map_err(|e| {
-                                    RequestError::Unavailable(format!("listing streams: {e}"))
-                                })?;
-                            Arc::new(StreamState::new(meta, tail))
-                        }
+                        None => Arc::new(StreamState::new(meta, tails.next().unwrap_or_default())),
                     });
                 }
                 out

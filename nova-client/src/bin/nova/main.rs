@@ -56,8 +56,8 @@ struct Cli {
     tls_ca: Option<std::path::PathBuf>,
 
     /// A host a redirect over TLS may send this command's calls (and its token) to, besides the
-    /// server's own host and its domain: a name, or *.domain. Repeat for more. Not needed with
-    /// --tls-ca (the fleet's CA vouches for its stars).
+    /// server's own host: a name, or *.domain. Repeat for more. Not needed with --tls-ca (the
+    /// fleet's CA vouches for its stars).
     #[arg(
         long,
         env = "NOVA_ALLOW_REDIRECT",
