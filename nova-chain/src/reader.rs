@@ -73,6 +73,8 @@ pub struct ReadCharge {
     permit: Option<BudgetPermit>,
     gate: Option<ReadShare>,
     share: Option<Share>,
+    /// Taken by `wait_first` and not yet used by a growth.
+    reserved: u64,
 }
 
 impl ReadCharge {
@@ -82,6 +84,52 @@ impl ReadCharge {
             permit: None,
             gate,
             share: None,
+            reserved: 0,
+        }
+    }
+
+    /// The first growth, if both the client's share and the budget have room for it now.
+    fn try_first(&mut self, bytes: u64) -> bool {
+        if self.permit.is_some() {
+            return true;
+        }
+        let share = match &self.gate {
+            Some(gate) => match gate.shares.try_take(&gate.holder, bytes) {
+                Some(share) => Some(share),
+                None => return false,
+            },
+            None => None,
+        };
+        match self.budget.try_acquire(bytes) {
+            Some(permit) => {
+                self.permit = Some(permit);
+                self.share = share;
+                self.reserved = bytes;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Waits for room for the first growth (holding nothing the wait could pin) and takes it,
+    /// for the growths that follow to use.
+    async fn wait_first(&mut self, bytes: u64) {
+        if self.permit.is_none() {
+            self.grow(bytes).await;
+            self.reserved = bytes;
+        }
+    }
+
+    /// Gives back what was reserved and not used.
+    fn settle(&mut self) {
+        if self.reserved > 0 {
+            if let Some(permit) = &mut self.permit {
+                permit.shrink_to(permit.units().saturating_sub(self.reserved));
+            }
+            if let Some(share) = &mut self.share {
+                share.shrink_to(share.bytes().saturating_sub(self.reserved));
+            }
+            self.reserved = 0;
         }
     }
 
@@ -89,6 +137,39 @@ impl ReadCharge {
     /// first (its own pages hold it up, nobody else's) and then in the budget; later ones
     /// succeed only if both have room now.
     async fn grow(&mut self, bytes: u64) -> bool {
+        // What `try_first` or `wait_first` took ahead serves first.
+        if self.reserved >= bytes {
+            self.reserved -= bytes;
+            return true;
+        }
+        let more = bytes - self.reserved;
+        if self.grow_beyond_reserve(more).await {
+            self.reserved = 0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Grows by `bytes`, waiting for room however long it takes (the page's first record must
+    /// be served, and a charge taken ahead may fall short of the run found after the wait).
+    async fn grow_waiting(&mut self, bytes: u64) {
+        if self.grow(bytes).await {
+            return;
+        }
+        let more = bytes - self.reserved;
+        self.reserved = 0;
+        if let (Some(gate), Some(share)) = (&self.gate, &mut self.share) {
+            share.absorb(gate.shares.take_waiting(&gate.holder, more).await);
+        }
+        let extra = self.budget.acquire(more).await;
+        match &mut self.permit {
+            Some(permit) => permit.merge(extra),
+            None => self.permit = Some(extra),
+        }
+    }
+
+    async fn grow_beyond_reserve(&mut self, bytes: u64) -> bool {
         match &mut self.permit {
             None => {
                 if let Some(gate) = &self.gate {
@@ -223,10 +304,17 @@ pub(crate) async fn read(
             // own buffers are the tail cache's, charged there.)
             let run_bytes: u64 = run.fragments.iter().map(|(_, f)| f.len()).sum();
             let records = (run.end_seq - seq).min((page.max_records - page.records.len()) as u64);
-            if !charge
-                .grow(run_bytes.min(room.max(1)) + records * READ_PER_RECORD)
-                .await
-            {
+            let need = run_bytes.min(room.max(1)) + records * READ_PER_RECORD;
+            if !charge.try_first(need) {
+                // Waiting for room (the client's share, or the budget) must not keep the run:
+                // the cache may evict it meanwhile, and a parked read would pin it uncounted.
+                drop(run);
+                charge.wait_first(need).await;
+                continue;
+            }
+            if page.records.is_empty() {
+                charge.grow_waiting(need).await;
+            } else if !charge.grow(need).await {
                 break;
             }
             take_cached(&mut page, &run).map_err(|e| {
@@ -304,6 +392,7 @@ pub(crate) async fn read(
             }
         }
     }
+    charge.settle();
     Ok(Page {
         records: page.records,
         next_seq: page.next_seq,

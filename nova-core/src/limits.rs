@@ -85,8 +85,15 @@ pub const FLIGHT_MAX_INFLIGHT: u32 = 8;
 
 /// Appends a session may have admitted but not yet answered. Past it the session stops reading
 /// frames until the oldest is answered, so one session's pipeline depth is bounded even when
-/// every request in it is a cheap rejection.
-pub const SESSION_PIPELINE_DEPTH: usize = 1024;
+/// its producer never reads an ack. 128 answers waiting keep a session within its place's
+/// stated 64 KiB (measured by `novad/tests/hostile.rs`: 256 did not); at 100 ms to durability
+/// it still lets one session carry 1,280 batches a second, and a producer that needs more
+/// sends larger batches or opens more sessions.
+pub const SESSION_PIPELINE_DEPTH: usize = 128;
+
+/// Refusals a session may have waiting to be read, of its `SESSION_PIPELINE_DEPTH`: each holds
+/// an error message, and costs the producer nothing to cause.
+pub const QUEUED_REFUSALS: usize = 32;
 
 /// Streams in one `ListStreams` page when the request asks for none, and the most it may ask for.
 pub const LIST_STREAMS_DEFAULT: u32 = 100;

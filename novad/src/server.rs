@@ -303,6 +303,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             config.read_memory_mib * nova_core::limits::MIB,
             config.listener.max_client_share_percent,
         ),
+        subscription_shares: nova_core::net::shares::Shares::of(
+            config.max_subscriptions as u64,
+            config.listener.max_client_share_percent,
+        ),
         metrics: metrics.clone(),
         sheds,
         shutdown: stopping.clone(),

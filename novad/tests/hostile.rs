@@ -629,3 +629,94 @@ async fn a_connection_that_stops_reading_is_closed_all_the_same() {
     let mut appended = 0;
     append(&mut session, &mut appended).await;
 }
+
+/// A producer that never reads its acks: each of its sessions stops taking appends once a
+/// pipeline's worth wait unanswered, and what they hold stays within the stated cost of a
+/// session place, refusals included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_that_never_read_their_acks_stay_within_a_session_places_cost() {
+    use prost::Message;
+    // Sixteen sessions to a connection: four connections of admitted appends, the worst case
+    // (an ack waiting holds more than a refusal), and one of refused ones.
+    const SESSIONS: usize = 80;
+    let novad = novad().start();
+    let client = client(&novad).await;
+    client.create_stream("good").await.unwrap();
+    let before = resident(&novad);
+    // Most sessions send appends that are admitted (and answered by acks), the rest appends
+    // that are refused (an empty batch), so that both kinds of answer pile up to their limit.
+    let admitted = nova_proto::v1::AppendRequest {
+        stream: "good".into(),
+        records: vec![nova_proto::v1::Record {
+            body: b"0123456789".to_vec().into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let refused = nova_proto::v1::AppendRequest {
+        stream: "good".into(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let wire = |message: &[u8]| {
+        Bytes::from(
+            (0..2048)
+                .flat_map(|_| grpc_frame(message))
+                .collect::<Vec<u8>>(),
+        )
+    };
+    let (admitted, refused) = (wire(&admitted), wire(&refused));
+    let mut held = Vec::new();
+    for connection in 0..SESSIONS / 16 {
+        let mut h2 = raw_h2(novad.port(), 0).await;
+        let wire = if connection < 4 { &admitted } else { &refused };
+        for _ in 0..16 {
+            let request = http::Request::post(format!(
+                "http://127.0.0.1:{}/nova.v1.Nova/Append",
+                novad.port()
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+            h2 = h2.ready().await.unwrap();
+            let (response, mut send) = h2.send_request(request, false).unwrap();
+            send.send_data(wire.clone(), false).unwrap();
+            held.push((response, send));
+        }
+    }
+    // Let every session fill its pipeline and every admitted append become durable.
+    let mut last = 0.0;
+    eventually(Duration::from_secs(120), "the pipelines to settle", || {
+        let now = novad.metric("nova_appended_records_total").unwrap_or(0.0);
+        let full = (64 * nova_core::limits::SESSION_PIPELINE_DEPTH) as f64;
+        let settled = now >= full && now == last;
+        last = now;
+        settled
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // What the sessions hold beyond the formula: the growth, less the tail cache's records (a
+    // formula term) and each session's stream window (another).
+    let tail_cache = novad.metric("nova_tail_cache_used_bytes").unwrap();
+    let windows = (SESSIONS << 16) as f64;
+    let grown = resident(&novad) - before - tail_cache - windows;
+    let per_session = grown / SESSIONS as f64;
+    eprintln!(
+        "{SESSIONS} sessions with unread acks held {:.1} MiB beyond the formula ({:.1} MiB of \
+         tail cache): {:.1} KiB each",
+        grown / (1 << 20) as f64,
+        tail_cache / (1 << 20) as f64,
+        per_session / 1024.0
+    );
+    assert!(
+        per_session < 64.0 * 1024.0,
+        "a session whose acks are never read costs {per_session} bytes, over the 64 KiB a \
+         session place is stated to cost"
+    );
+    // Good producers are served all the while.
+    let mut session = client.append_session().await.unwrap();
+    let mut appended = 0;
+    append(&mut session, &mut appended).await;
+}

@@ -308,9 +308,11 @@ impl Router {
         };
         let trusted = self.seed_hosts.contains(&host)
             || self.settings.redirect_hosts.iter().any(|allowed| {
+                // As a host is written in a URL or by hand: any case, IPv6 in brackets or not.
+                let allowed = allowed.trim().trim_matches(['[', ']']).to_ascii_lowercase();
                 match allowed.strip_prefix("*.") {
                     Some(domain) => in_domain(&host, domain),
-                    None => allowed.eq_ignore_ascii_case(&host),
+                    None => allowed == host,
                 }
             });
         if trusted {
@@ -446,6 +448,15 @@ mod tests {
         assert!(allowed.may_follow("https://10.0.0.2:7400").is_ok());
         assert!(allowed.may_follow("https://a.stars.example").is_ok());
         assert!(allowed.may_follow("https://a.evilstars.example").is_err());
+        let ipv6 = router(
+            "https://[fd00::1]:7400",
+            Settings {
+                redirect_hosts: vec![" [FD00::2] ".into()],
+                ..Settings::default()
+            },
+        );
+        assert!(ipv6.may_follow("https://[fd00::1]:7401").is_ok());
+        assert!(ipv6.may_follow("https://[fd00::2]:7400").is_ok());
         assert!(allowed.may_follow("https://10.0.0.3:7400").is_err());
 
         // Verified against the fleet's own CA: any https server it vouches for.

@@ -29,15 +29,22 @@ pub fn holder(principal: Option<&Principal>) -> Option<String> {
 #[derive(Debug)]
 pub struct Shares {
     cap: u64,
-    held: Mutex<HashMap<String, u64>>,
-    /// Wakes the takers waiting for a holder's share to free.
-    freed: tokio::sync::Notify,
+    held: Mutex<HashMap<String, Held>>,
+}
+
+/// What one holder holds, and who waits for it to free.
+#[derive(Debug, Default)]
+struct Held {
+    bytes: u64,
+    /// Wakes that holder's waiting takers (nobody else's) when it gives back.
+    freed: Arc<tokio::sync::Notify>,
 }
 
 impl Shares {
     /// Shares of `percent` of a budget of `budget` bytes.
     pub fn of(budget: u64, percent: u8) -> Arc<Self> {
-        Self::new((budget / 100 * percent.min(100) as u64).max(1))
+        let share = budget as u128 * percent.min(100) as u128 / 100;
+        Self::new((share as u64).max(1))
     }
 
     /// Shares of `cap` bytes each.
@@ -45,7 +52,6 @@ impl Shares {
         Arc::new(Self {
             cap,
             held: Mutex::new(HashMap::new()),
-            freed: tokio::sync::Notify::new(),
         })
     }
 
@@ -55,47 +61,84 @@ impl Shares {
 
     /// What `holder` holds now.
     pub fn held(&self, holder: &str) -> u64 {
-        self.held.lock().get(holder).copied().unwrap_or(0)
+        self.held.lock().get(holder).map_or(0, |held| held.bytes)
     }
 
     /// Takes `bytes` for `holder` if they fit its share (or it holds nothing yet).
     pub fn try_take(self: &Arc<Self>, holder: &str, bytes: u64) -> Option<Share> {
+        self.take_or_wait(holder, bytes).ok()
+    }
+
+    /// Takes `bytes`, or says whom to wait on: the notifier of the holder's releases.
+    fn take_or_wait(
+        self: &Arc<Self>,
+        holder: &str,
+        bytes: u64,
+    ) -> Result<Share, Arc<tokio::sync::Notify>> {
         let mut held = self.held.lock();
-        let now = held.get(holder).copied().unwrap_or(0);
-        if now > 0 && now.saturating_add(bytes) > self.cap {
-            return None;
+        match held.get_mut(holder) {
+            Some(entry) if entry.bytes > 0 && entry.bytes.saturating_add(bytes) > self.cap => {
+                Err(entry.freed.clone())
+            }
+            Some(entry) => {
+                entry.bytes += bytes;
+                Ok(self.share(holder, bytes))
+            }
+            None => {
+                held.insert(
+                    holder.to_owned(),
+                    Held {
+                        bytes,
+                        ..Held::default()
+                    },
+                );
+                Ok(self.share(holder, bytes))
+            }
         }
-        held.insert(holder.to_owned(), now + bytes);
-        Some(Share {
+    }
+
+    fn share(self: &Arc<Self>, holder: &str, bytes: u64) -> Share {
+        Share {
             shares: self.clone(),
             holder: holder.to_owned(),
             bytes,
-        })
+        }
     }
 
     /// Takes `bytes` for `holder` once they fit its share: the holder's own charges block it,
-    /// nobody else's.
+    /// nobody else's, and only its own releases wake it.
     pub async fn take_waiting(self: &Arc<Self>, holder: &str, bytes: u64) -> Share {
         loop {
-            let freed = self.freed.notified();
-            tokio::pin!(freed);
-            // Registered before looking, so a release in between is not missed.
-            freed.as_mut().enable();
-            if let Some(share) = self.try_take(holder, bytes) {
+            let freed = match self.take_or_wait(holder, bytes) {
+                Ok(share) => return share,
+                Err(freed) => freed,
+            };
+            let notified = freed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Looked at again now that the wait is registered.
+            if let Ok(share) = self.take_or_wait(holder, bytes) {
                 return share;
             }
-            freed.await;
+            notified.await;
         }
     }
 
     /// Takes `bytes` for `holder` whatever it holds: a charge already made elsewhere, counted
     /// so that the holder's next request sees it.
     pub fn take(self: &Arc<Self>, holder: &str, bytes: u64) -> Share {
-        *self.held.lock().entry(holder.to_owned()).or_insert(0) += bytes;
-        Share {
-            shares: self.clone(),
-            holder: holder.to_owned(),
-            bytes,
+        self.held.lock().entry(holder.to_owned()).or_default().bytes += bytes;
+        self.share(holder, bytes)
+    }
+
+    fn give_back(&self, holder: &str, bytes: u64) {
+        let mut held = self.held.lock();
+        if let Some(entry) = held.get_mut(holder) {
+            entry.bytes = entry.bytes.saturating_sub(bytes);
+            entry.freed.notify_waiters();
+            if entry.bytes == 0 {
+                held.remove(holder);
+            }
         }
     }
 }
@@ -112,17 +155,22 @@ impl Share {
     /// Adds `bytes` if the holder's share has room for them now.
     pub fn try_grow(&mut self, bytes: u64) -> bool {
         let mut held = self.shares.held.lock();
-        let now = held.get(&self.holder).copied().unwrap_or(0);
-        if now.saturating_add(bytes) > self.shares.cap {
+        let entry = held.entry(self.holder.clone()).or_default();
+        if entry.bytes.saturating_add(bytes) > self.shares.cap {
             return false;
         }
-        held.insert(self.holder.clone(), now + bytes);
+        entry.bytes += bytes;
         self.bytes += bytes;
         true
     }
 
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Takes over `other`, a share of the same holder.
+    pub fn absorb(&mut self, mut other: Share) {
+        self.bytes += std::mem::take(&mut other.bytes);
     }
 
     /// Gives back all but `bytes` (what was taken for the most a request could hold, once it
@@ -132,21 +180,6 @@ impl Share {
             self.shares.give_back(&self.holder, self.bytes - bytes);
             self.bytes = bytes;
         }
-    }
-}
-
-impl Shares {
-    fn give_back(&self, holder: &str, bytes: u64) {
-        {
-            let mut held = self.held.lock();
-            if let Some(now) = held.get_mut(holder) {
-                *now = now.saturating_sub(bytes);
-                if *now == 0 {
-                    held.remove(holder);
-                }
-            }
-        }
-        self.freed.notify_waiters();
     }
 }
 

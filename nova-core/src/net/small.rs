@@ -472,10 +472,7 @@ mod tests {
             }
         };
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
-        assert_eq!(
-            bodies.len() as u64,
-            SMALL_MESSAGES_BUDGET / 100 * 25 / 60_005
-        );
+        assert_eq!(bodies.len() as u64, SMALL_MESSAGES_BUDGET / 4 / 60_005);
         assert_eq!(small.in_use(), bodies.len() as u64 * 60_005);
         // Another token has its own share.
         let mut theirs = small.limit(stalled(), Some(&token("b")), None);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use futures::Stream;
 use prometheus::Histogram;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tonic::{Code, Status, Streaming};
 
 use nova_chain::admission::{held_charge, received_charge, receiving_charge};
@@ -21,7 +21,7 @@ use nova_chain::{AckRange, AppendReply};
 use nova_core::catalog::StorageClass;
 use nova_core::clock::{Clock, Instant};
 use nova_core::flight::section::{encode_received, wire_encoded_bytes};
-use nova_core::limits::{MAX_SECTION_BYTES, SESSION_PIPELINE_DEPTH};
+use nova_core::limits::{MAX_SECTION_BYTES, QUEUED_REFUSALS, SESSION_PIPELINE_DEPTH};
 use nova_proto::RequestError;
 use nova_proto::v1;
 use nova_proto::validate::validate_wire;
@@ -33,13 +33,24 @@ use super::charge::{Charged, Charges};
 
 pub type AckStream = Pin<Box<dyn Stream<Item = Result<v1::AppendAck, Status>> + Send>>;
 
+/// One answer owed to the producer, in its place in the session's queue. The queue holds up to
+/// `SESSION_PIPELINE_DEPTH` of them for a producer that does not read its acks, so the large
+/// variants are boxed: a slot costs what a `Durable` does.
 enum Pending {
     /// Refused before it was admitted.
-    Answer(v1::AppendAck),
+    Answer(Box<Refusal>),
     /// Admitted; resolves when durable or failed.
     Durable(Durable),
     /// The session ends here, after the answers before it.
-    Close(Status),
+    Close(Box<Status>),
+}
+
+/// A refusal waiting to be read, holding one of the session's `QUEUED_REFUSALS` places: a
+/// refusal costs the star no admission charge, so a producer sending batch after bad batch
+/// without reading the answers would otherwise fill the whole pipeline with error messages.
+struct Refusal {
+    ack: v1::AppendAck,
+    _place: Option<OwnedSemaphorePermit>,
 }
 
 /// An admitted append waiting to be durable, and what its ack time is measured from.
@@ -112,7 +123,7 @@ fn answers(
                 return None;
             }
             let item = match pending.recv().await? {
-                Pending::Answer(answer) => Ok(answer),
+                Pending::Answer(refusal) => Ok(refusal.ack),
                 Pending::Durable(durable) => Ok(match durable.reply.await {
                     Ok(Ok(range)) => {
                         durable
@@ -125,7 +136,7 @@ fn answers(
                         "the star stopped before this append was durable; retry it".into(),
                     )),
                 }),
-                Pending::Close(status) => return Some((Err(status), (pending, permit, true))),
+                Pending::Close(status) => return Some((Err(*status), (pending, permit, true))),
             };
             Some((item, (pending, permit, false)))
         },
@@ -141,14 +152,15 @@ async fn read_requests(
     pending: mpsc::Sender<Pending>,
 ) {
     let shutting_down = || {
-        Pending::Close(
+        Pending::Close(Box::new(
             RequestError::Unavailable(
                 "novad is shutting down: every append answered above is final; reconnect to send more"
                     .into(),
             )
             .into(),
-        )
+        ))
     };
+    let refusals = Arc::new(Semaphore::new(QUEUED_REFUSALS));
     loop {
         let next = tokio::select! {
             biased;
@@ -168,7 +180,9 @@ async fn read_requests(
                 // the answers ahead of this one may take a while to drain.
                 drop(inbound);
                 drop(charges);
-                let _ = pending.send(Pending::Close(frame_error(status))).await;
+                let _ = pending
+                    .send(Pending::Close(Box::new(frame_error(status))))
+                    .await;
                 return;
             }
         };
@@ -179,6 +193,18 @@ async fn read_requests(
                 let _ = pending.send(shutting_down()).await;
                 return;
             }
+        };
+        let answer = match answer {
+            // Past QUEUED_REFUSALS unread refusals the session stops reading (flow control
+            // holds the producer) until the producer reads the answers ahead.
+            Pending::Answer(mut refusal) => {
+                refusal._place = tokio::select! {
+                    place = refusals.clone().acquire_owned() => place.ok(),
+                    _ = pending.closed() => return,
+                };
+                Pending::Answer(refusal)
+            }
+            other => other,
         };
         if pending.send(answer).await.is_err() {
             return;
@@ -238,7 +264,10 @@ fn reject(ctx: &Context, peer: Option<SocketAddr>, error: RequestError, stream: 
             "append rejected: {error}"
         );
     }
-    Pending::Answer(refusal(&error))
+    Pending::Answer(Box::new(Refusal {
+        ack: refusal(&error),
+        _place: None,
+    }))
 }
 
 async fn admit(
@@ -264,9 +293,9 @@ async fn admit(
         // answering it would shift every later answer by one.
         Some(None) => {
             tracing::error!("an append message arrived without its charge; ending the session");
-            return Pending::Close(
+            return Pending::Close(Box::new(
                 RequestError::Internal("the star lost track of a message; reconnect".into()).into(),
-            );
+            ));
         }
         None => {
             let admitted = ctx

@@ -42,8 +42,10 @@ pub struct Context {
     pub sessions: Cap,
     /// Reads in progress, including those waiting at a stream's tail (`wait_ms`).
     pub subscriptions: Cap,
-    /// What each client holds of the read budget in pages not yet sent.
+    /// What each token holds of the read budget in pages being built or not yet sent.
     pub read_shares: Arc<nova_core::net::shares::Shares>,
+    /// How many subscription places each token holds.
+    pub subscription_shares: Arc<nova_core::net::shares::Shares>,
     pub metrics: Arc<Metrics>,
     pub sheds: Arc<ShedLog>,
     /// Fires when novad starts shutting down: sessions stop reading and finish.
@@ -116,6 +118,27 @@ pub struct NovaService {
 impl NovaService {
     pub fn new(ctx: Arc<Context>) -> Self {
         Self { ctx }
+    }
+
+    /// A read refused because its token holds its share of the subscription places.
+    fn shed_subscription_share(&self, peer: Option<SocketAddr>, stream: &str) -> Status {
+        let ctx = &self.ctx;
+        let refusal = RequestError::CapReached {
+            cap: "--max-client-share-percent",
+            limit: ctx.subscription_shares.cap(),
+            what: "this token's share of the subscription places (--max-subscriptions) is \
+                   taken by its reads in progress; reads of other tokens go on",
+            retry_after: Duration::from_secs(1),
+        };
+        caps::record_shed(
+            &ctx.metrics,
+            &ctx.sheds,
+            caps::SUBSCRIPTION_SHARE,
+            &refusal,
+            Some(stream),
+            peer,
+        );
+        refusal.into()
     }
 }
 
@@ -217,8 +240,18 @@ impl Nova for NovaService {
         // the read caps, with at most 8 sections in flight) the star builds at once. A follow
         // read holds its slot while it waits at the tail, and nothing else: the next page is
         // produced only when the consumer asks for it.
-        let _subscription = ctx.subscriptions.admit(peer, Some(&request.stream))?;
+        // With tokens, one token holds at most its share of the places (its follows waiting at
+        // tails, its reads waiting on its own pages), so it cannot shed everybody else's.
         let holder = nova_core::net::shares::holder(principal.as_deref());
+        let _place_share = match &holder {
+            Some(holder) => Some(
+                ctx.subscription_shares
+                    .try_take(holder, 1)
+                    .ok_or_else(|| self.shed_subscription_share(peer, &request.stream))?,
+            ),
+            None => None,
+        };
+        let _subscription = ctx.subscriptions.admit(peer, Some(&request.stream))?;
         let start_seq = ctx
             .start_seq(&stream, request.start_seq, request.start_timestamp)
             .await?;
