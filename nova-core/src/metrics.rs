@@ -723,6 +723,7 @@ impl Metrics {
         self.sheds.with_label_values(&["admin_calls"]);
         self.sheds.with_label_values(&["fleet_capacity"]);
         self.sheds.with_label_values(&["subscription_share"]);
+        self.sheds.with_label_values(&["lookup_share"]);
         self.sheds
             .with_label_values(&[crate::net::small::SHED_LABEL]);
         for reason in [

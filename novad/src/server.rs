@@ -307,6 +307,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             config.max_subscriptions as u64,
             config.listener.max_client_share_percent,
         ),
+        lookup_shares: nova_core::net::shares::Shares::of(
+            nova_core::metastore::ETCD_MAX_INFLIGHT as u64,
+            config.listener.max_client_share_percent,
+        ),
         metrics: metrics.clone(),
         sheds,
         shutdown: stopping.clone(),

@@ -5,6 +5,7 @@
 //! connection.
 
 mod common;
+mod fleet_common;
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -719,4 +720,80 @@ async fn sessions_that_never_read_their_acks_stay_within_a_session_places_cost()
     let mut session = client.append_session().await.unwrap();
     let mut appended = 0;
     append(&mut session, &mut appended).await;
+}
+
+/// Item 5: in a fleet, a token's describes of streams that do not exist each read the metastore.
+/// One token has at most its share of those lookups in flight (the rest are refused at once,
+/// counted), and producers, whose commits have a lane of their own, keep their pace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_describe_flood_takes_only_its_share_of_the_metastore() {
+    use nova_client::ErrorCode;
+    let tokens = tokens("append:x/");
+    let etcd = nova_testkit::Etcd::start();
+    let moto = nova_testkit::Moto::start();
+    moto.create_bucket(fleet_common::BUCKET);
+    let star = fleet_common::star(&etcd, &moto, "star-0")
+        .args(["--auth-tokens", tokens.path.to_str().unwrap()])
+        .start();
+    let ops = as_ops(&star).await;
+    ops.create_stream("good").await.unwrap();
+    let mut session = ops.append_session().await.unwrap();
+    let mut appended = 0;
+    append(&mut session, &mut appended).await;
+
+    let intruder = nova_client::Client::connect_with(
+        nova_client::ClientConfig::new([star.url()])
+            .with_token(INTRUDER)
+            .unwrap()
+            .with_retry(nova_client::RetryPolicy::none()),
+    )
+    .await
+    .unwrap();
+    let flooding = Instant::now() + Duration::from_secs(5);
+    let floods: Vec<_> = (0..200)
+        .map(|i| {
+            let intruder = intruder.clone();
+            tokio::spawn(async move {
+                let (mut shed, mut looked_up) = (0u32, 0u32);
+                let mut n = 0;
+                while Instant::now() < flooding {
+                    n += 1;
+                    match intruder.describe_stream(&format!("x/none-{i}-{n}")).await {
+                        Err(e) if e.kind() == ErrorCode::Exhausted => shed += 1,
+                        _ => looked_up += 1,
+                    }
+                }
+                (shed, looked_up)
+            })
+        })
+        .collect();
+    // The producer's appends keep their pace through the flood.
+    let mut slowest = Duration::ZERO;
+    while Instant::now() < flooding {
+        let started = Instant::now();
+        append(&mut session, &mut appended).await;
+        slowest = slowest.max(started.elapsed());
+    }
+    let (mut shed, mut looked_up) = (0, 0);
+    for flood in floods {
+        let (s, l) = flood.await.unwrap();
+        shed += s;
+        looked_up += l;
+    }
+    eprintln!("describe flood: {looked_up} looked up, {shed} refused; slowest append {slowest:?}");
+    assert!(
+        shed > 0,
+        "200 describes at once stayed within a 32-lookup share"
+    );
+    assert_eq!(
+        star.metric("nova_sheds_total{cap=\"lookup_share\"}")
+            .unwrap(),
+        shed as f64,
+        "every refusal counted"
+    );
+    assert!(
+        slowest < Duration::from_secs(2),
+        "an append took {slowest:?} beside the flood"
+    );
+    assert_eq!(read_all(&ops, "good").await.len(), appended);
 }

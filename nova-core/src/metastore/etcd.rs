@@ -19,6 +19,9 @@ use super::{
     Mutation, Txn, TxnOutcome,
 };
 
+/// Reads (and, in their own lane, transactions) a star has in flight to etcd at once.
+pub const ETCD_MAX_INFLIGHT: usize = 64;
+
 /// How to reach etcd and what it accepts.
 #[derive(Debug, Clone)]
 pub struct EtcdOptions {
@@ -38,7 +41,7 @@ impl EtcdOptions {
             endpoints,
             request_timeout: Duration::from_secs(5),
             max_txn_ops: ETCD_DEFAULT_MAX_TXN_OPS,
-            max_inflight: 64,
+            max_inflight: ETCD_MAX_INFLIGHT,
         }
     }
 

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 
 pub use embedded::EmbeddedMetastore;
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdMetastore, EtcdOptions};
+pub use etcd::{ETCD_MAX_INFLIGHT, EtcdMetastore, EtcdOptions};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyValue {

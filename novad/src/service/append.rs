@@ -318,7 +318,7 @@ async fn admit(
             .access
             .check(principal, nova_core::net::Scope::Append, name)
         {
-            Ok(()) => ctx.route(name, peer).await,
+            Ok(()) => ctx.route(name, peer, principal).await,
             Err(error) => Err(error),
         },
         Err(error) => Err(error),

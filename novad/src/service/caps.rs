@@ -38,6 +38,9 @@ pub const SUBSCRIPTIONS: CapKind = CapKind {
     retry_after: Duration::from_millis(nova_core::limits::SESSION_SHED_RETRY_AFTER_MS),
 };
 
+/// The label of a call refused because its token has its share of metastore lookups in flight.
+pub const LOOKUP_SHARE: &str = "lookup_share";
+
 /// The label of a read refused because its token holds its share of the subscription places.
 pub const SUBSCRIPTION_SHARE: &str = "subscription_share";
 

@@ -46,6 +46,8 @@ pub struct Context {
     pub read_shares: Arc<nova_core::net::shares::Shares>,
     /// How many subscription places each token holds.
     pub subscription_shares: Arc<nova_core::net::shares::Shares>,
+    /// How many metastore lookups each token has in flight.
+    pub lookup_shares: Arc<nova_core::net::shares::Shares>,
     pub metrics: Arc<Metrics>,
     pub sheds: Arc<ShedLog>,
     /// Fires when novad starts shutting down: sessions stop reading and finish.
@@ -76,15 +78,46 @@ impl Context {
         &self,
         name: &str,
         peer: Option<SocketAddr>,
+        principal: Option<&nova_core::net::Principal>,
     ) -> Result<Arc<StreamState>, RequestError> {
         match &self.fleet {
             Some(fleet) => {
+                // A stream led elsewhere (or nowhere) is looked up in the metastore: one token
+                // has at most its share of the lookups in flight, so its describes of streams
+                // that do not exist cannot take every metastore read from everyone else.
+                let _lookup = match nova_core::net::shares::holder(principal) {
+                    Some(holder) if !fleet.leads(name) => Some(
+                        self.lookup_shares
+                            .try_take(&holder, 1)
+                            .ok_or_else(|| self.shed_lookup(name, peer))?,
+                    ),
+                    _ => None,
+                };
                 let routed = fleet.route(&self.star, name).await;
                 self.count_fleet_shed(&routed, name, peer);
                 routed
             }
             None => self.star.streams().get_or_not_found(name),
         }
+    }
+
+    fn shed_lookup(&self, stream: &str, peer: Option<SocketAddr>) -> RequestError {
+        let refusal = RequestError::CapReached {
+            cap: "--max-client-share-percent",
+            limit: self.lookup_shares.cap(),
+            what: "this token's share of the metastore lookups in flight (of streams this star \
+                   does not lead) is taken; other tokens' calls go on",
+            retry_after: Duration::from_secs(1),
+        };
+        caps::record_shed(
+            &self.metrics,
+            &self.sheds,
+            caps::LOOKUP_SHARE,
+            &refusal,
+            Some(stream),
+            peer,
+        );
+        refusal
     }
 
     /// A fleet in which no star is open to a stream's leadership refused it (placing a new
@@ -235,7 +268,9 @@ impl Nova for NovaService {
         let ctx = &self.ctx;
         ctx.access
             .check(principal.as_deref(), Scope::Read, &request.stream)?;
-        let stream = ctx.route(&request.stream, peer).await?;
+        let stream = ctx
+            .route(&request.stream, peer, principal.as_deref())
+            .await?;
         // Every read in progress is a subscription: the cap bounds how many pages (each within
         // the read caps, with at most 8 sections in flight) the star builds at once. A follow
         // read holds its slot while it waits at the tail, and nothing else: the next page is
@@ -314,7 +349,10 @@ impl Nova for NovaService {
         self.ctx
             .access
             .check(principal.as_deref(), Scope::Read, &request.stream)?;
-        let stream = self.ctx.route(&request.stream, peer).await?;
+        let stream = self
+            .ctx
+            .route(&request.stream, peer, principal.as_deref())
+            .await?;
         let max_refs = match request.max_refs {
             0 => COLD_READ_REFS,
             n => (n as usize).min(MAX_RESOLVED_REFS),
@@ -408,7 +446,7 @@ impl Nova for NovaService {
             &[Scope::Read, Scope::Append, Scope::Admin],
             &name,
         )?;
-        let stream = self.ctx.route(&name, peer).await?;
+        let stream = self.ctx.route(&name, peer, principal.as_deref()).await?;
         let first_seq = self.ctx.star.first_seq(&stream).await?;
         let leader = match &self.ctx.fleet {
             Some(fleet) => fleet.leader_of(&name).await?,
@@ -527,7 +565,9 @@ impl Nova for NovaService {
         let retention = retention_from(request.retention)?;
         let class = class_from(request.storage_class)?;
         if self.ctx.fleet.is_some() {
-            self.ctx.route(&request.stream, peer).await?;
+            self.ctx
+                .route(&request.stream, peer, principal.as_deref())
+                .await?;
         }
         let streams = self.ctx.star.streams();
         if let Some(class) = class {
