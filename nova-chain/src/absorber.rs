@@ -183,7 +183,7 @@ async fn rebase_moved_streams(
         if continues || entry.start_seq == 0 {
             continue;
         }
-        match shared.catalog.stream_tail(entry.stream_id).await {
+        match shared.absorb_catalog.stream_tail(entry.stream_id).await {
             Ok(tail) => {
                 tails.insert(entry.stream_id, tail);
             }
@@ -306,7 +306,7 @@ async fn absorbed_tail(shared: &Shared, id: u64) -> Option<StreamTail> {
     let mut attempt = 0u32;
     loop {
         attempt += 1;
-        match shared.catalog.stream_tail(id).await {
+        match shared.absorb_catalog.stream_tail(id).await {
             Ok(tail) => return Some(tail),
             Err(err) => tracing::warn!(
                 stream_id = id,
@@ -345,7 +345,7 @@ async fn commit(
         *shared.health.commit_started.lock() = Some(started);
         let result = tokio::select! {
             biased;
-            result = shared.catalog.absorb(&shared.config.star, Some(chain.version), state, batch.clone()) => result,
+            result = shared.absorb_catalog.absorb(&shared.config.star, Some(chain.version), state, batch.clone()) => result,
             _ = shared.abandon.cancelled() => {
                 *shared.health.commit_started.lock() = None;
                 return None;
@@ -369,7 +369,11 @@ async fn commit(
             Err(CatalogError::Conflict(reason)) => {
                 // After a failed attempt, the conflict may be that attempt's own success.
                 if attempt > 1 {
-                    match shared.catalog.chain_if_at(&shared.config.star, state).await {
+                    match shared
+                        .absorb_catalog
+                        .chain_if_at(&shared.config.star, state)
+                        .await
+                    {
                         Ok(Some(committed)) => {
                             tracing::info!(
                                 attempts = attempt,

@@ -26,6 +26,8 @@ pub(crate) struct Shared {
     pub epoch: u64,
     pub store: Arc<dyn ObjectStore>,
     pub catalog: Catalog,
+    /// The catalog on the metastore's priority lane: what the absorb reads and commits with.
+    pub absorb_catalog: Catalog,
     pub streams: Arc<StreamRegistry>,
     pub metrics: Arc<Metrics>,
     pub admission: AdmissionBuffer,
@@ -116,6 +118,7 @@ impl Shared {
             config,
             epoch,
             store,
+            absorb_catalog: catalog.prioritised(),
             catalog,
             streams,
             metrics,

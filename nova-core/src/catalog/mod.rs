@@ -547,6 +547,12 @@ impl Catalog {
         &self.store
     }
 
+    /// The same catalog on the metastore's priority lane, for the work appends wait on (the
+    /// absorb): clients' reads never queue ahead of it.
+    pub fn prioritised(&self) -> Catalog {
+        Catalog::new(self.store.priority().unwrap_or_else(|| self.store.clone()))
+    }
+
     /// Hands out a stream id for a create of stream `name`, never used before and never used
     /// again: index entries and manifests left behind by a deleted stream can never be
     /// mistaken for a new stream's. It also takes over the name's create reservation, which

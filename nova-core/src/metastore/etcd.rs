@@ -86,6 +86,8 @@ pub struct EtcdMetastore {
     /// Turns for transactions (the absorb's commits, placements, handoffs): a lane of their
     /// own, so a flood of reads can slow other reads but never the commits appends wait on.
     writes: Arc<Semaphore>,
+    /// The lane this handle's reads wait in: `Read`, or `Write` for the priority handle.
+    read_lane: Lane,
 }
 
 /// Which queue a call waits in.
@@ -219,6 +221,7 @@ impl EtcdMetastore {
             current: Arc::new(AtomicUsize::new(0)),
             reads: Arc::new(Semaphore::new(options.max_inflight.max(1))),
             writes: Arc::new(Semaphore::new(options.max_inflight.max(1))),
+            read_lane: Lane::Read,
             options,
         })
     }
@@ -333,8 +336,15 @@ impl Metastore for EtcdMetastore {
         }
     }
 
+    fn priority(&self) -> Option<Arc<dyn Metastore>> {
+        Some(Arc::new(Self {
+            read_lane: Lane::Write,
+            ..self.clone()
+        }))
+    }
+
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError> {
-        let _turn = self.turn(Lane::Read).await?;
+        let _turn = self.turn(self.read_lane).await?;
         let mut response = self
             .on_member(Retry::Idempotent, |client| async move {
                 client.kv_client().get(key, None).await
@@ -357,7 +367,7 @@ impl Metastore for EtcdMetastore {
                     .map(|key| TxnOp::get(key.clone(), None))
                     .collect::<Vec<_>>(),
             );
-            let _turn = self.turn(Lane::Read).await?;
+            let _turn = self.turn(self.read_lane).await?;
             let response = self
                 .on_member(Retry::Idempotent, |client| {
                     let txn = txn.clone();
@@ -408,7 +418,7 @@ impl Metastore for EtcdMetastore {
         if end != [0] && start >= end {
             return Ok(Vec::new());
         }
-        let _turn = self.turn(Lane::Read).await?;
+        let _turn = self.turn(self.read_lane).await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut response = self
             .on_member(Retry::Idempotent, |client| {
@@ -550,7 +560,8 @@ mod tests {
     }
 
     /// Reads and transactions wait in lanes of their own: with every read turn taken (a flood
-    /// of describes, say), a commit (the absorb's) still goes through at once.
+    /// of describes, say), a commit (the absorb's) still goes through at once, and so do the
+    /// absorb's reads.
     #[tokio::test]
     async fn a_flood_of_reads_does_not_hold_up_commits() {
         let etcd = nova_testkit::Etcd::start();
@@ -575,6 +586,17 @@ mod tests {
                 .await
                 .is_err(),
             "a read past its lane's turns waits"
+        );
+        // The priority handle (the absorb's) reads in the transactions' lane.
+        let priority = store.priority().expect("etcd has a priority lane");
+        assert!(
+            matches!(
+                clock
+                    .timeout(Duration::from_secs(5), priority.get(b"lanes/k"))
+                    .await,
+                Ok(Ok(Some(_)))
+            ),
+            "the absorb's read waited behind the flood"
         );
     }
 

@@ -165,6 +165,12 @@ pub trait Metastore: Send + Sync + fmt::Debug + 'static {
 
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError>;
 
+    /// A handle on this metastore whose reads wait with its transactions, not with other
+    /// reads: for the work appends wait on. `None` when the backend has one queue.
+    fn priority(&self) -> Option<std::sync::Arc<dyn Metastore>> {
+        None
+    }
+
     /// Each of `keys`, in order. A backend that can read many keys in one round trip does (etcd:
     /// a transaction of reads); the default reads them one by one.
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<KeyValue>>, MetastoreError> {
