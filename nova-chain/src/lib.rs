@@ -34,5 +34,5 @@ mod writer;
 
 pub use config::{Backoff, ChainConfig, Leaders, RetryPolicy};
 pub use packer::{AckRange, AppendReply};
-pub use reader::{Page, READ_PER_RECORD, ReadCharge, ReadShare};
+pub use reader::{Page, READ_PER_RECORD, ReadCharge};
 pub use star::{ShutdownError, Star, StartError};

@@ -34,7 +34,6 @@ use nova_core::catalog::IndexEntry;
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, FormatError, fetch_section};
 use nova_core::limits::COLD_READ_REFS;
-use nova_core::net::shares::{Share, Shares};
 use nova_core::object_store::StoreError;
 use nova_core::record::SequencedRecord;
 use nova_proto::RequestError;
@@ -56,147 +55,36 @@ pub struct Page {
 /// wire form, and its framing in the encoded response.
 pub const READ_PER_RECORD: u64 = 192;
 
-/// Whose share of the read budget a read is charged to besides the budget itself
-/// (`nova_core::net::shares`): a client's pages being built and not yet taken hold at most its
-/// share.
-#[derive(Debug, Clone)]
-pub struct ReadShare {
-    pub shares: Arc<Shares>,
-    pub holder: String,
-}
-
-/// A read's charge to the read budget (and to its client's share), grown as the read takes
-/// more.
+/// A read's charge to the read budget, grown as the read takes more.
 #[derive(Debug)]
 pub struct ReadCharge {
     budget: Budget,
     permit: Option<BudgetPermit>,
-    gate: Option<ReadShare>,
-    share: Option<Share>,
-    /// Taken by `wait_first` and not yet used by a growth.
-    reserved: u64,
 }
 
 impl ReadCharge {
-    fn new(budget: Budget, gate: Option<ReadShare>) -> Self {
+    fn new(budget: Budget) -> Self {
         Self {
             budget,
             permit: None,
-            gate,
-            share: None,
-            reserved: 0,
         }
     }
 
-    /// The first growth, if both the client's share and the budget have room for it now.
-    fn try_first(&mut self, bytes: u64) -> bool {
-        if self.permit.is_some() {
-            return true;
-        }
-        let share = match &self.gate {
-            Some(gate) => match gate.shares.try_take(&gate.holder, bytes) {
-                Some(share) => Some(share),
-                None => return false,
-            },
-            None => None,
-        };
-        match self.budget.try_acquire(bytes) {
-            Some(permit) => {
-                self.permit = Some(permit);
-                self.share = share;
-                self.reserved = bytes;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Waits for room for the first growth (holding nothing the wait could pin) and takes it,
-    /// for the growths that follow to use.
-    async fn wait_first(&mut self, bytes: u64) {
-        if self.permit.is_none() {
-            self.grow(bytes).await;
-            self.reserved = bytes;
-        }
-    }
-
-    /// Gives back what was reserved and not used.
-    fn settle(&mut self) {
-        if self.reserved > 0 {
-            if let Some(permit) = &mut self.permit {
-                permit.shrink_to(permit.units().saturating_sub(self.reserved));
-            }
-            if let Some(share) = &mut self.share {
-                share.shrink_to(share.bytes().saturating_sub(self.reserved));
-            }
-            self.reserved = 0;
-        }
-    }
-
-    /// Grows the charge by `bytes`. The first growth waits for room, in the client's share
-    /// first (its own pages hold it up, nobody else's) and then in the budget; later ones
-    /// succeed only if both have room now.
+    /// Grows the charge by `bytes`. The first growth waits for room (the read holds nothing
+    /// yet); later ones succeed only if there is room now.
     async fn grow(&mut self, bytes: u64) -> bool {
-        // What `try_first` or `wait_first` took ahead serves first.
-        if self.reserved >= bytes {
-            self.reserved -= bytes;
-            return true;
-        }
-        let more = bytes - self.reserved;
-        if self.grow_beyond_reserve(more).await {
-            self.reserved = 0;
-            true
-        } else {
-            false
-        }
-    }
-
-    /// Grows by `bytes`, waiting for room however long it takes (the page's first record must
-    /// be served, and a charge taken ahead may fall short of the run found after the wait).
-    async fn grow_waiting(&mut self, bytes: u64) {
-        if self.grow(bytes).await {
-            return;
-        }
-        let more = bytes - self.reserved;
-        self.reserved = 0;
-        if let (Some(gate), Some(share)) = (&self.gate, &mut self.share) {
-            share.absorb(gate.shares.take_waiting(&gate.holder, more).await);
-        }
-        let extra = self.budget.acquire(more).await;
-        match &mut self.permit {
-            Some(permit) => permit.merge(extra),
-            None => self.permit = Some(extra),
-        }
-    }
-
-    async fn grow_beyond_reserve(&mut self, bytes: u64) -> bool {
         match &mut self.permit {
             None => {
-                if let Some(gate) = &self.gate {
-                    self.share = Some(gate.shares.take_waiting(&gate.holder, bytes).await);
-                }
                 self.permit = Some(self.budget.acquire(bytes).await);
                 true
             }
-            Some(permit) => {
-                if let Some(share) = &mut self.share
-                    && !share.try_grow(bytes)
-                {
-                    return false;
+            Some(permit) => match self.budget.try_acquire(bytes) {
+                Some(more) => {
+                    permit.merge(more);
+                    true
                 }
-                match self.budget.try_acquire(bytes) {
-                    Some(more) => {
-                        permit.merge(more);
-                        true
-                    }
-                    None => {
-                        if let Some(share) = &mut self.share {
-                            share.shrink_to(share.bytes() - bytes);
-                        }
-                        false
-                    }
-                }
-            }
+                None => false,
+            },
         }
     }
 
@@ -289,12 +177,11 @@ pub(crate) async fn read(
     start_seq: u64,
     max_records: u32,
     max_bytes: u64,
-    gate: Option<ReadShare>,
 ) -> Result<Page, RequestError> {
     check_not_trimmed(shared, stream, start_seq, false).await?;
     let tail = stream.tail();
     let mut page = PageBuilder::new(start_seq, tail, max_records.max(1) as usize, max_bytes);
-    let mut charge = ReadCharge::new(shared.read_budget.clone(), gate.clone());
+    let mut charge = ReadCharge::new(shared.read_budget.clone());
     let mut stale_refs = 0;
     while !page.full() {
         let seq = page.next_seq;
@@ -304,17 +191,10 @@ pub(crate) async fn read(
             // own buffers are the tail cache's, charged there.)
             let run_bytes: u64 = run.fragments.iter().map(|(_, f)| f.len()).sum();
             let records = (run.end_seq - seq).min((page.max_records - page.records.len()) as u64);
-            let need = run_bytes.min(room.max(1)) + records * READ_PER_RECORD;
-            if !charge.try_first(need) {
-                // Waiting for room (the client's share, or the budget) must not keep the run:
-                // the cache may evict it meanwhile, and a parked read would pin it uncounted.
-                drop(run);
-                charge.wait_first(need).await;
-                continue;
-            }
-            if page.records.is_empty() {
-                charge.grow_waiting(need).await;
-            } else if !charge.grow(need).await {
+            if !charge
+                .grow(run_bytes.min(room.max(1)) + records * READ_PER_RECORD)
+                .await
+            {
                 break;
             }
             take_cached(&mut page, &run).map_err(|e| {
@@ -374,7 +254,7 @@ pub(crate) async fn read(
                     if page.records.is_empty() {
                         // Nothing taken yet: give the charge back, so the next stretch may wait
                         // for room again and the page still serves at least one record.
-                        charge = ReadCharge::new(shared.read_budget.clone(), gate.clone());
+                        charge = ReadCharge::new(shared.read_budget.clone());
                     }
                     break;
                 }
@@ -392,7 +272,6 @@ pub(crate) async fn read(
             }
         }
     }
-    charge.settle();
     Ok(Page {
         records: page.records,
         next_seq: page.next_seq,

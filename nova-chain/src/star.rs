@@ -493,7 +493,6 @@ impl Star {
         Ok(receiver)
     }
 
-    /// A page of `stream` from `start_seq`, charged to the read budget.
     pub async fn read(
         &self,
         stream: &StreamState,
@@ -501,28 +500,7 @@ impl Star {
         max_records: u32,
         max_bytes: u64,
     ) -> Result<Page, RequestError> {
-        self.read_as(stream, start_seq, max_records, max_bytes, None)
-            .await
-    }
-
-    /// [`Star::read`] for a client charged a share of the read budget too (`share`).
-    pub async fn read_as(
-        &self,
-        stream: &StreamState,
-        start_seq: u64,
-        max_records: u32,
-        max_bytes: u64,
-        share: Option<reader::ReadShare>,
-    ) -> Result<Page, RequestError> {
-        reader::read(
-            &self.shared,
-            stream,
-            start_seq,
-            max_records,
-            max_bytes,
-            share,
-        )
-        .await
+        reader::read(&self.shared, stream, start_seq, max_records, max_bytes).await
     }
 
     /// Where a read of `stream` from `from_seq` for records at or after `timestamp_ms` (unix ms)

@@ -66,16 +66,17 @@ impl Shares {
 
     /// Takes `bytes` for `holder` if they fit its share (or it holds nothing yet).
     pub fn try_take(self: &Arc<Self>, holder: &str, bytes: u64) -> Option<Share> {
-        self.take_or_wait(holder, bytes).ok()
+        let mut held = self.held.lock();
+        self.take_locked(&mut held, holder, bytes).ok()
     }
 
-    /// Takes `bytes`, or says whom to wait on: the notifier of the holder's releases.
-    fn take_or_wait(
+    /// Takes `bytes` with the map locked, or says whose releases to wait for.
+    fn take_locked(
         self: &Arc<Self>,
+        held: &mut HashMap<String, Held>,
         holder: &str,
         bytes: u64,
     ) -> Result<Share, Arc<tokio::sync::Notify>> {
-        let mut held = self.held.lock();
         match held.get_mut(holder) {
             Some(entry) if entry.bytes > 0 && entry.bytes.saturating_add(bytes) > self.cap => {
                 Err(entry.freed.clone())
@@ -109,16 +110,18 @@ impl Shares {
     /// nobody else's, and only its own releases wake it.
     pub async fn take_waiting(self: &Arc<Self>, holder: &str, bytes: u64) -> Share {
         loop {
-            let freed = match self.take_or_wait(holder, bytes) {
-                Ok(share) => return share,
-                Err(freed) => freed,
-            };
-            let notified = freed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            // Looked at again now that the wait is registered.
-            if let Ok(share) = self.take_or_wait(holder, bytes) {
-                return share;
+            let freed;
+            let mut notified;
+            {
+                // The wait is registered before the lock is let go: a release, which needs
+                // the lock, cannot fall between the look and the registration.
+                let mut held = self.held.lock();
+                match self.take_locked(&mut held, holder, bytes) {
+                    Ok(share) => return share,
+                    Err(notify) => freed = notify,
+                }
+                notified = Box::pin(freed.notified());
+                notified.as_mut().enable();
             }
             notified.await;
         }

@@ -201,6 +201,10 @@ async fn read_requests(
                 refusal._place = tokio::select! {
                     place = refusals.clone().acquire_owned() => place.ok(),
                     _ = pending.closed() => return,
+                    _ = ctx.shutdown.cancelled() => {
+                        let _ = pending.send(shutting_down()).await;
+                        return;
+                    }
                 };
                 Pending::Answer(refusal)
             }

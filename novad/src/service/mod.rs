@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use nova_chain::Star;
 use nova_chain::streams::StreamState;
+use nova_chain::{READ_PER_RECORD, Star};
 use nova_core::catalog::{Retention, StorageClass};
 use nova_core::limits::{
     COLD_READ_REFS, LIST_STREAMS_DEFAULT, LIST_STREAMS_MAX, MAX_READ_WAIT_MS, MAX_RESOLVED_REFS,
@@ -301,17 +301,34 @@ impl Nova for NovaService {
         }
         let (max_records, max_bytes) =
             read_caps(&request, ctx.max_read_records, ctx.max_read_bytes);
-        // What the page holds counts against the client's share of the read budget too, from
-        // while it is built until it is sent: a client whose pages are not taken (a window
-        // withheld) waits on its own share, and holds no more than it of the budget.
-        let share = holder.map(|holder| nova_chain::ReadShare {
-            shares: ctx.read_shares.clone(),
-            holder,
-        });
+        // What the page holds counts against the token's share of the read budget too, from
+        // before it is built until it is sent: a token whose pages are not taken (a window
+        // withheld) waits on its own share, and holds no more than it of the budget. The most
+        // a page may hold is taken ahead, while the read holds nothing else (no cached run, no
+        // charge), and given back down to what the page holds once it is built. A token so
+        // builds at most (its share / the largest page) pages at once.
+        let mut share = match &holder {
+            Some(holder) => {
+                let most =
+                    (max_bytes + max_records as u64 * READ_PER_RECORD).min(ctx.read_shares.cap());
+                Some(ctx.read_shares.take_waiting(holder, most).await)
+            }
+            None => None,
+        };
         let mut page = ctx
             .star
-            .read_as(&stream, start_seq, max_records, max_bytes, share)
+            .read(&stream, start_seq, max_records, max_bytes)
             .await?;
+        if let (Some(share), Some(holder)) = (&mut share, &holder) {
+            let held = page.charge.bytes();
+            if held <= share.bytes() {
+                share.shrink_to(held);
+            } else {
+                // Past the most taken ahead (a first record larger than the page's cap):
+                // counted whole, so the token's next read sees it.
+                share.absorb(ctx.read_shares.take(holder, held - share.bytes()));
+            }
+        }
         if let Some(timestamp) = request.start_timestamp {
             // The seek lands at or before the first record stamped at `timestamp`: pass over
             // what precedes it. A page of only earlier records comes back empty, its next_seq
@@ -335,7 +352,7 @@ impl Nova for NovaService {
         // The page's read charge (and its share) stays held until the response is sent.
         response
             .extensions_mut()
-            .insert(nova_core::net::hold::Hold::new(page.charge));
+            .insert(nova_core::net::hold::Hold::new((page.charge, share)));
         Ok(response)
     }
 
