@@ -60,13 +60,17 @@ pub const READ_PER_RECORD: u64 = 192;
 pub struct ReadCharge {
     budget: Budget,
     permit: Option<BudgetPermit>,
+    /// The most the page may be charged beyond its first growth (what its client took of its
+    /// share ahead); `None` for no limit beyond the budget's room.
+    limit: Option<u64>,
 }
 
 impl ReadCharge {
-    fn new(budget: Budget) -> Self {
+    fn new(budget: Budget, limit: Option<u64>) -> Self {
         Self {
             budget,
             permit: None,
+            limit,
         }
     }
 
@@ -77,6 +81,13 @@ impl ReadCharge {
             None => {
                 self.permit = Some(self.budget.acquire(bytes).await);
                 true
+            }
+            Some(permit)
+                if self
+                    .limit
+                    .is_some_and(|limit| permit.units().saturating_add(bytes) > limit) =>
+            {
+                false
             }
             Some(permit) => match self.budget.try_acquire(bytes) {
                 Some(more) => {
@@ -177,11 +188,12 @@ pub(crate) async fn read(
     start_seq: u64,
     max_records: u32,
     max_bytes: u64,
+    charge_limit: Option<u64>,
 ) -> Result<Page, RequestError> {
     check_not_trimmed(shared, stream, start_seq, false).await?;
     let tail = stream.tail();
     let mut page = PageBuilder::new(start_seq, tail, max_records.max(1) as usize, max_bytes);
-    let mut charge = ReadCharge::new(shared.read_budget.clone());
+    let mut charge = ReadCharge::new(shared.read_budget.clone(), charge_limit);
     let mut stale_refs = 0;
     while !page.full() {
         let seq = page.next_seq;
@@ -254,7 +266,7 @@ pub(crate) async fn read(
                     if page.records.is_empty() {
                         // Nothing taken yet: give the charge back, so the next stretch may wait
                         // for room again and the page still serves at least one record.
-                        charge = ReadCharge::new(shared.read_budget.clone());
+                        charge = ReadCharge::new(shared.read_budget.clone(), charge_limit);
                     }
                     break;
                 }

@@ -500,7 +500,29 @@ impl Star {
         max_records: u32,
         max_bytes: u64,
     ) -> Result<Page, RequestError> {
-        reader::read(&self.shared, stream, start_seq, max_records, max_bytes).await
+        self.read_within(stream, start_seq, max_records, max_bytes, None)
+            .await
+    }
+
+    /// [`Star::read`] with the page's charge held to `charge_limit` beyond its first record
+    /// (what its client took of its share of the read budget ahead).
+    pub async fn read_within(
+        &self,
+        stream: &StreamState,
+        start_seq: u64,
+        max_records: u32,
+        max_bytes: u64,
+        charge_limit: Option<u64>,
+    ) -> Result<Page, RequestError> {
+        reader::read(
+            &self.shared,
+            stream,
+            start_seq,
+            max_records,
+            max_bytes,
+            charge_limit,
+        )
+        .await
     }
 
     /// Where a read of `stream` from `from_seq` for records at or after `timestamp_ms` (unix ms)

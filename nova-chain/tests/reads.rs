@@ -67,3 +67,46 @@ async fn reads_are_held_to_the_read_budget() {
     drop(second);
     assert_eq!(f.metrics.read_memory.in_use.get(), 0);
 }
+
+/// A read given a charge limit (what its token took of its share ahead) ends its page short at
+/// it, after at least one record, however much room the budget has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_within_a_limit_ends_short_at_it() {
+    let disk = Disk::new();
+    let config = ChainConfig {
+        read_bytes: 1 << 20,
+        tail_cache_bytes: 0,
+        ..config()
+    };
+    let f = open_faulty(&disk, config).await.unwrap();
+    let star = f.star.clone();
+    create(&star, "s").await;
+    let body = "r".repeat(10 * 1024);
+    for _ in 0..20 {
+        answer(append(&star, "s", &body).await).await.unwrap();
+    }
+    let stream = star.streams().get("s").unwrap();
+    let whole = star.read(&stream, 0, 1000, 1 << 30).await.unwrap();
+    assert_eq!(whole.records.len(), 20);
+    drop(whole);
+    let limited = star
+        .read_within(&stream, 0, 1000, 1 << 30, Some(64 * 1024))
+        .await
+        .unwrap();
+    assert!(
+        !limited.records.is_empty() && limited.records.len() < 20,
+        "{} records within the limit",
+        limited.records.len()
+    );
+    assert!(
+        limited.charge.bytes() <= 64 * 1024,
+        "{}",
+        limited.charge.bytes()
+    );
+    // A limit below one record's charge still serves that record.
+    let one = star
+        .read_within(&stream, 0, 1000, 1 << 30, Some(1))
+        .await
+        .unwrap();
+    assert_eq!(one.records.len(), 1);
+}

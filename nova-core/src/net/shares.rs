@@ -155,18 +155,6 @@ pub struct Share {
 }
 
 impl Share {
-    /// Adds `bytes` if the holder's share has room for them now.
-    pub fn try_grow(&mut self, bytes: u64) -> bool {
-        let mut held = self.shares.held.lock();
-        let entry = held.entry(self.holder.clone()).or_default();
-        if entry.bytes.saturating_add(bytes) > self.shares.cap {
-            return false;
-        }
-        entry.bytes += bytes;
-        self.bytes += bytes;
-        true
-    }
-
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -237,15 +225,16 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "a's own charge blocks it");
         first.shrink_to(50);
-        let mut second = waiting.await.unwrap();
-        assert!(!second.try_grow(1), "the share is full");
+        let second = waiting.await.unwrap();
+        assert!(shares.try_take("a", 1).is_none(), "the share is full");
         drop(theirs);
         let theirs = shares.take_waiting("b", 10).await;
         assert_eq!(shares.held("a"), 100);
         first.shrink_to(40);
-        assert!(second.try_grow(10));
-        assert_eq!((shares.held("a"), second.bytes()), (100, 60));
-        drop((first, second, theirs));
+        let mut more = shares.try_take("a", 10).expect("room again");
+        more.absorb(shares.take("a", 5));
+        assert_eq!((shares.held("a"), more.bytes()), (105, 15));
+        drop((first, second, theirs, more));
         assert_eq!(shares.held("a"), 0);
     }
 }

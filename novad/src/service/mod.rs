@@ -18,6 +18,7 @@ use nova_chain::{READ_PER_RECORD, Star};
 use nova_core::catalog::{Retention, StorageClass};
 use nova_core::limits::{
     COLD_READ_REFS, LIST_STREAMS_DEFAULT, LIST_STREAMS_MAX, MAX_READ_WAIT_MS, MAX_RESOLVED_REFS,
+    MAX_SECTION_BYTES,
 };
 use nova_core::metrics::Metrics;
 use nova_core::net::Scope;
@@ -303,29 +304,33 @@ impl Nova for NovaService {
             read_caps(&request, ctx.max_read_records, ctx.max_read_bytes);
         // What the page holds counts against the token's share of the read budget too, from
         // before it is built until it is sent: a token whose pages are not taken (a window
-        // withheld) waits on its own share, and holds no more than it of the budget. The most
-        // a page may hold is taken ahead, while the read holds nothing else (no cached run, no
-        // charge), and given back down to what the page holds once it is built. A token so
-        // builds at most (its share / the largest page) pages at once.
+        // withheld) waits on its own share, and holds no more than it of the budget. What the
+        // page may hold is taken ahead, while the read holds nothing else (no cached run, no
+        // charge); the page is built within it (ending short if need be) and gives back the
+        // rest once built. The most is the page's caps, and never less than a page's first
+        // growth may take (a cold section and its copy), so a small page cannot pass the
+        // share with a charge larger than it took.
         let mut share = match &holder {
             Some(holder) => {
-                let most =
-                    (max_bytes + max_records as u64 * READ_PER_RECORD).min(ctx.read_shares.cap());
+                let most = (max_bytes + max_records as u64 * READ_PER_RECORD)
+                    .max(2 * MAX_SECTION_BYTES + READ_PER_RECORD)
+                    .min(ctx.read_shares.cap());
                 Some(ctx.read_shares.take_waiting(holder, most).await)
             }
             None => None,
         };
+        let limit = share.as_ref().map(|share| share.bytes());
         let mut page = ctx
             .star
-            .read(&stream, start_seq, max_records, max_bytes)
+            .read_within(&stream, start_seq, max_records, max_bytes, limit)
             .await?;
         if let (Some(share), Some(holder)) = (&mut share, &holder) {
             let held = page.charge.bytes();
             if held <= share.bytes() {
                 share.shrink_to(held);
             } else {
-                // Past the most taken ahead (a first record larger than the page's cap):
-                // counted whole, so the token's next read sees it.
+                // Past what was taken ahead (a first record larger than a section): counted
+                // whole, so the token's next read sees it.
                 share.absorb(ctx.read_shares.take(holder, held - share.bytes()));
             }
         }
