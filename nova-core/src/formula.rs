@@ -38,7 +38,7 @@ pub const FIXED_OVERHEAD: u64 = 48 * MIB;
 
 /// Request messages of calls other than `Append` in arrival, at most: a budget for the whole
 /// server (`net::small`), beyond the formula like the fixed overhead.
-pub const REQUEST_MESSAGES: u64 = crate::net::small::SMALL_MESSAGES_BUDGET;
+pub const REQUEST_MESSAGES: u64 = crate::limits::REQUEST_MESSAGES_BUDGET;
 
 /// What each session place adds beyond its stream window: the session's state, the one DATA
 /// frame the charging layer may hold while the session's charge waits, and the start of a next

@@ -91,6 +91,14 @@ pub const FLIGHT_MAX_INFLIGHT: u32 = 8;
 /// sends larger batches or opens more sessions.
 pub const SESSION_PIPELINE_DEPTH: usize = 128;
 
+/// Request messages of calls other than `Append` in arrival at once, for a whole server
+/// (`net::small`): part of its fixed overhead.
+pub const REQUEST_MESSAGES_BUDGET: u64 = 8 * MIB;
+
+/// The shed label of a request message refused because that budget (or its token's share of
+/// it) is full.
+pub const REQUEST_BODIES_SHED: &str = "request_bodies";
+
 /// Refusals a session may have waiting to be read, of its `SESSION_PIPELINE_DEPTH`: each holds
 /// an error message, and costs the producer nothing to cause.
 pub const QUEUED_REFUSALS: usize = 32;

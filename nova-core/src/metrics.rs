@@ -725,7 +725,7 @@ impl Metrics {
         self.sheds.with_label_values(&["subscription_share"]);
         self.sheds.with_label_values(&["lookup_share"]);
         self.sheds
-            .with_label_values(&[crate::net::small::SHED_LABEL]);
+            .with_label_values(&[crate::limits::REQUEST_BODIES_SHED]);
         for reason in [
             "empty_batch",
             "max_batch_records",

@@ -40,9 +40,9 @@ pub const SMALL_MESSAGE_LIMIT: u64 = 64 * 1024;
 /// How long a small message may take to arrive.
 pub const SMALL_MESSAGE_GRACE: Duration = Duration::from_secs(10);
 /// Small messages in arrival, for the whole server: part of its fixed overhead.
-pub const SMALL_MESSAGES_BUDGET: u64 = 8 << 20;
+pub const SMALL_MESSAGES_BUDGET: u64 = crate::limits::REQUEST_MESSAGES_BUDGET;
 /// The label of a small message refused because the budget (or the client's share) is full.
-pub const SHED_LABEL: &str = "request_bodies";
+pub const SHED_LABEL: &str = crate::limits::REQUEST_BODIES_SHED;
 
 const PREFIX_LEN: usize = 5;
 
