@@ -130,6 +130,9 @@ pub struct ConnState {
     /// one per HTTP/2 stream (`--max-concurrent-streams`).
     sending: Mutex<BTreeMap<u64, u64>>,
     next_send: AtomicU64,
+    /// How many entries `sending` has: the check made on every read and write looks here,
+    /// and takes the lock only when a response is being sent.
+    sends: AtomicU64,
 }
 
 impl ConnState {
@@ -141,6 +144,7 @@ impl ConnState {
             last_call_ms: AtomicU64::new(0),
             sending: Mutex::new(BTreeMap::new()),
             next_send: AtomicU64::new(0),
+            sends: AtomicU64::new(0),
         }
     }
 
@@ -164,7 +168,10 @@ impl ConnState {
     /// Why the connection should close now, or when to look again.
     fn verdict(&self, limits: &ConnLimits) -> Result<Instant, &'static str> {
         let calls = self.calls_verdict(limits)?;
-        let oldest_send = self.sending.lock().first_key_value().map(|(_, &ms)| ms);
+        let oldest_send = match self.sends.load(Ordering::Acquire) {
+            0 => None,
+            _ => self.sending.lock().first_key_value().map(|(_, &ms)| ms),
+        };
         match oldest_send {
             Some(began) => {
                 let deadline = self.opened + Duration::from_millis(began) + limits.send;
@@ -221,8 +228,10 @@ pub struct SendMark(Option<(Arc<ConnState>, u64)>);
 
 impl Drop for SendMark {
     fn drop(&mut self) {
-        if let Some((state, serial)) = self.0.take() {
-            state.sending.lock().remove(&serial);
+        if let Some((state, serial)) = self.0.take()
+            && state.sending.lock().remove(&serial).is_some()
+        {
+            state.sends.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -264,6 +273,7 @@ impl Connections {
             let serial = state.next_send.fetch_add(1, Ordering::AcqRel);
             let began = state.since_opened();
             state.sending.lock().insert(serial, began);
+            state.sends.fetch_add(1, Ordering::AcqRel);
             (state, serial)
         }))
     }

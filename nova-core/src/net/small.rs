@@ -44,7 +44,8 @@ pub const SMALL_MESSAGES_BUDGET: u64 = crate::limits::REQUEST_MESSAGES_BUDGET;
 /// The label of a small message refused because the budget (or the client's share) is full.
 pub const SHED_LABEL: &str = crate::limits::REQUEST_BODIES_SHED;
 
-const PREFIX_LEN: usize = 5;
+/// A gRPC message's prefix: a compression flag and a 4-byte length.
+pub const PREFIX_LEN: usize = 5;
 
 /// The holder of calls made without a token on a server that checks tokens (health checks,
 /// reflection). No token's name has a space, so none can be it.
@@ -100,10 +101,7 @@ impl SmallMessages {
                 named => named,
             },
             peer,
-            framing: Framing::Prefix {
-                bytes: [0; PREFIX_LEN],
-                got: 0,
-            },
+            framing: Framing::fresh(),
             deadline: Some(Box::pin(tokio::time::sleep(SMALL_MESSAGE_GRACE))),
             done: false,
         })
@@ -163,6 +161,15 @@ enum Framing {
     },
 }
 
+impl Framing {
+    fn fresh() -> Self {
+        Framing::Prefix {
+            bytes: [0; PREFIX_LEN],
+            got: 0,
+        }
+    }
+}
+
 struct LimitedBody {
     inner: tonic::body::Body,
     messages: SmallMessages,
@@ -199,10 +206,7 @@ impl LimitedBody {
                         // An empty message (a health check's) is whole at its prefix, and
                         // holds nothing.
                         out.extend_from_slice(&prefix);
-                        self.framing = Framing::Prefix {
-                            bytes: [0; PREFIX_LEN],
-                            got: 0,
-                        };
+                        self.framing = Framing::fresh();
                         self.deadline = None;
                         continue;
                     }
@@ -227,13 +231,7 @@ impl LimitedBody {
                     if *remaining > 0 {
                         continue;
                     }
-                    let whole = std::mem::replace(
-                        &mut self.framing,
-                        Framing::Prefix {
-                            bytes: [0; PREFIX_LEN],
-                            got: 0,
-                        },
-                    );
+                    let whole = std::mem::replace(&mut self.framing, Framing::fresh());
                     if let Framing::Collecting { buf, .. } = whole {
                         out.extend_from_slice(&buf);
                     }
@@ -257,10 +255,7 @@ impl LimitedBody {
     }
 
     fn end(&mut self, status: tonic::Status) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
-        self.framing = Framing::Prefix {
-            bytes: [0; PREFIX_LEN],
-            got: 0,
-        };
+        self.framing = Framing::fresh();
         self.deadline = None;
         self.done = true;
         Poll::Ready(Some(Err(status)))
@@ -331,7 +326,8 @@ impl HttpBody for LimitedBody {
     }
 }
 
-fn ended_inside_a_message() -> RequestError {
+/// What a request stream that ends (or sends trailers) inside a message is told.
+pub fn ended_inside_a_message() -> RequestError {
     RequestError::InvalidRequest(
         "the stream ended inside a message; the message was not applied".into(),
     )

@@ -125,6 +125,27 @@ impl Cap {
     }
 }
 
+/// Refuses new work from a token that holds its share of something (`label`'s places or
+/// lookups, `limit` of them), counted and logged like any shed.
+pub fn shed_share(
+    metrics: &Metrics,
+    sheds: &ShedLog,
+    label: &'static str,
+    limit: u64,
+    what: &'static str,
+    stream: &str,
+    peer: Option<SocketAddr>,
+) -> RequestError {
+    let refusal = RequestError::CapReached {
+        cap: "--max-client-share-percent",
+        limit,
+        what,
+        retry_after: Duration::from_secs(1),
+    };
+    record_shed(metrics, sheds, label, &refusal, Some(stream), peer);
+    refusal
+}
+
 /// Counts one shed under its cap (`nova_sheds_total{cap=label}`), tallies it against the
 /// stream and the peer, and logs it naming all three (a burst as one line a second). Every
 /// shed of new work goes through here, whichever cap refused it.

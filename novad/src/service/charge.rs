@@ -37,13 +37,12 @@ use parking_lot::Mutex;
 use nova_chain::admission::{AdmissionBuffer, Admitted, received_charge_within};
 use nova_core::limits::MAX_STREAM_NAME_BYTES;
 use nova_core::net::shares::{Share, Shares, holder};
-use nova_core::net::small::SmallMessages;
+use nova_core::net::small::{PREFIX_LEN, SmallMessages, ended_inside_a_message};
 use nova_core::net::{Access, Principal, Scope};
 use nova_proto::RequestError;
 
 /// The gRPC path whose requests are charged.
 const APPEND_PATH: &str = "/nova.v1.Nova/Append";
-const PREFIX_LEN: usize = 5;
 /// How much of a message's start is read to find its stream's name: its tag, its length (two
 /// bytes at most for a name within the limit) and the name.
 const NAME_PEEK: usize = 1 + 2 + MAX_STREAM_NAME_BYTES;
@@ -498,12 +497,6 @@ impl HttpBody for ChargedBody {
     fn size_hint(&self) -> SizeHint {
         SizeHint::default()
     }
-}
-
-fn ended_inside_a_message() -> RequestError {
-    RequestError::InvalidRequest(
-        "the stream ended inside a message; the message was not applied".into(),
-    )
 }
 
 /// Wraps `Append` request bodies in a charging `ChargedBody`, other requests in a limiting one.

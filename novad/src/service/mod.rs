@@ -103,22 +103,16 @@ impl Context {
     }
 
     fn shed_lookup(&self, stream: &str, peer: Option<SocketAddr>) -> RequestError {
-        let refusal = RequestError::CapReached {
-            cap: "--max-client-share-percent",
-            limit: self.lookup_shares.cap(),
-            what: "this token's share of the metastore lookups in flight (of streams this star \
-                   does not lead) is taken; other tokens' calls go on",
-            retry_after: Duration::from_secs(1),
-        };
-        caps::record_shed(
+        caps::shed_share(
             &self.metrics,
             &self.sheds,
             caps::LOOKUP_SHARE,
-            &refusal,
-            Some(stream),
+            self.lookup_shares.cap(),
+            "this token's share of the metastore lookups in flight (of streams this star does \
+             not lead) is taken; other tokens' calls go on",
+            stream,
             peer,
-        );
-        refusal
+        )
     }
 
     /// A fleet in which no star is open to a stream's leadership refused it (placing a new
@@ -157,22 +151,17 @@ impl NovaService {
     /// A read refused because its token holds its share of the subscription places.
     fn shed_subscription_share(&self, peer: Option<SocketAddr>, stream: &str) -> Status {
         let ctx = &self.ctx;
-        let refusal = RequestError::CapReached {
-            cap: "--max-client-share-percent",
-            limit: ctx.subscription_shares.cap(),
-            what: "this token's share of the subscription places (--max-subscriptions) is \
-                   taken by its reads in progress; reads of other tokens go on",
-            retry_after: Duration::from_secs(1),
-        };
-        caps::record_shed(
+        caps::shed_share(
             &ctx.metrics,
             &ctx.sheds,
             caps::SUBSCRIPTION_SHARE,
-            &refusal,
-            Some(stream),
+            ctx.subscription_shares.cap(),
+            "this token's share of the subscription places (--max-subscriptions) is taken by \
+             its reads in progress; reads of other tokens go on",
+            stream,
             peer,
-        );
-        refusal.into()
+        )
+        .into()
     }
 }
 
