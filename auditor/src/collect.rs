@@ -26,6 +26,10 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     let now = ctx.config.clock.unix_ms();
     match page.first() {
         Some(first) if first.due_ms <= now => ctx.set_due(Duty::Collect, Some(first.due_ms)),
+        Some(first) if first.due_ms > latest_honest_due(ctx) => {
+            redate_future(ctx).await?;
+            return Ok(Step::Done);
+        }
         _ => {
             ctx.set_due(Duty::Collect, None);
             return Ok(Step::Idle);
@@ -35,6 +39,42 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         collect(ctx, item).await?;
     }
     Ok(Step::Done)
+}
+
+/// Items one re-dating job moves: each takes a compare, a delete and a put, and the
+/// transaction stays inside etcd's 128 operations.
+const REDATE_BATCH: usize = 40;
+
+/// The latest due time an honest clock gives anything queued now (an intent's), and a second
+/// for clocks that disagree a little: a due time past it was given by a clock that was ahead.
+pub(crate) fn latest_honest_due(ctx: &Ctx) -> u64 {
+    ctx.intent_due_at() + 1000
+}
+
+/// Brings the earliest items dated past `latest_honest_due` (by a wall clock that was ahead,
+/// which would keep them for as long as it was) back to just past it, in their order: what was
+/// queued before them still comes due first, so runs of chain slots are still deleted in slot
+/// order. Returns how many it moved.
+pub(crate) async fn redate_future(ctx: &Ctx) -> Result<usize, AuditError> {
+    let floor = latest_honest_due(ctx);
+    let page = ctx.catalog.garbage_due_after(floor, REDATE_BATCH).await?;
+    let moving: Vec<_> = page
+        .into_iter()
+        .enumerate()
+        .map(|(i, queued)| (queued, floor + 1 + i as u64))
+        .collect();
+    if moving.is_empty() || !ctx.catalog.redate_garbage(None, &moving).await? {
+        return Ok(0);
+    }
+    ctx.metrics.redated_garbage.inc_by(moving.len() as u64);
+    tracing::warn!(
+        items = moving.len(),
+        was_due_ms = moving.first().map(|(q, _)| q.due_ms),
+        now_due_ms = floor + 1,
+        "collect: queued deletions a wall clock that was ahead had dated in the future were \
+         brought back; check the stars' clocks (NTP)"
+    );
+    Ok(moving.len())
 }
 
 async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {

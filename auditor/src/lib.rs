@@ -396,8 +396,8 @@ pub(crate) struct Ctx {
     pub(crate) sweep: Mutex<SweepState>,
     pub(crate) rewrite_state: Mutex<rewrite::RewriteState>,
     pub(crate) retention_state: Mutex<retention::RetentionState>,
-    /// Since when (unix ms) absorbed flights have waited to be settled, due or not yet.
-    pub(crate) settle_pending_since: Mutex<Option<u64>>,
+    /// Since when (monotonic) absorbed flights have waited to be settled, due or not yet.
+    pub(crate) settle_pending_since: Mutex<Option<nova_core::clock::Instant>>,
 }
 
 /// Units of the rewrite budget: 64 KiB, so small objects are charged fairly and a second's

@@ -38,6 +38,15 @@ pub struct AuditorMetrics {
     /// Bytes and records retention trimmed, by reason (`age`, `bytes`).
     pub trimmed_bytes: IntCounterVec,
     pub trimmed_records: IntCounter,
+    /// Trims retention refused, by reason (`clock`: the star's clock called an object old
+    /// that the object store's clock does not).
+    pub refused_trims: IntCounterVec,
+    /// Merged objects the store composed wrong (their size not the one asked for), never
+    /// swapped in.
+    pub rejected_merges: IntCounter,
+    /// Queued garbage whose due time a clock that was ahead had put in the future, brought
+    /// back.
+    pub redated_garbage: IntCounter,
     pub settled_flights: IntCounter,
     pub deleted_objects: IntCounterVec,
     pub reclaimed_bytes: IntCounter,
@@ -166,6 +175,22 @@ impl AuditorMetrics {
                 "nova_auditor_trimmed_records_total",
                 "Records retention trimmed from streams' fronts.",
             ),
+            refused_trims: counter_vec(
+                r,
+                "nova_auditor_refused_trims_total",
+                "Trims retention refused, by reason (clock: the star's wall clock called an object old that the object store's clock does not).",
+                &["reason"],
+            ),
+            rejected_merges: counter(
+                r,
+                "nova_auditor_rejected_merges_total",
+                "Merged objects the object store composed with a size other than the one asked for (copy ranges not honoured); never swapped in.",
+            ),
+            redated_garbage: counter(
+                r,
+                "nova_auditor_redated_garbage_total",
+                "Queued deletions a wall clock that was ahead had dated in the future, brought back to now.",
+            ),
             settled_flights: counter(
                 r,
                 "nova_auditor_settled_flights_total",
@@ -255,6 +280,7 @@ impl AuditorMetrics {
         for reason in ["age", "bytes"] {
             m.trimmed_bytes.with_label_values(&[reason]);
         }
+        m.refused_trims.with_label_values(&["clock"]);
         for budget in ["s3_requests", "rewrite_bytes", "workers"] {
             m.budget_wait_seconds.with_label_values(&[budget]);
         }

@@ -18,12 +18,21 @@
 //!
 //! Trimming whole objects keeps it cheap (no rewrite) at the price of precision: a stream keeps
 //! up to one object more than its limits say.
+//!
+//! *Two clocks for age.* A trim is never undone, and a wall clock can be wrong: a star's clock
+//! stepped ahead calls every object old, and one that was behind stamped its objects with
+//! times earlier than their writes. So an object is old by age only when both the stars' clock
+//! (the entries' times against the auditor's wall clock) and the object store's (the object's
+//! Last-Modified against the store's time now, read from a probe object this auditor rewrites
+//! once a pass) say so. One bad clock keeps objects longer; it never trims them early. A trim
+//! one clock wanted and the other refused is counted (`nova_auditor_refused_trims_total{reason=
+//! "clock"}`) and logged once a pass.
 
 use nova_core::catalog::{Garbage, IndexEntry, StreamMeta};
 use nova_core::flight::{ObjectFooter, fetch_footer};
 use nova_core::keys::{
-    TrimMarker, parse_any_data_key, parse_trim_marker, trim_marker_key, trim_marker_prefix,
-    trims_root,
+    TrimMarker, clock_probe_key, parse_any_data_key, parse_trim_marker, trim_marker_key,
+    trim_marker_prefix, trims_root,
 };
 use nova_core::object_store::MAX_LIST_KEYS;
 
@@ -52,7 +61,17 @@ pub(crate) struct RetentionState {
     pub next_pass_ms: Option<u64>,
     /// Whether this pass found a stream with more to trim than one job does.
     pub behind: bool,
+    /// The object store's time as this pass read it, and when (monotonic), once a trim by age
+    /// needed it.
+    pub store_time: Option<(u64, nova_core::clock::Instant)>,
+    /// Trims refused for a clock this pass (logged once, at the pass's end).
+    pub refused_for_clock: u64,
 }
+
+/// S3 gives Last-Modified in whole seconds, rounded down: an object's time and the store's now
+/// are each up to this much early, so an object is called old by the store's clock only this
+/// much later.
+const STORE_CLOCK_GRAIN_MS: u64 = 1000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reason {
@@ -111,6 +130,16 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         // The pass is over.
         if !std::mem::take(&mut state.behind) {
             ctx.set_due(Duty::Retention, None);
+        }
+        state.store_time = None;
+        let refused = std::mem::take(&mut state.refused_for_clock);
+        if refused > 0 {
+            tracing::warn!(
+                refused,
+                "retention: objects the star's wall clock calls old were kept, the object \
+                 store's clock calling them younger; check the clocks (NTP) of the stars and \
+                 of the store"
+            );
         }
         state.after = None;
         state.next_pass_ms =
@@ -262,11 +291,59 @@ async fn due(
             };
         }
         // An object whose time cannot be told is kept.
-        if created != 0 && created.saturating_add(age) <= ctx.config.clock.unix_ms() {
-            return Ok(Some(Reason::Age));
+        if created == 0 || created.saturating_add(age) > ctx.config.clock.unix_ms() {
+            return Ok(None);
+        }
+        // The star's clock calls it old; the store's must too.
+        let Some((first, _)) = front.first() else {
+            return Ok(None);
+        };
+        let written = ctx.store.head(&first.object_key).await?.modified_ms;
+        let store_now = store_now(ctx).await?;
+        match (written, store_now) {
+            (Some(written), Some(now))
+                if written.saturating_add(age + STORE_CLOCK_GRAIN_MS) > now =>
+            {
+                ctx.metrics
+                    .refused_trims
+                    .with_label_values(&["clock"])
+                    .inc();
+                ctx.retention_state.lock().refused_for_clock += 1;
+                tracing::debug!(
+                    stream = meta.name,
+                    object = first.object_key,
+                    created,
+                    written,
+                    store_now = now,
+                    "retention: the store's clock says the object is not old yet; kept"
+                );
+                return Ok(None);
+            }
+            // A store that keeps no times leaves the star's clock the only one.
+            _ => return Ok(Some(Reason::Age)),
         }
     }
     Ok(None)
+}
+
+/// The object store's time now, by its own clock: this pass's reading of the probe object's
+/// Last-Modified, moved on by the monotonic time since. `None` when the store keeps no times.
+async fn store_now(ctx: &Ctx) -> Result<Option<u64>, AuditError> {
+    let read = ctx.retention_state.lock().store_time;
+    let (at, when) = match read {
+        Some(read) => read,
+        None => {
+            let key = clock_probe_key(&ctx.config.star);
+            ctx.store.put(&key, bytes::Bytes::new().into()).await?;
+            let when = ctx.config.clock.now();
+            let Some(at) = ctx.store.head(&key).await?.modified_ms else {
+                return Ok(None);
+            };
+            ctx.retention_state.lock().store_time = Some((at, when));
+            (at, when)
+        }
+    };
+    Ok(Some(at + ctx.config.clock.since(when).as_millis() as u64))
 }
 
 /// The stream's trim markers whose trim would move the trim point into `after` (all of them

@@ -32,7 +32,7 @@ use nova_core::flight::{
 };
 use nova_core::keys::{data_root, parse_data_key, rewritten_key};
 use nova_core::limits::{MAX_SECTION_BYTES, MIB};
-use nova_core::object_store::{ComposePart, GetRange, MIN_COMPOSE_PART, PutPayload};
+use nova_core::object_store::{ComposePart, GetRange, PutPayload};
 
 use crate::{AuditError, Ctx, Duty, Step};
 
@@ -82,8 +82,10 @@ pub(crate) struct RewriteState {
 
 /// How the sources of a run become parts: decided on their entries alone, in order, so a run
 /// can be cut where the assembled bytes would pass their bound.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct Plan {
+    /// The store's smallest part but the last (`ObjectStore::min_compose_part`).
+    min_part: u64,
     /// Bytes assembled since the last copied part (with the header when nothing precedes).
     pending: u64,
     assembled: u64,
@@ -92,6 +94,16 @@ struct Plan {
 }
 
 impl Plan {
+    fn new(min_part: u64) -> Self {
+        Plan {
+            min_part,
+            pending: 0,
+            assembled: 0,
+            copied: 0,
+            parts_started: false,
+        }
+    }
+
     /// Whether `source` would be copied, and the plan after it.
     fn with(mut self, source: &Source) -> (bool, Plan) {
         let first = !self.parts_started && self.pending == 0;
@@ -101,8 +113,8 @@ impl Plan {
             source.section_bytes()
         };
         let copy = source.contiguous
-            && range >= MIN_COMPOSE_PART
-            && (self.pending == 0 || self.pending >= MIN_COMPOSE_PART);
+            && range >= self.min_part
+            && (self.pending == 0 || self.pending >= self.min_part);
         if copy {
             self.pending = 0;
             self.parts_started = true;
@@ -130,6 +142,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     let mut scan = Scan {
         root: data_root(&ctx.config.star),
         min_objects: ctx.config.rewrite_min_objects.max(2),
+        min_part: ctx.store.min_compose_part(),
         run: Vec::new(),
         current: None,
     };
@@ -168,6 +181,8 @@ struct Scan {
     root: String,
     /// A run this long is merged without waiting for more.
     min_objects: usize,
+    /// The store's smallest part of a composed object but the last.
+    min_part: u64,
     /// Consecutive complete sources of one stream that may merge.
     run: Vec<Source>,
     /// The object whose entries are arriving, if it may merge.
@@ -217,7 +232,7 @@ impl Scan {
     /// Adds the object whose entries were arriving to the run.
     fn complete(&mut self) -> Option<Vec<Source>> {
         let source = self.current.take()?;
-        if over_limits(std::slice::from_ref(&source)).is_some() {
+        if over_limits(std::slice::from_ref(&source), self.min_part).is_some() {
             // Too many entries to swap in one transaction with others: it stays as it is, and
             // the run ends before it.
             return self.take_ready();
@@ -235,7 +250,7 @@ impl Scan {
             }
         }
         self.run.push(source);
-        if let Some(cut) = over_limits(&self.run) {
+        if let Some(cut) = over_limits(&self.run, self.min_part) {
             let rest = self.run.split_off(cut);
             let full = std::mem::replace(&mut self.run, rest);
             // The run is as large as one merge takes; one source alone is not worth a merge.
@@ -283,8 +298,8 @@ fn add_entry(source: &mut Source, entry: IndexEntry, version: u64) {
 }
 
 /// The index of the first source that does not fit a merge with those before it, if any.
-fn over_limits(run: &[Source]) -> Option<usize> {
-    let (mut plan, mut entries, mut bytes) = (Plan::default(), 0usize, 0u64);
+fn over_limits(run: &[Source], min_part: u64) -> Option<usize> {
+    let (mut plan, mut entries, mut bytes) = (Plan::new(min_part), 0usize, 0u64);
     for (i, source) in run.iter().enumerate() {
         plan = plan.with(source).1;
         entries += source.entries.len();
@@ -469,7 +484,7 @@ async fn merge(ctx: &Ctx, run: Vec<Source>) -> Result<(), AuditError> {
             )));
         }
     };
-    let mut plan = Plan::default();
+    let mut plan = Plan::new(ctx.store.min_compose_part());
     let mut layout = Layout::new();
     let mut created_at_ms = 0;
     for (i, source) in run.iter().enumerate() {
@@ -532,6 +547,18 @@ async fn merge(ctx: &Ctx, run: Vec<Source>) -> Result<(), AuditError> {
         .queue_intent(ctx.intent_due_at(), &key, size)
         .await?;
     ctx.store.compose(&key, parts).await?;
+    // Trust, but check: a store that ignores copy ranges (or drops a part) shifts every offset
+    // after the first copy, and swapping such an object in would lose the records for good
+    // once the sources are collected. The object is left to its intent's collection.
+    let composed = ctx.store.head(&key).await?.size;
+    if composed != size {
+        ctx.metrics.rejected_merges.inc();
+        return Err(AuditError::Inconsistent(format!(
+            "the object store composed {key} as {composed} bytes where {size} were asked for; \
+             it does not honour copy ranges (x-amz-copy-source-range), so nothing is merged \
+             on it: the sources stay as they are"
+        )));
+    }
     let new: Vec<IndexEntry> = footer
         .sections
         .iter()
@@ -587,6 +614,7 @@ async fn merge(ctx: &Ctx, run: Vec<Source>) -> Result<(), AuditError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nova_core::object_store::MIN_COMPOSE_PART;
 
     fn source(sections: &[u64]) -> Source {
         let mut offset = HEADER_LEN as u64;
@@ -623,7 +651,7 @@ mod tests {
         let big = source(&[MIB; 6]);
         let small = source(&[MIB / 2]);
         // First a big one: copied, header included.
-        let (copy, plan) = Plan::default().with(&big);
+        let (copy, plan) = Plan::new(MIN_COMPOSE_PART).with(&big);
         assert!(copy);
         // A small one after it is assembled; a big one after that cannot be copied while the
         // assembled bytes are short of a part, so it is assembled too.
@@ -642,10 +670,18 @@ mod tests {
     fn a_run_is_cut_where_it_passes_a_limit() {
         let run: Vec<Source> = (0..40).map(|_| source(&[MIB / 4])).collect();
         // 8 MiB of assembled bytes is 32 sources of 256 KiB, and so is the object limit.
-        assert_eq!(over_limits(&run), Some(32));
+        assert_eq!(over_limits(&run, MIN_COMPOSE_PART), Some(32));
         let many: Vec<Source> = (0..5).map(|_| source(&[MIB / 8; 10])).collect();
-        assert_eq!(over_limits(&many), Some(4), "entries past 40");
+        assert_eq!(
+            over_limits(&many, MIN_COMPOSE_PART),
+            Some(4),
+            "entries past 40"
+        );
         let big: Vec<Source> = (0..6).map(|_| source(&[MIB; 7])).collect();
-        assert_eq!(over_limits(&big), Some(4), "bytes past 32 MiB");
+        assert_eq!(
+            over_limits(&big, MIN_COMPOSE_PART),
+            Some(4),
+            "bytes past 32 MiB"
+        );
     }
 }

@@ -50,6 +50,8 @@ use nova_core::keys::{
 use nova_core::limits::{MAX_SECTION_BYTES, MIB};
 use nova_core::object_store::MAX_LIST_KEYS;
 
+use nova_core::manifest::finish_pending_delete;
+
 use crate::fetch_cache::CachedObject;
 use crate::{AuditError, Ctx, Duty, Step};
 
@@ -106,9 +108,13 @@ struct Window {
 /// `crate::Adoptions`). An adopted chain's failure is logged and retried with backoff; it does
 /// not fail the duty, so it never slows the settle of the star's own chain.
 pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
-    if settle_chain(ctx, &ctx.config.star, true).await? == Step::Done {
-        return Ok(Step::Done);
-    }
+    // The own chain's failure is reported, but only after the adopted chains had their turn:
+    // one stream's state on one chain must not stop settling everywhere.
+    let own = match settle_chain(ctx, &ctx.config.star, true).await {
+        Ok(Step::Done) => return Ok(Step::Done),
+        Ok(Step::Idle) => Ok(Step::Idle),
+        Err(err) => Err(err),
+    };
     for star in ctx.adoptions.due(ctx.config.clock.unix_ms()) {
         let Some(job) = ctx.adoptions.enter(&star) else {
             continue;
@@ -120,7 +126,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         match outcome {
             Ok(Step::Done) => {
                 ctx.adoptions.succeeded(&star);
-                return Ok(Step::Done);
+                return own.map(|_| Step::Done);
             }
             Ok(Step::Idle) => ctx.adoptions.succeeded(&star),
             Err(err) => {
@@ -129,7 +135,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
             }
         }
     }
-    Ok(Step::Idle)
+    own
 }
 
 /// One job on `star`'s chain. `own`: the star's own chain, whose current epoch grows (its
@@ -155,6 +161,9 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
         return Ok(Step::Done);
     };
     let cursor = at.cursor;
+    if cursor.last_due_ms > crate::collect::latest_honest_due(ctx) {
+        return redate(ctx, star, at.version, cursor).await;
+    }
     if cursor.epoch > chain.state.epoch {
         return Err(AuditError::Inconsistent(format!(
             "the settle cursor is at epoch {}, past the chain's epoch {}",
@@ -168,15 +177,19 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
             Some(checkpoint) if checkpoint >= cursor.next_slot && !own => Some(checkpoint),
             Some(checkpoint) if checkpoint >= cursor.next_slot => {
                 // Wait for a window's worth, or until the first waited long enough.
-                let now = ctx.config.clock.unix_ms();
-                let since = *ctx.settle_pending_since.lock().get_or_insert(now);
-                let due_from = since + ctx.config.settle_after.as_millis() as u64;
+                // Measured on the monotonic clock: a wall clock stepped back would otherwise
+                // hold settling up for as long as the step.
+                let clock = ctx.config.clock;
+                let since = *ctx.settle_pending_since.lock().get_or_insert(clock.now());
+                let waited = clock.since(since);
                 let waiting = checkpoint - cursor.next_slot + 1;
-                if waiting < WINDOW_SLOTS as u64 && now < due_from {
+                if waiting < WINDOW_SLOTS as u64 && waited < ctx.config.settle_after {
                     ctx.set_due(Duty::Settle, None);
                     return Ok(Step::Idle);
                 }
-                ctx.due_from(Duty::Settle, due_from.min(now));
+                let now = clock.unix_ms();
+                let overdue = waited.saturating_sub(ctx.config.settle_after);
+                ctx.due_from(Duty::Settle, now - overdue.as_millis() as u64);
                 Some(checkpoint)
             }
             _ => {
@@ -247,12 +260,23 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
             Liveness::Deleted => continue,
             // Its manifest still says live, so a rebuild would restore it, and some of its
             // records (those absorbed after the delete) have no entry to settle: the window's
-            // flights must stay until the star marks the manifest (it retries at every start).
+            // flights must stay until the manifest is marked. The delete's own mark failed (a
+            // store outage); finish it here rather than wait for the star's next start.
             Liveness::DeletedUnmarked => {
-                return Err(AuditError::Inconsistent(format!(
-                    "stream {stream_id} was deleted but its manifest is not marked yet; its \
-                     flights stay until it is"
-                )));
+                let stars = [ctx.config.star.as_str(), star];
+                finish_pending_delete(ctx.store.as_ref(), &ctx.catalog, &stars, stream_id)
+                    .await
+                    .map_err(|err| {
+                        AuditError::Inconsistent(format!(
+                            "stream {stream_id} was deleted but its manifest is not marked yet, \
+                             and marking it failed ({err}); its flights stay until it is"
+                        ))
+                    })?;
+                tracing::info!(
+                    stream_id,
+                    "settle: marked the manifest of a stream deleted during a store outage"
+                );
+                continue;
             }
         }
         complete &= settle_stream(ctx, &window, cursor.epoch, stream_id, &pieces).await?;
@@ -263,6 +287,30 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
         return Ok(Step::Done);
     }
     finish(ctx, at.version, cursor, window).await?;
+    Ok(Step::Done)
+}
+
+/// A wall clock that was ahead dated this chain's garbage in the future, and every run queued
+/// since carries that date (runs never come due before the ones ahead of them, so what is left
+/// of an epoch stays a suffix of it): the chain's slots would stay for as long as the clock
+/// was ahead, with no due age to alert on. The future items are brought back first, in their
+/// order (`collect::redate_future`); once none is left, the cursor's due time follows.
+async fn redate(
+    ctx: &Ctx,
+    star: &str,
+    version: u64,
+    cursor: SettleCursor,
+) -> Result<Step, AuditError> {
+    if crate::collect::redate_future(ctx).await? > 0 {
+        return Ok(Step::Done);
+    }
+    let next = SettleCursor {
+        last_due_ms: crate::collect::latest_honest_due(ctx),
+        ..cursor
+    };
+    ctx.catalog
+        .redate_garbage(Some((star, version, next)), &[])
+        .await?;
     Ok(Step::Done)
 }
 

@@ -167,6 +167,18 @@ pub(crate) async fn check_not_trimmed(
 const STALE_REF_RETRIES: u32 = 3;
 
 /// A failed fetch as the reader sees it (the mapping every server shares), naming the stream.
+/// A read that found its objects gone `STALE_REF_RETRIES` times over: the auditor moved the
+/// records faster than the read could fetch them (or something else deleted `key`). The
+/// stream is there; the read may be tried again, so it is answered as unavailable, never as
+/// a stream or object not found.
+pub(crate) fn stale_refs_exhausted(stream: &str, key: &str) -> RequestError {
+    RequestError::Unavailable(format!(
+        "reading stream {stream:?}: {key} was gone each of {} times the read resolved its \
+         records again (the auditor is moving them); try again",
+        STALE_REF_RETRIES + 1
+    ))
+}
+
 fn read_error(stream: &str, err: FetchError) -> RequestError {
     match RequestError::from(err) {
         RequestError::Unavailable(m) => {
@@ -269,6 +281,9 @@ pub(crate) async fn read(
                         charge = ReadCharge::new(shared.read_budget.clone(), charge_limit);
                     }
                     break;
+                }
+                Err(FetchError::Store(StoreError::NotFound { key })) => {
+                    return Err(stale_refs_exhausted(stream.name(), &key));
                 }
                 other => other.map_err(|e| read_error(stream.name(), e))?,
             };

@@ -73,6 +73,17 @@ pub enum RebuildError {
         expected: u64,
         found: u64,
     },
+    #[error(
+        "stream {stream:?}'s records in the bucket start at {found}, but no trim marker says \
+         retention trimmed it past {trimmed}: the objects holding {trimmed}..{found} are missing \
+         (in a fleet, records another star settled live under that star's prefix), so the \
+         rebuild stops rather than call them trimmed"
+    )]
+    FrontMissing {
+        stream: String,
+        trimmed: u64,
+        found: u64,
+    },
     #[error("{key} does not belong to this star's chain: {what}")]
     Foreign { key: String, what: String },
     #[error("writing the catalog: {0}")]
@@ -114,6 +125,9 @@ struct Stream {
     /// Where retention surely trimmed the stream (its trim markers' highest committed point):
     /// records below it are not restored.
     trim: u64,
+    /// How far a trim may have gone (its markers' highest `after`): records below it may be
+    /// gone; records above it never were trimmed.
+    trim_reached: u64,
     /// The records the index holds so far, as disjoint ranges in order. Settled objects are
     /// unions of whole flight sections, so a section is inside a range or apart from all.
     cover: Vec<(u64, u64)>,
@@ -125,6 +139,7 @@ impl Stream {
             meta,
             tail: StreamTail::default(),
             trim: 0,
+            trim_reached: 0,
             cover: Vec::new(),
         }
     }
@@ -134,6 +149,7 @@ impl Stream {
     /// emptied it.
     fn trim_at(&mut self, committed: u64, reached: u64) {
         self.trim = self.trim.max(committed);
+        self.trim_reached = self.trim_reached.max(reached);
         self.tail.tail_seq = self.tail.tail_seq.max(reached);
     }
 
@@ -481,6 +497,22 @@ pub async fn rebuild_catalog(
                 stream: stream.meta.name.clone(),
                 expected: first_end,
                 found: next,
+            });
+        }
+    }
+    // Records start past 0 only where retention trimmed them, and a trim always wrote its
+    // marker first: a front past every marker's reach is missing objects, not a trim.
+    for stream in streams.values() {
+        let first = stream
+            .cover
+            .first()
+            .map_or(stream.tail.tail_seq, |&(start, _)| start);
+        let trimmed = stream.trim.max(stream.trim_reached);
+        if first > trimmed {
+            return Err(RebuildError::FrontMissing {
+                stream: stream.meta.name.clone(),
+                trimmed,
+                found: first,
             });
         }
     }

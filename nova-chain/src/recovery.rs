@@ -563,13 +563,15 @@ pub async fn probe_store(
     store: &Arc<dyn ObjectStore>,
     retry: &Backoff,
 ) -> Result<(), RecoveryError> {
-    let key = format!(
-        "probe/{star}/{}-{:016x}",
-        retry.clock.unix_ms(),
-        retry.entropy.next_u64()
-    );
-    patiently("probing the object store", retry, || {
-        probe_conditional_create(store.as_ref(), &key)
+    // A fresh key for every attempt: an earlier attempt's DELETE may still land late, and
+    // landing between a retry's two creates it would make the store look non-exclusive.
+    patiently("probing the object store", retry, || async {
+        let key = format!(
+            "probe/{star}/{}-{:016x}",
+            retry.clock.unix_ms(),
+            retry.entropy.next_u64()
+        );
+        probe_conditional_create(store.as_ref(), &key).await
     })
     .await
     .map_err(RecoveryError::Store)

@@ -11,8 +11,6 @@ use nova_core::catalog::{
     Catalog, CatalogError, Occupancy, Retention, StorageClass, StreamMeta, StreamTail,
 };
 use nova_core::clock::Clock;
-use nova_core::keys::stream_manifest_key;
-use nova_core::manifest::StreamManifest;
 use nova_core::metastore::Compare;
 use nova_core::metrics::Metrics;
 use nova_core::object_store::{ObjectStore, StoreError};
@@ -902,16 +900,7 @@ impl StreamRegistry {
     }
 
     async fn write_manifest(&self, meta: &StreamMeta, deleted: bool) -> Result<(), StoreError> {
-        let manifest = StreamManifest {
-            meta: meta.clone(),
-            deleted,
-        };
-        self.store
-            .put(
-                &stream_manifest_key(&self.star, meta.id),
-                manifest.encode().into(),
-            )
-            .await
+        nova_core::manifest::write_manifest(self.store.as_ref(), &self.star, meta, deleted).await
     }
 
     /// Bytes stored over every stream this registry holds (one pass, nothing collected).

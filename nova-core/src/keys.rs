@@ -6,9 +6,17 @@
 //! data/{star}/{id:020}/{start:020}-{end:020}-{nonce:016x}   records start..end of one stream
 //! streams/{star}/{id:020}                 a stream's manifest (name, settings, deleted)
 //! probe/{star}/{nonce}                    a start-up probe, deleted right after
+//! clock/{star}                            the auditor's clock probe: the store's time
 //! ```
 //!
 //! Numbers are zero-padded so that byte order, which listing uses, is numeric order.
+
+/// The one object the auditor of `star` rewrites to read the object store's clock (its
+/// Last-Modified): retention by age trims only what both the star's clock and the store's call
+/// old.
+pub fn clock_probe_key(star: &str) -> String {
+    format!("clock/{star}")
+}
 
 /// Where the manifests of the streams a star's catalog holds live. Stream ids are handed out
 /// by each catalog, so two stars sharing a bucket keep their manifests apart by star.

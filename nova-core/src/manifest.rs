@@ -14,7 +14,10 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+use crate::catalog::{Catalog, CatalogError};
 use crate::catalog::{Retention, StorageClass, StreamMeta};
+use crate::keys::stream_manifest_key;
+use crate::object_store::{ObjectStore, StoreError};
 
 const MAGIC: &[u8; 8] = b"NOVASTM\0";
 const VERSION: u16 = 2;
@@ -118,6 +121,57 @@ impl StreamManifest {
             deleted,
         })
     }
+}
+
+/// Writes the manifest of `meta` under `star`'s prefix, saying whether it is deleted.
+pub async fn write_manifest(
+    store: &dyn ObjectStore,
+    star: &str,
+    meta: &StreamMeta,
+    deleted: bool,
+) -> Result<(), StoreError> {
+    let manifest = StreamManifest {
+        meta: meta.clone(),
+        deleted,
+    };
+    store
+        .put(
+            &stream_manifest_key(star, meta.id),
+            manifest.encode().into(),
+        )
+        .await
+}
+
+/// Finishes the delete of stream `id` that a store outage left half done (its tombstone still
+/// pending): marks its manifest deleted under each of `stars`' prefixes that holds one, then
+/// forgets the tombstone. The star retries this at its start; the auditor calls it when a
+/// settle finds the stream, so one failed mark never holds settling up until a restart.
+pub async fn finish_pending_delete(
+    store: &dyn ObjectStore,
+    catalog: &Catalog,
+    stars: &[&str],
+    id: u64,
+) -> Result<(), FinishDeleteError> {
+    let Some(meta) = catalog.pending_tombstone(id).await? else {
+        return Ok(());
+    };
+    for star in stars {
+        match store.head(&stream_manifest_key(star, id)).await {
+            Ok(_) => write_manifest(store, star, &meta, true).await?,
+            Err(StoreError::NotFound { .. }) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    catalog.clear_tombstone(id).await?;
+    Ok(())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FinishDeleteError {
+    #[error("marking a deleted stream's manifest: {0}")]
+    Store(#[from] StoreError),
+    #[error("clearing a deleted stream's tombstone: {0}")]
+    Catalog(#[from] CatalogError),
 }
 
 #[cfg(test)]

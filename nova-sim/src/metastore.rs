@@ -218,6 +218,10 @@ impl SimMetastore {
         *self.inner.data.lock() = Data::default();
     }
 
+    pub fn faults(&self) -> MetastoreFaults {
+        self.inner.faults.lock().clone()
+    }
+
     pub fn set_faults(&self, faults: MetastoreFaults) {
         *self.inner.faults.lock() = faults;
     }

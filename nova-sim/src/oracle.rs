@@ -28,6 +28,8 @@ struct Batch {
     first_id: u64,
     len: u64,
     fate: Fate,
+    /// When its producer sent it, by the true clock (when the run says).
+    submitted_ms: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -90,9 +92,106 @@ impl Oracle {
             first_id,
             len: lens.len() as u64,
             fate: Fate::Pending,
+            submitted_ms: None,
         });
         self.event(&[1, index as u64]);
         (index, ids)
+    }
+
+    /// Batch `batch` was sent at `ms` by the true clock: its records are younger than that.
+    pub fn submitted(&mut self, batch: usize, ms: u64) {
+        if let Some(b) = self.batches.get_mut(batch) {
+            b.submitted_ms = Some(ms);
+        }
+    }
+
+    /// A read of stream `stream`'s trim point (`first_seq`) that returned at true time
+    /// `now_ms`: no acknowledged batch sent less than `age_ms` before is below it.
+    pub fn check_trim_point(&mut self, stream: usize, first_seq: u64, now_ms: u64, age_ms: u64) {
+        let early: Vec<String> = self
+            .batches
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.stream == stream && !self.deleted.contains(&b.stream))
+            .filter_map(|(index, b)| match (b.fate, b.submitted_ms) {
+                (Fate::Acked { start, end }, Some(sent))
+                    if start < first_seq && sent + age_ms > now_ms =>
+                {
+                    Some(format!(
+                        "retention trimmed stream {stream} to {first_seq}, past batch {index} \
+                         ({start}..{end}) sent {} ms before, inside the stream's age of \
+                         {age_ms} ms",
+                        now_ms - sent
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        for message in early {
+            self.violation(message);
+        }
+    }
+
+    /// Retention against the truth, not the catalog's trim point: at true time `now_ms`, every
+    /// acknowledged batch of a stream with an age retention (`age_ms` of the stream) sent less
+    /// than that age ago was read back whole (its records were written after it was sent, so
+    /// no clock that is right can call them old), and every stream with a byte retention kept
+    /// at least its limit or all it acknowledged (`kept` of the stream: the bytes read back,
+    /// each record's framing counted at `FRAMING` at most).
+    pub fn check_retention(
+        &mut self,
+        read_ids: &std::collections::HashSet<u64>,
+        now_ms: u64,
+        age_ms: &dyn Fn(usize) -> Option<u64>,
+        bytes: &dyn Fn(usize) -> Option<u64>,
+        kept: &HashMap<usize, u64>,
+    ) {
+        let mut acked_bytes: BTreeMap<usize, u64> = BTreeMap::new();
+        let mut late = Vec::new();
+        for (index, b) in self.batches.iter().enumerate() {
+            let Fate::Acked { start, end } = b.fate else {
+                continue;
+            };
+            if self.deleted.contains(&b.stream) {
+                continue;
+            }
+            *acked_bytes.entry(b.stream).or_default() += (b.first_id..b.first_id + b.len)
+                .filter_map(|id| self.records.get(&id))
+                .map(|&(_, len)| len as u64)
+                .sum::<u64>();
+            let (Some(age), Some(sent)) = (age_ms(b.stream), b.submitted_ms) else {
+                continue;
+            };
+            let present = (b.first_id..b.first_id + b.len)
+                .filter(|id| read_ids.contains(id))
+                .count() as u64;
+            if sent + age > now_ms && present != b.len {
+                late.push(format!(
+                    "retention trimmed batch {index} of stream {} ({start}..{end}, {} of {} \
+                     records gone), sent {} ms ago, inside the stream's age of {age} ms",
+                    b.stream,
+                    b.len - present,
+                    b.len,
+                    now_ms.saturating_sub(sent)
+                ));
+            }
+        }
+        for message in late {
+            self.violation(message);
+        }
+        for (stream, acked) in acked_bytes {
+            // With an age retention as well, age may trim below the byte limit.
+            let (Some(limit), None) = (bytes(stream), age_ms(stream)) else {
+                continue;
+            };
+            let kept = kept.get(&stream).copied().unwrap_or(0);
+            if kept < limit.min(acked) {
+                self.violation(format!(
+                    "stream {stream} kept {kept} bytes under a byte retention of {limit}, having \
+                     acknowledged {acked}"
+                ));
+            }
+        }
     }
 
     /// A batch took `charge` of an admission buffer of `capacity`.

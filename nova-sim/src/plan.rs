@@ -40,6 +40,81 @@ pub struct Plan {
     pub auditor: Option<AuditorPlan>,
     /// Zone buckets and Express streams, when this seed has them.
     pub express: Option<ExpressPlan>,
+    /// Bad wall clocks, age retention, a lenient store and late deletes and commits: what the
+    /// auditor must survive.
+    pub hazards: Hazards,
+}
+
+/// What issue 34 added to every seed: the star's wall clock stepped forward and back (its
+/// monotonic clock never moves with it), age retention beside byte retention, a store that
+/// ignores copy ranges, late DELETEs and late metastore commits, and lives that end with a
+/// quiet spell in which settling must catch up. Drawn from its own entropy, so the rest of each
+/// seed's plan is what it was.
+#[derive(Debug, Clone)]
+pub struct Hazards {
+    /// Per life: the wall clock's error at the start (`None`: the last life's error carries
+    /// on), and a step to another error this long into the run.
+    pub clock: Vec<ClockFaults>,
+    /// An age retention for the even-numbered streams.
+    pub retention_age: Option<Duration>,
+    /// The store copies a whole source object whatever range a compose asks for.
+    pub lenient_copy: bool,
+    /// Probability that a DELETE answers with a timeout and lands later.
+    pub late_delete: f64,
+    /// Probability that a metastore commit answers with a timeout and applies later.
+    pub late_commit: f64,
+    /// Per life: whether it ends with faults lifted until the auditor's settling catches up.
+    pub catch_up: Vec<bool>,
+}
+
+/// One life's wall clock: its error in ms at the start (`None`: the last life's carries on),
+/// and a step to another error this long into the run.
+pub type ClockFaults = (Option<i64>, Option<(Duration, i64)>);
+
+impl Hazards {
+    pub fn draw(entropy: &Entropy, lives: usize) -> Self {
+        // Errors a wall clock really has: a few seconds either way, a minute, an hour ahead.
+        let error = || {
+            pick(
+                entropy,
+                &[-30_000i64, -4_000, 0, 3_000, 15_000, 60_000, 3_600_000],
+            )
+        };
+        let bad_clocks = entropy.chance(0.5);
+        let clock = (0..lives)
+            .map(|_| {
+                if !bad_clocks {
+                    return (None, None);
+                }
+                let boot = entropy.chance(0.5).then(error);
+                let step = entropy.chance(0.5).then(|| (ms(entropy, 0, 3000), error()));
+                (boot, step)
+            })
+            .collect();
+        let retention_age = entropy.chance(0.5).then(|| {
+            pick(
+                entropy,
+                &[
+                    Duration::from_millis(500),
+                    Duration::from_secs(2),
+                    Duration::from_secs(6),
+                ],
+            )
+        });
+        let lenient_copy = entropy.chance(0.15);
+        let late = entropy.chance(0.5);
+        let late_delete = if late { entropy.unit() * 0.1 } else { 0.0 };
+        let late_commit = if late { entropy.unit() * 0.05 } else { 0.0 };
+        let catch_up = (0..lives).map(|_| entropy.chance(0.3)).collect();
+        Hazards {
+            clock,
+            retention_age,
+            lenient_copy,
+            late_delete,
+            late_commit,
+            catch_up,
+        }
+    }
 }
 
 /// Express in a seed: three zone stores with faults of their own, the odd-numbered streams
@@ -70,6 +145,7 @@ impl ExpressPlan {
             stuck: p(0.1),
             short_page: p(0.5),
             latency_ms: (entropy.below(3), 2 + entropy.below(20)),
+            ..StoreFaults::none()
         };
         let outages = lives
             .iter()
@@ -163,7 +239,12 @@ pub(crate) fn pick<T: Copy>(entropy: &Entropy, choices: &[T]) -> T {
 }
 
 impl Plan {
-    pub fn draw(entropy: &Entropy, auditor: &Entropy, express: &Entropy) -> Self {
+    pub fn draw(
+        entropy: &Entropy,
+        auditor: &Entropy,
+        express: &Entropy,
+        hazard_entropy: &Entropy,
+    ) -> Self {
         // A fifth of the seeds run without faults, so the plain paths are covered too.
         let faulty = !entropy.chance(0.2);
         let p = |max: f64| if faulty { entropy.unit() * max } else { 0.0 };
@@ -174,6 +255,7 @@ impl Plan {
             stuck: p(0.2),
             short_page: p(0.5),
             latency_ms: (entropy.below(5), 5 + entropy.below(40)),
+            ..StoreFaults::none()
         };
         let metastore = MetastoreFaults {
             fail: p(0.1),
@@ -182,7 +264,7 @@ impl Plan {
             latency_ms: (entropy.below(3), 3 + entropy.below(30)),
             ..MetastoreFaults::none()
         };
-        let lives = (0..2 + entropy.below(4))
+        let lives: Vec<Life> = (0..2 + entropy.below(4))
             .map(|_| {
                 let run_for = ms(entropy, 50, 3000);
                 let end = if entropy.chance(0.7) {
@@ -203,6 +285,7 @@ impl Plan {
                 }
             })
             .collect();
+        let hazards = Hazards::draw(hazard_entropy, lives.len());
         let mut plan = Plan {
             streams: 1 + entropy.below(3) as usize,
             window: 1 + entropy.below(4) as usize,
@@ -240,8 +323,13 @@ impl Plan {
             },
             auditor: AuditorPlan::draw(auditor),
             express: None,
+            hazards,
         };
         plan.express = ExpressPlan::draw(express, &plan.lives);
+        plan.store.lenient_copy = plan.hazards.lenient_copy;
+        plan.store.late_delete = plan.hazards.late_delete;
+        plan.metastore.late = plan.hazards.late_commit;
+        plan.metastore.late_ms = 2000;
         plan
     }
 

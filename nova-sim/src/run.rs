@@ -23,7 +23,7 @@ use nova_chain::rebuild::rebuild_catalog;
 use nova_chain::streams::StreamState;
 use nova_core::catalog::Catalog;
 use nova_core::catalog::{Retention, StorageClass};
-use nova_core::clock::Clock;
+use nova_core::clock::{Clock, ClockSkew};
 use nova_core::entropy::Entropy;
 use nova_core::flight::section::{RecordIter, encode_chunks};
 use nova_core::flight::{ObjectFooter, parse_object};
@@ -114,6 +114,9 @@ struct World {
     scratch: tempfile::TempDir,
     /// What the auditors of the incarnations did: flights settled, objects deleted.
     audited: Mutex<(u64, u64, u64, u64)>,
+    /// How far the star's wall clock is off (the store's, the metastore's and the oracle's
+    /// are true); one per seed, so it lives as long as the process.
+    skew: &'static ClockSkew,
 }
 
 pub fn run_seed(seed: u64) -> Result<Report, Failure> {
@@ -122,6 +125,7 @@ pub fn run_seed(seed: u64) -> Result<Report, Failure> {
         &entropy,
         &Entropy::seeded(seed ^ 0xa0d1_7042_5e77_1e00),
         &Entropy::seeded(seed ^ 0xe9b7_e55a_2017_0c11),
+        &Entropy::seeded(seed ^ 0xc10c_4a2a_7d5e_0034),
     );
     tracing::info!(?plan, "seed {seed}");
     let zone_entropy = Entropy::seeded(seed ^ 0x2083_5a11_90e5);
@@ -150,6 +154,7 @@ pub fn run_seed(seed: u64) -> Result<Report, Failure> {
         rebuilds: Entropy::seeded(seed ^ 0x5eed_0f4e_b11d),
         scratch: tempfile::tempdir().expect("a scratch directory"),
         audited: Mutex::default(),
+        skew: Box::leak(Box::default()),
     };
     *world.live_streams.lock() = ((0..world.plan.streams).collect(), world.plan.streams);
     let lives = world.plan.lives.clone();
@@ -218,16 +223,28 @@ fn incarnation(world: &mut World, index: usize, life: Option<&Life>) -> Result<(
         .start_paused(true)
         .build()
         .expect("a current-thread runtime");
-    let clock = runtime.block_on(async { Clock::simulated(world.wall) });
-    world.store.attach(clock);
+    // The true clock: the store's, the metastore's and the oracle's. The star and its auditor
+    // read a wall clock that may be off by the seed's errors.
+    let truth = runtime.block_on(async { Clock::simulated(world.wall) });
+    world.store.attach(truth);
     for zone in &world.zones {
-        zone.attach(clock);
+        zone.attach(truth);
     }
-    world.metastore.attach(clock);
-    let started = runtime.block_on(async { clock.now() });
-    let outcome = runtime.block_on(live(world, index, life, clock));
-    world.simulated += runtime.block_on(async { clock.since(started) });
-    world.wall = runtime.block_on(async { clock.wall() });
+    world.metastore.attach(truth);
+    match life {
+        Some(_) => {
+            if let Some(error) = world.plan.hazards.clock.get(index).and_then(|c| c.0) {
+                world.skew.set_ms(error);
+            }
+        }
+        // Corrected before the final check.
+        None => world.skew.set_ms(0),
+    }
+    let clock = truth.skewed(world.skew);
+    let started = runtime.block_on(async { truth.now() });
+    let outcome = runtime.block_on(live(world, index, life, clock, truth));
+    world.simulated += runtime.block_on(async { truth.since(started) });
+    world.wall = runtime.block_on(async { truth.wall() });
     // The crash, or the end of a shutdown: every task still alive is dropped where it waits.
     drop(runtime);
     world.oracle.lock().process_ended();
@@ -341,7 +358,13 @@ pub(crate) fn check_chain_of(
     }
 }
 
-async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) -> Result<(), ()> {
+async fn live(
+    world: &World,
+    index: usize,
+    life: Option<&Life>,
+    clock: Clock,
+    truth: Clock,
+) -> Result<(), ()> {
     // Writes the last incarnation left landing late may land during this one's recovery.
     world.store.resume_late_writes();
     for zone in &world.zones {
@@ -390,7 +413,7 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
             audit_to_the_end(world, &star, &auditor, clock).await;
             auditor.stop().await;
         }
-        read_back(world, &star, &streams).await;
+        read_back(world, &star, &streams, truth).await;
         if world.plan.auditor.is_some() {
             check_nothing_left(world).await;
         }
@@ -400,15 +423,39 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
     let auditor = start_auditor(world, index, clock, false);
     let mut tasks = JoinSet::new();
     for (i, stream) in streams.iter().cloned() {
-        tasks.spawn(produce(world.context(&star, clock), i, stream.clone()));
-        tasks.spawn(consume(world.context(&star, clock), i, stream.clone()));
+        tasks.spawn(produce(
+            world.context(&star, clock, truth),
+            i,
+            stream.clone(),
+        ));
+        tasks.spawn(consume(
+            world.context(&star, clock, truth),
+            i,
+            stream.clone(),
+        ));
     }
-    tasks.spawn(watch_budgets(world.context(&star, clock)));
+    tasks.spawn(watch_budgets(world.context(&star, clock, truth)));
+    if let Some(age) = world.plan.hazards.retention_age {
+        let aged: Vec<_> = streams
+            .iter()
+            .filter(|(_, s)| s.retention().age_ms.is_some() && s.retention().bytes.is_none())
+            .cloned()
+            .collect();
+        tasks.spawn(watch_trim_points(
+            world.context(&star, clock, truth),
+            aged,
+            age,
+        ));
+    }
     if world.entropy.chance(world.plan.delete) {
         // A delete in the middle of the run, while its stream is being appended to and read.
         let victim = world.retire_a_stream();
         let after = Duration::from_millis(world.entropy.below(life.run_for.as_millis() as u64));
-        tasks.spawn(delete_stream(world.context(&star, clock), victim, after));
+        tasks.spawn(delete_stream(
+            world.context(&star, clock, truth),
+            victim,
+            after,
+        ));
     }
     if let Some((after, lasting, up)) = world
         .plan
@@ -430,6 +477,14 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
             }
         });
     }
+    if let Some((after, error)) = world.plan.hazards.clock.get(index).and_then(|c| c.1) {
+        let skew = world.skew;
+        tasks.spawn(async move {
+            clock.sleep(after).await;
+            tracing::info!(error_ms = error, "the star's wall clock steps");
+            skew.set_ms(error);
+        });
+    }
     if let Some((after, lasting)) = life.outage {
         let store = world.store.clone();
         tasks.spawn(async move {
@@ -445,6 +500,10 @@ async fn live(world: &World, index: usize, life: Option<&Life>, clock: Clock) ->
             return Err(());
         }
         _ = clock.sleep(life.run_for) => {}
+    }
+    if auditor.is_some() && world.plan.hazards.catch_up.get(index) == Some(&true) {
+        tasks.abort_all();
+        catch_up(world, index, clock).await;
     }
     if let Some(auditor) = &auditor {
         let metrics = auditor.metrics();
@@ -507,6 +566,55 @@ fn start_auditor(world: &World, index: usize, clock: Clock, final_check: bool) -
     )
     .expect("the auditor starts");
     Some(auditor)
+}
+
+/// How long settling may take to catch up once the store and the metastore are healthy.
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(120);
+
+/// The clients stop and the faults lift (whatever the wall clock says): the auditor must then
+/// settle the star's chain up to its checkpoint of now within `CATCH_UP_LIMIT`, whatever the
+/// faults before left behind (a deleted stream's unmarked manifest, a due time from a clock
+/// that was ahead). The faults come back after, for the rest of the life.
+async fn catch_up(world: &World, index: usize, clock: Clock) {
+    world.store.end_outage();
+    world.store.set_faults(StoreFaults::none());
+    world.metastore.set_faults(MetastoreFaults::none());
+    let catalog = Catalog::new(Arc::new(world.metastore.clone()));
+    let started = clock.now();
+    let mut target = None;
+    loop {
+        if target.is_none() {
+            match catalog.chain(STAR).await {
+                Ok(Some(chain)) => target = Some(chain.state),
+                // Nothing written yet: nothing to settle.
+                Ok(None) => break,
+                Err(_) => {}
+            }
+        }
+        let cursor = catalog.settle_cursor(STAR).await.ok().flatten();
+        let caught_up = target.is_some_and(|chain| {
+            cursor.is_some_and(|c| {
+                c.cursor.epoch > chain.epoch
+                    || (c.cursor.epoch == chain.epoch
+                        && chain
+                            .checkpoint
+                            .is_none_or(|last| c.cursor.next_slot > last))
+            })
+        });
+        if caught_up {
+            break;
+        }
+        if clock.since(started) > CATCH_UP_LIMIT {
+            world.violation(format!(
+                "incarnation {index}: settling did not catch up in {CATCH_UP_LIMIT:?} with the \
+                 store and the metastore healthy: cursor {cursor:?}, chain {target:?}"
+            ));
+            break;
+        }
+        clock.sleep(Duration::from_millis(200)).await;
+    }
+    world.store.set_faults(world.plan.store.clone());
+    world.metastore.set_faults(world.plan.metastore.clone());
 }
 
 /// How long the fault-free auditor may take to finish what a seed left it.
@@ -581,6 +689,13 @@ async fn check_nothing_left(world: &World) {
 async fn rebuild(world: &World, index: usize, clock: Clock) -> Result<(), ()> {
     tracing::info!("the metastore is lost; rebuilding the catalog from the bucket");
     world.metastore.wipe();
+    // An operator's rebuild runs against a new, quiet metastore: no commit of it lands late
+    // (a late one would make its retry find a catalog it did not finish; see docs/testing.md).
+    let faults = world.metastore.faults();
+    world.metastore.set_faults(MetastoreFaults {
+        late: 0.0,
+        ..faults.clone()
+    });
     let store: Arc<dyn ObjectStore> = Arc::new(world.store.clone());
     let catalog = Catalog::new(Arc::new(world.metastore.clone()));
     let mut last = String::new();
@@ -588,6 +703,7 @@ async fn rebuild(world: &World, index: usize, clock: Clock) -> Result<(), ()> {
         match rebuild_catalog(STAR, &store, &catalog, clock).await {
             Ok(report) => {
                 tracing::info!(?report, "catalog rebuilt");
+                world.metastore.set_faults(faults);
                 return Ok(());
             }
             Err(err) => {
@@ -618,15 +734,27 @@ async fn open_streams(
             if let Some(stream) = star.streams().get(&name) {
                 break stream;
             }
-            let retention = Retention {
-                age_ms: None,
-                bytes: world
-                    .plan
-                    .auditor
-                    .as_ref()
-                    .and_then(|a| a.retention_bytes)
-                    .filter(|_| i % 2 == 0),
+            // The even-numbered streams have a retention: by bytes, by age, or (with both
+            // drawn) by bytes for every fourth stream and by age for the others, so each is
+            // checked alone.
+            let bytes = world
+                .plan
+                .auditor
+                .as_ref()
+                .and_then(|a| a.retention_bytes)
+                .filter(|_| i % 2 == 0);
+            let age = world
+                .plan
+                .hazards
+                .retention_age
+                .filter(|_| i % 2 == 0 && world.plan.auditor.is_some())
+                .map(|age| age.as_millis() as u64);
+            let (age_ms, bytes) = match (age, bytes) {
+                (Some(_), Some(_)) if i % 4 == 0 => (None, bytes),
+                (Some(_), Some(_)) => (age, None),
+                other => other,
             };
+            let retention = Retention { age_ms, bytes };
             match star
                 .streams()
                 .create_with(&name, class_of(world, i), retention)
@@ -693,12 +821,16 @@ struct Context {
     oracle: Arc<Mutex<Oracle>>,
     plan: Plan,
     entropy: Entropy,
+    /// The star's clock: wall time may be off (monotonic time and timers are true).
     clock: Clock,
+    /// The true clock, for the oracle.
+    truth: Clock,
 }
 
 impl World {
-    fn context(&self, star: &Arc<Star>, clock: Clock) -> Context {
+    fn context(&self, star: &Arc<Star>, clock: Clock, truth: Clock) -> Context {
         Context {
+            truth,
             star: star.clone(),
             oracle: self.oracle.clone(),
             plan: self.plan.clone(),
@@ -716,7 +848,12 @@ async fn produce(cx: Context, stream_index: usize, stream: Arc<StreamState>) {
             waiting.join_next().await;
         }
         let lens = cx.plan.batch(&cx.entropy);
-        let (batch, ids) = cx.oracle.lock().new_batch(stream_index, &lens);
+        let (batch, ids) = {
+            let mut oracle = cx.oracle.lock();
+            let (batch, ids) = oracle.new_batch(stream_index, &lens);
+            oracle.submitted(batch, cx.truth.unix_ms());
+            (batch, ids)
+        };
         let records: Vec<Record> = ids
             .iter()
             .zip(&lens)
@@ -818,7 +955,36 @@ async fn consume(cx: Context, stream_index: usize, stream: Arc<StreamState>) {
                     .violation(format!("stream {stream_index}: data loss at {next}: {why}"));
                 return;
             }
+            // A live stream's records are never "not found", and a read is never failed for a
+            // fault of the server's own: what a consumer may see is retryable, or the stream
+            // gone because it was deleted.
+            Err(err @ (RequestError::Internal(_) | RequestError::ObjectNotFound(_))) => {
+                cx.oracle.lock().violation(format!(
+                    "stream {stream_index}: a read at {next} failed with {err:?}, which a consumer \
+                     of a live stream must not be told"
+                ));
+                return;
+            }
             Err(_) => cx.clock.sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// Samples the trim points of the streams with an age retention: none may pass a record sent
+/// less than that age ago by the true clock, whatever the star's wall clock says.
+async fn watch_trim_points(cx: Context, streams: Vec<(usize, Arc<StreamState>)>, age: Duration) {
+    let mut ticker = cx.clock.interval(Duration::from_millis(100));
+    loop {
+        ticker.tick().await;
+        for (i, stream) in &streams {
+            let Ok(first) = cx.star.first_seq(stream).await else {
+                continue;
+            };
+            // The time after the read: a trim it saw happened before then.
+            let now = cx.truth.unix_ms();
+            cx.oracle
+                .lock()
+                .check_trim_point(*i, first, now, age.as_millis() as u64);
         }
     }
 }
@@ -871,9 +1037,18 @@ async fn watch_budgets(cx: Context) {
 }
 
 /// The final check: every stream read from 0 to its tail.
-async fn read_back(world: &World, star: &Star, streams: &[(usize, Arc<StreamState>)]) {
+async fn read_back(
+    world: &World,
+    star: &Star,
+    streams: &[(usize, Arc<StreamState>)],
+    truth: Clock,
+) {
+    // Taken before the reads: a record read back had to be kept until now at least.
+    let now_ms = truth.unix_ms();
     let mut read_ids = HashSet::new();
     let mut first_seqs = HashMap::new();
+    let mut kept: HashMap<usize, u64> = HashMap::new();
+    let mut retentions = HashMap::new();
     for (i, stream) in streams.iter().cloned() {
         let tail = stream.tail();
         // Retention may have trimmed the stream's front: what is below its trim point is gone,
@@ -889,6 +1064,7 @@ async fn read_back(world: &World, star: &Star, streams: &[(usize, Arc<StreamStat
             world.violation(format!("stream {i} without retention starts at {next}"));
         }
         first_seqs.insert(i, next);
+        retentions.insert(i, stream.retention());
         while next < tail {
             let page = match star.read(&stream, next, 1000, 4 << 20).await {
                 Ok(page) => page,
@@ -907,6 +1083,7 @@ async fn read_back(world: &World, star: &Star, streams: &[(usize, Arc<StreamStat
                     return;
                 }
                 read_ids.extend(oracle.read(i, record.seq, &record.record.body));
+                *kept.entry(i).or_default() += record.record.body.len() as u64 + RECORD_FRAMING;
                 next += 1;
             }
             if page.records.is_empty() {
@@ -917,5 +1094,17 @@ async fn read_back(world: &World, star: &Star, streams: &[(usize, Arc<StreamStat
             }
         }
     }
-    world.oracle.lock().settle(&read_ids, &first_seqs);
+    let mut oracle = world.oracle.lock();
+    oracle.settle(&read_ids, &first_seqs);
+    oracle.check_retention(
+        &read_ids,
+        now_ms,
+        &|i| retentions.get(&i).and_then(|r: &Retention| r.age_ms),
+        &|i| retentions.get(&i).and_then(|r: &Retention| r.bytes),
+        &kept,
+    );
 }
+
+/// The most a record's framing in a section takes beside its body (its length, timestamp,
+/// headers count and checksum), so that bytes read back bound the bytes a retention kept.
+const RECORD_FRAMING: u64 = 64;

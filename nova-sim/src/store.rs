@@ -18,6 +18,10 @@ use nova_core::object_store::{
 };
 
 /// How often each fault happens, drawn once per seed.
+/// The simulated store takes composed parts from 64 KiB (S3 takes 5 MiB), so the auditor's
+/// merges copy the simulation's small objects server-side as they would large ones.
+const SIM_MIN_COMPOSE_PART: u64 = 64 * 1024;
+
 #[derive(Debug, Clone)]
 pub struct StoreFaults {
     /// Probability that a request fails with a retryable error before it does anything.
@@ -34,6 +38,12 @@ pub struct StoreFaults {
     pub short_page: f64,
     /// Latency of each half of a request (before it applies, after it applies), in ms.
     pub latency_ms: (u64, u64),
+    /// Probability that a DELETE answers with a timeout at once and lands later, up to two
+    /// seconds on (after a new write of the key, it deletes that).
+    pub late_delete: f64,
+    /// The store ignores a compose's copy ranges and copies each source whole, as an
+    /// S3-compatible server that does not honour `x-amz-copy-source-range` would.
+    pub lenient_copy: bool,
 }
 
 impl StoreFaults {
@@ -45,6 +55,8 @@ impl StoreFaults {
             stuck: 0.0,
             short_page: 0.0,
             latency_ms: (1, 2),
+            late_delete: 0.0,
+            lenient_copy: false,
         }
     }
 }
@@ -57,6 +69,9 @@ pub struct SimStore {
 #[derive(Debug)]
 struct Inner {
     objects: Mutex<BTreeMap<String, Bytes>>,
+    /// When each object was last written, by the store's clock (the simulation's true time:
+    /// a star's skewed clock never reaches it), as S3's Last-Modified.
+    modified: Mutex<std::collections::HashMap<String, u64>>,
     faults: Mutex<StoreFaults>,
     entropy: Entropy,
     /// The clock of the incarnation running now; replaced at each restart.
@@ -65,9 +80,10 @@ struct Inner {
     down_until: Mutex<Option<Instant>>,
     /// Keys whose writes fail until then.
     stuck_until: Mutex<std::collections::HashMap<String, Instant>>,
-    /// Writes that will land late and have not yet: (key, object, exclusive). They outlive
-    /// the process that made them, as a PUT the client gave up on does.
-    late_writes: Mutex<Vec<(String, Bytes, bool)>>,
+    /// Writes that will land late and have not yet: (key, object or `None` for a DELETE,
+    /// exclusive). They outlive the process that made them, as a request the client gave up on
+    /// does.
+    late_writes: Mutex<Vec<(String, Option<Bytes>, bool)>>,
     /// Chain slot writes in progress now, and the most at once since the last `attach`.
     chain_writes: Mutex<(usize, usize)>,
 }
@@ -97,6 +113,7 @@ impl SimStore {
         Self {
             inner: Arc::new(Inner {
                 objects: Mutex::default(),
+                modified: Mutex::default(),
                 faults: Mutex::new(faults),
                 entropy,
                 clock: Mutex::new(Clock::system()),
@@ -130,8 +147,15 @@ impl SimStore {
             };
             let (key, object, exclusive) = late.swap_remove(at);
             let mut objects = store.inner.objects.lock();
-            if !exclusive || !objects.contains_key(&key) {
-                objects.insert(key, object);
+            match object {
+                None => {
+                    objects.remove(&key);
+                }
+                Some(object) if !exclusive || !objects.contains_key(&key) => {
+                    store.stamp(&key);
+                    objects.insert(key, object);
+                }
+                Some(_) => {}
             }
         });
     }
@@ -170,7 +194,7 @@ impl SimStore {
         self.inner
             .late_writes
             .lock()
-            .push((key.to_owned(), payload.to_bytes(), exclusive));
+            .push((key.to_owned(), Some(payload.to_bytes()), exclusive));
         self.land_later(key.to_owned());
         Some(StoreError::Transient {
             op,
@@ -183,6 +207,11 @@ impl SimStore {
         *self.inner.faults.lock() = faults;
     }
 
+    /// Ends an outage now.
+    pub fn end_outage(&self) {
+        *self.inner.down_until.lock() = None;
+    }
+
     /// Fails every request for `duration` from now.
     pub fn outage(&self, duration: Duration) {
         let clock = *self.inner.clock.lock();
@@ -192,6 +221,16 @@ impl SimStore {
     /// A copy of what the store holds, for checks.
     pub fn snapshot(&self) -> BTreeMap<String, Bytes> {
         self.inner.objects.lock().clone()
+    }
+
+    /// Records that `key` was written now.
+    fn stamp(&self, key: &str) {
+        let now = self.clock().unix_ms();
+        self.inner.modified.lock().insert(key.to_owned(), now);
+    }
+
+    fn modified_ms(&self, key: &str) -> Option<u64> {
+        self.inner.modified.lock().get(key).copied()
     }
 
     fn clock(&self) -> Clock {
@@ -282,6 +321,7 @@ impl ObjectStore for SimStore {
                 CreateOutcome::AlreadyExists
             } else {
                 objects.insert(key.to_owned(), payload.to_bytes());
+                self.stamp(key);
                 CreateOutcome::Created
             }
         };
@@ -298,6 +338,7 @@ impl ObjectStore for SimStore {
             .objects
             .lock()
             .insert(key.to_owned(), payload.to_bytes());
+        self.stamp(key);
         self.answer(Op::Put, key).await
     }
 
@@ -334,6 +375,7 @@ impl ObjectStore for SimStore {
         size.map(|size| ObjectMeta {
             key: key.to_owned(),
             size,
+            modified_ms: self.modified_ms(key),
         })
         .ok_or_else(|| StoreError::NotFound {
             key: key.to_owned(),
@@ -374,6 +416,7 @@ impl ObjectStore for SimStore {
             page.objects.push(ObjectMeta {
                 key: key.clone(),
                 size: object.len() as u64,
+                modified_ms: self.modified_ms(key),
             });
         }
         Ok(page)
@@ -381,12 +424,33 @@ impl ObjectStore for SimStore {
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.arrive(Op::Delete, key).await?;
+        if self
+            .inner
+            .entropy
+            .chance(self.inner.faults.lock().late_delete)
+        {
+            // Not deleted yet: it goes up to two seconds on, whatever was written since.
+            self.inner
+                .late_writes
+                .lock()
+                .push((key.to_owned(), None, false));
+            self.land_later(key.to_owned());
+            return Err(StoreError::Transient {
+                op: Op::Delete,
+                key: key.to_owned(),
+                message: "simulated timeout; the delete lands later".into(),
+            });
+        }
         self.inner.objects.lock().remove(key);
         self.answer(Op::Delete, key).await
     }
 
+    fn min_compose_part(&self) -> u64 {
+        SIM_MIN_COMPOSE_PART
+    }
+
     async fn compose(&self, key: &str, parts: Vec<ComposePart>) -> Result<(), StoreError> {
-        nova_core::object_store::check_compose(key, &parts)?;
+        nova_core::object_store::check_compose_with(key, &parts, SIM_MIN_COMPOSE_PART)?;
         self.arrive(Op::Compose, key).await?;
         let mut object = bytes::BytesMut::new();
         {
@@ -406,9 +470,13 @@ impl ObjectStore for SimStore {
                                 range: GetRange::Bounded(range.clone()),
                             });
                         }
-                        object.extend_from_slice(
-                            &source_bytes[range.start as usize..range.end as usize],
-                        );
+                        if self.inner.faults.lock().lenient_copy {
+                            object.extend_from_slice(source_bytes);
+                        } else {
+                            object.extend_from_slice(
+                                &source_bytes[range.start as usize..range.end as usize],
+                            );
+                        }
                     }
                 }
             }
@@ -417,6 +485,7 @@ impl ObjectStore for SimStore {
             .objects
             .lock()
             .insert(key.to_owned(), object.freeze());
+        self.stamp(key);
         self.answer(Op::Compose, key).await
     }
 }

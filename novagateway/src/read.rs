@@ -136,8 +136,16 @@ impl Reader {
                     self.metrics.stale_refs.inc();
                     tracing::debug!(%key, stream = %request.stream, "ref went stale; resolving again");
                 }
+                // The stream is there and its records moved under the read, over and over:
+                // retryable, and never "not found", which a client takes for a deleted stream.
                 Err(Failure::Stale(key)) => {
-                    return Err(RequestError::ObjectNotFound(key).into());
+                    return Err(RequestError::Unavailable(format!(
+                        "reading stream {:?}: {key} was gone each of {} times the read resolved \
+                         its records again (the auditor is moving them); try again",
+                        request.stream,
+                        STALE_REF_RETRIES + 1
+                    ))
+                    .into());
                 }
             }
         }

@@ -14,6 +14,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use tokio::time::Instant;
@@ -34,7 +35,25 @@ enum Source {
     Simulated {
         wall_origin: SystemTime,
         origin: Instant,
+        /// Milliseconds this clock's wall time is off by (a simulated bad clock), when it can be.
+        skew: Option<&'static ClockSkew>,
     },
+}
+
+/// How far a simulated wall clock is off, in milliseconds (ahead when positive); changed at
+/// any time to step the clock forward or back. Monotonic time never moves with it, as on a
+/// real machine whose wall clock is stepped.
+#[derive(Debug, Default)]
+pub struct ClockSkew(AtomicI64);
+
+impl ClockSkew {
+    pub fn set_ms(&self, ms: i64) {
+        self.0.store(ms, Ordering::Relaxed);
+    }
+
+    pub fn ms(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 impl Clock {
@@ -53,6 +72,27 @@ impl Clock {
             source: Source::Simulated {
                 wall_origin,
                 origin: Instant::now(),
+                skew: None,
+            },
+        }
+    }
+
+    /// This simulated clock with a wall time off by what `skew` says, which the simulation
+    /// changes to step it; monotonic time and timers are unchanged. A system clock is returned
+    /// as it is: only a simulation steps clocks on purpose.
+    pub fn skewed(self, skew: &'static ClockSkew) -> Self {
+        match self.source {
+            Source::System => self,
+            Source::Simulated {
+                wall_origin,
+                origin,
+                ..
+            } => Self {
+                source: Source::Simulated {
+                    wall_origin,
+                    origin,
+                    skew: Some(skew),
+                },
             },
         }
     }
@@ -74,7 +114,14 @@ impl Clock {
             Source::Simulated {
                 wall_origin,
                 origin,
-            } => wall_origin + Instant::now().saturating_duration_since(origin),
+                skew,
+            } => {
+                let wall = wall_origin + Instant::now().saturating_duration_since(origin);
+                match skew.map_or(0, ClockSkew::ms) {
+                    ms if ms >= 0 => wall + Duration::from_millis(ms as u64),
+                    ms => wall - Duration::from_millis(ms.unsigned_abs()),
+                }
+            }
         }
     }
 
@@ -152,5 +199,18 @@ mod tests {
                 .is_err()
         );
         assert_eq!(clock.unix_ms(), 3_600_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_skewed_clock_steps_its_wall_time_only() {
+        static SKEW: ClockSkew = ClockSkew(AtomicI64::new(0));
+        let origin = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let clock = Clock::simulated(origin).skewed(&SKEW);
+        let before = clock.now();
+        SKEW.set_ms(60_000);
+        assert_eq!(clock.unix_ms(), 1_000_060_000);
+        SKEW.set_ms(-2_000);
+        assert_eq!(clock.unix_ms(), 999_998_000);
+        assert_eq!(clock.since(before), Duration::ZERO);
     }
 }

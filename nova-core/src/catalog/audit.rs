@@ -289,6 +289,55 @@ impl Catalog {
         ))
     }
 
+    /// Queued garbage due after `after_ms`, earliest first, at most `limit` items.
+    pub async fn garbage_due_after(
+        &self,
+        after_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<QueuedGarbage>, CatalogError> {
+        // Past every key due at `after_ms`: their labels are text, below 0xff.
+        let mut start = GARBAGE_PREFIX.to_vec();
+        start.extend_from_slice(&after_ms.to_be_bytes());
+        start.push(0xff);
+        self.store
+            .scan(GARBAGE_PREFIX, Some(&start), limit)
+            .await?
+            .iter()
+            .map(|kv| decode_queued(&kv.key, &kv.value, kv.version))
+            .collect()
+    }
+
+    /// Moves queued items to new due times (`items`: each with its new due) in one transaction
+    /// that applies only if every item is still queued as read; with `cursor` (a star, the
+    /// version its settle cursor was read at, and where it goes), only if that cursor is still
+    /// there too, and it moves with them.
+    pub async fn redate_garbage(
+        &self,
+        cursor: Option<(&str, u64, SettleCursor)>,
+        items: &[(QueuedGarbage, u64)],
+    ) -> Result<bool, CatalogError> {
+        let mut txn = Txn::new();
+        if let Some((star, expected, next)) = cursor {
+            let key = cursor_key(star);
+            txn = txn
+                .compare(Compare::Version(key.clone(), expected))
+                .put(key, encode_cursor(&next));
+        }
+        for (queued, due_ms) in items {
+            txn = txn
+                .compare(Compare::Version(queued.key.clone(), queued.version))
+                .delete(queued.key.clone())
+                .put(
+                    garbage_key(*due_ms, &queued.item),
+                    encode_garbage(&queued.item),
+                );
+        }
+        Ok(matches!(
+            self.store.commit(txn).await?,
+            TxnOutcome::Committed { .. }
+        ))
+    }
+
     /// Queues garbage on its own: intents, written before the objects they name. Returns each
     /// item's queue key and version, which the transaction that starts referencing the object
     /// checks and removes.
@@ -478,14 +527,22 @@ impl Catalog {
 
     /// Whether stream `id` is live, deleted, or deleted with its manifest not yet saying so (a
     /// rebuild from the bucket would bring it back, so nothing of it may go yet).
+    ///
+    /// The tail is read first: a delete removes it and writes the tombstone in one transaction,
+    /// and a tombstone goes only once the manifest is marked, so whatever the tail said, the
+    /// tombstone read after it tells an unmarked delete. (Read the other way round, a delete
+    /// landing between the reads would make a stream whose manifest is unmarked look deleted
+    /// and marked, and its sections be skipped.)
     pub async fn stream_liveness(&self, id: u64) -> Result<Liveness, CatalogError> {
+        let tail = self.store.get(&tail_key(id)).await?;
         if self.store.get(&tombstone_key(id)).await?.is_some() {
             return Ok(Liveness::DeletedUnmarked);
         }
-        if self.store.get(&tail_key(id)).await?.is_some() {
-            return Ok(Liveness::Live);
-        }
-        Ok(Liveness::Deleted)
+        Ok(if tail.is_some() {
+            Liveness::Live
+        } else {
+            Liveness::Deleted
+        })
     }
 
     /// Deleted streams whose index entries are still to be dropped, at most `limit`, and

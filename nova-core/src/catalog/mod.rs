@@ -740,6 +740,18 @@ impl Catalog {
         Ok(out)
     }
 
+    /// The pending tombstone of stream `id`: the stream as it was when deleted, while its
+    /// manifest is not yet marked deleted.
+    pub async fn pending_tombstone(&self, id: u64) -> Result<Option<StreamMeta>, CatalogError> {
+        let Some(kv) = self.store.get(&tombstone_key(id)).await? else {
+            return Ok(None);
+        };
+        let mut r = Reader::start(&kv.value)?;
+        let name = r.string()?;
+        let rest = [&[FORMAT][..], r.0].concat();
+        Ok(Some(decode_meta(&name, &rest)?))
+    }
+
     /// Forgets a pending tombstone once the manifest says the stream is deleted.
     pub async fn clear_tombstone(&self, id: u64) -> Result<(), CatalogError> {
         self.store

@@ -97,6 +97,10 @@ impl ObjectStore for ConcurrencyLimited {
         let _slot = self.slot(Op::Compose, key).await?;
         self.inner.compose(key, parts).await
     }
+
+    fn min_compose_part(&self) -> u64 {
+        self.inner.min_compose_part()
+    }
 }
 
 #[cfg(test)]

@@ -209,6 +209,10 @@ impl ObjectStore for FaultyStore {
     async fn compose(&self, key: &str, parts: Vec<ComposePart>) -> Result<(), StoreError> {
         faulted!(self, Op::Compose, key, self.inner.compose(key, parts).await)
     }
+
+    fn min_compose_part(&self) -> u64 {
+        self.inner.min_compose_part()
+    }
 }
 
 #[cfg(test)]

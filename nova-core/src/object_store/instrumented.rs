@@ -130,4 +130,8 @@ impl ObjectStore for Instrumented {
         self.record(Op::Compose, started, &result, sent);
         result
     }
+
+    fn min_compose_part(&self) -> u64 {
+        self.inner.min_compose_part()
+    }
 }

@@ -337,6 +337,7 @@ impl ObjectStore for LocalStore {
             Ok(ObjectMeta {
                 key: owned,
                 size: meta.len(),
+                modified_ms: modified_ms(&meta),
             })
         })
         .await
@@ -488,12 +489,16 @@ fn list_dir(
             continue;
         }
         // Deleted since the directory was read: like S3, a listing need not show it.
-        let size = match fs::metadata(inner.objects.join(&key)) {
-            Ok(meta) => meta.len(),
+        let meta = match fs::metadata(inner.objects.join(&key)) {
+            Ok(meta) => meta,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
-        page.objects.push(ObjectMeta { key, size });
+        page.objects.push(ObjectMeta {
+            key,
+            size: meta.len(),
+            modified_ms: modified_ms(&meta),
+        });
         if page.objects.len() == max_keys {
             page.next_start_after = page.objects.last().map(|o| o.key.clone());
             break;
@@ -522,6 +527,14 @@ fn sort_key((key, is_dir): &(String, bool)) -> String {
     } else {
         key.clone()
     }
+}
+
+/// A file's modification time, as the store's Last-Modified. On a local directory it is the
+/// same machine's clock as the star's: no second opinion, but the best this store can give.
+fn modified_ms(meta: &fs::Metadata) -> Option<u64> {
+    let modified = meta.modified().ok()?;
+    let since = modified.duration_since(std::time::UNIX_EPOCH).ok()?;
+    Some(since.as_millis() as u64)
 }
 
 #[cfg(test)]

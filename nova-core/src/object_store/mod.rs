@@ -52,6 +52,10 @@ pub struct GetResult {
 pub struct ObjectMeta {
     pub key: String,
     pub size: u64,
+    /// When the object was last written, in Unix milliseconds by the store's own clock (S3's
+    /// Last-Modified), when the store says. The auditor's retention takes it as a second clock
+    /// beside the stars' (see docs/auditor.md).
+    pub modified_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -167,6 +171,13 @@ pub trait ObjectStore: Send + Sync + fmt::Debug + 'static {
     /// but the last must be at least `MIN_COMPOSE_PART` bytes, and a backend refuses anything
     /// else, so callers keep to the rule whatever store they write to.
     async fn compose(&self, key: &str, parts: Vec<ComposePart>) -> Result<(), StoreError>;
+
+    /// The smallest part of a composed object but the last that this store takes: S3's
+    /// multipart minimum unless a store says otherwise (the simulation's takes smaller, so
+    /// that its small objects are copied too).
+    fn min_compose_part(&self) -> u64 {
+        MIN_COMPOSE_PART
+    }
 }
 
 /// S3's smallest multipart part (all but the last): 5 MiB.
@@ -199,6 +210,15 @@ impl ComposePart {
 /// Checks `parts` against the multipart rules every backend enforces: at least one part, none
 /// empty, all but the last at least `MIN_COMPOSE_PART`, at most `MAX_COMPOSE_PARTS`.
 pub fn check_compose(key: &str, parts: &[ComposePart]) -> Result<(), StoreError> {
+    check_compose_with(key, parts, MIN_COMPOSE_PART)
+}
+
+/// `check_compose` for a store whose smallest part but the last is `min_part`.
+pub fn check_compose_with(
+    key: &str,
+    parts: &[ComposePart],
+    min_part: u64,
+) -> Result<(), StoreError> {
     let refuse = |message: String| {
         Err(StoreError::Permanent {
             op: Op::Compose,
@@ -212,11 +232,13 @@ pub fn check_compose(key: &str, parts: &[ComposePart]) -> Result<(), StoreError>
             parts.len()
         ));
     }
-    if let Some((i, part)) = parts.iter().enumerate().find(|(i, part)| {
-        part.is_empty() || (*i + 1 < parts.len() && part.len() < MIN_COMPOSE_PART)
-    }) {
+    if let Some((i, part)) = parts
+        .iter()
+        .enumerate()
+        .find(|(i, part)| part.is_empty() || (*i + 1 < parts.len() && part.len() < min_part))
+    {
         return refuse(format!(
-            "part {} of {} is {} bytes: every part but the last needs at least {MIN_COMPOSE_PART}",
+            "part {} of {} is {} bytes: every part but the last needs at least {min_part}",
             i + 1,
             parts.len(),
             part.len()

@@ -116,6 +116,10 @@ impl ObjectStore for RateLimited {
         self.admit_n(Op::Compose, requests).await;
         self.inner.compose(key, parts).await
     }
+
+    fn min_compose_part(&self) -> u64 {
+        self.inner.min_compose_part()
+    }
 }
 
 #[cfg(test)]

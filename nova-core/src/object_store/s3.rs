@@ -414,6 +414,7 @@ impl ObjectStore for S3Store {
         Ok(ObjectMeta {
             key: key.to_owned(),
             size: response.content_length().unwrap_or(0).max(0) as u64,
+            modified_ms: response.last_modified().and_then(unix_ms),
         })
     }
 
@@ -444,6 +445,7 @@ impl ObjectStore for S3Store {
                 Some(ObjectMeta {
                     key,
                     size: object.size().unwrap_or(0).max(0) as u64,
+                    modified_ms: object.last_modified().and_then(unix_ms),
                 })
             })
             .collect();
@@ -510,6 +512,11 @@ impl ObjectStore for S3Store {
         }
         result
     }
+}
+
+/// S3's Last-Modified in Unix milliseconds (it has whole seconds; none before 1970).
+fn unix_ms(at: &aws_sdk_s3::primitives::DateTime) -> Option<u64> {
+    u64::try_from(at.to_millis().ok()?).ok()
 }
 
 #[cfg(test)]

@@ -266,6 +266,10 @@ impl ObjectStore for GatedStore {
         let call = self.store.compose(key, parts);
         self.link.call(call, store_blocked(Op::Compose, key)).await
     }
+
+    fn min_compose_part(&self) -> u64 {
+        self.store.min_compose_part()
+    }
 }
 
 /// The metastore as one star incarnation reaches it.

@@ -99,6 +99,7 @@ impl FleetPlan {
             stuck: p(0.05),
             short_page: p(0.5),
             latency_ms: (entropy.below(5), 5 + entropy.below(30)),
+            ..StoreFaults::none()
         };
         let metastore = MetastoreFaults {
             fail: p(0.05),
