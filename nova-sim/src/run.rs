@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 use nova_auditor::{Auditor, AuditorConfig};
 use nova_chain::Star;
 use nova_chain::admission::encoded_charge;
-use nova_chain::rebuild::rebuild_catalog;
+use nova_chain::rebuild::{RebuildError, rebuild_catalog};
 use nova_chain::streams::StreamState;
 use nova_core::catalog::Catalog;
 use nova_core::catalog::{Retention, StorageClass};
@@ -27,7 +27,7 @@ use nova_core::clock::{Clock, ClockSkew};
 use nova_core::entropy::Entropy;
 use nova_core::flight::section::{RecordIter, encode_chunks};
 use nova_core::flight::{ObjectFooter, parse_object};
-use nova_core::keys::{chain_root, data_root};
+use nova_core::keys::{chain_root, data_root, parse_any_data_key};
 use nova_core::limits::MAX_SECTION_BYTES;
 use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
@@ -698,13 +698,41 @@ async fn rebuild(world: &World, index: usize, clock: Clock) -> Result<(), ()> {
     });
     let store: Arc<dyn ObjectStore> = Arc::new(world.store.clone());
     let catalog = Catalog::new(Arc::new(world.metastore.clone()));
+    // Half the rebuilds first find a stream's front object missing from the bucket: the
+    // rebuild must refuse, not take the records for trimmed; the object is then put back (the
+    // operator restores it) and the rebuild run again.
+    let mut hidden = Entropy::seeded(world.seed ^ 0xf207_0b1e_c7 ^ index as u64)
+        .chance(0.5)
+        .then(|| hide_a_front_object(world))
+        .flatten();
     let mut last = String::new();
     for _ in 0..100 {
         match rebuild_catalog(STAR, &store, &catalog, clock).await {
             Ok(report) => {
                 tracing::info!(?report, "catalog rebuilt");
+                if let Some((key, object)) = hidden.take() {
+                    // Too late: the catalog no longer points at these records.
+                    world.store.put_back(&key, object);
+                }
                 world.metastore.set_faults(faults);
                 return Ok(());
+            }
+            Err(RebuildError::FrontMissing {
+                stream,
+                trimmed,
+                found,
+            }) if hidden.is_some() => {
+                tracing::info!(
+                    stream,
+                    trimmed,
+                    found,
+                    "the rebuild refused a stream missing its front; putting it back"
+                );
+                if let Some((key, object)) = hidden.take() {
+                    world.store.put_back(&key, object);
+                }
+                // A refused rebuild leaves a catalog being restored: start over on an empty one.
+                world.metastore.wipe();
             }
             Err(err) => {
                 last = err.to_string();
@@ -717,6 +745,41 @@ async fn rebuild(world: &World, index: usize, clock: Clock) -> Result<(), ()> {
         "incarnation {index}: the catalog could not be rebuilt from the bucket: {last}"
     ));
     Err(())
+}
+
+/// Takes the object holding the lowest records of one stream out of the store (a settled or
+/// merged one: records still in chain flights are read from there), returning it. Only a
+/// stream with records in a later object loses its front: one whose every object is gone
+/// leaves nothing in the bucket to tell that it had records.
+fn hide_a_front_object(world: &World) -> Option<(String, Bytes)> {
+    let mut objects: BTreeMap<u64, Vec<(u64, u64, String)>> = BTreeMap::new();
+    for key in world.store.snapshot().into_keys() {
+        if let Some(data) = parse_any_data_key(&key) {
+            objects
+                .entry(data.stream_id)
+                .or_default()
+                .push((data.start, data.end, key));
+        }
+    }
+    let fronts: Vec<String> = objects
+        .into_values()
+        .filter_map(|mut list| {
+            list.sort();
+            let (_, end, key) = list.first()?.clone();
+            // Something past its end that it does not also hold.
+            list.iter().any(|(_, e, _)| *e > end).then_some(key)
+        })
+        .collect();
+    if fronts.is_empty() {
+        return None;
+    }
+    let pick = Entropy::seeded(world.seed ^ 0x41de).below(fronts.len() as u64) as usize;
+    let key = fronts[pick].clone();
+    tracing::info!(
+        key,
+        "a stream's front object goes missing before the rebuild"
+    );
+    world.store.take(&key).map(|object| (key, object))
 }
 
 /// Creates the streams on the first start (retrying through faults) and finds them after.

@@ -223,6 +223,17 @@ impl SimStore {
         self.inner.objects.lock().clone()
     }
 
+    /// Takes `key` out of the store, as an operator's mistake or a lifecycle rule would, and
+    /// returns it to be put back.
+    pub fn take(&self, key: &str) -> Option<Bytes> {
+        self.inner.objects.lock().remove(key)
+    }
+
+    /// Puts back what `take` took.
+    pub fn put_back(&self, key: &str, object: Bytes) {
+        self.inner.objects.lock().insert(key.to_owned(), object);
+    }
+
     /// Records that `key` was written now.
     fn stamp(&self, key: &str) {
         let now = self.clock().unix_ms();
