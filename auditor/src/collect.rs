@@ -13,7 +13,7 @@
 //! the first delete. No swap can reference it by then (its intent is claimed), so the second
 //! delete is safe, and nothing written by the auditor is left behind.
 
-use nova_core::catalog::{Garbage, QueuedGarbage};
+use nova_core::catalog::{Garbage, QueuedGarbage, SettleCursor};
 use nova_core::keys::{parse_any_data_key, slot_key};
 
 use crate::{AuditError, Ctx, Duty, Step};
@@ -26,9 +26,13 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     let now = ctx.config.clock.unix_ms();
     match page.first() {
         Some(first) if first.due_ms <= now => ctx.set_due(Duty::Collect, Some(first.due_ms)),
-        Some(first) if first.due_ms > latest_honest_due(ctx) => {
-            redate_future(ctx).await?;
-            return Ok(Step::Done);
+        // Checked by this star's clock first, so that a queue honestly waiting costs no probe
+        // of the store's clock.
+        Some(first)
+            if first.due_ms > ctx.intent_due_at() + SKEW_ALLOWANCE_MS
+                && first.due_ms > honest_due(ctx).await? + SKEW_ALLOWANCE_MS =>
+        {
+            return redate_future(ctx, None).await;
         }
         _ => {
             ctx.set_due(Duty::Collect, None);
@@ -41,40 +45,87 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     Ok(Step::Done)
 }
 
-/// Items one re-dating job moves: each takes a compare, a delete and a put, and the
-/// transaction stays inside etcd's 128 operations.
+/// Items one re-dating job moves: each takes a compare, a delete and a put, and with a settle
+/// cursor's compare and put the transaction stays inside etcd's 128 operations.
 const REDATE_BATCH: usize = 40;
+/// Queued items one re-dating job reads to find the ones it moves.
+const REDATE_SCAN: usize = 1000;
 
-/// The latest due time an honest clock gives anything queued now (an intent's), and a second
-/// for clocks that disagree a little: a due time past it was given by a clock that was ahead.
-pub(crate) fn latest_honest_due(ctx: &Ctx) -> u64 {
-    ctx.intent_due_at() + 1000
+/// How far past `honest_due` an item must be due before it is taken for one dated by a wall
+/// clock that was ahead. A clock a little ahead only delays collection by as much, which is
+/// harmless; one an hour ahead would keep every object it queued for an hour, unseen by the
+/// due age (nothing is overdue).
+pub(crate) const SKEW_ALLOWANCE_MS: u64 = 120_000;
+
+/// The latest due time anything queued now gets from an honest clock (an intent's), by the
+/// later of this star's clock and the object store's: a star whose clock is behind must not
+/// take honest items for future ones and bring them forward. A second more for clocks that
+/// disagree a little.
+pub(crate) async fn honest_due(ctx: &Ctx) -> Result<u64, AuditError> {
+    let now = ctx.config.clock.unix_ms();
+    let store_now = crate::retention::store_now(ctx).await?.unwrap_or(now);
+    let wait = ctx.intent_due_at().saturating_sub(now);
+    Ok(now.max(store_now).saturating_add(wait).saturating_add(1000))
 }
 
-/// Brings the earliest items dated past `latest_honest_due` (by a wall clock that was ahead,
-/// which would keep them for as long as it was) back to just past it, in their order: what was
-/// queued before them still comes due first, so runs of chain slots are still deleted in slot
-/// order. Returns how many it moved.
-pub(crate) async fn redate_future(ctx: &Ctx) -> Result<usize, AuditError> {
-    let floor = latest_honest_due(ctx);
-    let page = ctx.catalog.garbage_due_after(floor, REDATE_BATCH).await?;
-    let moving: Vec<_> = page
-        .into_iter()
+/// Brings items dated past `honest_due` back towards it, keeping their order: the item `i`th
+/// past it becomes due at `honest + 1 + i` if that is earlier. No item is made due earlier
+/// than an honest clock would date it now, and what was queued before an item still comes due
+/// first, so runs of chain slots are still deleted in slot order.
+///
+/// With `chain` (a star, the version of its settle cursor as read, and the cursor), the cursor,
+/// whose due time every run it queues carries, moves to just past the last item once every
+/// item is back, in the same transaction; before then it stays, so that nothing it queues
+/// comes due before the runs still waiting to be moved.
+pub(crate) async fn redate_future(
+    ctx: &Ctx,
+    chain: Option<(&str, u64, SettleCursor)>,
+) -> Result<Step, AuditError> {
+    let floor = honest_due(ctx).await?;
+    let page = ctx.catalog.garbage_due_after(floor, REDATE_SCAN).await?;
+    let dues: Vec<u64> = page
+        .iter()
         .enumerate()
-        .map(|(i, queued)| (queued, floor + 1 + i as u64))
+        .map(|(i, queued)| queued.due_ms.min(floor + 1 + i as u64))
         .collect();
-    if moving.is_empty() || !ctx.catalog.redate_garbage(None, &moving).await? {
-        return Ok(0);
+    let changed: Vec<(QueuedGarbage, u64)> = page
+        .iter()
+        .zip(&dues)
+        .filter(|(queued, due)| queued.due_ms != **due)
+        .map(|(queued, due)| (queued.clone(), *due))
+        .collect();
+    let last_read = page.len() < REDATE_SCAN && changed.len() <= REDATE_BATCH;
+    let moving = &changed[..changed.len().min(REDATE_BATCH)];
+    let cursor = chain.filter(|_| last_read).map(|(star, version, cursor)| {
+        let last_due_ms = dues.last().map_or(floor, |due| (*due).max(floor));
+        (
+            star,
+            version,
+            SettleCursor {
+                last_due_ms,
+                ..cursor
+            },
+        )
+    });
+    if moving.is_empty() && cursor.is_none() {
+        // Everything read is already as early as it may be; time has to pass first.
+        return Ok(Step::Idle);
     }
-    ctx.metrics.redated_garbage.inc_by(moving.len() as u64);
-    tracing::warn!(
-        items = moving.len(),
-        was_due_ms = moving.first().map(|(q, _)| q.due_ms),
-        now_due_ms = floor + 1,
-        "collect: queued deletions a wall clock that was ahead had dated in the future were \
-         brought back; check the stars' clocks (NTP)"
-    );
-    Ok(moving.len())
+    if !ctx.catalog.redate_garbage(cursor, moving).await? {
+        // Collected, claimed or re-dated meanwhile (or the cursor moved): read again.
+        return Ok(Step::Done);
+    }
+    if let Some((first, due)) = moving.first() {
+        ctx.metrics.redated_garbage.inc_by(moving.len() as u64);
+        tracing::warn!(
+            items = moving.len(),
+            was_due_ms = first.due_ms,
+            now_due_ms = due,
+            "collect: queued deletions a wall clock that was ahead had dated in the future were \
+             brought back; check the stars' clocks (NTP)"
+        );
+    }
+    Ok(Step::Done)
 }
 
 async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {

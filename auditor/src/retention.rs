@@ -234,11 +234,11 @@ async fn trim_stream(ctx: &Ctx, meta: &StreamMeta) -> Result<(usize, bool), Audi
             ));
         }
         if !ctx.catalog.trim_front(&front, at, &garbage).await? {
-            // Settled, merged or trimmed meanwhile: look again next time. The marker is harmless
-            // (what it says committed had, and its records did exist), but it is not needed.
-            if let Err(err) = ctx.store.delete(&marker_key).await {
-                tracing::debug!(marker_key, "retention: an unneeded marker stays: {err}");
-            }
+            // Settled, merged or trimmed meanwhile: look again next time. The marker stays: it
+            // is harmless (what it says committed had, and its records did exist), the next
+            // trim past it queues it, and deleting it here could race a later trim that puts
+            // the same key (a DELETE that lands late would take that trim's marker away, and
+            // a rebuild would then find the stream's front missing).
             return Ok((done, true));
         }
         let records: u64 = front.iter().map(|(e, _)| e.end_seq - e.start_seq).sum();
@@ -328,7 +328,7 @@ async fn due(
 
 /// The object store's time now, by its own clock: this pass's reading of the probe object's
 /// Last-Modified, moved on by the monotonic time since. `None` when the store keeps no times.
-async fn store_now(ctx: &Ctx) -> Result<Option<u64>, AuditError> {
+pub(crate) async fn store_now(ctx: &Ctx) -> Result<Option<u64>, AuditError> {
     let read = ctx.retention_state.lock().store_time;
     let (at, when) = match read {
         Some(read) => read,

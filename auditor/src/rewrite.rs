@@ -78,6 +78,19 @@ impl Source {
 pub(crate) struct RewriteState {
     pub after: Option<(u64, u64)>,
     pub next_pass_ms: Option<u64>,
+    /// The store once composed an object of the wrong size: its copies are not trusted
+    /// again, and every source is read and assembled instead (until the auditor restarts).
+    pub copies_refused: bool,
+}
+
+/// The smallest source worth copying rather than assembling: the store's smallest part, or
+/// none once its copies were refused.
+fn min_part(ctx: &Ctx) -> u64 {
+    if ctx.rewrite_state.lock().copies_refused {
+        u64::MAX
+    } else {
+        ctx.store.min_compose_part()
+    }
 }
 
 /// How the sources of a run become parts: decided on their entries alone, in order, so a run
@@ -142,7 +155,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     let mut scan = Scan {
         root: data_root(&ctx.config.star),
         min_objects: ctx.config.rewrite_min_objects.max(2),
-        min_part: ctx.store.min_compose_part(),
+        min_part: min_part(ctx),
         run: Vec::new(),
         current: None,
     };
@@ -484,7 +497,7 @@ async fn merge(ctx: &Ctx, run: Vec<Source>) -> Result<(), AuditError> {
             )));
         }
     };
-    let mut plan = Plan::new(ctx.store.min_compose_part());
+    let mut plan = Plan::new(min_part(ctx));
     let mut layout = Layout::new();
     let mut created_at_ms = 0;
     for (i, source) in run.iter().enumerate() {
@@ -553,10 +566,12 @@ async fn merge(ctx: &Ctx, run: Vec<Source>) -> Result<(), AuditError> {
     let composed = ctx.store.head(&key).await?.size;
     if composed != size {
         ctx.metrics.rejected_merges.inc();
+        ctx.rewrite_state.lock().copies_refused = true;
         return Err(AuditError::Inconsistent(format!(
             "the object store composed {key} as {composed} bytes where {size} were asked for; \
-             it does not honour copy ranges (x-amz-copy-source-range), so nothing is merged \
-             on it: the sources stay as they are"
+             it does not honour copy ranges (x-amz-copy-source-range): this merge is dropped \
+             (the sources stay as they are) and later merges read and assemble every source \
+             instead of copying"
         )));
     }
     let new: Vec<IndexEntry> = footer

@@ -48,10 +48,10 @@ use nova_core::keys::{
     chain_prefix, chain_root, data_key, parse_epoch, parse_slot, settle_marker_key, slot_key,
 };
 use nova_core::limits::{MAX_SECTION_BYTES, MIB};
+use nova_core::manifest::finish_pending_delete;
 use nova_core::object_store::MAX_LIST_KEYS;
 
-use nova_core::manifest::finish_pending_delete;
-
+use crate::collect::{SKEW_ALLOWANCE_MS, honest_due, redate_future};
 use crate::fetch_cache::CachedObject;
 use crate::{AuditError, Ctx, Duty, Step};
 
@@ -126,7 +126,12 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         match outcome {
             Ok(Step::Done) => {
                 ctx.adoptions.succeeded(&star);
-                return own.map(|_| Step::Done);
+                // Progress elsewhere is not held up by the backoff the own chain's failure
+                // would bring; that failure is reported once the adopted chains are idle.
+                if let Err(err) = own {
+                    tracing::debug!("settle: the own chain failed; adopted chains go on: {err}");
+                }
+                return Ok(Step::Done);
             }
             Ok(Step::Idle) => ctx.adoptions.succeeded(&star),
             Err(err) => {
@@ -161,8 +166,16 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
         return Ok(Step::Done);
     };
     let cursor = at.cursor;
-    if cursor.last_due_ms > crate::collect::latest_honest_due(ctx) {
-        return redate(ctx, star, at.version, cursor).await;
+    // Checked by this star's clock first: a cursor honestly dated costs no probe.
+    if cursor.last_due_ms > ctx.intent_due_at() + SKEW_ALLOWANCE_MS
+        && cursor.last_due_ms > honest_due(ctx).await? + SKEW_ALLOWANCE_MS
+    {
+        // A wall clock that was ahead dated this chain's garbage in the future, and every run
+        // queued since carries that date (runs never come due before the ones ahead of them,
+        // so what is left of an epoch stays a suffix of it): the chain's slots would stay for
+        // as long as the clock was ahead, with no due age to alert on. The queue is brought
+        // back first, then the cursor with it.
+        return redate_future(ctx, Some((star, at.version, cursor))).await;
     }
     if cursor.epoch > chain.state.epoch {
         return Err(AuditError::Inconsistent(format!(
@@ -189,7 +202,7 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
                 }
                 let now = clock.unix_ms();
                 let overdue = waited.saturating_sub(ctx.config.settle_after);
-                ctx.due_from(Duty::Settle, now - overdue.as_millis() as u64);
+                ctx.due_from(Duty::Settle, now.saturating_sub(overdue.as_millis() as u64));
                 Some(checkpoint)
             }
             _ => {
@@ -287,30 +300,6 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
         return Ok(Step::Done);
     }
     finish(ctx, at.version, cursor, window).await?;
-    Ok(Step::Done)
-}
-
-/// A wall clock that was ahead dated this chain's garbage in the future, and every run queued
-/// since carries that date (runs never come due before the ones ahead of them, so what is left
-/// of an epoch stays a suffix of it): the chain's slots would stay for as long as the clock
-/// was ahead, with no due age to alert on. The future items are brought back first, in their
-/// order (`collect::redate_future`); once none is left, the cursor's due time follows.
-async fn redate(
-    ctx: &Ctx,
-    star: &str,
-    version: u64,
-    cursor: SettleCursor,
-) -> Result<Step, AuditError> {
-    if crate::collect::redate_future(ctx).await? > 0 {
-        return Ok(Step::Done);
-    }
-    let next = SettleCursor {
-        last_due_ms: crate::collect::latest_honest_due(ctx),
-        ..cursor
-    };
-    ctx.catalog
-        .redate_garbage(Some((star, version, next)), &[])
-        .await?;
     Ok(Step::Done)
 }
 

@@ -143,7 +143,8 @@ pub async fn write_manifest(
 }
 
 /// Finishes the delete of stream `id` that a store outage left half done (its tombstone still
-/// pending): marks its manifest deleted under each of `stars`' prefixes that holds one, then
+/// pending): writes a deleted manifest under the first of `stars` (the caller's own prefix, as
+/// the star's own delete does), marks the manifest under each other one that holds one, then
 /// forgets the tombstone. The star retries this at its start; the auditor calls it when a
 /// settle finds the stream, so one failed mark never holds settling up until a restart.
 pub async fn finish_pending_delete(
@@ -155,7 +156,11 @@ pub async fn finish_pending_delete(
     let Some(meta) = catalog.pending_tombstone(id).await? else {
         return Ok(());
     };
-    for star in stars {
+    let Some((own, others)) = stars.split_first() else {
+        return Ok(());
+    };
+    write_manifest(store, own, &meta, true).await?;
+    for star in others.iter().filter(|star| *star != own) {
         match store.head(&stream_manifest_key(star, id)).await {
             Ok(_) => write_manifest(store, star, &meta, true).await?,
             Err(StoreError::NotFound { .. }) => {}

@@ -11,4 +11,4 @@ pub mod run;
 pub mod store;
 
 pub use fleet::{FleetReport, run_fleet_seed};
-pub use run::{Failure, Report, replay_command, run_seed};
+pub use run::{Audited, Failure, Report, replay_command, run_seed};

@@ -52,15 +52,53 @@ pub struct Report {
     pub unknown_batches: usize,
     pub acked_records: u64,
     pub simulated: Duration,
-    /// Flights the auditor settled, and chain slots and settled objects it deleted.
-    pub settled_flights: u64,
-    pub collected_objects: u64,
-    /// Settled objects the auditor's rewrite merged into larger ones.
-    pub merged_objects: u64,
-    /// Records the auditor's retention trimmed.
-    pub trimmed_records: u64,
+    /// What the auditors of every incarnation did.
+    pub audited: Audited,
     /// Identical for two runs of one seed: the proof that it replays.
     pub digest: u64,
+}
+
+/// What the auditors of a seed's incarnations did, from their metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Audited {
+    pub settled_flights: u64,
+    /// Chain slots and settled objects deleted.
+    pub collected_objects: u64,
+    /// Settled objects the rewrite merged into larger ones.
+    pub merged_objects: u64,
+    /// Records retention trimmed.
+    pub trimmed_records: u64,
+    /// Trims by age refused because the star's and the store's clocks disagreed.
+    pub refused_trims: u64,
+    /// Merges dropped because the store composed an object of the wrong size.
+    pub rejected_merges: u64,
+    /// Queued deletions a clock that was ahead had dated in the future, brought back.
+    pub redated_garbage: u64,
+}
+
+impl Audited {
+    fn count(&mut self, metrics: &nova_auditor::metrics::AuditorMetrics) {
+        self.settled_flights += metrics.settled_flights.get();
+        self.collected_objects += ["chain_slot", "settled", "orphan"]
+            .iter()
+            .map(|kind| metrics.deleted_objects.with_label_values(&[kind]).get())
+            .sum::<u64>();
+        self.merged_objects += metrics.rewritten_objects.get();
+        self.trimmed_records += metrics.trimmed_records.get();
+        self.refused_trims += metrics.refused_trims.with_label_values(&["clock"]).get();
+        self.rejected_merges += metrics.rejected_merges.get();
+        self.redated_garbage += metrics.redated_garbage.get();
+    }
+
+    pub fn add(&mut self, other: &Audited) {
+        self.settled_flights += other.settled_flights;
+        self.collected_objects += other.collected_objects;
+        self.merged_objects += other.merged_objects;
+        self.trimmed_records += other.trimmed_records;
+        self.refused_trims += other.refused_trims;
+        self.rejected_merges += other.rejected_merges;
+        self.redated_garbage += other.redated_garbage;
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -112,8 +150,8 @@ struct World {
     /// Where the auditor's fetch cache would keep flights (its budget here is zero: every
     /// flight is read in ranges, so no disk I/O runs outside the simulated clock).
     scratch: tempfile::TempDir,
-    /// What the auditors of the incarnations did: flights settled, objects deleted.
-    audited: Mutex<(u64, u64, u64, u64)>,
+    /// What the auditors of the incarnations did.
+    audited: Mutex<Audited>,
     /// How far the star's wall clock is off (the store's, the metastore's and the oracle's
     /// are true); one per seed, so it lives as long as the process.
     skew: &'static ClockSkew,
@@ -193,10 +231,7 @@ pub fn run_seed(seed: u64) -> Result<Report, Failure> {
         unknown_batches,
         acked_records: oracle.acked_records(),
         simulated: world.simulated,
-        settled_flights: audited.0,
-        collected_objects: audited.1,
-        merged_objects: audited.2,
-        trimmed_records: audited.3,
+        audited,
         digest: oracle.digest(),
     })
 }
@@ -411,6 +446,7 @@ async fn live(
         // due, and the streams then read back from what it left.
         if let Some(auditor) = start_auditor(world, index, clock, true) {
             audit_to_the_end(world, &star, &auditor, clock).await;
+            world.audited.lock().count(auditor.metrics());
             auditor.stop().await;
         }
         read_back(world, &star, &streams, truth).await;
@@ -506,16 +542,7 @@ async fn live(
         catch_up(world, index, clock).await;
     }
     if let Some(auditor) = &auditor {
-        let metrics = auditor.metrics();
-        let deleted: u64 = ["chain_slot", "settled", "orphan"]
-            .iter()
-            .map(|kind| metrics.deleted_objects.with_label_values(&[kind]).get())
-            .sum();
-        let mut audited = world.audited.lock();
-        audited.0 += metrics.settled_flights.get();
-        audited.1 += deleted;
-        audited.2 += metrics.rewritten_objects.get();
-        audited.3 += metrics.trimmed_records.get();
+        world.audited.lock().count(auditor.metrics());
     }
     match life.end {
         End::Crash => tracing::info!("crash"),

@@ -12,6 +12,8 @@
 //! and a swap only lands if its intent is still at the version it was queued at: so an object
 //! whose intent came due while its writer was slow is either deleted or referenced, never both.
 
+use std::collections::HashSet;
+
 use super::*;
 use crate::keys::slot_key;
 
@@ -323,14 +325,19 @@ impl Catalog {
                 .compare(Compare::Version(key.clone(), expected))
                 .put(key, encode_cursor(&next));
         }
+        // etcd refuses a transaction that names one key twice. A new key can only equal
+        // another's old key (or another's new key) when both queue the same deletion: then
+        // one queued copy is enough.
+        let moved: HashSet<&[u8]> = items.iter().map(|(q, _)| q.key.as_slice()).collect();
+        let mut placed = HashSet::new();
         for (queued, due_ms) in items {
             txn = txn
                 .compare(Compare::Version(queued.key.clone(), queued.version))
-                .delete(queued.key.clone())
-                .put(
-                    garbage_key(*due_ms, &queued.item),
-                    encode_garbage(&queued.item),
-                );
+                .delete(queued.key.clone());
+            let key = garbage_key(*due_ms, &queued.item);
+            if !moved.contains(key.as_slice()) && placed.insert(key.clone()) {
+                txn = txn.put(key, encode_garbage(&queued.item));
+            }
         }
         Ok(matches!(
             self.store.commit(txn).await?,

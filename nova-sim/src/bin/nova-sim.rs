@@ -83,7 +83,7 @@ fn failed(args: &Args, failure: &nova_sim::Failure, failed: &mut Vec<u64>) {
 
 fn run_stars(args: &Args, seeds: std::ops::Range<u64>, started: Instant) -> Vec<u64> {
     let (mut runs, mut records, mut crashes, mut simulated) = (0u64, 0u64, 0usize, 0f64);
-    let (mut settled, mut collected, mut merged, mut trimmed) = (0u64, 0u64, 0u64, 0u64);
+    let mut audited = nova_sim::Audited::default();
     let mut failures = Vec::new();
     for seed in seeds {
         match nova_sim::run_seed(seed) {
@@ -92,10 +92,7 @@ fn run_stars(args: &Args, seeds: std::ops::Range<u64>, started: Instant) -> Vec<
                 records += report.acked_records;
                 crashes += report.crashes;
                 simulated += report.simulated.as_secs_f64();
-                settled += report.settled_flights;
-                collected += report.collected_objects;
-                merged += report.merged_objects;
-                trimmed += report.trimmed_records;
+                audited.add(&report.audited);
                 if args.seed.is_some() {
                     println!("{report:#?}");
                 }
@@ -104,10 +101,20 @@ fn run_stars(args: &Args, seeds: std::ops::Range<u64>, started: Instant) -> Vec<
         }
     }
     if failures.is_empty() {
+        let a = audited;
         println!(
             "{runs} seeds clean: {records} acknowledged records, {crashes} crashes, \
-             {simulated:.0} s simulated, {settled} flights settled, {merged} settled objects merged, \
-             {trimmed} records trimmed and {collected} objects collected by the auditor, in {:.1} s",
+             {simulated:.0} s simulated, {} flights settled, {} settled objects merged, \
+             {} records trimmed and {} objects collected by the auditor (clock faults: {} trims \
+             refused, {} queued deletions re-dated; {} merges rejected on a lenient store), \
+             in {:.1} s",
+            a.settled_flights,
+            a.merged_objects,
+            a.trimmed_records,
+            a.collected_objects,
+            a.refused_trims,
+            a.redated_garbage,
+            a.rejected_merges,
             started.elapsed().as_secs_f64()
         );
     }
