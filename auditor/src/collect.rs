@@ -24,25 +24,34 @@ const PAGE: usize = 100;
 pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     let page = ctx.catalog.garbage_page(PAGE).await?;
     let now = ctx.config.clock.unix_ms();
-    match page.first() {
-        Some(first) if first.due_ms <= now => ctx.set_due(Duty::Collect, Some(first.due_ms)),
-        // Checked by this star's clock first, so that a queue honestly waiting costs no probe
-        // of the store's clock.
-        Some(first)
-            if first.due_ms > ctx.intent_due_at() + SKEW_ALLOWANCE_MS
-                && first.due_ms > honest_due(ctx).await? + SKEW_ALLOWANCE_MS =>
-        {
-            return redate_future(ctx, None).await;
+    if let Some(first) = page.first()
+        && first.due_ms <= now
+    {
+        ctx.set_due(Duty::Collect, Some(first.due_ms));
+        for item in page.iter().take_while(|item| item.due_ms <= now) {
+            collect(ctx, item).await?;
         }
-        _ => {
-            ctx.set_due(Duty::Collect, None);
-            return Ok(Step::Idle);
-        }
+        return Ok(Step::Done);
     }
-    for item in page.iter().take_while(|item| item.due_ms <= now) {
-        collect(ctx, item).await?;
+    ctx.set_due(Duty::Collect, None);
+    if !page.is_empty() && dated_far_ahead(ctx).await? {
+        return redate_future(ctx, None).await;
     }
-    Ok(Step::Done)
+    Ok(Step::Idle)
+}
+
+/// Whether anything queued is due further ahead than any honest clock would have dated it
+/// (past `honest_due` and the skew allowance). Looked for at the far end of the queue: items
+/// honestly due soon sit in front of it, under steady load always.
+async fn dated_far_ahead(ctx: &Ctx) -> Result<bool, AuditError> {
+    // By this star's clock first, so that a queue honestly waiting costs no probe of the
+    // store's clock; that clock only decides when this one finds something.
+    let by_own = ctx.intent_due_at() + 1000 + SKEW_ALLOWANCE_MS;
+    if ctx.catalog.garbage_due_after(by_own, 1).await?.is_empty() {
+        return Ok(false);
+    }
+    let honest = honest_due(ctx).await? + SKEW_ALLOWANCE_MS;
+    Ok(!ctx.catalog.garbage_due_after(honest, 1).await?.is_empty())
 }
 
 /// Items one re-dating job moves: each takes a compare, a delete and a put, and with a settle
@@ -83,11 +92,7 @@ pub(crate) async fn redate_future(
 ) -> Result<Step, AuditError> {
     let floor = honest_due(ctx).await?;
     let page = ctx.catalog.garbage_due_after(floor, REDATE_SCAN).await?;
-    let dues: Vec<u64> = page
-        .iter()
-        .enumerate()
-        .map(|(i, queued)| queued.due_ms.min(floor + 1 + i as u64))
-        .collect();
+    let dues = redated(page.iter().map(|queued| queued.due_ms), floor);
     let changed: Vec<(QueuedGarbage, u64)> = page
         .iter()
         .zip(&dues)
@@ -126,6 +131,16 @@ pub(crate) async fn redate_future(
         );
     }
     Ok(Step::Done)
+}
+
+/// The due times of items queued past `floor` (their `dues`, in queue order) once brought
+/// back: the `i`th becomes due at `floor + 1 + i` if that is earlier. Never later than before,
+/// never at or before `floor`, and in the same order (the minimum of two rising sequences
+/// rises), strictly where it was strict.
+fn redated(dues: impl Iterator<Item = u64>, floor: u64) -> Vec<u64> {
+    dues.enumerate()
+        .map(|(i, due)| due.min(floor.saturating_add(1 + i as u64)))
+        .collect()
 }
 
 async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {
@@ -183,4 +198,40 @@ async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {
     }
     ctx.catalog.forget_garbage(queued).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redating_keeps_the_order_and_never_delays() {
+        let floor = 1_000;
+        // An hour ahead, with a run queued twice at one time and one item barely past.
+        let dues = [1_002, 3_601_000, 3_601_000, 3_601_005, 3_700_000];
+        let new = redated(dues.iter().copied(), floor);
+        assert_eq!(new, [1_001, 1_002, 1_003, 1_004, 1_005]);
+        // Items already close keep their time; the ones after them still follow.
+        let dues = [1_001, 1_002, 1_010, 9_000_000];
+        assert_eq!(
+            redated(dues.iter().copied(), floor),
+            [1_001, 1_002, 1_003, 1_004]
+        );
+        for dues in [
+            vec![1_001, 1_001, 1_001],
+            vec![1_005, 1_006, 5_000, 5_000, 5_001],
+            vec![u64::MAX - 1, u64::MAX],
+        ] {
+            let new = redated(dues.iter().copied(), floor);
+            for (i, (old, due)) in dues.iter().zip(&new).enumerate() {
+                assert!(due <= old && *due > floor, "{dues:?} -> {new:?}");
+                if let Some(next) = new.get(i + 1) {
+                    assert!(next >= due, "{dues:?} -> {new:?}");
+                    if dues[i + 1] > *old {
+                        assert!(next > due, "{dues:?} -> {new:?}: a strict order was lost");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -567,6 +567,15 @@ async fn merge(ctx: &Ctx, run: Vec<Source>) -> Result<(), AuditError> {
     if composed != size {
         ctx.metrics.rejected_merges.inc();
         ctx.rewrite_state.lock().copies_refused = true;
+        // Gone at once rather than when its intent comes due: a catalog rebuilt before then
+        // would find it among the settled objects (its key is never used again, so a DELETE
+        // landing late takes nothing else).
+        if let Err(err) = ctx.store.delete(&key).await {
+            tracing::debug!(
+                key,
+                "the wrongly composed object waits for its intent: {err}"
+            );
+        }
         return Err(AuditError::Inconsistent(format!(
             "the object store composed {key} as {composed} bytes where {size} were asked for; \
              it does not honour copy ranges (x-amz-copy-source-range): this merge is dropped \

@@ -833,6 +833,162 @@ async fn retention_collects_objects_under_another_stars_prefix() {
     other.stop().await;
 }
 
+/// An auditor whose wall clock is an hour ahead takes every record for old. Retention by age
+/// asks the store's clock too (each object's Last-Modified against a probe's), so nothing is
+/// trimmed until the store agrees the age has passed; the refusals are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_by_age_waits_for_the_store_clock_to_agree() {
+    use nova_core::catalog::{Retention, StorageClass};
+    use std::time::SystemTime;
+    let world = World::new();
+    let store = world.disk.store();
+    let catalog = world.catalog();
+    let star = world.star().await;
+    let retention = Retention {
+        age_ms: Some(3000),
+        bytes: None,
+    };
+    star.streams()
+        .create_with("aged", StorageClass::Standard, retention)
+        .await
+        .unwrap();
+    let mut config = auditor_config(&world.disk, Duration::from_millis(50));
+    // Not paused: this clock runs at the real pace, an hour ahead of the star's.
+    config.clock = Clock::simulated(SystemTime::now() + Duration::from_secs(3600));
+    let auditor = start_with(&world, config);
+    let written = std::time::Instant::now();
+    for i in 0..3 {
+        answer(append(&star, "aged", &format!("{i}-{}", "x".repeat(1000))).await)
+            .await
+            .unwrap();
+        wait_settled_and_collected(store.as_ref(), &catalog).await;
+    }
+    let id = star.streams().get("aged").unwrap().id();
+    let refused = || {
+        auditor
+            .metrics()
+            .refused_trims
+            .with_label_values(&["clock"])
+            .get()
+    };
+    for _ in 0..250 {
+        if refused() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused() > 0, "no trim was refused for the clock");
+    assert!(
+        written.elapsed() < Duration::from_secs(3),
+        "too slow to tell: the records are really old by now"
+    );
+    assert_eq!(catalog.first_seq(id).await.unwrap(), 0, "trimmed too early");
+    // Once the store's clock also says three seconds passed (and a second for its grain),
+    // the records go.
+    for _ in 0..500 {
+        if catalog.first_seq(id).await.unwrap() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(catalog.first_seq(id).await.unwrap(), 3);
+    assert!(
+        written.elapsed() >= Duration::from_secs(3),
+        "trimmed before the store's clock said the age had passed"
+    );
+    auditor.stop().await;
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+/// Deletions queued by a clock an hour ahead would wait an hour, unseen by the due age: the
+/// collector brings them back to what an honest clock would date them now, keeping their
+/// order. A clock that is behind (an hour, here) does not take honest items for future ones:
+/// it judges by the later of its own clock and the store's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletions_dated_by_a_clock_far_ahead_are_brought_back() {
+    use nova_core::catalog::Garbage;
+    use std::time::SystemTime;
+    let world = World::new();
+    let store = world.disk.store();
+    let catalog = world.catalog();
+    let now = Clock::system().unix_ms();
+    // Due within what an honest clock gives an intent queued now (a second and a second).
+    let honest_due = now + 1_500;
+    let items = [
+        (now + 3_600_000, "junk/ahead-0"),
+        (now + 3_600_000, "junk/ahead-1"),
+        (now + 3_600_050, "junk/ahead-2"),
+        (honest_due, "junk/honest"),
+    ];
+    for (due, key) in items {
+        store
+            .put(key, bytes::Bytes::from_static(b"x").into())
+            .await
+            .unwrap();
+        let item = Garbage::Object {
+            key: key.into(),
+            bytes: 1,
+        };
+        catalog.queue_garbage(&[(due, item)]).await.unwrap();
+    }
+    let queued = || async {
+        catalog
+            .garbage_page(10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|q| match q.item {
+                Garbage::Object { key, .. } => (q.due_ms, key),
+                other => panic!("{other:?} queued"),
+            })
+            .collect::<Vec<_>>()
+    };
+    // An hour behind: the hour-ahead items are two hours ahead to it, and brought back (it
+    // does not collect them: by its clock nothing is due yet); the honest one stays as it is.
+    let mut config = auditor_config(&world.disk, Duration::from_millis(50));
+    config.clock = Clock::simulated(SystemTime::now() - Duration::from_secs(3600));
+    let behind = start_with(&world, config);
+    for _ in 0..250 {
+        if behind.metrics().redated_garbage.get() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(behind.metrics().redated_garbage.get(), 3);
+    behind.stop().await;
+    let after = queued().await;
+    let keys: Vec<&str> = after.iter().map(|(_, key)| key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "junk/honest",
+            "junk/ahead-0",
+            "junk/ahead-1",
+            "junk/ahead-2"
+        ],
+        "the order changed: {after:?}"
+    );
+    assert_eq!(after[0].0, honest_due, "an honest item was re-dated");
+    assert!(
+        after[3].0 < now + 60_000,
+        "not brought back near now: {after:?}"
+    );
+    assert!(after[1].0 > honest_due, "brought back too far: {after:?}");
+    // An honest clock collects them all within seconds.
+    let honest = start(&world, Duration::from_millis(50));
+    for _ in 0..250 {
+        if queued().await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(queued().await, []);
+    for (_, key) in items {
+        assert!(store.head(key).await.is_err(), "{key} is still there");
+    }
+    honest.stop().await;
+}
+
 /// The rewrite byte rate (`--auditor-rewrite-mib`) and the worker bound (`--auditor-workers`)
 /// hold: at 1 MiB a second, settling about 4 MiB takes seconds and is counted as waiting on
 /// the rewrite budget, and with one worker no two jobs ever run at once.

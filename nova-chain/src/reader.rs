@@ -166,7 +166,6 @@ pub(crate) async fn check_not_trimmed(
 /// read means something else deleted it.
 const STALE_REF_RETRIES: u32 = 3;
 
-/// A failed fetch as the reader sees it (the mapping every server shares), naming the stream.
 /// A read that found its objects gone `STALE_REF_RETRIES` times over: the auditor moved the
 /// records faster than the read could fetch them (or something else deleted `key`). The
 /// stream is there; the read may be tried again, so it is answered as unavailable, never as
@@ -179,6 +178,7 @@ pub(crate) fn stale_refs_exhausted(stream: &str, key: &str) -> RequestError {
     ))
 }
 
+/// A failed fetch as the reader sees it (the mapping every server shares), naming the stream.
 fn read_error(stream: &str, err: FetchError) -> RequestError {
     match RequestError::from(err) {
         RequestError::Unavailable(m) => {

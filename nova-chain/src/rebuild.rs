@@ -684,35 +684,48 @@ async fn choose(
     for (_, meta) in &trimmed {
         out.garbage.push((clock.unix_ms(), object_garbage(meta)));
     }
-    let Some(lowest) = objects.iter().map(|(d, _)| d.start).min() else {
-        return Ok(());
-    };
-    // A chain may start at the stream's first record or, once retention trimmed it, at any
-    // object holding the trim point (an abandoned merge may span it alongside the objects the
-    // catalog used).
-    let first = lowest.max(trim);
-    // Where a chain can reach, and the object that reaches it first (listing order); a chain
-    // starts where the value is `None`.
-    let mut reach: HashMap<u64, Option<usize>> = objects
-        .iter()
-        .map(|(d, _)| d.start)
-        .filter(|start| *start <= first)
-        .chain([first])
-        .map(|start| (start, None))
-        .collect();
-    for (i, (data, _)) in objects.iter().enumerate() {
-        if reach.contains_key(&data.start) {
-            reach.entry(data.end).or_insert(Some(i));
+    // Footers are read before anything is indexed: an object whose footer does not parse (a
+    // merge the store composed wrongly, never swapped in) is left out and the chain chosen
+    // again without it. Its records come from its sources; a gap it leaves is refused below
+    // like any other.
+    let mut footers: HashMap<usize, ObjectFooter> = HashMap::new();
+    let mut unreadable = vec![false; objects.len()];
+    let (chain, furthest) = loop {
+        let Some((chain, furthest)) = chain_of(&objects, &unreadable, trim) else {
+            return Ok(());
+        };
+        let mut readable = true;
+        for &i in &chain {
+            if footers.contains_key(&i) {
+                continue;
+            }
+            let key = &objects[i].1.key;
+            match retrying(clock, || fetch_footer(store, key)).await {
+                Ok(footer) => {
+                    footers.insert(i, footer);
+                }
+                Err(FetchError::Format { source, .. }) => {
+                    tracing::warn!(
+                        object = %key,
+                        "rebuild: a settled object is unreadable ({source}); its records are \
+                         taken from the others"
+                    );
+                    unreadable[i] = true;
+                    readable = false;
+                    break;
+                }
+                Err(source) => {
+                    return Err(RebuildError::Flight {
+                        key: key.clone(),
+                        source,
+                    });
+                }
+            }
         }
-    }
-    let furthest = reach.keys().copied().max().unwrap_or(first);
-    let mut chain = Vec::new();
-    let mut pos = furthest;
-    while let Some(Some(i)) = reach.get(&pos) {
-        chain.push(*i);
-        pos = objects[*i].0.start;
-    }
-    chain.reverse();
+        if readable {
+            break (chain, furthest);
+        }
+    };
     let reached = furthest;
     let mut used = vec![false; objects.len()];
     for &i in &chain {
@@ -734,9 +747,54 @@ async fn choose(
     }
     for i in chain {
         let (data, meta) = &objects[i];
-        take(store, clock, *data, meta.key.clone(), out).await?;
+        if let Some(footer) = footers.remove(&i) {
+            take(*data, meta.key.clone(), footer, out)?;
+        }
     }
     Ok(())
+}
+
+/// The chain of `objects` (leaving out the `unreadable` ones) each starting where the last
+/// ended, from the lowest record or the trim point as far as any reaches, and where it ends;
+/// `None` without a usable object.
+fn chain_of(
+    objects: &[(DataKey, nova_core::object_store::ObjectMeta)],
+    unreadable: &[bool],
+    trim: u64,
+) -> Option<(Vec<usize>, u64)> {
+    let usable = || {
+        objects
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !unreadable[*i])
+            .map(|(i, (data, _))| (i, data))
+    };
+    // A chain may start at the stream's first record or, once retention trimmed it, at any
+    // object holding the trim point (an abandoned merge may span it alongside the objects the
+    // catalog used).
+    let first = usable().map(|(_, d)| d.start).min()?.max(trim);
+    // Where a chain can reach, and the object that reaches it first (listing order); a chain
+    // starts where the value is `None`.
+    let mut reach: HashMap<u64, Option<usize>> = usable()
+        .map(|(_, d)| d.start)
+        .filter(|start| *start <= first)
+        .chain([first])
+        .map(|start| (start, None))
+        .collect();
+    for (i, data) in usable() {
+        if reach.contains_key(&data.start) {
+            reach.entry(data.end).or_insert(Some(i));
+        }
+    }
+    let furthest = reach.keys().copied().max().unwrap_or(first);
+    let mut chain = Vec::new();
+    let mut pos = furthest;
+    while let Some(Some(i)) = reach.get(&pos) {
+        chain.push(*i);
+        pos = objects[*i].0.start;
+    }
+    chain.reverse();
+    Some((chain, furthest))
 }
 
 fn object_garbage(object: &nova_core::object_store::ObjectMeta) -> Garbage {
@@ -747,22 +805,20 @@ fn object_garbage(object: &nova_core::object_store::ObjectMeta) -> Garbage {
 }
 
 /// Takes one settled object into the index, from its footer.
-async fn take(
-    store: &dyn ObjectStore,
-    clock: Clock,
+fn take(
     data: DataKey,
     key: String,
+    footer: ObjectFooter,
     out: &mut Settled<'_>,
 ) -> Result<(), RebuildError> {
-    let footer = match retrying(clock, || fetch_footer(store, &key)).await {
-        Ok(ObjectFooter::Flight(footer)) => footer,
-        Ok(ObjectFooter::Fence(_)) => {
+    let footer = match footer {
+        ObjectFooter::Flight(footer) => footer,
+        ObjectFooter::Fence(_) => {
             return Err(RebuildError::Foreign {
                 key,
                 what: "a fence where a settled object belongs".into(),
             });
         }
-        Err(source) => return Err(RebuildError::Flight { key, source }),
     };
     // Sections of one stream, end to end, covering exactly what the key says.
     let sections = &footer.sections;
