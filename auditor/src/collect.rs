@@ -8,9 +8,10 @@
 //! and the queue is worked strictly in order, stopping at the first failure, so what is left of
 //! an epoch is always a suffix of it (a rebuild relies on that).
 //!
-//! A settled object deleted as never referenced is deleted once more a grace period later: its
-//! writer's PUT may still have been in flight (its intent came due first), and may land after
-//! the first delete. No swap can reference it by then (its intent is claimed), so the second
+//! An object is deleted once more a grace period later: its writer's PUT may still have been
+//! in flight (a settled object's intent came due first; a marker's PUT timed out and landed
+//! late), and may land after the first delete. No swap can reference a settled object by then
+//! (its intent is claimed), and no marker key is written again once it is queued, so the second
 //! delete is safe, and nothing written by the auditor is left behind.
 
 use nova_core::catalog::{Garbage, QueuedGarbage, SettleCursor};
@@ -170,11 +171,9 @@ async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {
             };
             ctx.metrics.deleted_objects.with_label_values(&[kind]).inc();
             ctx.metrics.reclaimed_bytes.inc_by(*bytes);
-            if settled.is_some() {
-                ctx.catalog
-                    .queue_garbage(&[(ctx.due_at(), Garbage::Again { key: key.clone() })])
-                    .await?;
-            }
+            ctx.catalog
+                .queue_garbage(&[(ctx.due_at(), Garbage::Again { key: key.clone() })])
+                .await?;
         }
         Garbage::Again { key } => {
             ctx.store.delete(key).await?;

@@ -45,7 +45,8 @@ use nova_core::flight::{
     parse_tail, verify_section,
 };
 use nova_core::keys::{
-    chain_prefix, chain_root, data_key, parse_epoch, parse_slot, settle_marker_key, slot_key,
+    chain_prefix, chain_root, data_key, parse_epoch, parse_settle_marker, parse_slot,
+    settle_marker_key, settle_marker_prefix, slot_key,
 };
 use nova_core::limits::{MAX_SECTION_BYTES, MIB};
 use nova_core::manifest::finish_pending_delete;
@@ -143,6 +144,10 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     own
 }
 
+/// Superseded settle markers one job queues (with the cursor's compare and put and one run of
+/// slots, inside etcd's 128 operations).
+const SUPERSEDED_MARKERS: usize = 100;
+
 /// One job on `star`'s chain. `own`: the star's own chain, whose current epoch grows (its
 /// absorbed slots wait for a window's worth or `settle_after`) and whose backlog is the settle
 /// duty's due age. An adopted chain belongs to a star that left: nothing is added to it, so
@@ -238,7 +243,7 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
             .and_then(|o| parse_slot(&prefix, &o.key))
             .filter(|lowest| *lowest <= through);
         let due = ctx.due_at().max(cursor.last_due_ms);
-        let garbage: Vec<_> = lowest
+        let mut garbage: Vec<_> = lowest
             .map(|from| {
                 (
                     due,
@@ -253,6 +258,23 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
             })
             .into_iter()
             .collect();
+        // Markers below it were superseded; the queue that held them may be the one a rebuild
+        // lost.
+        let markers = settle_marker_prefix(star, cursor.epoch);
+        let page = ctx.store.list(&markers, None, MAX_LIST_KEYS).await?;
+        garbage.extend(
+            page.objects
+                .iter()
+                .filter(|o| parse_settle_marker(&markers, &o.key).is_some_and(|t| t < through))
+                .take(SUPERSEDED_MARKERS)
+                .map(|o| {
+                    let item = Garbage::Object {
+                        key: o.key.clone(),
+                        bytes: 0,
+                    };
+                    (due, item)
+                }),
+        );
         let next = SettleCursor {
             next_slot: through + 1,
             last_due_ms: due,
@@ -704,6 +726,30 @@ async fn finish(
         WindowEnd::EpochEnd { fence } => {
             if let Some(fence) = fence {
                 queue_orphans(ctx, star, cursor.epoch, fence, due).await?;
+            }
+            // The epoch's last settle marker stays (one small object per epoch): a slot's PUT
+            // that timed out may land after the slot was collected, and the marker is what
+            // tells a rebuild, and recovery, that such a slot was settled long ago. Markers
+            // below it that no window queued (written by a job cut off before its cursor
+            // moved) go now.
+            if let Some(last) = next_slot.checked_sub(1) {
+                let prefix = settle_marker_prefix(star, cursor.epoch);
+                let page = ctx.store.list(&prefix, None, MAX_LIST_KEYS).await?;
+                let queued = cursor.next_slot.checked_sub(1);
+                garbage.extend(
+                    page.objects
+                        .iter()
+                        .filter_map(|o| parse_settle_marker(&prefix, &o.key).map(|t| (t, o)))
+                        .filter(|(t, _)| *t < last && Some(*t) != queued)
+                        .take(SUPERSEDED_MARKERS)
+                        .map(|(_, o)| {
+                            let item = Garbage::Object {
+                                key: o.key.clone(),
+                                bytes: 0,
+                            };
+                            (due, item)
+                        }),
+                );
             }
             SettleCursor {
                 epoch: cursor.epoch + 1,
