@@ -355,23 +355,31 @@ pub(crate) async fn markers_in(
 ) -> Result<Vec<(u64, Garbage)>, AuditError> {
     let root = trims_root(&ctx.config.star);
     let prefix = trim_marker_prefix(&ctx.config.star, stream_id);
-    let page = ctx.store.list(&prefix, None, MAX_LIST_KEYS).await?;
     let due = ctx.due_at();
-    Ok(page
-        .objects
-        .iter()
-        .filter(|o| {
-            parse_trim_marker(&root, &o.key)
-                .is_some_and(|(id, m)| id == stream_id && after.contains(&m.after))
-        })
-        .map(|o| {
-            (
-                due,
-                Garbage::Object {
-                    key: o.key.clone(),
-                    bytes: o.size,
-                },
-            )
-        })
-        .collect())
+    let mut found = Vec::new();
+    // Keys sort by `after` (zero-padded): listing starts at the range, page after page (a
+    // store may answer a short page), and stops past it.
+    let mut start = Some(format!("{prefix}{:020}", after.start));
+    while let Some(from) = start.take() {
+        let page = ctx.store.list(&prefix, Some(&from), MAX_LIST_KEYS).await?;
+        for object in &page.objects {
+            let Some((id, marker)) = parse_trim_marker(&root, &object.key) else {
+                continue;
+            };
+            if marker.after >= after.end {
+                return Ok(found);
+            }
+            if id == stream_id && after.contains(&marker.after) {
+                found.push((
+                    due,
+                    Garbage::Object {
+                        key: object.key.clone(),
+                        bytes: object.size,
+                    },
+                ));
+            }
+        }
+        start = page.next_start_after;
+    }
+    Ok(found)
 }

@@ -6,14 +6,11 @@
 //! the catalog was rebuilt from the bucket. Such an object can never become referenced (its swap
 //! needs its intent, which is gone), so the sweep is what guarantees that nothing the auditor
 //! wrote stays forever. A pass lists `data/{star}/` a page per job, then the prefix of each
-//! departed star this star adopted (whose objects nobody else would look at), then the star's
-//! trim markers (`trims/{star}/`); the next pass starts `--auditor-sweep-secs` after the last
-//! one began.
+//! departed star this star adopted (whose objects nobody else would look at); the next pass
+//! starts `--auditor-sweep-secs` after the last one began.
 
-use std::collections::HashMap;
-
-use nova_core::catalog::{Garbage, Liveness};
-use nova_core::keys::{data_root, parse_data_key, parse_trim_marker, trims_root};
+use nova_core::catalog::Garbage;
+use nova_core::keys::{data_root, parse_data_key};
 use nova_core::object_store::MAX_LIST_KEYS;
 
 use crate::{AuditError, Ctx, Step};
@@ -36,8 +33,6 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     // under a guard its release waits for, cut off when the adoption ends.
     let next = if root == data_root(&ctx.config.star) {
         sweep_page(ctx, &root, after).await?
-    } else if root == trims_root(&ctx.config.star) {
-        sweep_trims_page(ctx, &root, after).await?
     } else {
         let guard = data_root_star(&root).and_then(|star| ctx.adoptions.enter(star));
         match guard {
@@ -100,81 +95,20 @@ async fn sweep_page(
     Ok(page.next_start_after)
 }
 
-/// Sweeps one page of the star's trim markers: those a stream's trim point has passed (one
-/// whose PUT landed late, after the trim that would have queued it; one a rebuilt catalog's
-/// lost queue held) and those of streams gone are queued. A marker still ahead of its stream's
-/// trim point may belong to a trim in progress, and stays.
-async fn sweep_trims_page(
-    ctx: &Ctx,
-    root: &str,
-    after: Option<String>,
-) -> Result<Option<String>, AuditError> {
-    let page = ctx
-        .store
-        .list(root, after.as_deref(), MAX_LIST_KEYS)
-        .await?;
-    let mut trim_points: HashMap<u64, Option<u64>> = HashMap::new();
-    let mut stray = Vec::new();
-    for object in &page.objects {
-        let Some((id, marker)) = parse_trim_marker(root, &object.key) else {
-            continue;
-        };
-        let first = match trim_points.get(&id) {
-            Some(first) => *first,
-            None => {
-                let first = match ctx.catalog.stream_liveness(id).await? {
-                    Liveness::Live => Some(ctx.catalog.first_seq(id).await?),
-                    Liveness::Deleted => None,
-                    // Its manifest is not marked yet; its markers go with its drop.
-                    Liveness::DeletedUnmarked => Some(0),
-                };
-                trim_points.insert(id, first);
-                first
-            }
-        };
-        if first.is_none_or(|first| marker.after < first) {
-            stray.push((
-                ctx.due_at(),
-                Garbage::Object {
-                    key: object.key.clone(),
-                    bytes: object.size,
-                },
-            ));
-        }
-    }
-    if !stray.is_empty() {
-        tracing::info!(
-            markers = stray.len(),
-            "auditor: trim markers behind their stream's trim point, queued for collection"
-        );
-        ctx.metrics.swept_objects.inc_by(stray.len() as u64);
-        ctx.catalog.queue_garbage(&stray).await?;
-    }
-    Ok(page.next_start_after)
-}
-
 /// The star whose prefix `root` (`data/{star}/`) is.
 fn data_root_star(root: &str) -> Option<&str> {
     root.strip_prefix("data/")?.strip_suffix('/')
 }
 
 /// Moves the pass past `root`: to the next adopted star's prefix (in key order, after the
-/// star's own), then to the star's trim markers, or ends the pass.
+/// star's own), or ends the pass.
 fn next_root(ctx: &Ctx, root: &str) {
-    let trims = trims_root(&ctx.config.star);
     let mut adopted: Vec<String> = ctx.adoptions.stars().iter().map(|s| data_root(s)).collect();
     adopted.sort();
-    let next = if root == trims {
-        None
-    } else if root == data_root(&ctx.config.star) {
-        Some(adopted.first().cloned().unwrap_or(trims))
+    let next = if root == data_root(&ctx.config.star) {
+        adopted.first().cloned()
     } else {
-        Some(
-            adopted
-                .into_iter()
-                .find(|r| r.as_str() > root)
-                .unwrap_or(trims),
-        )
+        adopted.into_iter().find(|r| r.as_str() > root)
     };
     let mut sweep = ctx.sweep.lock();
     sweep.after = None;
