@@ -47,11 +47,11 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
 async fn dated_far_ahead(ctx: &Ctx) -> Result<bool, AuditError> {
     // By this star's clock first, so that a queue honestly waiting costs no probe of the
     // store's clock; that clock only decides when this one finds something.
-    let by_own = ctx.intent_due_at() + 1000 + SKEW_ALLOWANCE_MS;
+    let by_own = ctx.intent_due_at() + 1000 + FAR_AHEAD_MS;
     if ctx.catalog.garbage_due_after(by_own, 1).await?.is_empty() {
         return Ok(false);
     }
-    let honest = honest_due(ctx).await? + SKEW_ALLOWANCE_MS;
+    let honest = honest_due(ctx).await? + FAR_AHEAD_MS;
     Ok(!ctx.catalog.garbage_due_after(honest, 1).await?.is_empty())
 }
 
@@ -61,11 +61,15 @@ const REDATE_BATCH: usize = 40;
 /// Queued items one re-dating job reads to find the ones it moves.
 const REDATE_SCAN: usize = 1000;
 
-/// How far past `honest_due` an item must be due before it is taken for one dated by a wall
-/// clock that was ahead. A clock a little ahead only delays collection by as much, which is
-/// harmless; one an hour ahead would keep every object it queued for an hour, unseen by the
-/// due age (nothing is overdue).
+/// How far past `honest_due` a due time may be and still be left as it is: a clock a little
+/// ahead only delays collection by as much, which is harmless, and a writer whose clock is a
+/// little ahead may still be writing the object its intent names. One an hour ahead would keep
+/// every object it queued for an hour, unseen by the due age (nothing is overdue).
 pub(crate) const SKEW_ALLOWANCE_MS: u64 = 120_000;
+/// How far past `honest_due` a due time must be for the queue to be brought back: twice the
+/// allowance, so that what is brought back (to just past the allowance) does not call for it
+/// again.
+pub(crate) const FAR_AHEAD_MS: u64 = 2 * SKEW_ALLOWANCE_MS;
 
 /// The latest due time anything queued now gets from an honest clock (an intent's), by the
 /// later of this star's clock and the object store's: a star whose clock is behind must not
@@ -78,10 +82,11 @@ pub(crate) async fn honest_due(ctx: &Ctx) -> Result<u64, AuditError> {
     Ok(now.max(store_now).saturating_add(wait).saturating_add(1000))
 }
 
-/// Brings items dated past `honest_due` back towards it, keeping their order: the item `i`th
-/// past it becomes due at `honest + 1 + i` if that is earlier. No item is made due earlier
-/// than an honest clock would date it now, and what was queued before an item still comes due
-/// first, so runs of chain slots are still deleted in slot order.
+/// Brings items dated past `honest_due` and the allowance back towards that point, keeping
+/// their order: the `i`th past it becomes due at `point + 1 + i` if that is earlier. No item
+/// is made due earlier than an honest clock would date an intent now, plus the allowance, and
+/// what was queued before an item still comes due first, so runs of chain slots are still
+/// deleted in slot order.
 ///
 /// With `chain` (a star, the version of its settle cursor as read, and the cursor), the cursor,
 /// whose due time every run it queues carries, moves to just past the last item once every
@@ -91,17 +96,25 @@ pub(crate) async fn redate_future(
     ctx: &Ctx,
     chain: Option<(&str, u64, SettleCursor)>,
 ) -> Result<Step, AuditError> {
-    let floor = honest_due(ctx).await?;
+    // Items up to the allowance past an honest due are left as they are: a writer whose clock
+    // is a little ahead may still be writing the object an intent names, and its swap checks
+    // the intent's key. What is further ahead comes back to just past the allowance.
+    let floor = honest_due(ctx).await? + SKEW_ALLOWANCE_MS;
     let page = ctx.catalog.garbage_due_after(floor, REDATE_SCAN).await?;
-    let dues = redated(page.iter().map(|queued| queued.due_ms), floor);
-    let changed: Vec<(QueuedGarbage, u64)> = page
-        .iter()
-        .zip(&dues)
-        .filter(|(queued, due)| queued.due_ms != **due)
-        .map(|(queued, due)| (queued.clone(), *due))
-        .collect();
-    let last_read = page.len() < REDATE_SCAN && changed.len() <= REDATE_BATCH;
-    let moving = &changed[..changed.len().min(REDATE_BATCH)];
+    let (mut dues, mut moving) = (Vec::new(), Vec::new());
+    let mut last_read = page.len() < REDATE_SCAN;
+    for queued in &page {
+        let due = redated_one(queued.due_ms, floor, dues.len());
+        if due != queued.due_ms {
+            if moving.len() == REDATE_BATCH {
+                last_read = false;
+                break;
+            }
+            moving.push((queued.clone(), due));
+        }
+        dues.push(due);
+    }
+    let moving = moving.as_slice();
     let cursor = chain.filter(|_| last_read).map(|(star, version, cursor)| {
         let last_due_ms = dues.last().map_or(floor, |due| (*due).max(floor));
         (
@@ -134,14 +147,12 @@ pub(crate) async fn redate_future(
     Ok(Step::Done)
 }
 
-/// The due times of items queued past `floor` (their `dues`, in queue order) once brought
-/// back: the `i`th becomes due at `floor + 1 + i` if that is earlier. Never later than before,
-/// never at or before `floor`, and in the same order (the minimum of two rising sequences
-/// rises), strictly where it was strict.
-fn redated(dues: impl Iterator<Item = u64>, floor: u64) -> Vec<u64> {
-    dues.enumerate()
-        .map(|(i, due)| due.min(floor.saturating_add(1 + i as u64)))
-        .collect()
+/// The due time of the `i`th item queued past `floor`, due at `due`, once brought back:
+/// `floor + 1 + i` if that is earlier. Never later than before, never at or before `floor`,
+/// and, item after item, in the same order (the minimum of two rising sequences rises),
+/// strictly where it was strict.
+fn redated_one(due: u64, floor: u64, i: usize) -> u64 {
+    due.min(floor.saturating_add(1 + i as u64))
 }
 
 async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {
@@ -202,6 +213,12 @@ async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn redated(dues: impl Iterator<Item = u64>, floor: u64) -> Vec<u64> {
+        dues.enumerate()
+            .map(|(i, due)| redated_one(due, floor, i))
+            .collect()
+    }
 
     #[test]
     fn redating_keeps_the_order_and_never_delays() {

@@ -49,10 +49,10 @@ use nova_core::keys::{
     settle_marker_key, settle_marker_prefix, slot_key,
 };
 use nova_core::limits::{MAX_SECTION_BYTES, MIB};
-use nova_core::manifest::finish_pending_delete;
+use nova_core::manifest::mark_pending_delete;
 use nova_core::object_store::MAX_LIST_KEYS;
 
-use crate::collect::{SKEW_ALLOWANCE_MS, honest_due, redate_future};
+use crate::collect::{FAR_AHEAD_MS, honest_due, redate_future};
 use crate::fetch_cache::CachedObject;
 use crate::{AuditError, Ctx, Duty, Step};
 
@@ -172,8 +172,8 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
     };
     let cursor = at.cursor;
     // Checked by this star's clock first: a cursor honestly dated costs no probe.
-    if cursor.last_due_ms > ctx.intent_due_at() + SKEW_ALLOWANCE_MS
-        && cursor.last_due_ms > honest_due(ctx).await? + SKEW_ALLOWANCE_MS
+    if cursor.last_due_ms > ctx.intent_due_at() + FAR_AHEAD_MS
+        && cursor.last_due_ms > honest_due(ctx).await? + FAR_AHEAD_MS
     {
         // A wall clock that was ahead dated this chain's garbage in the future, and every run
         // queued since carries that date (runs never come due before the ones ahead of them,
@@ -293,13 +293,14 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
             Liveness::Live => {}
             // Its entries are dropped by their own duty; its sections go with the flights.
             Liveness::Deleted => continue,
-            // Its manifest still says live, so a rebuild would restore it, and some of its
-            // records (those absorbed after the delete) have no entry to settle: the window's
-            // flights must stay until the manifest is marked. The delete's own mark failed (a
-            // store outage); finish it here rather than wait for the star's next start.
+            // Its manifest may still say live, so a rebuild would restore it, and some of its
+            // records (those absorbed after the delete) have no entry to settle. The delete's
+            // own mark failed (a store outage): the manifests this auditor can find are
+            // marked here, rather than hold the window up until the deleting star's next
+            // start, which marks its own and clears the tombstone.
             Liveness::DeletedUnmarked => {
                 let stars = [ctx.config.star.as_str(), star];
-                finish_pending_delete(ctx.store.as_ref(), &ctx.catalog, &stars, stream_id)
+                mark_pending_delete(ctx.store.as_ref(), &ctx.catalog, &stars, stream_id)
                     .await
                     .map_err(|err| {
                         AuditError::Inconsistent(format!(
@@ -307,7 +308,7 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
                              and marking it failed ({err}); its flights stay until it is"
                         ))
                     })?;
-                tracing::info!(
+                tracing::debug!(
                     stream_id,
                     "settle: marked the manifest of a stream deleted during a store outage"
                 );

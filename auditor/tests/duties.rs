@@ -901,9 +901,9 @@ async fn retention_by_age_waits_for_the_store_clock_to_agree() {
 }
 
 /// Deletions queued by a clock an hour ahead would wait an hour, unseen by the due age: the
-/// collector brings them back to what an honest clock would date them now, keeping their
-/// order. A clock that is behind (an hour, here) does not take honest items for future ones:
-/// it judges by the later of its own clock and the store's.
+/// collector brings them back to what an honest clock would date them now and two minutes,
+/// keeping their order. A clock that is behind (an hour, here) does not take honest items for
+/// future ones: it judges by the later of its own clock and the store's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletions_dated_by_a_clock_far_ahead_are_brought_back() {
     use nova_core::catalog::Garbage;
@@ -969,24 +969,17 @@ async fn deletions_dated_by_a_clock_far_ahead_are_brought_back() {
         "the order changed: {after:?}"
     );
     assert_eq!(after[0].0, honest_due, "an honest item was re-dated");
+    // Back to just past what an honest clock gives an intent now (two seconds here) and the
+    // two-minute allowance.
     assert!(
-        after[3].0 < now + 60_000,
-        "not brought back near now: {after:?}"
+        after[1].0 > now + 120_000 && after[3].0 < now + 130_000,
+        "not brought back to the allowance: {after:?}"
     );
-    assert!(after[1].0 > honest_due, "brought back too far: {after:?}");
-    // An honest clock collects them all within seconds.
-    let honest = start(&world, Duration::from_millis(50));
-    for _ in 0..250 {
-        if queued().await.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // Nothing went before its (new) time.
+    let pending: Vec<String> = after[1..].iter().map(|(_, key)| key.clone()).collect();
+    for key in pending {
+        assert!(store.head(&key).await.is_ok(), "{key} went before its time");
     }
-    assert_eq!(queued().await, []);
-    for (_, key) in items {
-        assert!(store.head(key).await.is_err(), "{key} is still there");
-    }
-    honest.stop().await;
 }
 
 /// The rewrite byte rate (`--auditor-rewrite-mib`) and the worker bound (`--auditor-workers`)

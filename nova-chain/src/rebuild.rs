@@ -684,47 +684,51 @@ async fn choose(
     for (_, meta) in &trimmed {
         out.garbage.push((clock.unix_ms(), object_garbage(meta)));
     }
-    // Footers are read before anything is indexed: an object whose footer does not parse (a
-    // merge the store composed wrongly, never swapped in) is left out and the chain chosen
-    // again without it. Its records come from its sources; a gap it leaves is refused below
-    // like any other.
-    let mut footers: HashMap<usize, ObjectFooter> = HashMap::new();
+    // A merged object whose footer does not parse (one the store composed wrongly, whose
+    // swap never landed and whose delete failed) is left out, and the chain chosen again
+    // without it, but only when the objects it was merged from still cover its records:
+    // otherwise the rebuild stops, as for any unreadable object, rather than restore the
+    // stream short.
     let mut unreadable = vec![false; objects.len()];
-    let (chain, furthest) = loop {
+    let (chain, furthest) = 'choose: loop {
         let Some((chain, furthest)) = chain_of(&objects, &unreadable, trim) else {
             return Ok(());
         };
-        let mut readable = true;
         for &i in &chain {
-            if footers.contains_key(&i) {
+            let (data, meta) = &objects[i];
+            if !data.rewritten {
                 continue;
             }
-            let key = &objects[i].1.key;
-            match retrying(clock, || fetch_footer(store, key)).await {
-                Ok(footer) => {
-                    footers.insert(i, footer);
-                }
-                Err(FetchError::Format { source, .. }) => {
-                    tracing::warn!(
-                        object = %key,
-                        "rebuild: a settled object is unreadable ({source}); its records are \
-                         taken from the others"
-                    );
-                    unreadable[i] = true;
-                    readable = false;
-                    break;
-                }
+            let source = match retrying(clock, || fetch_footer(store, &meta.key)).await {
+                Ok(_) => continue,
+                Err(FetchError::Format { source, .. }) => source,
                 Err(source) => {
                     return Err(RebuildError::Flight {
-                        key: key.clone(),
+                        key: meta.key.clone(),
                         source,
                     });
                 }
+            };
+            unreadable[i] = true;
+            let covered =
+                chain_of(&objects, &unreadable, trim).is_some_and(|(_, reach)| reach >= data.end);
+            if !covered {
+                return Err(RebuildError::Flight {
+                    key: meta.key.clone(),
+                    source: FetchError::Format {
+                        key: meta.key.clone(),
+                        source,
+                    },
+                });
             }
+            tracing::warn!(
+                object = %meta.key,
+                "rebuild: a merged object is unreadable ({source}); its records are taken from \
+                 the objects it was merged from"
+            );
+            continue 'choose;
         }
-        if readable {
-            break (chain, furthest);
-        }
+        break (chain, furthest);
     };
     let reached = furthest;
     let mut used = vec![false; objects.len()];
@@ -747,9 +751,16 @@ async fn choose(
     }
     for i in chain {
         let (data, meta) = &objects[i];
-        if let Some(footer) = footers.remove(&i) {
-            take(*data, meta.key.clone(), footer, out)?;
-        }
+        let footer = match retrying(clock, || fetch_footer(store, &meta.key)).await {
+            Ok(footer) => footer,
+            Err(source) => {
+                return Err(RebuildError::Flight {
+                    key: meta.key.clone(),
+                    source,
+                });
+            }
+        };
+        take(*data, meta.key.clone(), footer, out)?;
     }
     Ok(())
 }

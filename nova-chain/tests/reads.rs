@@ -110,3 +110,47 @@ async fn a_read_within_a_limit_ends_short_at_it() {
         .unwrap();
     assert_eq!(one.records.len(), 1);
 }
+
+/// A read whose object is gone every time it resolves its refs again (here deleted behind the
+/// star's back; normally the auditor moving records faster than the read fetches them) is
+/// answered UNAVAILABLE, retryable, saying why: never "not found", which a client takes for a
+/// deleted stream, nor INTERNAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_objects_keep_vanishing_is_unavailable() {
+    use nova_proto::RequestError;
+    let disk = Disk::new();
+    let config = ChainConfig {
+        tail_cache_bytes: 0,
+        ..config()
+    };
+    let f = open_faulty(&disk, config).await.unwrap();
+    let star = f.star.clone();
+    create(&star, "s").await;
+    answer(append(&star, "s", "gone").await).await.unwrap();
+    let stream = star.streams().get("s").unwrap();
+    assert_eq!(
+        star.read(&stream, 0, 10, 1 << 20)
+            .await
+            .unwrap()
+            .records
+            .len(),
+        1
+    );
+    let store = disk.store();
+    let listed = store.list("chain/", None, 1000).await.unwrap();
+    for object in &listed.objects {
+        store.delete(&object.key).await.unwrap();
+    }
+    match star.read(&stream, 0, 10, 1 << 20).await {
+        Err(RequestError::Unavailable(message)) => {
+            assert!(
+                message.contains("\"s\"") && message.contains("try again"),
+                "{message}"
+            );
+        }
+        other => panic!(
+            "a read whose object is gone answered {:?}",
+            other.map(|p| p.records.len())
+        ),
+    }
+}

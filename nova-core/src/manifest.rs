@@ -142,22 +142,23 @@ pub async fn write_manifest(
         .await
 }
 
-/// Finishes the delete of stream `id` that a store outage left half done (its tombstone still
-/// pending): writes a deleted manifest under the first of `stars` (the caller's own prefix, as
-/// the star's own delete does), marks the manifest under each other one that holds one, then
-/// forgets the tombstone. The star retries this at its start; the auditor calls it when a
-/// settle finds the stream, so one failed mark never holds settling up until a restart.
-pub async fn finish_pending_delete(
+/// Marks deleted the manifest of stream `id`, deleted while the store was down (its tombstone
+/// still pending): under the first of `stars` (the caller's own prefix, as the star's own
+/// delete does) and under each other one that holds a manifest for it. The tombstone stays:
+/// only the star that deleted the stream knows its own prefix holds a manifest to mark, and it
+/// clears the tombstone once it has (at its next start). Returns whether a tombstone was
+/// pending.
+pub async fn mark_pending_delete(
     store: &dyn ObjectStore,
     catalog: &Catalog,
     stars: &[&str],
     id: u64,
-) -> Result<(), FinishDeleteError> {
+) -> Result<bool, MarkDeleteError> {
     let Some(meta) = catalog.pending_tombstone(id).await? else {
-        return Ok(());
+        return Ok(false);
     };
     let Some((own, others)) = stars.split_first() else {
-        return Ok(());
+        return Ok(true);
     };
     write_manifest(store, own, &meta, true).await?;
     for star in others.iter().filter(|star| *star != own) {
@@ -167,12 +168,11 @@ pub async fn finish_pending_delete(
             Err(err) => return Err(err.into()),
         }
     }
-    catalog.clear_tombstone(id).await?;
-    Ok(())
+    Ok(true)
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum FinishDeleteError {
+pub enum MarkDeleteError {
     #[error("marking a deleted stream's manifest: {0}")]
     Store(#[from] StoreError),
     #[error("clearing a deleted stream's tombstone: {0}")]

@@ -12,7 +12,7 @@
 //! and a swap only lands if its intent is still at the version it was queued at: so an object
 //! whose intent came due while its writer was slow is either deleted or referenced, never both.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use super::*;
 use crate::keys::slot_key;
@@ -312,32 +312,47 @@ impl Catalog {
     /// Moves queued items to new due times (`items`: each with its new due) in one transaction
     /// that applies only if every item is still queued as read; with `cursor` (a star, the
     /// version its settle cursor was read at, and where it goes), only if that cursor is still
-    /// there too, and it moves with them.
+    /// there too, and it moves with them (unless an item had to wait for a later job).
     pub async fn redate_garbage(
         &self,
         cursor: Option<(&str, u64, SettleCursor)>,
         items: &[(QueuedGarbage, u64)],
     ) -> Result<bool, CatalogError> {
         let mut txn = Txn::new();
-        if let Some((star, expected, next)) = cursor {
+        let mut held_back = false;
+        // etcd refuses a transaction that names one key twice. A new key can only equal
+        // another moving item's old or new key (items keep their order, and move only
+        // earlier): the same item queued twice needs one copy; a different item under the
+        // same label (an object's first and second delete) waits for a later job instead.
+        let moving: HashMap<&[u8], &Garbage> = items
+            .iter()
+            .map(|(q, _)| (q.key.as_slice(), &q.item))
+            .collect();
+        let mut placed: HashMap<Vec<u8>, &Garbage> = HashMap::new();
+        for (queued, due_ms) in items {
+            let key = garbage_key(*due_ms, &queued.item);
+            let clash = moving
+                .get(key.as_slice())
+                .or_else(|| placed.get(&key))
+                .copied();
+            if clash.is_some_and(|other| *other != queued.item) {
+                held_back = true;
+                continue;
+            }
+            txn = txn
+                .compare(Compare::Version(queued.key.clone(), queued.version))
+                .delete(queued.key.clone());
+            if clash.is_none() {
+                placed.insert(key.clone(), &queued.item);
+                txn = txn.put(key, encode_garbage(&queued.item));
+            }
+        }
+        // The cursor follows only once every item is back.
+        if let Some((star, expected, next)) = cursor.filter(|_| !held_back) {
             let key = cursor_key(star);
             txn = txn
                 .compare(Compare::Version(key.clone(), expected))
                 .put(key, encode_cursor(&next));
-        }
-        // etcd refuses a transaction that names one key twice. A new key can only equal
-        // another's old key (or another's new key) when both queue the same deletion: then
-        // one queued copy is enough.
-        let moved: HashSet<&[u8]> = items.iter().map(|(q, _)| q.key.as_slice()).collect();
-        let mut placed = HashSet::new();
-        for (queued, due_ms) in items {
-            txn = txn
-                .compare(Compare::Version(queued.key.clone(), queued.version))
-                .delete(queued.key.clone());
-            let key = garbage_key(*due_ms, &queued.item);
-            if !moved.contains(key.as_slice()) && placed.insert(key.clone()) {
-                txn = txn.put(key, encode_garbage(&queued.item));
-            }
         }
         Ok(matches!(
             self.store.commit(txn).await?,
@@ -641,6 +656,76 @@ mod tests {
             len: end - start,
             crc32c: 1,
         }
+    }
+
+    /// A metastore that lands a delete of stream "s" right after the first read it serves,
+    /// between the two reads of `stream_liveness`.
+    #[derive(Debug)]
+    struct DeleteAfterFirstRead {
+        inner: Arc<dyn Metastore>,
+        armed: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl Metastore for DeleteAfterFirstRead {
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+
+        fn capabilities(&self) -> crate::metastore::Capabilities {
+            self.inner.capabilities()
+        }
+
+        async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, MetastoreError> {
+            let read = self.inner.get(key).await;
+            if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                Catalog::new(self.inner.clone())
+                    .delete_stream("s")
+                    .await
+                    .unwrap();
+            }
+            read
+        }
+
+        async fn scan(
+            &self,
+            prefix: &[u8],
+            start_after: Option<&[u8]>,
+            limit: usize,
+        ) -> Result<Vec<KeyValue>, MetastoreError> {
+            self.inner.scan(prefix, start_after, limit).await
+        }
+
+        async fn commit(&self, txn: Txn) -> Result<TxnOutcome, MetastoreError> {
+            self.inner.commit(txn).await
+        }
+    }
+
+    /// A delete landing between liveness's two reads must not make a stream whose manifest is
+    /// still unmarked look deleted and marked (its sections would be skipped by the settle, and
+    /// a rebuild would bring the stream back without them).
+    #[tokio::test]
+    async fn liveness_sees_a_delete_landing_between_its_reads_as_unmarked() {
+        let (_dir, plain) = catalog();
+        let s = plain
+            .create_stream("s", StorageClass::Standard, 1)
+            .await
+            .unwrap();
+        let racing = Catalog::new(Arc::new(DeleteAfterFirstRead {
+            inner: plain.store.clone(),
+            armed: true.into(),
+        }));
+        let seen = racing.stream_liveness(s.id).await.unwrap();
+        assert!(
+            plain.store.get(&tail_key(s.id)).await.unwrap().is_none(),
+            "the delete landed"
+        );
+        assert_ne!(
+            seen,
+            Liveness::Deleted,
+            "an unmarked delete taken for a marked one"
+        );
+        assert_eq!(seen, Liveness::DeletedUnmarked);
     }
 
     #[tokio::test]
