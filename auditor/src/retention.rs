@@ -28,7 +28,7 @@
 //! one clock wanted and the other refused is counted (`nova_auditor_refused_trims_total{reason=
 //! "clock"}`) and logged once a pass.
 
-use nova_core::catalog::{Garbage, IndexEntry, StreamMeta};
+use nova_core::catalog::{Garbage, IndexEntry, Liveness, StreamMeta};
 use nova_core::flight::{ObjectFooter, fetch_footer};
 use nova_core::keys::{
     TrimMarker, clock_probe_key, parse_any_data_key, parse_trim_marker, trim_marker_key,
@@ -234,11 +234,20 @@ async fn trim_stream(ctx: &Ctx, meta: &StreamMeta) -> Result<(usize, bool), Audi
             ));
         }
         if !ctx.catalog.trim_front(&front, at, &garbage).await? {
-            // Settled, merged or trimmed meanwhile: look again next time. The marker stays: it
-            // is harmless (what it says committed had, and its records did exist), the next
-            // trim past it queues it, and deleting it here could race a later trim that puts
-            // the same key (a DELETE that lands late would take that trim's marker away, and
-            // a rebuild would then find the stream's front missing).
+            // Settled, merged, trimmed or deleted meanwhile: look again next time. The marker
+            // of a live stream stays: it is harmless (what it says committed had, and its
+            // records did exist), the next trim past it queues it, and deleting it here could
+            // race a later trim that puts the same key (a DELETE that lands late would take
+            // that trim's marker away, and a rebuild would then find the stream's front
+            // missing). A deleted stream's drop may have listed its markers already: this one
+            // is queued (no trim of it ever puts the key again).
+            if ctx.catalog.stream_liveness(meta.id).await? != Liveness::Live {
+                let item = Garbage::Object {
+                    key: marker_key,
+                    bytes: 0,
+                };
+                ctx.catalog.queue_garbage(&[(ctx.due_at(), item)]).await?;
+            }
             return Ok((done, true));
         }
         let records: u64 = front.iter().map(|(e, _)| e.end_seq - e.start_seq).sum();

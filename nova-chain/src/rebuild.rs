@@ -299,8 +299,17 @@ pub async fn rebuild_catalog(
         if let Some(stream) = stream {
             stream.trim_at(committed, reached);
         }
+        // Of the markers saying `committed`, the one reaching furthest is enough (a trim that
+        // failed left the others).
+        let furthest_committed = list
+            .iter()
+            .filter(|(_, _, m)| m.committed == committed)
+            .map(|(_, _, m)| m.after)
+            .max();
         for (key, size, marker) in list {
-            let keep = restored && (marker.committed == committed || marker.after == reached);
+            let says_the_most = marker.after == reached
+                || (marker.committed == committed && Some(marker.after) == furthest_committed);
+            let keep = restored && says_the_most;
             if !keep {
                 garbage.push((clock.unix_ms(), Garbage::Object { key, bytes: size }));
             }
