@@ -722,12 +722,7 @@ async fn check_nothing_left(world: &World, epoch: u64) {
     }
     // A trim queues the markers before it; what stays says where the stream is trimmed to.
     let trims = trims_root(STAR);
-    // A marker whose PUT landed after its answer may have landed after it was collected, and
-    // nothing collects it again (see docs/auditor.md, "Not built yet").
-    let markers = objects
-        .keys()
-        .filter(|k| k.starts_with(&trims) && !world.store.landed_late(k));
-    for key in markers {
+    for key in objects.keys().filter(|k| k.starts_with(&trims)) {
         let Some((id, marker)) = parse_trim_marker(&trims, key) else {
             world.violation(format!("{key} is no trim marker"));
             continue;
@@ -1140,6 +1135,14 @@ async fn consume(cx: Context, stream_index: usize, stream: Arc<StreamState>) {
                 cx.oracle.lock().violation(format!(
                     "stream {stream_index}: a read at {next} failed with {err:?}, which a consumer \
                      of a live stream must not be told"
+                ));
+                return;
+            }
+            // Retryable, but never because the objects kept vanishing under the read: a read
+            // resolves its refs again, and its objects outlive the grace period.
+            Err(RequestError::Unavailable(why)) if why.contains("was gone each of") => {
+                cx.oracle.lock().violation(format!(
+                    "stream {stream_index}: a read at {next} ran out of stale-ref retries: {why}"
                 ));
                 return;
             }
