@@ -742,7 +742,9 @@ async fn check_nothing_left(world: &World, epoch: u64) {
 /// latest settle marker alone and no slot at or below it.
 fn check_chain_left(world: &World, objects: &BTreeMap<String, Bytes>, epoch: u64) {
     let root = chain_root(STAR);
-    let mut epochs: BTreeMap<u64, (Vec<(u64, &Bytes)>, Vec<u64>)> = BTreeMap::new();
+    // Per epoch: its slots (with their bytes) and its settle markers.
+    type Left<'a> = (Vec<(u64, &'a Bytes)>, Vec<u64>);
+    let mut epochs: BTreeMap<u64, Left> = BTreeMap::new();
     // A slot or marker whose PUT landed after it was answered may have landed after it was
     // collected, and nothing collects it again (see docs/auditor.md, "Not built yet").
     let chain = objects
@@ -811,7 +813,7 @@ async fn rebuild(world: &World, index: usize, clock: Clock) -> Result<(), ()> {
     // Half the rebuilds first find a stream's front object missing from the bucket: the
     // rebuild must refuse, not take the records for trimmed; the object is then put back (the
     // operator restores it) and the rebuild run again.
-    let mut hidden = Entropy::seeded(world.seed ^ 0xf207_0b1e_c7 ^ index as u64)
+    let mut hidden = Entropy::seeded(world.seed ^ 0x00f2_070b_1ec7 ^ index as u64)
         .chance(0.5)
         .then(|| hide_a_front_object(world))
         .flatten();
