@@ -45,14 +45,24 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
 /// (past `honest_due` and the skew allowance). Looked for at the far end of the queue: items
 /// honestly due soon sit in front of it, under steady load always.
 async fn dated_far_ahead(ctx: &Ctx) -> Result<bool, AuditError> {
-    // By this star's clock first, so that a queue honestly waiting costs no probe of the
-    // store's clock; that clock only decides when this one finds something.
-    let by_own = ctx.intent_due_at() + 1000 + FAR_AHEAD_MS;
+    let by_own = far_ahead_by_own_clock(ctx);
     if ctx.catalog.garbage_due_after(by_own, 1).await?.is_empty() {
         return Ok(false);
     }
     let honest = honest_due(ctx).await? + FAR_AHEAD_MS;
     Ok(!ctx.catalog.garbage_due_after(honest, 1).await?.is_empty())
+}
+
+/// Whether `due` is further ahead than any honest clock dates anything queued now (past
+/// `honest_due` and `FAR_AHEAD_MS`). By this star's clock first, so that an honest due time
+/// costs no probe of the store's clock; that clock decides only when this one says so.
+pub(crate) async fn is_far_ahead(ctx: &Ctx, due: u64) -> Result<bool, AuditError> {
+    Ok(due > far_ahead_by_own_clock(ctx) && due > honest_due(ctx).await? + FAR_AHEAD_MS)
+}
+
+/// `honest_due` and `FAR_AHEAD_MS` by this star's clock alone: never later than by both.
+fn far_ahead_by_own_clock(ctx: &Ctx) -> u64 {
+    ctx.intent_due_at() + 1000 + FAR_AHEAD_MS
 }
 
 /// Items one re-dating job moves: each takes a compare, a delete and a put, and with a settle
@@ -69,13 +79,13 @@ pub(crate) const SKEW_ALLOWANCE_MS: u64 = 120_000;
 /// How far past `honest_due` a due time must be for the queue to be brought back: twice the
 /// allowance, so that what is brought back (to just past the allowance) does not call for it
 /// again.
-pub(crate) const FAR_AHEAD_MS: u64 = 2 * SKEW_ALLOWANCE_MS;
+const FAR_AHEAD_MS: u64 = 2 * SKEW_ALLOWANCE_MS;
 
 /// The latest due time anything queued now gets from an honest clock (an intent's), by the
 /// later of this star's clock and the object store's: a star whose clock is behind must not
 /// take honest items for future ones and bring them forward. A second more for clocks that
 /// disagree a little.
-pub(crate) async fn honest_due(ctx: &Ctx) -> Result<u64, AuditError> {
+async fn honest_due(ctx: &Ctx) -> Result<u64, AuditError> {
     let now = ctx.config.clock.unix_ms();
     let store_now = crate::retention::store_now(ctx).await?.unwrap_or(now);
     let wait = ctx.intent_due_at().saturating_sub(now);

@@ -52,7 +52,7 @@ use nova_core::limits::{MAX_SECTION_BYTES, MIB};
 use nova_core::manifest::mark_pending_delete;
 use nova_core::object_store::MAX_LIST_KEYS;
 
-use crate::collect::{FAR_AHEAD_MS, honest_due, redate_future};
+use crate::collect::{is_far_ahead, redate_future};
 use crate::fetch_cache::CachedObject;
 use crate::{AuditError, Ctx, Duty, Step};
 
@@ -171,10 +171,7 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
         return Ok(Step::Done);
     };
     let cursor = at.cursor;
-    // Checked by this star's clock first: a cursor honestly dated costs no probe.
-    if cursor.last_due_ms > ctx.intent_due_at() + FAR_AHEAD_MS
-        && cursor.last_due_ms > honest_due(ctx).await? + FAR_AHEAD_MS
-    {
+    if is_far_ahead(ctx, cursor.last_due_ms).await? {
         // A wall clock that was ahead dated this chain's garbage in the future, and every run
         // queued since carries that date (runs never come due before the ones ahead of them,
         // so what is left of an epoch stays a suffix of it): the chain's slots would stay for
@@ -260,21 +257,7 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
             .collect();
         // Markers below it were superseded; the queue that held them may be the one a rebuild
         // lost.
-        let markers = settle_marker_prefix(star, cursor.epoch);
-        let page = ctx.store.list(&markers, None, MAX_LIST_KEYS).await?;
-        garbage.extend(
-            page.objects
-                .iter()
-                .filter(|o| parse_settle_marker(&markers, &o.key).is_some_and(|t| t < through))
-                .take(SUPERSEDED_MARKERS)
-                .map(|o| {
-                    let item = Garbage::Object {
-                        key: o.key.clone(),
-                        bytes: 0,
-                    };
-                    (due, item)
-                }),
-        );
+        garbage.extend(superseded_markers(ctx, star, cursor.epoch, through, None, due).await?);
         let next = SettleCursor {
             next_slot: through + 1,
             last_due_ms: due,
@@ -734,23 +717,9 @@ async fn finish(
             // below it that no window queued (written by a job cut off before its cursor
             // moved) go now.
             if let Some(last) = next_slot.checked_sub(1) {
-                let prefix = settle_marker_prefix(star, cursor.epoch);
-                let page = ctx.store.list(&prefix, None, MAX_LIST_KEYS).await?;
                 let queued = cursor.next_slot.checked_sub(1);
-                garbage.extend(
-                    page.objects
-                        .iter()
-                        .filter_map(|o| parse_settle_marker(&prefix, &o.key).map(|t| (t, o)))
-                        .filter(|(t, _)| *t < last && Some(*t) != queued)
-                        .take(SUPERSEDED_MARKERS)
-                        .map(|(_, o)| {
-                            let item = Garbage::Object {
-                                key: o.key.clone(),
-                                bytes: 0,
-                            };
-                            (due, item)
-                        }),
-                );
+                let left = superseded_markers(ctx, star, cursor.epoch, last, queued, due).await?;
+                garbage.extend(left);
             }
             SettleCursor {
                 epoch: cursor.epoch + 1,
@@ -774,6 +743,36 @@ async fn finish(
         }
     }
     Ok(())
+}
+
+/// The settle markers of `epoch` below `through` (but `queued`, which this job queues
+/// already), due at `due`: superseded, and queued by no window (a rebuild lost the queue, or a
+/// job was cut off before its cursor moved). At most `SUPERSEDED_MARKERS`, from one listing.
+async fn superseded_markers(
+    ctx: &Ctx,
+    star: &str,
+    epoch: u64,
+    through: u64,
+    queued: Option<u64>,
+    due: u64,
+) -> Result<Vec<(u64, Garbage)>, AuditError> {
+    let prefix = settle_marker_prefix(star, epoch);
+    let page = ctx.store.list(&prefix, None, MAX_LIST_KEYS).await?;
+    Ok(page
+        .objects
+        .iter()
+        .filter(|o| {
+            parse_settle_marker(&prefix, &o.key).is_some_and(|t| t < through && Some(t) != queued)
+        })
+        .take(SUPERSEDED_MARKERS)
+        .map(|o| {
+            let item = Garbage::Object {
+                key: o.key.clone(),
+                bytes: 0,
+            };
+            (due, item)
+        })
+        .collect())
 }
 
 /// Slots past an epoch's fence were never acknowledged (acks go out in slot order): they are

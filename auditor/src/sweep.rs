@@ -89,14 +89,7 @@ async fn sweep_page(
             },
         ));
     }
-    if !stray.is_empty() {
-        tracing::info!(
-            objects = stray.len(),
-            "auditor: settled objects nothing references, queued for collection"
-        );
-        ctx.metrics.swept_objects.inc_by(stray.len() as u64);
-        ctx.catalog.queue_garbage(&stray).await?;
-    }
+    queue_stray(ctx, &stray, "settled objects nothing references").await?;
     Ok(page.next_start_after)
 }
 
@@ -144,15 +137,21 @@ async fn sweep_trims_page(
             ));
         }
     }
+    queue_stray(ctx, &stray, "trim markers behind their stream's trim point").await?;
+    Ok(page.next_start_after)
+}
+
+/// Queues what a page of the sweep found, counted and logged as `what`.
+async fn queue_stray(ctx: &Ctx, stray: &[(u64, Garbage)], what: &str) -> Result<(), AuditError> {
     if !stray.is_empty() {
         tracing::info!(
-            markers = stray.len(),
-            "auditor: trim markers behind their stream's trim point, queued for collection"
+            objects = stray.len(),
+            "auditor: {what}, queued for collection"
         );
         ctx.metrics.swept_objects.inc_by(stray.len() as u64);
-        ctx.catalog.queue_garbage(&stray).await?;
+        ctx.catalog.queue_garbage(stray).await?;
     }
-    Ok(page.next_start_after)
+    Ok(())
 }
 
 /// The star whose prefix `root` (`data/{star}/`) is.

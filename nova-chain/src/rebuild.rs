@@ -760,16 +760,7 @@ async fn choose(
     }
     for i in chain {
         let (data, meta) = &objects[i];
-        let footer = match retrying(clock, || fetch_footer(store, &meta.key)).await {
-            Ok(footer) => footer,
-            Err(source) => {
-                return Err(RebuildError::Flight {
-                    key: meta.key.clone(),
-                    source,
-                });
-            }
-        };
-        take(*data, meta.key.clone(), footer, out)?;
+        take(store, clock, *data, meta.key.clone(), out).await?;
     }
     Ok(())
 }
@@ -825,20 +816,22 @@ fn object_garbage(object: &nova_core::object_store::ObjectMeta) -> Garbage {
 }
 
 /// Takes one settled object into the index, from its footer.
-fn take(
+async fn take(
+    store: &dyn ObjectStore,
+    clock: Clock,
     data: DataKey,
     key: String,
-    footer: ObjectFooter,
     out: &mut Settled<'_>,
 ) -> Result<(), RebuildError> {
-    let footer = match footer {
-        ObjectFooter::Flight(footer) => footer,
-        ObjectFooter::Fence(_) => {
+    let footer = match retrying(clock, || fetch_footer(store, &key)).await {
+        Ok(ObjectFooter::Flight(footer)) => footer,
+        Ok(ObjectFooter::Fence(_)) => {
             return Err(RebuildError::Foreign {
                 key,
                 what: "a fence where a settled object belongs".into(),
             });
         }
+        Err(source) => return Err(RebuildError::Flight { key, source }),
     };
     // Sections of one stream, end to end, covering exactly what the key says.
     let sections = &footer.sections;

@@ -146,19 +146,18 @@ pub async fn write_manifest(
 /// still pending): under the first of `stars` (the caller's own prefix, as the star's own
 /// delete does) and under each other one that holds a manifest for it. The tombstone stays:
 /// only the star that deleted the stream knows its own prefix holds a manifest to mark, and it
-/// clears the tombstone once it has (at its next start). Returns whether a tombstone was
-/// pending.
+/// clears the tombstone once it has (at its next start).
 pub async fn mark_pending_delete(
     store: &dyn ObjectStore,
     catalog: &Catalog,
     stars: &[&str],
     id: u64,
-) -> Result<bool, MarkDeleteError> {
+) -> Result<(), MarkDeleteError> {
     let Some(meta) = catalog.pending_tombstone(id).await? else {
-        return Ok(false);
+        return Ok(());
     };
     let Some((own, others)) = stars.split_first() else {
-        return Ok(true);
+        return Ok(());
     };
     write_manifest(store, own, &meta, true).await?;
     for star in others.iter().filter(|star| *star != own) {
@@ -168,14 +167,14 @@ pub async fn mark_pending_delete(
             Err(err) => return Err(err.into()),
         }
     }
-    Ok(true)
+    Ok(())
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum MarkDeleteError {
     #[error("marking a deleted stream's manifest: {0}")]
     Store(#[from] StoreError),
-    #[error("clearing a deleted stream's tombstone: {0}")]
+    #[error("reading a deleted stream's tombstone: {0}")]
     Catalog(#[from] CatalogError),
 }
 
