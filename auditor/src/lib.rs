@@ -189,7 +189,7 @@ pub fn working_memory(whole_object_max: u64, max_record_bytes: u64) -> u64 {
     settle::working_memory(whole_object_max, max_record_bytes) + rewrite::working_memory()
 }
 
-/// Where the sweep stands: the data prefix and key its pass has reached (a pass covers this
+/// Where the sweep stands: the prefix and key its pass has reached (a pass covers this
 /// star's prefix, then each adopted star's), and when the next pass is due.
 #[derive(Debug, Default)]
 pub(crate) struct SweepState {

@@ -1,22 +1,58 @@
-//! Sweep: now and then, every settled object in the bucket is checked against the catalog, and
-//! one that nothing references and nothing is writing is queued for collection.
+//! Sweep: now and then, everything the auditor writes or leaves in the bucket is checked against
+//! the catalog, and what nothing needs any more is queued for collection.
 //!
 //! Collection follows the catalog, and the catalog can miss an object: a settle's PUT that
-//! landed after its intent was collected (a slow or retried request), or one that landed after
-//! the catalog was rebuilt from the bucket. Such an object can never become referenced (its swap
-//! needs its intent, which is gone), so the sweep is what guarantees that nothing the auditor
-//! wrote stays forever. A pass lists the star's trim markers (`trims/{star}/`), then
-//! `data/{star}/` a page per job, then the prefix of each departed star this star adopted
-//! (whose objects nobody else would look at); the next pass starts `--auditor-sweep-secs` after
-//! the last one began.
+//! landed after its intent was collected (a slow or retried request), one that landed after the
+//! catalog was rebuilt from the bucket, a chain slot or settle marker whose PUT timed out and
+//! landed after its run was collected. Such an object can never become needed again (a swap
+//! needs its intent, which is gone; a slot at or below a settle marker was settled), so the
+//! sweep is what guarantees that nothing stays forever. A pass goes over three prefixes of this
+//! star, then the same three of each departed star it adopted (whose objects nobody else would
+//! look at), a page per job: its trim markers (`trims/{star}/`), its chain (`chain/{star}/`, up
+//! to the settle cursor) and its settled objects (`data/{star}/`). The next pass starts
+//! `--auditor-sweep-secs` after the last one began.
 
 use std::collections::HashMap;
 
 use nova_core::catalog::{Garbage, Liveness};
-use nova_core::keys::{data_root, parse_data_key, parse_trim_marker, trims_root};
+use nova_core::keys::{
+    chain_prefix, chain_root, data_root, parse_data_key, parse_epoch, parse_settle_marker,
+    parse_slot, parse_trim_marker, settle_marker_prefix, slot_key, trims_root,
+};
 use nova_core::object_store::MAX_LIST_KEYS;
 
 use crate::{AuditError, Ctx, Step};
+
+/// What one prefix of a pass holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Trims,
+    Chain,
+    Data,
+}
+
+const PARTS: [Part; 3] = [Part::Trims, Part::Chain, Part::Data];
+
+fn root_of(part: Part, star: &str) -> String {
+    match part {
+        Part::Trims => trims_root(star),
+        Part::Chain => chain_root(star),
+        Part::Data => data_root(star),
+    }
+}
+
+/// The part and star of a pass's `root`.
+fn parse_root(root: &str) -> Option<(Part, &str)> {
+    let (head, rest) = root.split_once('/')?;
+    let star = rest.strip_suffix('/')?;
+    let part = match head {
+        "trims" => Part::Trims,
+        "chain" => Part::Chain,
+        "data" => Part::Data,
+        _ => return None,
+    };
+    Some((part, star))
+}
 
 pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     let now = ctx.config.clock.unix_ms();
@@ -28,31 +64,44 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
         if sweep.root.is_none() {
             // A pass begins.
             sweep.started_ms = now;
-            sweep.root = Some(trims_root(&ctx.config.star));
+            sweep.root = Some(root_of(Part::Trims, &ctx.config.star));
         }
         (sweep.root.clone().unwrap_or_default(), sweep.after.clone())
     };
-    // An adopted prefix is swept only while adopted (a star that rejoined sweeps its own):
-    // under a guard its release waits for, cut off when the adoption ends.
-    let next = if root == data_root(&ctx.config.star) {
-        sweep_page(ctx, &root, after).await?
-    } else if root == trims_root(&ctx.config.star) {
-        sweep_trims_page(ctx, &root, after).await?
-    } else {
-        let guard = data_root_star(&root).and_then(|star| ctx.adoptions.enter(star));
-        match guard {
-            Some(guard) => match guard.run(sweep_page(ctx, &root, after)).await {
+    let next = match parse_root(&root) {
+        Some((part, star)) if star == ctx.config.star => sweep_part(ctx, part, star, after).await?,
+        // An adopted star's prefixes are swept only while it is adopted (a star that rejoined
+        // sweeps its own): under a guard its release waits for, cut off when the adoption ends.
+        Some((part, star)) => match ctx.adoptions.enter(star) {
+            Some(guard) => match guard.run(sweep_part(ctx, part, star, after)).await {
                 Some(next) => next?,
                 None => None,
             },
             None => None,
-        }
+        },
+        None => None,
     };
     match next {
         Some(next) => ctx.sweep.lock().after = Some(next),
         None => next_root(ctx, &root),
     }
     Ok(Step::Done)
+}
+
+/// Sweeps one page of `part` of `star`'s prefixes after `after`; returns where the next page
+/// starts, or `None` once the part is done.
+async fn sweep_part(
+    ctx: &Ctx,
+    part: Part,
+    star: &str,
+    after: Option<String>,
+) -> Result<Option<String>, AuditError> {
+    let root = root_of(part, star);
+    match part {
+        Part::Trims => sweep_trims_page(ctx, &root, after).await,
+        Part::Chain => sweep_chain_page(ctx, star, after).await,
+        Part::Data => sweep_page(ctx, &root, after).await,
+    }
 }
 
 /// Sweeps one page of `root` after `after`; returns where the next page starts.
@@ -154,23 +203,135 @@ async fn queue_stray(ctx: &Ctx, stray: &[(u64, Garbage)], what: &str) -> Result<
     Ok(())
 }
 
-/// The star whose prefix `root` (`data/{star}/`) is.
-fn data_root_star(root: &str) -> Option<&str> {
-    root.strip_prefix("data/")?.strip_suffix('/')
+/// Sweeps one page of `star`'s chain, up to its settle cursor. Everything below the cursor was
+/// settled, so what is still there is a PUT that landed after its run was collected (or a run
+/// a rebuilt catalog's lost queue held): in an epoch the cursor has passed, every slot but the
+/// one after the epoch's last settle marker (its fence, which stays so a paused incarnation can
+/// never land that slot; past it, nothing was acknowledged) and every marker but that last
+/// one; in the cursor's epoch, the slots before the cursor and the markers below the highest.
+/// An epoch without a marker is left alone. Slots are queued due no earlier than the chain's
+/// last run, so what is left of an epoch is still deleted in slot order.
+async fn sweep_chain_page(
+    ctx: &Ctx,
+    star: &str,
+    after: Option<String>,
+) -> Result<Option<String>, AuditError> {
+    let Some(at) = ctx.catalog.settle_cursor(star).await? else {
+        return Ok(None);
+    };
+    let cursor = at.cursor;
+    let root = chain_root(star);
+    let page = ctx
+        .store
+        .list(&root, after.as_deref(), MAX_LIST_KEYS)
+        .await?;
+    let due = ctx.due_at().max(cursor.last_due_ms);
+    let mut highest: HashMap<u64, Option<u64>> = HashMap::new();
+    let mut stray = Vec::new();
+    let mut next = page.next_start_after.clone();
+    for object in &page.objects {
+        let Some(epoch) = parse_epoch(&root, &object.key) else {
+            continue;
+        };
+        if epoch > cursor.epoch {
+            next = None;
+            break;
+        }
+        let marker = match highest.get(&epoch) {
+            Some(known) => *known,
+            None => {
+                let found = highest_marker(ctx, star, epoch).await?;
+                highest.insert(epoch, found);
+                found
+            }
+        };
+        if let Some(slot) = parse_slot(&chain_prefix(star, epoch), &object.key) {
+            let settled = if epoch < cursor.epoch {
+                marker.is_some_and(|through| slot != through + 1)
+            } else if slot < cursor.next_slot {
+                true
+            } else {
+                // The rest of the cursor's epoch is not settled yet: on to its markers, which
+                // sort after every slot.
+                next = Some(slot_key(star, epoch, u64::MAX));
+                break;
+            };
+            if settled {
+                stray.push((
+                    due,
+                    Garbage::Object {
+                        key: object.key.clone(),
+                        bytes: object.size,
+                    },
+                ));
+            }
+        } else if let Some(through) =
+            parse_settle_marker(&settle_marker_prefix(star, epoch), &object.key)
+            && marker.is_some_and(|latest| through < latest)
+        {
+            stray.push((
+                ctx.due_at(),
+                Garbage::Object {
+                    key: object.key.clone(),
+                    bytes: object.size,
+                },
+            ));
+        }
+    }
+    queue_stray(
+        ctx,
+        &stray,
+        "chain slots and settle markers already settled",
+    )
+    .await?;
+    Ok(next)
 }
 
-/// Moves the pass past `root`: from the trim markers to the star's own prefix, then to the
-/// next adopted star's prefix (in key order), or ends the pass.
-fn next_root(ctx: &Ctx, root: &str) {
-    let trims = trims_root(&ctx.config.star);
-    let mut adopted: Vec<String> = ctx.adoptions.stars().iter().map(|s| data_root(s)).collect();
+/// The highest settle marker of `epoch` of `star`'s chain, from the keys alone.
+async fn highest_marker(ctx: &Ctx, star: &str, epoch: u64) -> Result<Option<u64>, AuditError> {
+    let prefix = settle_marker_prefix(star, epoch);
+    let mut highest = None;
+    let mut after: Option<String> = None;
+    loop {
+        let page = ctx
+            .store
+            .list(&prefix, after.as_deref(), MAX_LIST_KEYS)
+            .await?;
+        for object in &page.objects {
+            highest = highest.max(parse_settle_marker(&prefix, &object.key));
+        }
+        match page.next_start_after {
+            Some(next) => after = Some(next),
+            None => return Ok(highest),
+        }
+    }
+}
+
+/// The roots of a pass, in order: this star's three parts, then each adopted star's (in key
+/// order).
+fn pass_roots(ctx: &Ctx) -> Vec<String> {
+    let mut adopted = ctx.adoptions.stars();
     adopted.sort();
-    let next = if root == trims {
-        Some(data_root(&ctx.config.star))
-    } else if root == data_root(&ctx.config.star) {
-        adopted.first().cloned()
-    } else {
-        adopted.into_iter().find(|r| r.as_str() > root)
+    std::iter::once(ctx.config.star.clone())
+        .chain(adopted)
+        .flat_map(|star| PARTS.map(|part| root_of(part, &star)))
+        .collect()
+}
+
+/// Moves the pass past `root` to the next root, or ends the pass.
+fn next_root(ctx: &Ctx, root: &str) {
+    let roots = pass_roots(ctx);
+    let next = match roots.iter().position(|r| r == root) {
+        Some(at) => roots.get(at + 1).cloned(),
+        // Its star is no longer adopted: on to the next adopted star after it.
+        None => {
+            let star = parse_root(root).map(|(_, star)| star);
+            roots
+                .iter()
+                .skip(PARTS.len())
+                .find(|r| parse_root(r).map(|(_, s)| s) > star)
+                .cloned()
+        }
     };
     let mut sweep = ctx.sweep.lock();
     sweep.after = None;

@@ -484,6 +484,86 @@ async fn the_sweep_collects_settled_objects_nothing_references() {
     auditor.stop().await;
 }
 
+/// What a PUT that timed out left landing after its run was collected is swept, in this
+/// star's chain and in an adopted star's chain and trim markers: below the settle cursor every
+/// slot but an ended epoch's fence, every settle marker but each epoch's last. Nothing at or
+/// past the cursor is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
+    use nova_core::catalog::SettleCursor;
+    use nova_core::keys::{TrimMarker, settle_marker_key, slot_key, trim_marker_key};
+
+    let world = World::new();
+    let store = world.disk.store();
+    let catalog = world.catalog();
+    let mut stray = Vec::new();
+    let mut kept = Vec::new();
+    for star in [STAR, "departed"] {
+        // Epoch 1 ended: settled through slot 4, fenced at 5; slot 7 was never acknowledged.
+        // Epoch 2 is the cursor's, at slot 5; epoch 3 is not reached yet.
+        stray.extend([
+            slot_key(star, 1, 3),
+            slot_key(star, 1, 7),
+            settle_marker_key(star, 1, 2),
+            slot_key(star, 2, 1),
+            settle_marker_key(star, 2, 1),
+        ]);
+        kept.extend([
+            slot_key(star, 1, 5),
+            settle_marker_key(star, 1, 4),
+            slot_key(star, 2, 5),
+            slot_key(star, 2, 6),
+            settle_marker_key(star, 2, 4),
+            slot_key(star, 3, 0),
+        ]);
+        let cursor = SettleCursor {
+            epoch: 2,
+            next_slot: 5,
+            last_due_ms: 0,
+        };
+        catalog
+            .advance_settle(star, None, cursor, &[])
+            .await
+            .unwrap();
+    }
+    // A trim marker of a stream that no longer exists, under the departed star's prefix.
+    let marker = TrimMarker {
+        after: 10,
+        committed: 0,
+    };
+    stray.push(trim_marker_key("departed", 9, marker));
+    for key in stray.iter().chain(&kept) {
+        store
+            .put(key, bytes::Bytes::from_static(b"bytes").into())
+            .await
+            .unwrap();
+    }
+    let config = AuditorConfig {
+        sweep_every: Duration::from_millis(200),
+        ..auditor_config(&world.disk, Duration::from_millis(50))
+    };
+    let auditor = start_with(&world, config);
+    auditor.adoptions().set(["departed".to_owned()]);
+    let mut left = stray.clone();
+    for _ in 0..500 {
+        left.clear();
+        for key in &stray {
+            if store.head(key).await.is_ok() {
+                left.push(key.clone());
+            }
+        }
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(left.is_empty(), "left behind: {left:?}");
+    for key in &kept {
+        assert!(store.head(key).await.is_ok(), "{key} went");
+    }
+    auditor.stop().await;
+}
+
 /// The objects one stream's index entries reference, in order, each once.
 async fn objects_of(catalog: &Catalog, stream: &str) -> Vec<String> {
     let id = catalog.stream(stream).await.unwrap().unwrap().id;

@@ -745,11 +745,8 @@ fn check_chain_left(world: &World, objects: &BTreeMap<String, Bytes>, epoch: u64
     // Per epoch: its slots (with their bytes) and its settle markers.
     type Left<'a> = (Vec<(u64, &'a Bytes)>, Vec<u64>);
     let mut epochs: BTreeMap<u64, Left> = BTreeMap::new();
-    // A slot or marker whose PUT landed after it was answered may have landed after it was
-    // collected, and nothing collects it again (see docs/auditor.md, "Not built yet").
-    let chain = objects
-        .iter()
-        .filter(|(k, _)| k.starts_with(&root) && !world.store.landed_late(k));
+    // A slot or marker whose PUT landed after its run was collected is the sweep's to find.
+    let chain = objects.iter().filter(|(k, _)| k.starts_with(&root));
     for (key, bytes) in chain {
         let Some(e) = parse_epoch(&root, key) else {
             continue;

@@ -84,8 +84,6 @@ struct Inner {
     /// exclusive). They outlive the process that made them, as a request the client gave up on
     /// does.
     late_writes: Mutex<Vec<(String, Option<Bytes>, bool)>>,
-    /// Keys a late write put back after it was answered (possibly after a delete).
-    landed_late: Mutex<std::collections::HashSet<String>>,
     /// Chain slot writes in progress now, and the most at once since the last `attach`.
     chain_writes: Mutex<(usize, usize)>,
 }
@@ -123,7 +121,6 @@ impl SimStore {
                 stuck_until: Mutex::default(),
                 chain_writes: Mutex::default(),
                 late_writes: Mutex::default(),
-                landed_late: Mutex::default(),
             }),
         }
     }
@@ -156,7 +153,6 @@ impl SimStore {
                 }
                 Some(object) if !exclusive || !objects.contains_key(&key) => {
                     store.stamp(&key);
-                    store.inner.landed_late.lock().insert(key.clone());
                     objects.insert(key, object);
                 }
                 Some(_) => {}
@@ -223,12 +219,6 @@ impl SimStore {
     }
 
     /// A copy of what the store holds, for checks.
-    /// Whether a write to `key` landed after its answer (and so maybe after its object was
-    /// collected).
-    pub fn landed_late(&self, key: &str) -> bool {
-        self.inner.landed_late.lock().contains(key)
-    }
-
     pub fn snapshot(&self) -> BTreeMap<String, Bytes> {
         self.inner.objects.lock().clone()
     }
