@@ -214,6 +214,10 @@ async fn collect(ctx: &Ctx, queued: &QueuedGarbage) -> Result<(), AuditError> {
                 .with_label_values(&["chain_slot"])
                 .inc_by(to - from + 1);
             ctx.metrics.reclaimed_bytes.inc_by(*bytes);
+            ctx.catalog
+                .forget_chain_run(queued, star, *epoch, *to)
+                .await?;
+            return Ok(());
         }
     }
     ctx.catalog.forget_garbage(queued).await?;

@@ -203,23 +203,28 @@ async fn queue_stray(ctx: &Ctx, stray: &[(u64, Garbage)], what: &str) -> Result<
     Ok(())
 }
 
-/// Sweeps one page of `star`'s chain, up to its settle cursor. Everything below the cursor was
-/// settled, so what is still there is a PUT that landed after its run was collected (or a run
-/// a rebuilt catalog's lost queue held): in an epoch the cursor has passed, every slot but the
-/// one after the epoch's last settle marker (its fence, which stays so a paused incarnation can
-/// never land that slot; past it, nothing was acknowledged) and every marker but that last
-/// one; in the cursor's epoch, the slots before the cursor and the markers below the highest.
-/// An epoch without a marker is left alone. Slots are queued due no earlier than the chain's
-/// last run, so what is left of an epoch is still deleted in slot order.
+/// Sweeps one page of `star`'s chain, up to where the collector has deleted it (the catalog's
+/// collected mark: everything queued for the chain before the last run it collected went too,
+/// so what is still there below it was not in the queue any more). What is there landed after
+/// its run was collected (a PUT that timed out), or was queued in a catalog since rebuilt: in an
+/// epoch past (one the mark and the settle cursor have both left), every slot but the one
+/// after the epoch's last settle marker (its fence, which stays so a paused incarnation can
+/// never land that slot; past it, nothing was acknowledged) and every marker but that last one;
+/// in the mark's epoch, the slots up to the mark and the markers below the highest that the
+/// collected runs superseded. An epoch without a marker is left alone. Slots are queued due no
+/// earlier than the chain's last run, so what is left of an epoch is still deleted in order.
 async fn sweep_chain_page(
     ctx: &Ctx,
     star: &str,
     after: Option<String>,
 ) -> Result<Option<String>, AuditError> {
-    let Some(at) = ctx.catalog.settle_cursor(star).await? else {
+    let (Some(mark), Some(at)) = (
+        ctx.catalog.chain_collected(star).await?,
+        ctx.catalog.settle_cursor(star).await?,
+    ) else {
         return Ok(None);
     };
-    let cursor = at.cursor;
+    let (cursor, (mark_epoch, mark_slot)) = (at.cursor, mark);
     let root = chain_root(star);
     let page = ctx
         .store
@@ -233,10 +238,11 @@ async fn sweep_chain_page(
         let Some(epoch) = parse_epoch(&root, &object.key) else {
             continue;
         };
-        if epoch > cursor.epoch {
+        if epoch > mark_epoch || epoch > cursor.epoch {
             next = None;
             break;
         }
+        let past = epoch < mark_epoch && epoch < cursor.epoch;
         let marker = match highest.get(&epoch) {
             Some(known) => *known,
             None => {
@@ -245,32 +251,27 @@ async fn sweep_chain_page(
                 found
             }
         };
-        if let Some(slot) = parse_slot(&chain_prefix(star, epoch), &object.key) {
-            let settled = if epoch < cursor.epoch {
+        let left = if let Some(slot) = parse_slot(&chain_prefix(star, epoch), &object.key) {
+            if past {
                 marker.is_some_and(|through| slot != through + 1)
-            } else if slot < cursor.next_slot {
+            } else if slot <= mark_slot && slot < cursor.next_slot {
                 true
             } else {
-                // The rest of the cursor's epoch is not settled yet: on to its markers, which
-                // sort after every slot.
+                // The rest of the epoch's slots are not collected yet: on to its markers,
+                // which sort after every slot.
                 next = Some(slot_key(star, epoch, u64::MAX));
                 break;
-            };
-            if settled {
-                stray.push((
-                    due,
-                    Garbage::Object {
-                        key: object.key.clone(),
-                        bytes: object.size,
-                    },
-                ));
             }
         } else if let Some(through) =
             parse_settle_marker(&settle_marker_prefix(star, epoch), &object.key)
-            && marker.is_some_and(|latest| through < latest)
         {
+            marker.is_some_and(|latest| through < latest) && (past || through < mark_slot)
+        } else {
+            false
+        };
+        if left {
             stray.push((
-                ctx.due_at(),
+                due,
                 Garbage::Object {
                     key: object.key.clone(),
                     bytes: object.size,
@@ -281,7 +282,7 @@ async fn sweep_chain_page(
     queue_stray(
         ctx,
         &stray,
-        "chain slots and settle markers already settled",
+        "chain slots and settle markers left after collection",
     )
     .await?;
     Ok(next)

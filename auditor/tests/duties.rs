@@ -485,12 +485,13 @@ async fn the_sweep_collects_settled_objects_nothing_references() {
 }
 
 /// What a PUT that timed out left landing after its run was collected is swept, in this
-/// star's chain and in an adopted star's chain and trim markers: below the settle cursor every
-/// slot but an ended epoch's fence, every settle marker but each epoch's last. Nothing at or
-/// past the cursor is touched.
+/// star's chain and in an adopted star's chain and trim markers: in an epoch past, every slot
+/// but its fence and every settle marker but its last; in the epoch being collected, what the
+/// collector has passed. Nothing the queue may still hold is queued again, and nothing at or
+/// past the settle cursor is touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
-    use nova_core::catalog::SettleCursor;
+    use nova_core::catalog::{Garbage, SettleCursor};
     use nova_core::keys::{TrimMarker, settle_marker_key, slot_key, trim_marker_key};
 
     let world = World::new();
@@ -500,7 +501,8 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
     let mut kept = Vec::new();
     for star in [STAR, "departed"] {
         // Epoch 1 ended: settled through slot 4, fenced at 5; slot 7 was never acknowledged.
-        // Epoch 2 is the cursor's, at slot 5; epoch 3 is not reached yet.
+        // Epoch 2 is the cursor's, at slot 5, and collected through slot 2 (the run queued
+        // here); slot 3 may still be in the queue. Epoch 3 is not reached yet.
         stray.extend([
             slot_key(star, 1, 3),
             slot_key(star, 1, 7),
@@ -511,6 +513,8 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
         kept.extend([
             slot_key(star, 1, 5),
             settle_marker_key(star, 1, 4),
+            slot_key(star, 2, 3),
+            settle_marker_key(star, 2, 2),
             slot_key(star, 2, 5),
             slot_key(star, 2, 6),
             settle_marker_key(star, 2, 4),
@@ -521,8 +525,15 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
             next_slot: 5,
             last_due_ms: 0,
         };
+        let run = Garbage::ChainSlots {
+            star: star.to_owned(),
+            epoch: 2,
+            from: 0,
+            to: 2,
+            bytes: 0,
+        };
         catalog
-            .advance_settle(star, None, cursor, &[])
+            .advance_settle(star, None, cursor, &[(0, run)])
             .await
             .unwrap();
     }

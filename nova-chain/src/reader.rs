@@ -25,6 +25,7 @@
 //! gone: it resolves again from where it is (up to `STALE_REF_RETRIES` times) and carries on.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
@@ -105,7 +106,7 @@ impl ReadCharge {
 }
 
 /// How long the star trusts the trim point it last read for a stream.
-const TRIM_POINT_FRESH_MS: u64 = 1000;
+const TRIM_POINT_FRESH: Duration = Duration::from_secs(1);
 
 /// The first record `stream` holds: as last read if that was recent (and `force` is off),
 /// otherwise read from the catalog now.
@@ -114,10 +115,9 @@ pub(crate) async fn first_seq(
     stream: &StreamState,
     force: bool,
 ) -> Result<u64, RequestError> {
-    let now = shared.config.clock.unix_ms();
-    if !force
-        && let Some(first) = stream.first_seq_if_read_since(now.saturating_sub(TRIM_POINT_FRESH_MS))
-    {
+    let clock = shared.config.clock;
+    let now = clock.now();
+    if !force && let Some(first) = stream.first_seq_if_fresh(clock, Some(TRIM_POINT_FRESH)) {
         return Ok(first);
     }
     match shared.catalog.first_seq(stream.id()).await {
@@ -129,7 +129,7 @@ pub(crate) async fn first_seq(
         // stay for the grace period, so the last one read serves (reads from memory must not
         // start failing with the metastore). Not when the question is whether records just
         // went missing were trimmed: a stale answer would call it a loss.
-        Err(err) if !force && stream.first_seq_if_read_since(0).is_some() => {
+        Err(err) if !force && stream.first_seq_if_fresh(clock, None).is_some() => {
             tracing::debug!(
                 stream = stream.name(),
                 "trim point unreadable, using the last: {err}"

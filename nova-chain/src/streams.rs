@@ -4,13 +4,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
 
 use parking_lot::RwLock;
 
 use nova_core::catalog::{
     Catalog, CatalogError, Occupancy, Retention, StorageClass, StreamMeta, StreamTail,
 };
-use nova_core::clock::Clock;
+use nova_core::clock::{Clock, Instant};
 use nova_core::metastore::Compare;
 use nova_core::metrics::Metrics;
 use nova_core::object_store::{ObjectStore, StoreError};
@@ -46,9 +47,10 @@ pub struct StreamState {
     /// The retention as last set (`meta` holds the one it was created or loaded with).
     pub(crate) retention: parking_lot::Mutex<Retention>,
     /// The first record the stream holds as this star last read it from the catalog (retention
-    /// moves it), and when it read it (unix ms; 0: never).
+    /// moves it), and when it read it (`None`: never). Monotonic: a wall clock stepped back
+    /// would keep a trim point read long ago fresh for as long as the step.
     first_seq: AtomicU64,
-    first_seq_read_ms: AtomicU64,
+    first_seq_read: parking_lot::Mutex<Option<Instant>>,
     /// Wakes readers waiting at the tail.
     tail_moved: tokio::sync::Notify,
     /// Records and content bytes acknowledged since this star loaded the stream, for its
@@ -82,7 +84,7 @@ impl StreamState {
             retention: parking_lot::Mutex::new(meta.retention),
             meta,
             first_seq: AtomicU64::new(0),
-            first_seq_read_ms: AtomicU64::new(0),
+            first_seq_read: parking_lot::Mutex::new(None),
             tail_moved: tokio::sync::Notify::new(),
             appended_records: AtomicU64::new(0),
             appended_bytes: AtomicU64::new(0),
@@ -192,16 +194,18 @@ impl StreamState {
         self.first_seq.load(Ordering::Acquire)
     }
 
-    /// The first record the stream holds, as last read, if read since `fresh_from_ms`.
-    pub(crate) fn first_seq_if_read_since(&self, fresh_from_ms: u64) -> Option<u64> {
-        let read = self.first_seq_read_ms.load(Ordering::Acquire);
-        (read != 0 && read >= fresh_from_ms).then(|| self.first_seq.load(Ordering::Acquire))
+    /// The first record the stream holds, as last read, if it was read within `fresh` of now
+    /// (`None`: read at all).
+    pub(crate) fn first_seq_if_fresh(&self, clock: Clock, fresh: Option<Duration>) -> Option<u64> {
+        let read = (*self.first_seq_read.lock())?;
+        fresh
+            .is_none_or(|fresh| clock.since(read) <= fresh)
+            .then(|| self.first_seq.load(Ordering::Acquire))
     }
 
-    pub(crate) fn set_first_seq(&self, first_seq: u64, read_ms: u64) {
+    pub(crate) fn set_first_seq(&self, first_seq: u64, read: Instant) {
         self.first_seq.fetch_max(first_seq, Ordering::AcqRel);
-        self.first_seq_read_ms
-            .store(read_ms.max(1), Ordering::Release);
+        *self.first_seq_read.lock() = Some(read);
     }
 
     /// Refuses appends from now on (`true`), or takes them again. Returns once no batch is
@@ -953,5 +957,41 @@ impl StreamRegistry {
             .take(limit)
             .map(|(_, state)| state.clone())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use nova_core::clock::ClockSkew;
+
+    use super::*;
+
+    /// A trim point read a second ago is stale however the wall clock stepped meanwhile: one
+    /// stepped back an hour would otherwise keep it fresh for the hour, and readers would be
+    /// answered from a trim point retention has long passed.
+    #[tokio::test(start_paused = true)]
+    async fn a_trim_point_goes_stale_whatever_the_wall_clock_does() {
+        let skew: &'static ClockSkew = Box::leak(Box::default());
+        let origin = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let clock = Clock::simulated(origin).skewed(skew);
+        let meta = StreamMeta {
+            id: 1,
+            name: "s".into(),
+            created_at_ms: 0,
+            class: StorageClass::Standard,
+            retention: Retention::default(),
+        };
+        let stream = StreamState::new(meta, StreamTail::default());
+        let fresh = Some(Duration::from_secs(1));
+        assert_eq!(stream.first_seq_if_fresh(clock, None), None, "never read");
+        stream.set_first_seq(10, clock.now());
+        assert_eq!(stream.first_seq_if_fresh(clock, fresh), Some(10));
+        skew.set_ms(-3_600_000);
+        clock.sleep(Duration::from_millis(1500)).await;
+        assert_eq!(stream.first_seq_if_fresh(clock, fresh), None, "stale");
+        // Still what to answer with when the catalog cannot be read.
+        assert_eq!(stream.first_seq_if_fresh(clock, None), Some(10));
     }
 }

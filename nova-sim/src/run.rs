@@ -671,9 +671,12 @@ async fn audit_to_the_end(world: &World, star: &Star, auditor: &Auditor, clock: 
             return;
         }
         if clock.since(started) > AUDIT_LIMIT {
+            let queued = catalog.garbage_page(3).await.unwrap_or_default();
             world.violation(format!(
                 "the auditor did not finish in {AUDIT_LIMIT:?} without faults: settled {settled}, \
-                 collected {collected}, dropped {dropped}, swept {swept} (cursor {cursor:?})"
+                 collected {collected}, dropped {dropped}, swept {swept} (cursor {cursor:?}; \
+                 first queued {queued:?}, now {})",
+                clock.unix_ms()
             ));
             return;
         }

@@ -25,6 +25,22 @@ const DROPPING_PREFIX: &[u8] = b"x/";
 /// become referenced from one that never can.
 const WRITING_PREFIX: &[u8] = b"y/";
 
+/// `k/{star}`: how far the collector has deleted the star's chain, as the epoch and last slot
+/// of the latest run of its slots collected. A chain's runs are queued with due times that
+/// never go back and collected in due order, so every run queued before that one went too: a
+/// slot at or below the mark that is still in the bucket landed after its run was collected,
+/// and the sweep may queue it without queuing twice what the queue still holds.
+const COLLECTED_PREFIX: &[u8] = b"k/";
+
+fn collected_key(star: &str) -> Vec<u8> {
+    let mut key = COLLECTED_PREFIX.to_vec();
+    key.extend_from_slice(star.as_bytes());
+    key
+}
+
+/// Attempts at moving a chain's collected mark that meets another collector's move.
+const COLLECTED_MARK_ATTEMPTS: usize = 5;
+
 fn writing_key(object: &str) -> Vec<u8> {
     let mut key = WRITING_PREFIX.to_vec();
     key.extend_from_slice(object.as_bytes());
@@ -445,6 +461,57 @@ impl Catalog {
             .collect()
     }
 
+    /// How far the collector has deleted `star`'s chain: the epoch and last slot of the
+    /// latest run collected (see `COLLECTED_PREFIX`).
+    pub async fn chain_collected(&self, star: &str) -> Result<Option<(u64, u64)>, CatalogError> {
+        match self.store.get(&collected_key(star)).await? {
+            Some(kv) => {
+                let mut r = Reader::start(&kv.value)?;
+                Ok(Some((r.u64()?, r.u64()?)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Forgets a collected run of `star`'s chain slots ending at `slot` of `epoch`, and moves
+    /// the chain's collected mark there if that is further, in one transaction. Should other
+    /// collectors keep moving the mark meanwhile, the run is forgotten without it: a mark that
+    /// lags only makes the sweep look at less.
+    pub async fn forget_chain_run(
+        &self,
+        queued: &QueuedGarbage,
+        star: &str,
+        epoch: u64,
+        slot: u64,
+    ) -> Result<(), CatalogError> {
+        let key = collected_key(star);
+        for _ in 0..COLLECTED_MARK_ATTEMPTS {
+            let current = self.store.get(&key).await?;
+            let mark = match &current {
+                Some(kv) => {
+                    let mut r = Reader::start(&kv.value)?;
+                    Some((r.u64()?, r.u64()?))
+                }
+                None => None,
+            };
+            let mut txn = Txn::new().delete(queued.key.clone());
+            if mark.is_none_or(|mark| (epoch, slot) > mark) {
+                let compare = match &current {
+                    Some(kv) => Compare::Version(key.clone(), kv.version),
+                    None => Compare::Missing(key.clone()),
+                };
+                let mut value = vec![FORMAT];
+                value.put_u64_le(epoch);
+                value.put_u64_le(slot);
+                txn = txn.compare(compare).put(key.clone(), value);
+            }
+            if let TxnOutcome::Committed { .. } = self.store.commit(txn).await? {
+                return Ok(());
+            }
+        }
+        self.forget_garbage(queued).await
+    }
+
     pub async fn forget_garbage(&self, queued: &QueuedGarbage) -> Result<(), CatalogError> {
         let mut txn = Txn::new().delete(queued.key.clone());
         if let Garbage::Object { key, .. } = &queued.item {
@@ -751,6 +818,39 @@ mod tests {
         assert_eq!(items, [(100, slots), (200, object)]);
         catalog.forget_garbage(&page[0]).await.unwrap();
         assert_eq!(catalog.garbage_page(10).await.unwrap().len(), 1);
+    }
+
+    /// The collected mark follows the furthest run forgotten, whatever order collectors
+    /// forget runs in, and each forget takes its item off the queue.
+    #[tokio::test]
+    async fn a_chains_collected_mark_only_moves_forward() {
+        let (_dir, catalog) = catalog();
+        assert_eq!(catalog.chain_collected("s").await.unwrap(), None);
+        let run = |epoch, to| Garbage::ChainSlots {
+            star: "s".into(),
+            epoch,
+            from: 0,
+            to,
+            bytes: 0,
+        };
+        catalog
+            .queue_garbage(&[(1, run(2, 9)), (2, run(3, 4)), (3, run(2, 20))])
+            .await
+            .unwrap();
+        let page = catalog.garbage_page(10).await.unwrap();
+        let expect = [(2, 9), (3, 4), (3, 4)];
+        for (queued, mark) in page.iter().zip(expect) {
+            let Garbage::ChainSlots { epoch, to, .. } = queued.item else {
+                panic!("not a run: {queued:?}");
+            };
+            catalog
+                .forget_chain_run(queued, "s", epoch, to)
+                .await
+                .unwrap();
+            assert_eq!(catalog.chain_collected("s").await.unwrap(), Some(mark));
+        }
+        assert!(catalog.garbage_page(10).await.unwrap().is_empty());
+        assert_eq!(catalog.chain_collected("other").await.unwrap(), None);
     }
 
     #[tokio::test]

@@ -29,6 +29,9 @@ pub(super) async fn end_faults(world: &Arc<World>) {
     world.oracle.lock().process_ended();
     world.store.set_faults(StoreFaults::none());
     world.metastore.set_faults(MetastoreFaults::none());
+    for index in 0..MAX_STARS {
+        world.step_clock(index, 0);
+    }
     for slot in world.slots.lock().iter() {
         if let Some(node) = &slot.node {
             node.resume();

@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 use tokio::task::JoinSet;
 
-use nova_core::clock::Clock;
+use nova_core::clock::{Clock, ClockSkew};
 use nova_core::entropy::Entropy;
 
 use crate::metastore::SimMetastore;
@@ -112,7 +112,10 @@ pub struct World {
     pub seed: u64,
     pub plan: FleetPlan,
     pub entropy: Entropy,
+    /// The true time: the store's, the metastore's, and every star's monotonic clock.
     pub clock: Clock,
+    /// How far each star's wall clock is off (see `star_clock`).
+    skews: Vec<&'static ClockSkew>,
     pub store: SimStore,
     pub metastore: SimMetastore,
     pub oracle: Arc<Mutex<Oracle>>,
@@ -129,6 +132,16 @@ pub struct World {
 impl World {
     pub fn violation(&self, message: String) {
         self.oracle.lock().violation(message);
+    }
+
+    /// Star `index`'s clock: the true one, with a wall clock of its own that the seed steps.
+    pub fn star_clock(&self, index: usize) -> Clock {
+        self.clock.skewed(self.skews[index])
+    }
+
+    /// Steps star `index`'s wall clock to `error_ms` off.
+    pub fn step_clock(&self, index: usize, error_ms: i64) {
+        self.skews[index].set_ms(error_ms);
     }
 
     pub fn count(&self, f: impl FnOnce(&mut Counters)) {
@@ -198,7 +211,8 @@ impl World {
 
 pub fn run_fleet_seed(seed: u64) -> Result<FleetReport, Failure> {
     let entropy = Entropy::seeded(seed);
-    let plan = FleetPlan::draw(&entropy);
+    let mut plan = FleetPlan::draw(&entropy);
+    plan.draw_clock_steps(&Entropy::seeded(seed ^ 0x0c10_c57e_9000));
     tracing::info!(?plan, "fleet seed {seed}");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -217,6 +231,10 @@ pub fn run_fleet_seed(seed: u64) -> Result<FleetReport, Failure> {
         seed,
         entropy,
         clock,
+        // One per star id for the whole run (a star's clock outlives its incarnations).
+        skews: (0..MAX_STARS)
+            .map(|_| &*Box::leak(Box::default()))
+            .collect(),
         store,
         metastore,
         oracle: Arc::default(),
@@ -294,6 +312,14 @@ async fn run(world: &Arc<World>) {
             tracing::info!(?event, "event");
             events::apply(&world, event).await;
             tracing::info!(?event, "event ended");
+        });
+    }
+    for (at, star, error) in world.plan.clock_steps.clone() {
+        let world = world.clone();
+        events.spawn(async move {
+            world.clock.sleep(at).await;
+            tracing::info!(star, error_ms = error, "a star's wall clock steps");
+            world.step_clock(star, error);
         });
     }
     world.clock.sleep(world.plan.run_for).await;

@@ -198,7 +198,7 @@ enum Started {
 /// Joins the fleet (as a supervisor would, trying again after a failed start) and opens the
 /// star.
 async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Started {
-    let clock = world.clock;
+    let clock = world.star_clock(node.index);
     let metastore: Arc<dyn Metastore> = Arc::new(GatedMetastore {
         metastore: world.metastore.clone(),
         link: node.meta.clone(),

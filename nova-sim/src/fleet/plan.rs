@@ -40,6 +40,34 @@ pub struct FleetPlan {
     pub metastore: MetastoreFaults,
     /// Each star's chain settings, but for its id, clock and entropy.
     pub chain: ChainConfig,
+    /// Steps of one star's wall clock to an error in ms (its monotonic clock never moves with
+    /// it): at that moment of the run, that star, that error. Every star's clock is right at
+    /// the start and set right again when the faults end.
+    pub clock_steps: Vec<(Duration, usize, i64)>,
+}
+
+impl FleetPlan {
+    /// Draws the clock steps from `entropy` of their own, so the rest of a seed's plan is what
+    /// it was before stars had clocks of their own: half the seeds step clocks, up to four
+    /// times, to errors a wall clock really has (a few seconds either way, a minute, an hour
+    /// ahead).
+    pub fn draw_clock_steps(&mut self, entropy: &Entropy) {
+        if !entropy.chance(0.5) {
+            return;
+        }
+        let run_for = self.run_for.as_millis() as u64;
+        self.clock_steps = (0..1 + entropy.below(4))
+            .map(|_| {
+                let at = ms(entropy, 0, run_for);
+                let star = entropy.below(MAX_STARS as u64) as usize;
+                let error = pick(
+                    entropy,
+                    &[-30_000i64, -4_000, 0, 3_000, 15_000, 60_000, 3_600_000],
+                );
+                (at, star, error)
+            })
+            .collect();
+    }
 }
 
 /// Something that happens to the fleet at a moment of the run.
@@ -196,6 +224,7 @@ impl FleetPlan {
                 metrics_top_streams: 0,
                 leaders: None,
             },
+            clock_steps: Vec::new(),
         }
     }
 
