@@ -190,14 +190,21 @@ pub fn working_memory(whole_object_max: u64, max_record_bytes: u64) -> u64 {
 }
 
 /// Where the sweep stands: the prefix and key its pass has reached (a pass covers this
-/// star's prefix, then each adopted star's), and when the next pass is due.
+/// star's prefixes, then each adopted star's), and when the next pass is due (monotonic: a
+/// wall clock stepped back must not hold passes up for as long as the step).
 #[derive(Debug, Default)]
 pub(crate) struct SweepState {
     /// `None` between passes.
     pub root: Option<String>,
     pub after: Option<String>,
-    pub started_ms: u64,
-    pub next_pass_ms: Option<u64>,
+    /// In a chain's prefix: how far the collector had deleted it when its sweep began (see
+    /// `sweep::chain_reach`).
+    pub chain_reach: Option<(u64, Option<u64>)>,
+    /// Per chain swept (this star's and the adopted ones'), the latest due time its sweep
+    /// queued leftovers at: until the queue is past it, that chain is not swept again.
+    pub chain_queued: std::collections::HashMap<String, u64>,
+    pub started: Option<nova_core::clock::Instant>,
+    pub next_pass: Option<nova_core::clock::Instant>,
 }
 
 /// The chains of departed stars this auditor looks after besides its own: it settles what they

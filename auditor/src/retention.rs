@@ -29,6 +29,7 @@
 //! "clock"}`) and logged once a pass.
 
 use nova_core::catalog::{Garbage, IndexEntry, Liveness, StreamMeta};
+use nova_core::clock::Instant;
 use nova_core::flight::{ObjectFooter, fetch_footer};
 use nova_core::keys::{
     TrimMarker, clock_probe_key, parse_any_data_key, parse_trim_marker, trim_marker_key,
@@ -58,7 +59,9 @@ const RETENTION_PASS_IDLES: u32 = 5;
 #[derive(Debug, Default)]
 pub(crate) struct RetentionState {
     pub after: Option<String>,
-    pub next_pass_ms: Option<u64>,
+    /// When the next pass may start (monotonic: a wall clock stepped back must not hold
+    /// passes up for as long as the step).
+    pub next_pass: Option<Instant>,
     /// Whether this pass found a stream with more to trim than one job does.
     pub behind: bool,
     /// The object store's time as this pass read it, and when (monotonic), once a trim by age
@@ -89,10 +92,10 @@ impl Reason {
 }
 
 pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
-    let now = ctx.config.clock.unix_ms();
+    let now = ctx.config.clock.now();
     let after = {
         let state = ctx.retention_state.lock();
-        if state.next_pass_ms.is_some_and(|next| now < next) {
+        if state.next_pass.is_some_and(|next| now < next) {
             return Ok(Step::Idle);
         }
         state.after.clone()
@@ -142,10 +145,9 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
             );
         }
         state.after = None;
-        state.next_pass_ms =
-            Some(now + (ctx.config.idle * RETENTION_PASS_IDLES).as_millis() as u64);
+        state.next_pass = Some(now + ctx.config.idle * RETENTION_PASS_IDLES);
     } else {
-        state.next_pass_ms = None;
+        state.next_pass = None;
     }
     drop(state);
     // The pass moved on past a stream that failed; the failure is reported (and backed off

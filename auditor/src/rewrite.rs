@@ -25,6 +25,7 @@
 use bytes::Bytes;
 
 use nova_core::catalog::{Garbage, IndexEntry};
+use nova_core::clock::Instant;
 use nova_core::flight::crc::{crc32c, crc32c_combine};
 use nova_core::flight::{
     FlightFooter, FlightMeta, HEADER_LEN, ObjectFooter, SectionEntry, encode_flight_end,
@@ -77,7 +78,8 @@ impl Source {
 #[derive(Debug, Default)]
 pub(crate) struct RewriteState {
     pub after: Option<(u64, u64)>,
-    pub next_pass_ms: Option<u64>,
+    /// When the next pass may start (monotonic, as the retention's).
+    pub next_pass: Option<Instant>,
     /// The store once composed an object of the wrong size: its copies are not trusted
     /// again, and every source is read and assembled instead (until the auditor restarts).
     pub copies_refused: bool,
@@ -144,10 +146,10 @@ impl Plan {
 }
 
 pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
-    let now = ctx.config.clock.unix_ms();
+    let now = ctx.config.clock.now();
     let mut cursor = {
         let state = ctx.rewrite_state.lock();
-        if state.next_pass_ms.is_some_and(|next| now < next) {
+        if state.next_pass.is_some_and(|next| now < next) {
             return Ok(Step::Idle);
         }
         state.after
@@ -177,7 +179,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
             // The pass is over; a short run at a stream's end waits for more.
             let mut state = ctx.rewrite_state.lock();
             state.after = None;
-            state.next_pass_ms = Some(now + ctx.config.settle_after.as_millis() as u64);
+            state.next_pass = Some(now + ctx.config.settle_after);
             ctx.set_due(Duty::Rewrite, None);
             return Ok(Step::Idle);
         }
@@ -185,7 +187,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
     // Scanned enough for one job: the next starts again at the run under way, if any.
     let mut state = ctx.rewrite_state.lock();
     state.after = scan.resume_at().or(cursor);
-    state.next_pass_ms = None;
+    state.next_pass = None;
     Ok(Step::Done)
 }
 
@@ -347,7 +349,7 @@ async fn merge_and_resume(ctx: &Ctx, run: Vec<Source>) -> Result<Step, AuditErro
     {
         let mut state = ctx.rewrite_state.lock();
         state.after = Some(before);
-        state.next_pass_ms = None;
+        state.next_pass = None;
     }
     if let Err(err) = merge(ctx, run).await {
         ctx.rewrite_state.lock().after = Some(past);

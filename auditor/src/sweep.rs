@@ -14,12 +14,12 @@
 
 use std::collections::HashMap;
 
-use nova_core::catalog::{Garbage, Liveness};
+use nova_core::catalog::{Garbage, Liveness, SettleCursor};
 use nova_core::keys::{
     chain_prefix, chain_root, data_root, parse_data_key, parse_epoch, parse_settle_marker,
     parse_slot, parse_trim_marker, settle_marker_prefix, slot_key, trims_root,
 };
-use nova_core::object_store::MAX_LIST_KEYS;
+use nova_core::object_store::{ListPage, MAX_LIST_KEYS};
 
 use crate::{AuditError, Ctx, Step};
 
@@ -55,16 +55,21 @@ fn parse_root(root: &str) -> Option<(Part, &str)> {
 }
 
 pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
-    let now = ctx.config.clock.unix_ms();
+    let now = ctx.config.clock.now();
+    let adopted = ctx.adoptions.stars();
     let (root, after) = {
         let mut sweep = ctx.sweep.lock();
-        if sweep.next_pass_ms.is_some_and(|next| now < next) {
+        if sweep.next_pass.is_some_and(|next| now < next) {
             return Ok(Step::Idle);
         }
         if sweep.root.is_none() {
             // A pass begins.
-            sweep.started_ms = now;
+            sweep.started = Some(now);
             sweep.root = Some(root_of(Part::Trims, &ctx.config.star));
+            let own = &ctx.config.star;
+            sweep
+                .chain_queued
+                .retain(|star, _| star == own || adopted.contains(star));
         }
         (sweep.root.clone().unwrap_or_default(), sweep.after.clone())
     };
@@ -203,46 +208,65 @@ async fn queue_stray(ctx: &Ctx, stray: &[(u64, Garbage)], what: &str) -> Result<
     Ok(())
 }
 
-/// Sweeps one page of `star`'s chain, up to where the collector has deleted it (the catalog's
-/// collected mark: everything queued for the chain before the last run it collected went too,
-/// so what is still there below it was not in the queue any more). What is there landed after
-/// its run was collected (a PUT that timed out), or was queued in a catalog since rebuilt: in an
-/// epoch past (one the mark and the settle cursor have both left), every slot but the one
-/// after the epoch's last settle marker (its fence, which stays so a paused incarnation can
-/// never land that slot; past it, nothing was acknowledged) and every marker but that last one;
-/// in the mark's epoch, the slots up to the mark and the markers below the highest that the
-/// collected runs superseded. An epoch without a marker is left alone. Slots are queued due no
-/// earlier than the chain's last run, so what is left of an epoch is still deleted in order.
+/// Sweeps one page of `star`'s chain, up to where the collector has deleted it (see
+/// `chain_reach`), so that nothing it queues is still in the queue. What is still there below
+/// that point landed after its run was collected (a PUT that timed out), or was queued in a
+/// catalog since rebuilt:
+///
+/// - in an epoch past (one the settle cursor and that point have both left), every slot but
+///   the one after the epoch's last settle marker (its fence, which stays so a paused
+///   incarnation can never land that slot; past it, nothing was acknowledged) and every marker
+///   but that last one;
+/// - in that point's epoch, the slots up to it (and below the cursor) and the markers below the
+///   highest that the runs collected superseded.
+///
+/// An epoch without a marker is left alone. Slots are queued due after the chain's last run,
+/// so what is left of an epoch is still deleted in order, and no item collides with a queued
+/// run.
 async fn sweep_chain_page(
     ctx: &Ctx,
     star: &str,
     after: Option<String>,
 ) -> Result<Option<String>, AuditError> {
-    let (Some(mark), Some(at)) = (
-        ctx.catalog.chain_collected(star).await?,
-        ctx.catalog.settle_cursor(star).await?,
-    ) else {
+    let Some(at) = ctx.catalog.settle_cursor(star).await? else {
         return Ok(None);
     };
-    let (cursor, (mark_epoch, mark_slot)) = (at.cursor, mark);
+    let cursor = at.cursor;
+    // Decided once per pass over the chain: what this pass queues is due after the chain's
+    // latest due time, and must not change the answer half way.
+    let known = ctx.sweep.lock().chain_reach.filter(|_| after.is_some());
+    let (reach_epoch, reach_slot) = match known {
+        Some(reach) => reach,
+        None => match chain_reach(ctx, star, cursor).await? {
+            Some(reach) => {
+                ctx.sweep.lock().chain_reach = Some(reach);
+                reach
+            }
+            None => return Ok(None),
+        },
+    };
+    let reached = |epoch: u64, slot: u64| {
+        epoch < reach_epoch || (epoch == reach_epoch && reach_slot.is_some_and(|r| slot <= r))
+    };
+    let settled = |epoch: u64, slot: u64| epoch < cursor.epoch || slot < cursor.next_slot;
     let root = chain_root(star);
     let page = ctx
         .store
         .list(&root, after.as_deref(), MAX_LIST_KEYS)
         .await?;
-    let due = ctx.due_at().max(cursor.last_due_ms);
-    let mut highest: HashMap<u64, Option<u64>> = HashMap::new();
+    let mut highest = page_markers(star, &page);
+    let due = ctx.due_at().max(cursor.last_due_ms.saturating_add(1));
     let mut stray = Vec::new();
     let mut next = page.next_start_after.clone();
     for object in &page.objects {
         let Some(epoch) = parse_epoch(&root, &object.key) else {
             continue;
         };
-        if epoch > mark_epoch || epoch > cursor.epoch {
+        if epoch > reach_epoch || epoch > cursor.epoch {
             next = None;
             break;
         }
-        let past = epoch < mark_epoch && epoch < cursor.epoch;
+        let past = epoch < reach_epoch && epoch < cursor.epoch;
         let marker = match highest.get(&epoch) {
             Some(known) => *known,
             None => {
@@ -254,7 +278,7 @@ async fn sweep_chain_page(
         let left = if let Some(slot) = parse_slot(&chain_prefix(star, epoch), &object.key) {
             if past {
                 marker.is_some_and(|through| slot != through + 1)
-            } else if slot <= mark_slot && slot < cursor.next_slot {
+            } else if reached(epoch, slot) && settled(epoch, slot) {
                 true
             } else {
                 // The rest of the epoch's slots are not collected yet: on to its markers,
@@ -265,7 +289,7 @@ async fn sweep_chain_page(
         } else if let Some(through) =
             parse_settle_marker(&settle_marker_prefix(star, epoch), &object.key)
         {
-            marker.is_some_and(|latest| through < latest) && (past || through < mark_slot)
+            marker.is_some_and(|latest| through < latest) && (past || reached(epoch, through + 1))
         } else {
             false
         };
@@ -279,6 +303,9 @@ async fn sweep_chain_page(
             ));
         }
     }
+    if !stray.is_empty() {
+        ctx.sweep.lock().chain_queued.insert(star.to_owned(), due);
+    }
     queue_stray(
         ctx,
         &stray,
@@ -286,6 +313,55 @@ async fn sweep_chain_page(
     )
     .await?;
     Ok(next)
+}
+
+/// How far the collector has deleted `star`'s chain: the epoch it is in and the last slot of
+/// it collected (`None`: none of it yet). Chain runs are queued with due times that never go
+/// back and collected in due order, so once the queue holds nothing due as early as the
+/// chain's latest due time, everything below the settle cursor went; before that, the
+/// catalog's collected mark (the last run collected) says how far. `None` while what this
+/// sweep queued of the chain before is still in the queue (it would be queued twice), or when
+/// nothing of the chain was collected yet.
+async fn chain_reach(
+    ctx: &Ctx,
+    star: &str,
+    cursor: SettleCursor,
+) -> Result<Option<(u64, Option<u64>)>, AuditError> {
+    let head = ctx.catalog.garbage_page(1).await?;
+    let past = |due: u64| head.first().is_none_or(|q| q.due_ms > due);
+    let queued = ctx.sweep.lock().chain_queued.get(star).copied();
+    if queued.is_some_and(|queued| !past(queued)) {
+        return Ok(None);
+    }
+    if past(cursor.last_due_ms) {
+        return Ok(Some((cursor.epoch, cursor.next_slot.checked_sub(1))));
+    }
+    let mark = ctx.catalog.chain_collected(star).await?;
+    Ok(mark.map(|(epoch, slot)| (epoch, Some(slot))))
+}
+
+/// Each epoch's highest settle marker as far as `page` shows it: for an epoch whose markers it
+/// lists in full (it goes on past them, or is the listing's last page).
+fn page_markers(star: &str, page: &ListPage) -> HashMap<u64, Option<u64>> {
+    let root = chain_root(star);
+    let mut markers: HashMap<u64, Option<u64>> = HashMap::new();
+    let mut last_epoch = None;
+    for object in &page.objects {
+        let Some(epoch) = parse_epoch(&root, &object.key) else {
+            continue;
+        };
+        last_epoch = Some(epoch);
+        let through = parse_settle_marker(&settle_marker_prefix(star, epoch), &object.key);
+        let highest = markers.entry(epoch).or_default();
+        *highest = (*highest).max(through);
+    }
+    if page.next_start_after.is_some()
+        && let Some(last) = last_epoch
+    {
+        // The listing may go on inside this epoch.
+        markers.remove(&last);
+    }
+    markers
 }
 
 /// The highest settle marker of `epoch` of `star`'s chain, from the keys alone.
@@ -336,11 +412,13 @@ fn next_root(ctx: &Ctx, root: &str) {
     };
     let mut sweep = ctx.sweep.lock();
     sweep.after = None;
+    sweep.chain_reach = None;
     match next {
         Some(next) => sweep.root = Some(next),
         None => {
             sweep.root = None;
-            sweep.next_pass_ms = Some(sweep.started_ms + ctx.config.sweep_every.as_millis() as u64);
+            let started = sweep.started.unwrap_or_else(|| ctx.config.clock.now());
+            sweep.next_pass = Some(started + ctx.config.sweep_every);
             ctx.metrics.sweeps.inc();
         }
     }

@@ -487,8 +487,9 @@ async fn the_sweep_collects_settled_objects_nothing_references() {
 /// What a PUT that timed out left landing after its run was collected is swept, in this
 /// star's chain and in an adopted star's chain and trim markers: in an epoch past, every slot
 /// but its fence and every settle marker but its last; in the epoch being collected, what the
-/// collector has passed. Nothing the queue may still hold is queued again, and nothing at or
-/// past the settle cursor is touched.
+/// collector has passed. While the queue may still hold a slot, it is not queued again; once
+/// the queue has nothing left of the chain, everything below the settle cursor goes. Nothing
+/// at or past the cursor is touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
     use nova_core::catalog::{Garbage, SettleCursor};
@@ -497,12 +498,23 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
     let world = World::new();
     let store = world.disk.store();
     let catalog = world.catalog();
-    let mut stray = Vec::new();
-    let mut kept = Vec::new();
+    let now = Clock::system().unix_ms();
+    // Something of the chains' still queued, due before their latest due time: the sweep
+    // goes only as far as the collector has collected.
+    let waiting = Garbage::Object {
+        key: "elsewhere".into(),
+        bytes: 0,
+    };
+    let held = catalog
+        .queue_garbage(&[(now + 60_000, waiting)])
+        .await
+        .unwrap();
+    let (mut stray, mut queued, mut kept) = (Vec::new(), Vec::new(), Vec::new());
     for star in [STAR, "departed"] {
         // Epoch 1 ended: settled through slot 4, fenced at 5; slot 7 was never acknowledged.
         // Epoch 2 is the cursor's, at slot 5, and collected through slot 2 (the run queued
-        // here); slot 3 may still be in the queue. Epoch 3 is not reached yet.
+        // here); slot 3 and the marker slot 3's run superseded may still be queued. Epoch 3 is
+        // not reached yet.
         stray.extend([
             slot_key(star, 1, 3),
             slot_key(star, 1, 7),
@@ -510,20 +522,26 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
             slot_key(star, 2, 1),
             settle_marker_key(star, 2, 1),
         ]);
+        queued.extend([slot_key(star, 2, 3), settle_marker_key(star, 2, 2)]);
         kept.extend([
             slot_key(star, 1, 5),
             settle_marker_key(star, 1, 4),
-            slot_key(star, 2, 3),
-            settle_marker_key(star, 2, 2),
             slot_key(star, 2, 5),
             slot_key(star, 2, 6),
             settle_marker_key(star, 2, 4),
             slot_key(star, 3, 0),
         ]);
+        // The departed chain's latest due time is earlier: once all it queued is collected,
+        // what this star's chain has queued (later) does not hold it back.
+        let last_due_ms = if star == STAR {
+            now + 90_000
+        } else {
+            now + 85_000
+        };
         let cursor = SettleCursor {
             epoch: 2,
             next_slot: 5,
-            last_due_ms: 0,
+            last_due_ms,
         };
         let run = Garbage::ChainSlots {
             star: star.to_owned(),
@@ -543,7 +561,7 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
         committed: 0,
     };
     stray.push(trim_marker_key("departed", 9, marker));
-    for key in stray.iter().chain(&kept) {
+    for key in stray.iter().chain(&queued).chain(&kept) {
         store
             .put(key, bytes::Bytes::from_static(b"bytes").into())
             .await
@@ -555,21 +573,57 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
     };
     let auditor = start_with(&world, config);
     auditor.adoptions().set(["departed".to_owned()]);
-    let mut left = stray.clone();
-    for _ in 0..500 {
-        left.clear();
-        for key in &stray {
-            if store.head(key).await.is_ok() {
-                left.push(key.clone());
+    // Waits until every key of `keys` is queued for collection or gone.
+    let taken = |keys: Vec<String>| {
+        let (store, catalog) = (store.clone(), catalog.clone());
+        async move {
+            let mut left = Vec::new();
+            for _ in 0..500 {
+                let queue: Vec<String> = catalog
+                    .garbage_page(1000)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .filter_map(|q| match q.item {
+                        Garbage::Object { key, .. } => Some(key),
+                        _ => None,
+                    })
+                    .collect();
+                left.clear();
+                for key in &keys {
+                    if !queue.contains(key) && store.head(key).await.is_ok() {
+                        left.push(key.clone());
+                    }
+                }
+                if left.is_empty() {
+                    return queue;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            panic!("neither queued nor gone: {left:?}");
         }
-        if left.is_empty() {
-            break;
-        }
+    };
+    taken(stray).await;
+    // Two passes more, to see that what the queue may still hold is not queued again.
+    let passes = auditor.metrics().sweeps.get();
+    while auditor.metrics().sweeps.get() < passes + 2 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(left.is_empty(), "left behind: {left:?}");
+    let queue = taken(Vec::new()).await;
+    for key in queued.iter().chain(&kept) {
+        assert!(!queue.contains(key), "{key} was queued");
+        assert!(store.head(key).await.is_ok(), "{key} went");
+    }
+    // Once the collector has gone through everything queued (forgotten here rather than
+    // waited for), the rest below the cursor goes.
+    let page = catalog.garbage_page(1000).await.unwrap();
+    assert!(page.iter().any(|q| (q.key.clone(), q.version) == held[0]));
+    for waiting in &page {
+        catalog.forget_garbage(waiting).await.unwrap();
+    }
+    let queue = taken(queued).await;
     for key in &kept {
+        assert!(!queue.contains(key), "{key} was queued");
         assert!(store.head(key).await.is_ok(), "{key} went");
     }
     auditor.stop().await;
