@@ -419,6 +419,7 @@ fn next_root(ctx: &Ctx, root: &str) {
             sweep.root = None;
             let started = sweep.started.unwrap_or_else(|| ctx.config.clock.now());
             sweep.next_pass = Some(started + ctx.config.sweep_every);
+            tracing::debug!("sweep: a pass ended");
             ctx.metrics.sweeps.inc();
         }
     }

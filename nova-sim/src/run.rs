@@ -712,7 +712,21 @@ async fn check_nothing_left(world: &World, epoch: u64) {
     let root = data_root(STAR);
     for key in objects.keys().filter(|k| k.starts_with(&root)) {
         if !referenced.contains(key) {
-            world.violation(format!("settled object {key} is left unreferenced"));
+            // What the catalog still says of it, for the report: a live stream's entry is in
+            // `referenced`, so an entry here is a deleted stream's.
+            let writing = catalog.being_written(key).await.ok();
+            let entry = match parse_any_data_key(key) {
+                Some(data) => catalog
+                    .index_entry(data.stream_id, data.end)
+                    .await
+                    .ok()
+                    .flatten(),
+                None => None,
+            };
+            world.violation(format!(
+                "settled object {key} is left unreferenced (being written: {writing:?}; the \
+                 index entry at its end: {entry:?})"
+            ));
         }
     }
     check_chain_left(world, &objects, epoch);

@@ -152,6 +152,7 @@ impl SimStore {
                     objects.remove(&key);
                 }
                 Some(object) if !exclusive || !objects.contains_key(&key) => {
+                    tracing::debug!(key, "a late write lands");
                     store.stamp(&key);
                     objects.insert(key, object);
                 }
