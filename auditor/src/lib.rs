@@ -201,8 +201,10 @@ pub(crate) struct SweepState {
     /// `sweep::chain_reach`).
     pub chain_reach: Option<(u64, Option<u64>)>,
     /// Per chain swept (this star's and the adopted ones'), the latest due time its sweep
-    /// queued leftovers at: until the queue is past it, that chain is not swept again.
-    pub chain_queued: std::collections::HashMap<String, u64>,
+    /// queued leftovers at, and when (monotonic): until the queue is past it, or for two grace
+    /// periods at most (a due time from a wall clock that was ahead must not hold the chain's
+    /// sweep up for as long), that chain is not swept again.
+    pub chain_queued: std::collections::HashMap<String, (u64, nova_core::clock::Instant)>,
     pub started: Option<nova_core::clock::Instant>,
     pub next_pass: Option<nova_core::clock::Instant>,
 }
@@ -415,6 +417,16 @@ impl Ctx {
     /// When garbage queued now comes due.
     pub fn due_at(&self) -> u64 {
         self.due_after(self.config.collect_grace)
+    }
+
+    /// `wait` from `now` on the monotonic clock; a wait too long to represent (a flag set to
+    /// mean "never") is a century.
+    pub(crate) fn after(
+        now: nova_core::clock::Instant,
+        wait: Duration,
+    ) -> nova_core::clock::Instant {
+        now.checked_add(wait)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
     }
 
     fn due_after(&self, wait: Duration) -> u64 {

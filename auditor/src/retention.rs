@@ -145,7 +145,10 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
             );
         }
         state.after = None;
-        state.next_pass = Some(now + ctx.config.idle * RETENTION_PASS_IDLES);
+        state.next_pass = Some(crate::Ctx::after(
+            now,
+            ctx.config.idle.saturating_mul(RETENTION_PASS_IDLES),
+        ));
     } else {
         state.next_pass = None;
     }

@@ -179,7 +179,7 @@ pub(crate) async fn step(ctx: &Ctx) -> Result<Step, AuditError> {
             // The pass is over; a short run at a stream's end waits for more.
             let mut state = ctx.rewrite_state.lock();
             state.after = None;
-            state.next_pass = Some(now + ctx.config.settle_after);
+            state.next_pass = Some(crate::Ctx::after(now, ctx.config.settle_after));
             ctx.set_due(Duty::Rewrite, None);
             return Ok(Step::Idle);
         }

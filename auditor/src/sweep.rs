@@ -304,7 +304,13 @@ async fn sweep_chain_page(
         }
     }
     if !stray.is_empty() {
-        ctx.sweep.lock().chain_queued.insert(star.to_owned(), due);
+        let now = ctx.config.clock.now();
+        let mut sweep = ctx.sweep.lock();
+        let queued = sweep
+            .chain_queued
+            .entry(star.to_owned())
+            .or_insert((due, now));
+        *queued = (queued.0.max(due), now);
     }
     queue_stray(
         ctx,
@@ -330,7 +336,9 @@ async fn chain_reach(
     let head = ctx.catalog.garbage_page(1).await?;
     let past = |due: u64| head.first().is_none_or(|q| q.due_ms > due);
     let queued = ctx.sweep.lock().chain_queued.get(star).copied();
-    if queued.is_some_and(|queued| !past(queued)) {
+    let waited_enough =
+        |at| ctx.config.clock.since(at) >= ctx.config.collect_grace.saturating_mul(2);
+    if queued.is_some_and(|(due, at)| !past(due) && !waited_enough(at)) {
         return Ok(None);
     }
     if past(cursor.last_due_ms) {
@@ -418,7 +426,7 @@ fn next_root(ctx: &Ctx, root: &str) {
         None => {
             sweep.root = None;
             let started = sweep.started.unwrap_or_else(|| ctx.config.clock.now());
-            sweep.next_pass = Some(started + ctx.config.sweep_every);
+            sweep.next_pass = Some(Ctx::after(started, ctx.config.sweep_every));
             tracing::debug!("sweep: a pass ended");
             ctx.metrics.sweeps.inc();
         }

@@ -100,7 +100,8 @@ fn run_stars(args: &Args, seeds: std::ops::Range<u64>, started: Instant) -> Vec<
             Err(failure) => failed(args, &failure, &mut failures),
         }
     }
-    if failures.is_empty() {
+    // The totals of the seeds that ran clean, failures or not (those are listed after).
+    {
         let a = audited;
         println!(
             "{runs} seeds clean: {records} acknowledged records, {crashes} crashes, \
