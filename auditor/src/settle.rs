@@ -273,9 +273,22 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
     let mut complete = true;
     for (stream_id, pieces) in group_by_stream(&window) {
         match ctx.catalog.stream_liveness(stream_id).await? {
-            Liveness::Live => {}
-            // Its entries are dropped by their own duty; its sections go with the flights.
-            Liveness::Deleted => continue,
+            Liveness::Live if !resurrected(ctx, stream_id, &pieces).await? => {}
+            // An absorb built before the stream was deleted can land after its drop finished
+            // (retried through metastore faults), writing entries, and a tail, back. Its drop
+            // is opened again, for the drop duty to take them.
+            Liveness::Live => {
+                reopen_drop(ctx, stream_id, &pieces).await?;
+                continue;
+            }
+            // Its entries are dropped by their own duty; its sections go with the flights. If
+            // that duty is done, entries pointing here landed after it: it is opened again.
+            Liveness::Deleted => {
+                if has_entries(ctx, stream_id, &pieces).await? {
+                    reopen_drop(ctx, stream_id, &pieces).await?;
+                }
+                continue;
+            }
             // Its manifest may still say live, so a rebuild would restore it, and some of its
             // records (those absorbed after the delete) have no entry to settle. The delete's
             // own mark failed (a store outage): the manifests this auditor can find are
@@ -307,6 +320,51 @@ async fn settle_chain(ctx: &Ctx, star: &str, own: bool) -> Result<Step, AuditErr
     }
     finish(ctx, at.version, cursor, window).await?;
     Ok(Step::Done)
+}
+
+/// Whether a stream whose tail says live is a deleted one brought back by a late absorb: its
+/// name (as the flights carry it) no longer leads to it.
+async fn resurrected(ctx: &Ctx, stream_id: u64, pieces: &[Piece]) -> Result<bool, AuditError> {
+    let Some(piece) = pieces.first() else {
+        return Ok(false);
+    };
+    let by_name = ctx.catalog.stream(&piece.entry.stream).await?;
+    Ok(by_name.is_none_or(|meta| meta.id != stream_id))
+}
+
+/// Whether the index holds an entry of the stream ending where one of its sections here does.
+async fn has_entries(ctx: &Ctx, stream_id: u64, pieces: &[Piece]) -> Result<bool, AuditError> {
+    for piece in pieces {
+        if ctx
+            .catalog
+            .index_entry(stream_id, piece.entry.end_seq)
+            .await?
+            .is_some()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Opens the drop of a deleted stream again (if it is not open), for entries that came back.
+async fn reopen_drop(ctx: &Ctx, stream_id: u64, pieces: &[Piece]) -> Result<(), AuditError> {
+    let Some(piece) = pieces.first() else {
+        return Ok(());
+    };
+    if ctx
+        .catalog
+        .reopen_drop(stream_id, &piece.entry.stream)
+        .await?
+    {
+        tracing::warn!(
+            stream = piece.entry.stream,
+            stream_id,
+            "auditor: index entries of a deleted stream came back after its drop (an absorb \
+             that landed late); it is dropped again"
+        );
+    }
+    Ok(())
 }
 
 /// The oldest epoch of `star`'s chain with objects in the bucket.

@@ -305,6 +305,105 @@ async fn a_deleted_streams_objects_are_reclaimed() {
     star.shutdown(Duration::from_secs(5)).await.unwrap();
 }
 
+/// An absorb built while a stream was live can land after the stream was deleted and its drop
+/// had finished (retried through metastore faults, or applied late by the metastore): it
+/// writes the stream's index entries and tail back. The settle must not take them for a live
+/// stream's (it would move them into a settled object nothing drops again): it opens the drop
+/// again, and the entries, the tail and the flights go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_an_absorb_brings_back_after_a_drop_are_dropped_again() {
+    use nova_core::catalog::AbsorbBatch;
+
+    let world = World::new();
+    let store = world.disk.store();
+    let catalog = world.catalog();
+    let star = world.star().await;
+    create(&star, "gone").await;
+    create(&star, "kept").await;
+    for i in 0..3 {
+        for stream in ["gone", "kept"] {
+            answer(append(&star, stream, &format!("{stream}-{i}")).await)
+                .await
+                .unwrap();
+        }
+    }
+    let id = catalog.stream("gone").await.unwrap().unwrap().id;
+    let mut entries = Vec::new();
+    for _ in 0..500 {
+        entries = catalog.index_entries(id, 0, 100).await.unwrap();
+        if entries.last().is_some_and(|e| e.end_seq == 3) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(entries.last().map(|e| e.end_seq), Some(3), "not absorbed");
+    let tail = catalog.stream_tail(id).await.unwrap();
+    star.streams().delete("gone").await.unwrap();
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
+
+    // The drop runs to its end; the flights wait (a long settle delay).
+    let waiting = AuditorConfig {
+        settle_after: Duration::from_secs(3600),
+        ..auditor_config(&world.disk, Duration::from_millis(50))
+    };
+    let auditor = start_with(&world, waiting);
+    for _ in 0..500 {
+        if catalog.dropping_streams(1).await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(catalog.dropping_streams(1).await.unwrap().is_empty());
+    assert!(catalog.index_entries(id, 0, 1).await.unwrap().is_empty());
+    auditor.stop().await;
+
+    // The late absorb lands.
+    let chain = catalog.chain(STAR).await.unwrap().unwrap();
+    let late = AbsorbBatch {
+        entries,
+        tails: vec![(id, tail)],
+        ..AbsorbBatch::default()
+    };
+    catalog
+        .absorb(STAR, Some(chain.version), chain.state, late)
+        .await
+        .unwrap();
+
+    let auditor = start(&world, Duration::from_millis(50));
+    wait_settled_and_collected(store.as_ref(), &catalog).await;
+    for _ in 0..500 {
+        if catalog.index_entries(id, 0, 1).await.unwrap().is_empty()
+            && catalog.dropping_streams(1).await.unwrap().is_empty()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        catalog.index_entries(id, 0, 1).await.unwrap().is_empty(),
+        "the deleted stream's entries stay"
+    );
+    assert_eq!(
+        catalog.stream_tail(id).await.unwrap().tail_seq,
+        0,
+        "its tail stays"
+    );
+    let owned: Vec<String> = data_objects(store.as_ref())
+        .await
+        .into_iter()
+        .filter(|k| parse_data_key(&data_root(STAR), k).is_some_and(|d| d.stream_id == id))
+        .collect();
+    assert!(
+        owned.is_empty(),
+        "settled objects of the deleted stream: {owned:?}"
+    );
+    // The live stream reads as before, from what the settle left.
+    let star = world.star().await;
+    assert_eq!(bodies(&star, "kept").await, ["kept-0", "kept-1", "kept-2"]);
+    auditor.stop().await;
+    star.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
 /// The auditor stopped at arbitrary points of its jobs (any await: a crash, as far as the
 /// catalog and the bucket can tell), again and again until it is done: no record lost, no entry
 /// pointing at a missing object, and once it has finished nothing left over.

@@ -461,6 +461,20 @@ impl Catalog {
             .collect()
     }
 
+    /// Records stream `id`, deleted under `name`, as dropping again, unless it is: for index
+    /// entries, and a tail, that an absorb landing after its drop wrote back. `true` if this
+    /// opened it. The caller has seen that `name` no longer leads to `id`; the drop checks again.
+    pub async fn reopen_drop(&self, id: u64, name: &str) -> Result<bool, CatalogError> {
+        let key = dropping_key(id);
+        let txn = Txn::new()
+            .compare(Compare::Missing(key.clone()))
+            .put(key, encode_dropping(name));
+        Ok(matches!(
+            self.store.commit(txn).await?,
+            TxnOutcome::Committed { .. }
+        ))
+    }
+
     /// How far the collector has deleted `star`'s chain: the epoch and last slot of the
     /// latest run collected (see `COLLECTED_PREFIX`).
     pub async fn chain_collected(&self, star: &str) -> Result<Option<(u64, u64)>, CatalogError> {
