@@ -213,6 +213,48 @@ impl Retryable for crate::streams::LoadError {
     }
 }
 
+/// Writes `star`'s chain again as it is, so that every commit an earlier writer already sent
+/// for it fails from here on: the last absorb of an incarnation killed while the metastore was
+/// stalled can still be queued there, as can a paused predecessor's in a takeover, and it
+/// applies when it gets its turn. Called before the streams' tails are loaded, so the tails
+/// and the chain that recovery then walks are of one moment. Without it, such an absorb landing
+/// between the two left the tails older than the checkpoint, and the start failed on the next
+/// flight (found by the fleet simulation, seeds 5475 and 6685).
+pub(crate) async fn claim_chain(
+    star: &str,
+    catalog: &Catalog,
+    retry: &Backoff,
+) -> Result<(), RecoveryError> {
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let current = patiently("reading the chain state", retry, || catalog.chain(star))
+            .await
+            .map_err(RecoveryError::Catalog)?;
+        // No chain yet: recovery creates it, comparing that it is missing.
+        let Some(chain) = current else {
+            return Ok(());
+        };
+        match catalog
+            .set_chain(star, Some(chain.version), chain.state)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            // A late commit landed between the read and the claim (or the claim's own answer
+            // was lost): read again and claim again.
+            Err(CatalogError::Conflict(_)) => {}
+            Err(err) if err.outage() => {
+                tracing::warn!(
+                    attempt,
+                    "recovery: claiming the chain failed, retrying: {err}"
+                );
+            }
+            Err(err) => return Err(RecoveryError::Catalog(err)),
+        }
+        retry.clock.sleep(retry.delay(attempt)).await;
+    }
+}
+
 pub async fn recover(
     star: &str,
     store: &Arc<dyn ObjectStore>,

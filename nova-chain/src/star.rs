@@ -25,7 +25,9 @@ use crate::express::recover::recover_express;
 use crate::monitor::run_monitor;
 use crate::packer::{AppendReply, Packer, Submission};
 use crate::reader::{self, Page};
-use crate::recovery::{LeaderCheck, Recovered, RecoveryError, patiently, probe_store, recover};
+use crate::recovery::{
+    LeaderCheck, Recovered, RecoveryError, claim_chain, patiently, probe_store, recover,
+};
 use crate::resolver::run_resolver;
 use crate::shared::Shared;
 use crate::streams::{StreamRegistry, StreamState};
@@ -163,6 +165,8 @@ impl Star {
         ));
         let catalog = Catalog::new(metastore);
         let backoff = config.backoff();
+        // Before the tails are read: no earlier incarnation's absorb can land after this.
+        claim_chain(&config.star, &catalog, &backoff).await?;
         // Like recovery, loading waits out outages: a metastore that blinks at start-up should
         // delay the star, not stop it. (Found by the simulation.)
         let streams = Arc::new(

@@ -39,6 +39,8 @@ pub async fn take_over(
     if chain.is_none() {
         return Ok(None);
     }
+    // Before the tails are read: no absorb the predecessor already sent can land after this.
+    crate::recovery::claim_chain(predecessor, catalog, backoff).await?;
     // The streams at their absorbed tails, read now: the predecessor's absorbs are what the
     // settling continues from. Its own registry is the catalog's, with metrics of its own so
     // this star's gauges stay about this star.
