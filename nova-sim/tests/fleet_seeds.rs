@@ -64,7 +64,11 @@ fn fleet_seeds_fourth_quarter() {
 /// (`nova-sim/regressions/`): see `FOUND_BY` in each patch.
 #[test]
 fn fleet_seeds_that_found_defects_stay_clean() {
-    for seed in SPLIT_BRAIN_SEEDS.iter().chain(STUCK_TAKEOVER_SEEDS) {
+    let seeds = SPLIT_BRAIN_SEEDS
+        .iter()
+        .chain(STUCK_TAKEOVER_SEEDS)
+        .chain(LATE_ABSORB_SEEDS);
+    for seed in seeds {
         if let Err(failure) = run_fleet_seed(*seed) {
             panic!("{failure}");
         }
@@ -80,6 +84,11 @@ const SPLIT_BRAIN_SEEDS: &[u64] = &[613, 745, 841];
 /// waiting for ever after a takeover election whose answer was lost
 /// (`takeover-election-defect.patch`): 39 of fleet seeds 0..1000 fail with it.
 const STUCK_TAKEOVER_SEEDS: &[u64] = &[49, 57, 80];
+
+/// Found a star that could not restart: the last absorb of its killed incarnation, queued at a
+/// stalled metastore, landed between the new incarnation's loading of the tails and its reading
+/// of the chain (`late-absorb-defect.patch`): 2 of fleet seeds 5000..9999 fail with it.
+const LATE_ABSORB_SEEDS: &[u64] = &[5475, 6685];
 
 #[test]
 fn a_fleet_seed_replays_exactly() {
