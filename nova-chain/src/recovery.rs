@@ -225,6 +225,7 @@ pub(crate) async fn claim_chain(
     catalog: &Catalog,
     retry: &Backoff,
 ) -> Result<(), RecoveryError> {
+    let mut moved = 0u32;
     let mut attempt = 0u32;
     loop {
         attempt += 1;
@@ -235,14 +236,24 @@ pub(crate) async fn claim_chain(
         let Some(chain) = current else {
             return Ok(());
         };
-        match catalog
-            .set_chain(star, Some(chain.version), chain.state)
-            .await
-        {
-            Ok(_) => return Ok(()),
-            // A late commit landed between the read and the claim (or the claim's own answer
-            // was lost): read again and claim again.
-            Err(CatalogError::Conflict(_)) => {}
+        match catalog.claim_chain(star, chain).await {
+            Ok(Some(_)) => return Ok(()),
+            // A late commit landed between the read and the claim: read again and claim
+            // again. A writer that keeps moving the chain is another live process.
+            Ok(None) => {
+                moved += 1;
+                tracing::warn!(
+                    attempt,
+                    "recovery: the chain moved while this star claimed it (an earlier \
+                     incarnation's commit landing late); claiming it again"
+                );
+                if moved >= CLAIM_ATTEMPTS {
+                    return Err(RecoveryError::Catalog(CatalogError::Conflict(format!(
+                        "the chain of {star} moved {moved} times while this star claimed it: \
+                         another process is writing it"
+                    ))));
+                }
+            }
             Err(err) if err.outage() => {
                 tracing::warn!(
                     attempt,
@@ -254,6 +265,10 @@ pub(crate) async fn claim_chain(
         retry.clock.sleep(retry.delay(attempt)).await;
     }
 }
+
+/// Claims of a chain that another commit may beat before the start gives up: late commits of
+/// earlier incarnations are few, a live writer never stops.
+const CLAIM_ATTEMPTS: u32 = 10;
 
 pub async fn recover(
     star: &str,

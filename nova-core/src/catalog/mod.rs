@@ -329,6 +329,15 @@ fn chain_key(star: &str) -> Vec<u8> {
     key
 }
 
+/// `h/{star}`: written with the chain, in one transaction, when a starting star or a takeover
+/// claims it (`claim_chain`). While it carries the chain's version, the last write to the chain
+/// was that claim, not anybody's absorb.
+fn claim_key(star: &str) -> Vec<u8> {
+    let mut key = b"h/".to_vec();
+    key.extend_from_slice(star.as_bytes());
+    key
+}
+
 const NEXT_ID_KEY: &[u8] = b"m/next_stream_id";
 
 /// The reservation of the create of stream `name` in progress: rewritten by every create of
@@ -973,17 +982,44 @@ impl Catalog {
         }
     }
 
-    /// The chain, if it is at exactly `state` now. A commit whose answer was lost (an error
-    /// after the metastore applied it) makes its retry meet a version conflict; this tells that
-    /// apart from another writer having moved the chain. Only this star's incarnation writes
-    /// its epoch (recovery moves every restart to a fresh one), so finding `state` means the
-    /// earlier attempt landed.
+    /// The chain, if it is at exactly `state` now and was last written by an absorb. A commit
+    /// whose answer was lost (an error after the metastore applied it) makes its retry meet a
+    /// version conflict; this tells that apart from another writer having moved the chain.
+    /// Only this star's incarnation absorbs into its epoch (recovery moves every restart to a
+    /// fresh one), so finding `state` means the earlier attempt landed, unless a claim
+    /// (`claim_chain`) wrote the same state since: then the chain is another process's.
     pub async fn chain_if_at(
         &self,
         star: &str,
         state: ChainState,
     ) -> Result<Option<VersionedChain>, CatalogError> {
-        Ok(self.chain(star).await?.filter(|chain| chain.state == state))
+        let Some(chain) = self.chain(star).await?.filter(|chain| chain.state == state) else {
+            return Ok(None);
+        };
+        let claim = self.store.get(&claim_key(star)).await?;
+        Ok(claim.is_none_or(|kv| kv.version != chain.version).then_some(chain))
+    }
+
+    /// Writes the chain again as it is, at `version`, with its claim: every commit compared
+    /// against an earlier version fails from here on, and none can take this write for its own
+    /// (`chain_if_at`). `None` if the chain moved since it was read at `version`.
+    pub async fn claim_chain(
+        &self,
+        star: &str,
+        chain: VersionedChain,
+    ) -> Result<Option<VersionedChain>, CatalogError> {
+        let key = chain_key(star);
+        let txn = Txn::new()
+            .compare(Compare::Version(key.clone(), chain.version))
+            .put(key, encode_chain(&chain.state))
+            .put(claim_key(star), vec![FORMAT]);
+        Ok(match self.store.commit(txn).await? {
+            TxnOutcome::Committed { revision } => Some(VersionedChain {
+                state: chain.state,
+                version: revision,
+            }),
+            TxnOutcome::Conflict => None,
+        })
     }
 
     /// Moves the chain to `state` if it is still at `expected` (`None`: it must not exist yet).
@@ -1184,6 +1220,36 @@ mod tests {
             class: StorageClass::Standard,
             retention: Retention::default(),
         }
+    }
+
+    /// A claim moves the chain's version without changing its state: a commit compared against
+    /// the version before fails, and a writer looking for its own lost commit does not take the
+    /// claim for it; an absorb after the claim is found again.
+    #[tokio::test]
+    async fn a_claim_fails_earlier_commits_and_is_nobodys_own() {
+        let (_dir, catalog) = catalog();
+        let state = ChainState {
+            epoch: 3,
+            checkpoint: Some(7),
+        };
+        let first = catalog.set_chain("s", None, state).await.unwrap();
+        assert_eq!(catalog.chain_if_at("s", state).await.unwrap(), Some(first));
+        let claimed = catalog.claim_chain("s", first).await.unwrap().unwrap();
+        assert_eq!(claimed.state, state);
+        assert!(claimed.version > first.version);
+        assert_eq!(catalog.chain_if_at("s", state).await.unwrap(), None);
+        let moved = ChainState {
+            checkpoint: Some(8),
+            ..state
+        };
+        let late = catalog.set_chain("s", Some(first.version), moved).await;
+        assert!(matches!(late, Err(CatalogError::Conflict(_))), "{late:?}");
+        assert_eq!(catalog.claim_chain("s", first).await.unwrap(), None);
+        let next = catalog
+            .set_chain("s", Some(claimed.version), moved)
+            .await
+            .unwrap();
+        assert_eq!(catalog.chain_if_at("s", moved).await.unwrap(), Some(next));
     }
 
     /// Found by fleet seeds 31402 and 42568: a create whose insert was still queued at etcd
