@@ -291,3 +291,55 @@ async fn the_alerts_and_dashboards_query_only_exported_metrics() {
         }
     }
 }
+
+/// Every link from ops/ (an alert's runbook, a dashboard's or the README's pointer) to a section
+/// of docs/ lands on a heading that exists: a page that opens at the top of a long document
+/// loses the on-call engineer the minutes the runbook was meant to save.
+#[test]
+fn every_runbook_link_in_ops_resolves_to_a_heading() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut links = Vec::new();
+    for entry in std::fs::read_dir(root.join("ops")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (at, _) in text.match_indices("docs/") {
+            let rest = &text[at..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || "/._-#".contains(c)))
+                .unwrap_or(rest.len());
+            if let Some((doc, anchor)) = rest[..end].split_once(".md#") {
+                links.push((path.clone(), format!("{doc}.md"), anchor.to_owned()));
+            }
+        }
+    }
+    assert!(links.len() >= 10, "too few runbook links found: {links:?}");
+    let mut broken = Vec::new();
+    for (from, doc, anchor) in &links {
+        let text = std::fs::read_to_string(root.join(doc))
+            .unwrap_or_else(|err| panic!("{} links to {doc}: {err}", from.display()));
+        let found = text
+            .lines()
+            .filter_map(|line| line.strip_prefix('#'))
+            .map(|heading| github_slug(heading.trim_start_matches('#')))
+            .any(|slug| slug == *anchor);
+        if !found {
+            broken.push(format!("{} -> {doc}#{anchor}", from.display()));
+        }
+    }
+    assert!(broken.is_empty(), "links to no heading: {broken:#?}");
+}
+
+/// The anchor GitHub gives a heading: lower case, spaces to hyphens, and everything but
+/// letters, digits, hyphens and underscores left out.
+fn github_slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}

@@ -997,7 +997,9 @@ impl Catalog {
             return Ok(None);
         };
         let claim = self.store.get(&claim_key(star)).await?;
-        Ok(claim.is_none_or(|kv| kv.version != chain.version).then_some(chain))
+        Ok(claim
+            .is_none_or(|kv| kv.version != chain.version)
+            .then_some(chain))
     }
 
     /// Writes the chain again as it is, at `version`, with its claim: every commit compared
