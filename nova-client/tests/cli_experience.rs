@@ -348,6 +348,10 @@ fn errors_say_what_to_do_and_are_json_with_their_code() {
     let metrics = format!("http://127.0.0.1:{}", novad.metrics_port());
     let (_, stderr) = failed(nova(&metrics, &["stream", "list"], b""));
     assert!(stderr.contains("metrics port"), "{stderr}");
+    // `status` too, rather than calling the server too old (HTTP's 404 maps to UNIMPLEMENTED).
+    let (_, stderr) = failed(nova(&metrics, &["status"], b""));
+    assert!(stderr.contains("metrics port"), "{stderr}");
+    assert!(!stderr.contains("too old"), "{stderr}");
 
     // https:// speaks TLS, and never falls back to plain text: a plain-text server fails the
     // handshake, and the hint says what is wrong.
@@ -443,6 +447,27 @@ fn describe_prints_dates_and_json_keeps_the_milliseconds() {
     ));
     assert!(text.contains("storage class:  standard"), "{text}");
     assert!(text.contains("retention:      age no limit"), "{text}");
+
+    // A limit of 0 is refused with the way to say "no limit" that applies where it was given.
+    let (_, stderr) = failed(nova(
+        &url,
+        &["stream", "reconfigure", "d", "--retention-age", "0s"],
+        b"",
+    ));
+    assert!(stderr.contains("`none` removes the limit"), "{stderr}");
+    let (_, stderr) = failed(nova(
+        &url,
+        &["stream", "create", "z", "--retention-bytes", "0"],
+        b"",
+    ));
+    assert!(stderr.contains("leave the flag out"), "{stderr}");
+    // A reconfigure that changes nothing says so, and fails.
+    let (_, stderr) = failed(nova(&url, &["stream", "reconfigure", "d"], b""));
+    assert!(stderr.contains("nothing to change"), "{stderr}");
+    // A prefix to list by is taken as a positional too.
+    let listed = ok(nova(&url, &["stream", "list", "d"], b""));
+    assert!(listed.starts_with("d\t"), "{listed}");
+    assert_eq!(listed.lines().count(), 1, "{listed}");
 }
 
 #[test]

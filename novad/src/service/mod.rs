@@ -216,8 +216,8 @@ fn retention_from(wire: Option<v1::Retention>) -> Result<Retention, RequestError
     let wire = wire.unwrap_or_default();
     if wire.age_ms == Some(0) || wire.bytes == Some(0) {
         return Err(RequestError::InvalidRequest(
-            "a retention limit of 0 would trim every record as it lands; leave the limit out \
-             for none"
+            "a retention limit of 0 would trim every record as it lands; for no limit, leave \
+             the limit unset (the CLI's `none`)"
                 .into(),
         ));
     }

@@ -237,7 +237,7 @@ fn tls_hint(text: &str, server: &str) -> Option<String> {
 /// A gRPC client that reached a server that does not speak gRPC (the metrics endpoint, a web
 /// server) fails in its HTTP/2 handshake, or gets an HTTP answer without a gRPC status; these
 /// are the ways hyper, h2 and tonic report it.
-fn looks_like_http1(text: &str) -> bool {
+pub(crate) fn looks_like_http1(text: &str) -> bool {
     [
         "grpc-status header missing",
         "frame with invalid size",

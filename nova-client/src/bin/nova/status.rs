@@ -10,7 +10,7 @@ use nova_proto::units::human_bytes;
 
 use crate::Format;
 use crate::output::json_line;
-use crate::report::CliError;
+use crate::report::{CliError, looks_like_http1};
 use crate::when::{format_duration, format_time, now_ms};
 
 #[derive(Serialize)]
@@ -49,7 +49,12 @@ pub async fn run(client: &Client, server: &str, format: Format) -> anyhow::Resul
     let asked = Instant::now();
     let info = match client.server_info().await {
         Ok(info) => info,
-        Err(error) if error.code() == Some(tonic::Code::Unimplemented) => {
+        // A plain HTTP server (the metrics port) answers 404, which gRPC reads as
+        // UNIMPLEMENTED: that is no old server, and the usual hint says what it is.
+        Err(error)
+            if error.code() == Some(tonic::Code::Unimplemented)
+                && !looks_like_http1(&error.to_string()) =>
+        {
             return Err(CliError {
                 code: "UNIMPLEMENTED",
                 message: format!("{server} answers, but is too old to report its status"),

@@ -12,6 +12,7 @@ use nova_proto::units::{parse_bytes, parse_duration};
 
 use crate::Format;
 use crate::output::{StreamJson, describe, json_line};
+use crate::report::CliError;
 
 /// A retention limit on the command line: a value, or `none` for no limit.
 #[derive(Debug, Clone, Copy)]
@@ -20,12 +21,20 @@ pub enum Limit<T> {
     None,
 }
 
-fn limit<T>(text: &str, parse: fn(&str) -> Result<T, String>) -> Result<Limit<T>, String> {
+fn limit<T: Default + PartialEq>(
+    text: &str,
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<Limit<T>, String> {
     if text.eq_ignore_ascii_case("none") {
-        Ok(Limit::None)
-    } else {
-        parse(text).map(Limit::Set)
+        return Ok(Limit::None);
     }
+    let value = parse(text)?;
+    if value == T::default() {
+        return Err(format!(
+            "a limit of {text} would trim every record as it lands; `none` removes the limit"
+        ));
+    }
+    Ok(Limit::Set(value))
 }
 
 fn age_limit(text: &str) -> Result<Limit<Duration>, String> {
@@ -36,6 +45,29 @@ fn bytes_limit(text: &str) -> Result<Limit<u64>, String> {
     limit(text, parse_bytes)
 }
 
+/// A limit a new stream starts with: leaving the flag out is no limit, so 0 is refused.
+fn first_limit<T: Default + PartialEq>(
+    text: &str,
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<T, String> {
+    let value = parse(text)?;
+    if value == T::default() {
+        return Err(format!(
+            "a limit of {text} would trim every record as it lands; leave the flag out for no \
+             limit"
+        ));
+    }
+    Ok(value)
+}
+
+fn first_age(text: &str) -> Result<Duration, String> {
+    first_limit(text, parse_duration)
+}
+
+fn first_bytes(text: &str) -> Result<u64, String> {
+    first_limit(text, parse_bytes)
+}
+
 #[derive(Subcommand)]
 pub enum StreamCommand {
     /// Create a stream, optionally with a retention (records past it are trimmed, whole objects
@@ -44,10 +76,10 @@ pub enum StreamCommand {
         /// The stream's name: 1 to 512 bytes of UTF-8 without control characters.
         name: String,
         /// Trim records older than this (e.g. 7d, 12h).
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = first_age)]
         retention_age: Option<Duration>,
         /// Trim the oldest records while the stream holds more than this (e.g. 10GiB).
-        #[arg(long, value_parser = parse_bytes)]
+        #[arg(long, value_parser = first_bytes)]
         retention_bytes: Option<u64>,
         /// Where records are acknowledged: standard (the regional bucket) or express (a
         /// quorum of zone buckets; only on stars configured with them).
@@ -77,6 +109,9 @@ pub enum StreamCommand {
     },
     /// List streams, one per line with its tail.
     List {
+        /// Only streams whose names start with this (as `--prefix`).
+        #[arg(value_name = "PREFIX", conflicts_with = "prefix")]
+        under: Option<String>,
         /// Only streams whose names start with this.
         #[arg(long, default_value = "")]
         prefix: String,
@@ -137,7 +172,8 @@ pub async fn run(client: &Client, command: StreamCommand, format: Format) -> any
                 Format::Json => json_line(&mut out, &StreamJson::from(&info))?,
             }
         }
-        StreamCommand::List { prefix } => {
+        StreamCommand::List { under, prefix } => {
+            let prefix = under.unwrap_or(prefix);
             let mut after = String::new();
             loop {
                 let (streams, next) = client.list_streams(&prefix, &after, 1000).await?;
@@ -166,6 +202,13 @@ pub async fn run(client: &Client, command: StreamCommand, format: Format) -> any
             retention_age,
             retention_bytes,
         } => {
+            if storage_class.is_none() && retention_age.is_none() && retention_bytes.is_none() {
+                return Err(CliError::invalid(format!(
+                    "nothing to change in stream {name:?}: give --storage-class, \
+                     --retention-age or --retention-bytes"
+                ))
+                .into());
+            }
             let current = client.describe_stream(&name).await?;
             let mut retention = current.retention;
             match retention_age {
