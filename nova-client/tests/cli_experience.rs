@@ -333,6 +333,21 @@ fn errors_say_what_to_do_and_are_json_with_their_code() {
     assert_eq!(error["error"]["code"], "NOT_FOUND", "{stderr}");
     assert_eq!(error["error"]["retryable"], false);
 
+    // A duration without its unit is refused rather than taken for seconds; compound
+    // durations and weeks are durations.
+    let (_, stderr) = failed(nova(&url, &["read", "nope", "--ago", "5"], b""));
+    assert!(stderr.contains("needs a unit"), "{stderr}");
+    let (_, stderr) = failed(nova(&url, &["read", "nope", "--ago", "1h30m"], b""));
+    assert!(stderr.contains("does not exist"), "{stderr}");
+    let (_, stderr) = failed(nova(&url, &["read", "nope", "--ago", "2w"], b""));
+    assert!(stderr.contains("does not exist"), "{stderr}");
+    // The size and duration conventions are in --help.
+    let help = ok(nova(&url, &["--help"], b""));
+    assert!(
+        help.contains("powers of 1024") && help.contains("1h30m"),
+        "{help}"
+    );
+
     // Nothing listening.
     let closed = format!("127.0.0.1:{}", nova_testkit::free_port());
     let (_, stderr) = failed(nova(&closed, &["stream", "list"], b""));

@@ -1,5 +1,5 @@
 //! Sizes and durations as people type them on command lines: `8MiB`, `64KiB`, `1GiB` or a plain
-//! number of bytes; `500ms`, `30s`, `5m`, `1h`.
+//! number of bytes (KiB and K are 1024, KB is 1000); `500ms`, `30s`, `5m`, `1h30m`, `2w`.
 
 use std::time::Duration;
 
@@ -149,28 +149,48 @@ impl std::str::FromStr for DurationArg {
     }
 }
 
+/// A duration with its unit (ms, s, m, h, d or w), terms in any number one after another
+/// (`1h30m`, `1d 12h`). A bare number is refused: nobody can tell whether `5` meant seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (try 500ms, 30s, 5m or 7d)"))?;
-    let seconds = match unit.trim() {
-        "ms" => number / 1000.0,
-        "" | "s" => number,
-        "m" => number * 60.0,
-        "h" => number * 3600.0,
-        "d" => number * 86_400.0,
-        other => {
-            return Err(format!(
-                "unknown duration unit {other:?} (use ms, s, m, h or d)"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+    const FORMS: &str = "500ms, 30s, 5m, 1h30m, 7d or 2w";
+    let whole = text.trim();
+    if whole.is_empty() {
+        return Err(format!("an empty duration (try {FORMS})"));
+    }
+    let mut rest = whole;
+    let mut seconds = 0f64;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(digits);
+        let number: f64 = number
+            .parse()
+            .map_err(|_| format!("{whole:?} is not a duration (try {FORMS})"))?;
+        let after = after.trim_start();
+        let letters = after
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(after.len());
+        let (unit, tail) = after.split_at(letters);
+        let size = match unit.to_ascii_lowercase().as_str() {
+            "ms" => 0.001,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            "d" => 86_400.0,
+            "w" => 604_800.0,
+            // A bare number is refused rather than guessed at: 5 could be seconds or minutes.
+            "" => return Err(format!("{whole:?} needs a unit (try {FORMS})")),
+            other => {
+                return Err(format!(
+                    "unknown duration unit {other:?} in {whole:?} (use ms, s, m, h, d or w)"
+                ));
+            }
+        };
+        seconds += number * size;
+        rest = tail.trim_start();
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{whole:?}: {e}"))
 }
 
 #[cfg(test)]
@@ -238,11 +258,27 @@ mod tests {
     fn durations_parse() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
         assert!(parse_duration("soon").is_err());
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
-        assert!(parse_duration("3w").is_err());
+        // Weeks, and terms one after another (a space between is fine).
+        assert_eq!(parse_duration("3w"), Ok(Duration::from_secs(21 * 86_400)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1d 12h"), Ok(Duration::from_secs(129_600)));
+        assert_eq!(
+            parse_duration("2m30s500ms"),
+            Ok(Duration::from_millis(150_500))
+        );
+        // A number without a unit is refused, not taken for seconds.
+        let bare = parse_duration("5").unwrap_err();
+        assert!(bare.contains("needs a unit"), "{bare}");
+        assert!(parse_duration("1h30").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(
+            parse_duration("3y")
+                .unwrap_err()
+                .contains("unknown duration unit")
+        );
         for (text, shown) in [
             ("2s", "2s"),
             ("1500ms", "1500ms"),

@@ -31,7 +31,10 @@ use nova_client::{Client, ClientConfig, ClientTls, RetryPolicy};
              benchmark.",
     after_help = "Every flag can also be set from the environment (NOVA_SERVER, NOVA_TOKEN). \
                   Errors go to stderr, with a hint where there is one; with --output json, as \
-                  one JSON object carrying the gRPC code."
+                  one JSON object carrying the gRPC code.\n\n\
+                  Sizes: KiB, MiB, GiB, TiB (or K, M, G, T) are powers of 1024; KB, MB, GB, TB \
+                  powers of 1000; a bare number is bytes. Durations take a unit (ms, s, m, h, \
+                  d, w), and terms combine: 500ms, 90s, 1h30m, 2w."
 )]
 struct Cli {
     /// The server's gRPC URL: a star (novad) or, for reads, a gateway. HOST:PORT means
