@@ -294,7 +294,11 @@ fn the_record_limit_is_learned_from_the_server_and_an_oversize_line_is_named() {
     let (stdout, stderr) = failed(nova(&url, &["append", "small"], &input));
     assert_eq!(stdout, "0..2\n", "the records before it are appended");
     assert!(stderr.contains("stdin line 3"), "{stderr}");
-    assert!(stderr.contains("--max-record-bytes of 1 KiB"), "{stderr}");
+    // The record's real size, and whose limit it is over.
+    assert!(
+        stderr.contains("a record of 2.0 KiB is over the server's --max-record-bytes of 1 KiB"),
+        "{stderr}"
+    );
     assert!(stderr.contains("nothing after it was sent"), "{stderr}");
     assert_eq!(ok(nova(&url, &["read", "small"], b"")), "a\nb\n");
     // A larger limit on the command line does not lift the server's.
@@ -305,6 +309,16 @@ fn the_record_limit_is_learned_from_the_server_and_an_oversize_line_is_named() {
     ));
     assert_eq!(stdout, "2..4\n");
     assert!(stderr.contains("stdin line 3"), "{stderr}");
+    // A lower limit on the command line is nova's, and named so.
+    let (_, stderr) = failed(nova(
+        &url,
+        &["append", "small", "--max-record-bytes", "4"],
+        b"twelve bytes\n",
+    ));
+    assert!(
+        stderr.contains("a record of 12 B is over nova's --max-record-bytes of 4 B"),
+        "{stderr}"
+    );
 
     // In JSON, the same: the range on stdout, the error on stderr with its code.
     let (stdout, stderr) = failed(nova(&url, &["--output", "json", "append", "small"], &input));

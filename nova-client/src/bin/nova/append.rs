@@ -137,7 +137,13 @@ pub async fn run(client: &Client, args: AppendArgs, format: Format) -> anyhow::R
     let mut count = 0u64;
     let mut stopped = None;
     'inputs: for (name, input) in inputs {
-        for item in Records::new(input, name, args.format, max_record_bytes) {
+        let records = Records::new(input, name, args.format, max_record_bytes);
+        let records = if max_record_bytes < server_max_record {
+            records.limited_by("nova's --max-record-bytes")
+        } else {
+            records
+        };
+        for item in records {
             let record = match item {
                 Ok((_, record)) => record,
                 Err(bad) => {
@@ -209,7 +215,13 @@ pub async fn run(client: &Client, args: AppendArgs, format: Format) -> anyhow::R
                 "{}: {}; {before}, and nothing after it was sent",
                 bad.position, bad.problem
             ));
-            if bad.problem.contains("--max-record-bytes") {
+            if bad.problem.contains("nova's --max-record-bytes") {
+                error = error.with_hint(format!(
+                    "split the record, or raise nova's --max-record-bytes (the server takes up \
+                     to {})",
+                    human_bytes(server_max_record)
+                ));
+            } else if bad.problem.contains("--max-record-bytes") {
                 error = error.with_hint(format!(
                     "split the record, or raise the server's --max-record-bytes (now {}); \
                      --max-record-bytes on nova only lowers what nova sends",

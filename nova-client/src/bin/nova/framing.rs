@@ -124,6 +124,8 @@ pub struct Records<R> {
     framing: Framing,
     number: u64,
     max_record_bytes: u64,
+    /// Whose limit `max_record_bytes` is, for the message naming a record over it.
+    limit: &'static str,
 }
 
 impl<R: BufRead> Records<R> {
@@ -134,7 +136,15 @@ impl<R: BufRead> Records<R> {
             framing,
             number: 0,
             max_record_bytes,
+            limit: "the server's --max-record-bytes",
         }
+    }
+
+    /// Names the limit in messages as `limit` (nova's own --max-record-bytes, when it is the
+    /// lower one).
+    pub fn limited_by(mut self, limit: &'static str) -> Self {
+        self.limit = limit;
+        self
     }
 
     /// The most bytes one input line may take: a JSON record's body may be hex (two digits a
@@ -151,8 +161,9 @@ impl<R: BufRead> Records<R> {
 
     fn oversize(&self, bytes: u64) -> String {
         format!(
-            "a record of {} is over the server's --max-record-bytes of {}",
+            "a record of {} is over {} of {}",
             human(bytes),
+            self.limit,
             human(self.max_record_bytes)
         )
     }
@@ -173,16 +184,51 @@ impl<R: BufRead> Records<R> {
         if (&mut self.input).take(cap).read_until(b'\n', &mut line)? == 0 {
             return Ok(None);
         }
-        if line.last() == Some(&b'\n') {
+        let ended = line.last() == Some(&b'\n');
+        if ended {
             line.pop();
         }
         if line.last() == Some(&b'\r') {
             line.pop();
         }
         if line.len() as u64 > self.max_line() {
-            return Ok(Some(Err(line.len() as u64)));
+            // Its real size, for the message: the rest of the line is read and dropped (the
+            // append stops here anyway), never held.
+            let size = match ended {
+                true => line.len() as u64,
+                false => line.len() as u64 + self.skip_line()?,
+            };
+            return Ok(Some(Err(size)));
         }
         Ok(Some(Ok(line)))
+    }
+}
+
+impl<R: BufRead> Records<R> {
+    /// Reads the rest of a line, holding a buffer's worth at a time, and returns its length
+    /// without its end (`\n` or `\r\n`).
+    fn skip_line(&mut self) -> std::io::Result<u64> {
+        let (mut skipped, mut last) = (0u64, None);
+        loop {
+            let buf = self.input.fill_buf()?;
+            if buf.is_empty() {
+                return Ok(skipped);
+            }
+            if let Some(at) = buf.iter().position(|b| *b == b'\n') {
+                let before = if at > 0 {
+                    buf.get(at - 1).copied()
+                } else {
+                    last
+                };
+                skipped += at as u64 - u64::from(before == Some(b'\r'));
+                self.input.consume(at + 1);
+                return Ok(skipped);
+            }
+            last = buf.last().copied();
+            skipped += buf.len() as u64;
+            let len = buf.len();
+            self.input.consume(len);
+        }
     }
 }
 
@@ -208,9 +254,7 @@ impl<R: BufRead> Iterator for Records<R> {
             Framing::Lines => match self.line() {
                 Ok(None) => return None,
                 Ok(Some(Ok(line))) => Record::new(line),
-                Ok(Some(Err(seen))) => {
-                    return bad(self, format!("{} (at least)", self.oversize(seen)));
-                }
+                Ok(Some(Err(size))) => return bad(self, self.oversize(size)),
                 Err(e) => return bad(self, e.to_string()),
             },
             Framing::Json => {
@@ -222,13 +266,13 @@ impl<R: BufRead> Iterator for Records<R> {
                             self.number += 1
                         }
                         Ok(Some(Ok(line))) => break line,
-                        Ok(Some(Err(seen))) => {
+                        Ok(Some(Err(size))) => {
                             return bad(
                                 self,
                                 format!(
-                                    "a JSON line of {} (at least) cannot hold a record within \
-                                     the server's --max-record-bytes of {}",
-                                    human(seen),
+                                    "a JSON line of {} cannot hold a record within {} of {}",
+                                    human(size),
+                                    self.limit,
                                     human(self.max_record_bytes)
                                 ),
                             );
@@ -319,8 +363,28 @@ mod tests {
         assert!(found[0].is_ok());
         let bad = found[1].as_ref().unwrap_err();
         assert_eq!(bad.position.to_string(), "in.txt line 2");
+        // Its real size, though it was never held whole.
         assert!(
-            bad.problem.contains("--max-record-bytes of 10 B"),
+            bad.problem
+                .contains("a record of 100 B is over the server's --max-record-bytes of 10 B"),
+            "{}",
+            bad.problem
+        );
+        // One byte over, its end read with it: the next line is not taken for its rest. A
+        // CRLF line's end is not counted either.
+        let input = b"12345678901\nnext\n";
+        let found: Vec<_> = Records::new(&input[..], "in".into(), Framing::Lines, 10).collect();
+        let bad = found[0].as_ref().unwrap_err();
+        assert!(bad.problem.contains("a record of 11 B"), "{}", bad.problem);
+        assert_eq!(found[1].as_ref().unwrap().1.body, b"next");
+        let long = [&[b'y'; 5000][..], b"\r\n"].concat();
+        let found: Vec<_> = Records::new(&long[..], "in".into(), Framing::Lines, 4)
+            .limited_by("nova's --max-record-bytes")
+            .collect();
+        let bad = found[0].as_ref().unwrap_err();
+        assert!(
+            bad.problem
+                .contains("a record of 4.9 KiB is over nova's --max-record-bytes of 4 B"),
             "{}",
             bad.problem
         );
