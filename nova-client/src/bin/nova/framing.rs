@@ -376,7 +376,7 @@ mod tests {
         let found: Vec<_> = Records::new(&input[..], "in".into(), Framing::Lines, 10).collect();
         let bad = found[0].as_ref().unwrap_err();
         assert!(bad.problem.contains("a record of 11 B"), "{}", bad.problem);
-        assert_eq!(found[1].as_ref().unwrap().1.body, b"next");
+        assert_eq!(&found[1].as_ref().unwrap().1.body[..], b"next");
         let long = [&[b'y'; 5000][..], b"\r\n"].concat();
         let found: Vec<_> = Records::new(&long[..], "in".into(), Framing::Lines, 4)
             .limited_by("nova's --max-record-bytes")
