@@ -287,10 +287,19 @@ async fn tokens_are_checked_by_scope_and_prefix_and_never_logged() {
     );
     let err = ingest.list_streams("", "", 10).await.unwrap_err();
     assert_eq!(err.kind(), ErrorCode::PermissionDenied, "{err}");
-    // Describing needs any scope on the stream (a producer learns its tail this way).
+    // ... saying to list under a prefix, without naming the token's.
+    assert!(err.to_string().contains("under a prefix"), "{err}");
+    assert!(!err.to_string().contains("logs/"), "{err}");
+    // Describing needs any scope on the stream (a producer learns its tail this way), and a
+    // refusal names every scope that would have done, not the first one tried.
     assert!(ingest.describe_stream("logs/app").await.is_ok());
     let err = ingest.describe_stream("billing/x").await.unwrap_err();
     assert_eq!(err.kind(), ErrorCode::PermissionDenied, "{err}");
+    assert!(
+        err.to_string()
+            .contains("none of the read, append or admin scopes"),
+        "{err}"
+    );
     for err in [
         ingest.create_stream("logs/other").await.unwrap_err(),
         ingest.delete_stream("logs/app").await.unwrap_err(),

@@ -98,9 +98,19 @@ impl Principal {
                 Err(error) => refusal = refusal.or(Some(error)),
             }
         }
-        Err(refusal.unwrap_or_else(|| {
-            RequestError::PermissionDenied(format!("no scope for stream {stream:?}"))
-        }))
+        if scopes.len() < 2 {
+            return Err(refusal.unwrap_or_else(|| {
+                RequestError::PermissionDenied(format!("no scope for stream {stream:?}"))
+            }));
+        }
+        // Any of them would do: name them all, not the first one tried.
+        let names: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
+        let (last, rest) = names.split_last().unwrap_or((&"", &[]));
+        Err(RequestError::PermissionDenied(format!(
+            "token {:?} has none of the {} or {last} scopes for stream {stream:?}",
+            self.name,
+            rest.join(", "),
+        )))
     }
 
     /// Allows `scope` on `stream`, or refuses with PERMISSION_DENIED naming what is missing.
@@ -114,6 +124,15 @@ impl Principal {
         }
         // The refusal names what is missing, never what the token holds: a caller probing a
         // token learns nothing of its other grants.
+        if stream.is_empty() {
+            // Every stream was asked for (a listing without a prefix).
+            return Err(RequestError::PermissionDenied(format!(
+                "token {:?} has no {} scope on every stream: ask for the streams under a \
+                 prefix it has the scope for (`nova stream list PREFIX`)",
+                self.name,
+                scope.as_str(),
+            )));
+        }
         Err(RequestError::PermissionDenied(format!(
             "token {:?} has no {} scope for stream {stream:?}",
             self.name,
@@ -401,6 +420,22 @@ mod tests {
         assert!(!denied.to_string().contains("s3cret"));
         let admin = ingest.allows(Scope::Admin, "logs/app").unwrap_err();
         assert!(admin.to_string().contains("no admin scope"), "{admin}");
+        // A call any of several scopes allows names them all, not the first one tried.
+        let any = ingest
+            .allows_any(&[Scope::Read, Scope::Append, Scope::Admin], "other")
+            .unwrap_err();
+        assert!(
+            any.to_string()
+                .contains("none of the read, append or admin scopes"),
+            "{any}"
+        );
+        // A listing of every stream says to ask under a prefix.
+        let every = ingest.allows(Scope::Read, "").unwrap_err();
+        assert!(
+            every.to_string().contains("nova stream list PREFIX"),
+            "{every}"
+        );
+        assert!(!every.to_string().contains("logs/"), "{every}");
         let ops = tokens.authenticate(Some(b"Bearer other")).unwrap();
         assert!(ops.allows(Scope::Admin, "anything").is_ok());
         // The scheme in any case; the token exactly.
