@@ -342,9 +342,15 @@ fn errors_say_what_to_do_and_are_json_with_their_code() {
     assert!(stdout.is_empty());
     assert!(stderr.contains("does not exist"), "{stderr}");
     assert!(stderr.contains("hint: `nova stream list`"), "{stderr}");
+    // The message in words, without the gRPC code in front.
+    assert!(!stderr.contains("NotFound"), "{stderr}");
     let (_, stderr) = failed(nova(&url, &["--output", "json", "read", "nope"], b""));
     let error: serde_json::Value = serde_json::from_str(stderr.trim()).unwrap();
     assert_eq!(error["error"]["code"], "NOT_FOUND", "{stderr}");
+    assert!(
+        !stderr.contains("NotFound"),
+        "the code is not repeated: {stderr}"
+    );
     assert_eq!(error["error"]["retryable"], false);
 
     // A duration without its unit is refused rather than taken for seconds; compound
@@ -377,6 +383,8 @@ fn errors_say_what_to_do_and_are_json_with_their_code() {
     let metrics = format!("http://127.0.0.1:{}", novad.metrics_port());
     let (_, stderr) = failed(nova(&metrics, &["stream", "list"], b""));
     assert!(stderr.contains("metrics port"), "{stderr}");
+    assert!(stderr.contains("plain HTTP, not gRPC"), "{stderr}");
+    assert!(!stderr.contains("grpc-status header missing"), "{stderr}");
     // `status` too, rather than calling the server too old (HTTP's 404 maps to UNIMPLEMENTED).
     let (_, stderr) = failed(nova(&metrics, &["status"], b""));
     assert!(stderr.contains("metrics port"), "{stderr}");

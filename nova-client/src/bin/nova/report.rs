@@ -106,11 +106,28 @@ fn explain(error: &anyhow::Error, server: &str) -> Explained {
     let code = sdk.code().map_or("DISCONNECTED", code_name);
     Explained {
         code,
-        message: format!("{error:#}"),
+        message: plain_message(error, sdk),
         hint: hint(sdk, server),
         retry_after: sdk.retry_after(),
         retryable: sdk.is_retryable(),
     }
+}
+
+/// The error's text for a person: a server's refusal without its gRPC code in front (the code
+/// is the JSON's `code`, and the message says the same in words), and a plain HTTP answer
+/// (the metrics port) said as such instead of the transport's mapping of its status.
+fn plain_message(error: &anyhow::Error, sdk: &Error) -> String {
+    let text = format!("{error:#}");
+    let Error::Status { code, message, .. } = sdk else {
+        return text;
+    };
+    let coded = format!("{code:?}: {message}");
+    let plain = if looks_like_http1(message) {
+        "the server answered with plain HTTP, not gRPC".to_owned()
+    } else {
+        message.clone()
+    };
+    text.replacen(&coded, &plain, 1)
 }
 
 /// What to do about a failure the server (or the network) caused, when there is advice to
