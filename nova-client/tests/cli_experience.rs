@@ -361,6 +361,28 @@ fn errors_say_what_to_do_and_are_json_with_their_code() {
     assert!(stderr.contains("does not exist"), "{stderr}");
     let (_, stderr) = failed(nova(&url, &["read", "nope", "--ago", "2w"], b""));
     assert!(stderr.contains("does not exist"), "{stderr}");
+    // A command line nova cannot read is an error like any other: JSON with --output json,
+    // and exit status 1 either way.
+    let output = nova(
+        &url,
+        &["--output", "json", "read", "nope", "--ago", "5"],
+        b"",
+    );
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let error: serde_json::Value = serde_json::from_str(stderr.trim()).unwrap();
+    assert_eq!(error["error"]["code"], "INVALID_ARGUMENT", "{stderr}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("needs a unit"),
+        "{stderr}"
+    );
+    assert_eq!(
+        nova(&url, &["read", "nope", "--bogus"], b"").status.code(),
+        Some(1)
+    );
     // The size and duration conventions are in --help.
     let help = ok(nova(&url, &["--help"], b""));
     assert!(

@@ -136,7 +136,10 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(refusal) => return refuse_arguments(refusal),
+    };
     let (server, json) = (cli.server.clone(), cli.output == Format::Json);
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -145,6 +148,43 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A command line clap could not take: said like every other error (as JSON with `--output
+/// json`), with exit status 1. Help and the version print as clap prints them.
+fn refuse_arguments(refusal: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        refusal.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        refusal.exit();
+    }
+    if !wants_json(std::env::args()) {
+        let _ = refusal.print();
+        return ExitCode::FAILURE;
+    }
+    // clap's text is "error: WHAT", then usage and tips: the first line is the message.
+    let text = refusal.to_string();
+    let mut lines = text.lines().filter(|line| !line.trim().is_empty());
+    let message = lines
+        .next()
+        .unwrap_or("the command line could not be read")
+        .trim_start_matches("error: ")
+        .to_owned();
+    let error = report::CliError::invalid(message).with_hint("see `nova --help`");
+    report::report(&error.into(), "", true);
+    ExitCode::FAILURE
+}
+
+/// Whether the command line asks for JSON output (read by hand: clap could not parse it).
+fn wants_json(args: impl Iterator<Item = String>) -> bool {
+    let args: Vec<String> = args.collect();
+    args.windows(2)
+        .any(|pair| pair[0] == "--output" && pair[1] == "json")
+        || args.iter().any(|arg| arg == "--output=json")
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
