@@ -345,10 +345,28 @@ impl Worker {
                     let _ = flush.send(Ok(()));
                 }
                 if !commands_open {
+                    self.end_session().await;
                     return;
                 }
             }
         }
+    }
+
+    /// Ends the session as a client that is done does: it stops sending and reads on to the
+    /// server's end of the call, so the star counts an orderly end (OK), not a cancelled call.
+    /// Everything was acknowledged already; a server that does not end the call within a
+    /// second is left to see it cancelled.
+    async fn end_session(&mut self) {
+        let Some((sender, mut receiver)) = self.session.take() else {
+            return;
+        };
+        drop(sender);
+        let drained = async { while let Ok(Some(_)) = receiver.acks.message().await {} };
+        let _ = self
+            .config
+            .clock
+            .timeout(Duration::from_secs(1), drained)
+            .await;
     }
 
     /// Sends the open batch, if any.

@@ -109,7 +109,7 @@ impl AppendSender {
 
 /// The receiving half of a split session: acks in the order batches were sent.
 pub struct AckReceiver {
-    acks: Streaming<v1::AppendAck>,
+    pub(crate) acks: Streaming<v1::AppendAck>,
 }
 
 impl AckReceiver {

@@ -542,6 +542,16 @@ fn formats_round_trip_headers_timestamps_and_bytes() {
         &["append", "src", "--format", "json"],
         input.as_bytes(),
     ));
+    // The CLI ends its append session in order: the star counts it OK, not CANCELLED (an
+    // error-ratio panel would otherwise count every CLI append as a failure).
+    assert_eq!(
+        novad.metric("nova_rpc_requests_total{code=\"OK\",method=\"Append\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        novad.metric("nova_rpc_requests_total{code=\"CANCELLED\",method=\"Append\"}"),
+        None
+    );
     let json = ok(nova(&url, &["read", "src", "--format", "json"], b""));
     let lines: Vec<&str> = json.lines().collect();
     assert_eq!(

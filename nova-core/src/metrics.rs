@@ -192,7 +192,8 @@ impl RpcMetrics {
                 HistogramVec::new(
                     HistogramOpts::new(
                         format!("{prefix}_rpc_duration_seconds"),
-                        "Time gRPC calls took, by method, from the request to the end of the response (a whole session for Append).",
+                        "Time gRPC calls took, by method, from the request to the end of the \
+                         response (for a streaming call, the whole call).",
                     )
                     .buckets(wait_buckets()),
                     &["method"],
@@ -370,6 +371,15 @@ pub fn histogram(r: &Registry, name: &str, help: &str) -> Histogram {
     )
 }
 
+/// `unit` with its first letter in capitals, to begin a help sentence.
+fn capitalized(unit: &str) -> String {
+    let mut chars = unit.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
+}
+
 pub fn budget(r: &Registry, prefix: &str, unit: &str, what: &str) -> BudgetMetrics {
     BudgetMetrics {
         capacity: gauge(
@@ -380,7 +390,7 @@ pub fn budget(r: &Registry, prefix: &str, unit: &str, what: &str) -> BudgetMetri
         in_use: gauge(
             r,
             &format!("{prefix}_used_{unit}"),
-            &format!("Units of the {what} held right now."),
+            &format!("{} of the {what} held right now.", capitalized(unit)),
         ),
         waiters: gauge(
             r,

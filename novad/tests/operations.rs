@@ -102,6 +102,15 @@ async fn every_metric_is_exported_from_the_first_scrape() {
         "{page}"
     );
     assert!(page.contains("nova_rpc_duration_seconds_bucket{method=\"CreateStream\""));
+    // A budget's help names its unit.
+    assert!(
+        page.contains("# HELP nova_admission_buffer_used_bytes Bytes of the admission buffer"),
+        "{page}"
+    );
+    assert!(
+        page.contains("# HELP nova_chain_backlog_used_flights Flights of the chain backlog"),
+        "{page}"
+    );
     assert_eq!(novad.metric("nova_appended_records_total"), Some(3.0));
     assert!(novad.metric("nova_append_ack_seconds_count{class=\"standard\"}") >= Some(1.0));
     // An unknown stream is refused, and who asked is tallied.
