@@ -494,6 +494,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let drained = star.shutdown(deadline).await;
     // Sessions end once their last answers are out; the server then stops.
     if !server.is_finished() {
+        tracing::info!(
+            "shutting down: waiting up to 5 s for the calls still open (append sessions whose \
+             clients have not closed them) to end"
+        );
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut server).await;
     }
     server.abort();

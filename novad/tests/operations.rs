@@ -352,3 +352,34 @@ fn github_slug(heading: &str) -> String {
         })
         .collect()
 }
+
+/// A SIGTERM with a follower waiting at a stream's tail (`nova tail -f`) stops at once: the
+/// waiting read is answered (an empty page) instead of holding the server's shutdown until
+/// its wait ends, which made every such stop wait out the server's 5 s limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_at_the_tail_does_not_hold_a_shutdown() {
+    let mut novad = novad().start();
+    let client = client(&novad).await;
+    client.create_stream("followed").await.unwrap();
+    let mut follower = std::process::Command::new(nova_testkit::workspace_binary("nova"))
+        .args(["--server", &novad.url(), "tail", "-f", "followed"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Until its read waits at the tail.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let asked = Instant::now();
+    let status = novad.terminate(Duration::from_secs(30));
+    let took = asked.elapsed();
+    let _ = follower.kill();
+    let _ = follower.wait();
+    assert!(status.success(), "{}", novad.log());
+    // The server's limit for calls still open is 5 s: a stop that waited it out was held.
+    assert!(took < Duration::from_millis(4500), "the stop took {took:?}");
+    assert!(
+        novad.log().contains("novad stopped cleanly"),
+        "{}",
+        novad.log()
+    );
+}

@@ -282,9 +282,13 @@ impl Nova for NovaService {
             .await?;
         if request.wait_ms > 0 && start_seq >= stream.tail() {
             let wait = Duration::from_millis((request.wait_ms as u64).min(MAX_READ_WAIT_MS));
-            stream
-                .wait_past(start_seq, wait, ctx.star.config().clock)
-                .await;
+            // A star stopping answers a waiting read at once (an empty page): a follower
+            // would otherwise hold the shutdown for as long as it waits, and it asks again,
+            // of the star's successor or of the star restarted.
+            tokio::select! {
+                _ = stream.wait_past(start_seq, wait, ctx.star.config().clock) => {}
+                _ = ctx.shutdown.cancelled() => {}
+            }
             if stream.is_deleted() {
                 return Err(RequestError::StreamNotFound(request.stream).into());
             }
