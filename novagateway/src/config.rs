@@ -54,7 +54,8 @@ pub struct Config {
     #[arg(long, env = "NOVA_GATEWAY_ADVERTISE")]
     pub advertise: Option<String>,
 
-    /// The local object-store directory (a star's <data-dir>/store) when no --s3-bucket is set.
+    /// The local object-store directory (a star's <data-dir>/store, or its objects/ folder)
+    /// when no --s3-bucket is set.
     #[arg(
         long,
         env = "NOVA_GATEWAY_STORE_DIR",

@@ -74,8 +74,21 @@ const STORE_DIR_WAIT: Duration = Duration::from_secs(60);
 
 /// Refuses a `--store-dir` that is not an object store before anything is created in it (the
 /// local store would otherwise make an empty one there), after waiting a while for a star
-/// starting alongside to create it.
-pub async fn check_store_dir(dir: &Path) -> anyhow::Result<()> {
+/// starting alongside to create it. The store's own `objects/` folder (the path a star's
+/// status shows) is taken for the store it is in. Returns the store's directory.
+pub async fn check_store_dir(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    if dir.file_name().is_some_and(|name| name == "objects")
+        && !dir.join("objects").is_dir()
+        && let Some(store) = dir
+            .parent()
+            .filter(|parent| parent.join("objects").is_dir())
+    {
+        tracing::info!(
+            store_dir = %store.display(),
+            "--store-dir names the store's objects/ folder; serving the store it is in"
+        );
+        return Ok(store.to_path_buf());
+    }
     let deadline = tokio::time::Instant::now() + STORE_DIR_WAIT;
     let mut said = false;
     while !dir.join("objects").is_dir() {
@@ -101,7 +114,7 @@ pub async fn check_store_dir(dir: &Path) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    Ok(())
+    Ok(dir.to_path_buf())
 }
 
 /// One probe of the store: does it answer a one-key listing? A bucket that refuses listings

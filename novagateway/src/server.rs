@@ -54,14 +54,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics.process.trims.clone(),
     ));
     let connections = Arc::new(nova_core::net::Connections::default());
-    if config.store.s3().is_none() {
-        crate::health::check_store_dir(&config.store_dir).await?;
-    }
+    let store_dir = match config.store.s3() {
+        None => crate::health::check_store_dir(&config.store_dir).await?,
+        Some(_) => config.store_dir.clone(),
+    };
     let store = config
         .store
-        .open(&config.store_dir, false)
+        .open(&store_dir, false)
         .await
-        .with_context(|| format!("opening the object store at {}", config.store_dir.display()))?;
+        .with_context(|| format!("opening the object store at {}", store_dir.display()))?;
     let store: Arc<dyn ObjectStore> = Arc::new(Instrumented::new(
         store,
         metrics.store.clone(),

@@ -437,7 +437,8 @@ async fn a_gateway_beside_a_star_on_the_embedded_default() {
 #[test]
 fn the_gateway_exports_its_metrics_and_stops_cleanly_on_sigterm() {
     let star = NovadBuilder::new(workspace_binary("novad")).start();
-    let store_dir = star.data_dir().join("store");
+    // The path a star's status shows is the store's objects/ folder: taken for the store.
+    let store_dir = star.data_dir().join("store").join("objects");
     let mut gateway = NovadBuilder::gateway(workspace_binary("novagateway"))
         .args([
             "--star",
@@ -474,6 +475,11 @@ fn the_gateway_exports_its_metrics_and_stops_cleanly_on_sigterm() {
         gateway.log()
     );
     assert!(gateway.log().contains("novagateway stopped cleanly"));
+    assert!(
+        gateway.log().contains("serving the store it is in"),
+        "{}",
+        gateway.log()
+    );
 }
 
 /// The footer cache holds no more than `--footer-cache-bytes`: with room for a few footers
