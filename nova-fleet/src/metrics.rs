@@ -14,6 +14,7 @@ where
     Ok(collector)
 }
 
+#[derive(Clone)]
 pub struct FleetMetrics {
     pub(crate) stars: IntGauge,
     pub(crate) streams_led: IntGauge,

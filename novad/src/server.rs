@@ -10,7 +10,9 @@ use tokio_util::sync::CancellationToken;
 use nova_chain::Star;
 use nova_core::clock::Clock;
 use nova_core::memory::detect_ceiling;
-use nova_core::metastore::{EmbeddedMetastore, EtcdMetastore, EtcdOptions, Metastore};
+use nova_core::metastore::{
+    EmbeddedMetastore, EtcdMetastore, EtcdOptions, Metastore, MetastoreError,
+};
 use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
 use nova_core::shed::ShedLog;
@@ -30,11 +32,7 @@ async fn open_metastore(config: &Config) -> anyhow::Result<Arc<dyn Metastore>> {
     if let Some(endpoints) = EtcdOptions::parse_url(&config.metastore) {
         let mut options = EtcdOptions::new(endpoints.map_err(|e| anyhow::anyhow!(e))?);
         options.max_txn_ops = config.metastore_max_txn_ops;
-        return Ok(Arc::new(
-            EtcdMetastore::connect(options)
-                .await
-                .with_context(|| format!("connecting to {}", config.metastore))?,
-        ));
+        return Ok(Arc::new(connect_etcd(options).await?));
     }
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating --data-dir {}", config.data_dir.display()))?;
@@ -47,6 +45,77 @@ async fn open_metastore(config: &Config) -> anyhow::Result<Arc<dyn Metastore>> {
             )
         })?,
     ))
+}
+
+/// Joins the fleet, waiting out a metastore that does not answer (etcd started after the star,
+/// or a TCP connection that etcd does not serve), as `connect_etcd` does.
+async fn join_fleet(
+    metastore: &Arc<dyn Metastore>,
+    config: nova_fleet::FleetConfig,
+    metrics: nova_fleet::FleetMetrics,
+) -> Result<Arc<nova_fleet::Fleet>, nova_fleet::JoinError> {
+    let mut wait = Duration::from_millis(250);
+    loop {
+        let joined = nova_fleet::Fleet::join(
+            metastore.clone(),
+            config.clone(),
+            metrics.clone(),
+            Clock::system(),
+        )
+        .await;
+        match joined {
+            Err(nova_fleet::JoinError::Metastore {
+                what,
+                source: MetastoreError::Unavailable(why),
+            }) => {
+                let endpoints = metastore.describe();
+                tracing::warn!(
+                    retry_in_ms = wait.as_millis() as u64,
+                    "{what}: {endpoints} does not answer ({why}); novad waits for it and \
+                     accepts nothing meanwhile: start etcd, or check --metastore"
+                );
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
+            joined => return joined,
+        }
+    }
+}
+
+/// Connects to etcd, waiting out an etcd that does not answer yet (started after the star, or
+/// restarting), as a store outage at start is waited out: each failure is logged with the
+/// endpoints and what to check, the wait between tries growing to 10 s. Anything else (a
+/// refusal that will not change) stops the start.
+async fn connect_etcd(options: EtcdOptions) -> anyhow::Result<EtcdMetastore> {
+    let endpoints = options.endpoints.join(",");
+    let mut wait = Duration::from_millis(250);
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        match EtcdMetastore::connect(options.clone()).await {
+            Ok(metastore) => {
+                if attempt > 1 {
+                    tracing::info!(endpoints, attempts = attempt, "etcd answers; starting");
+                }
+                return Ok(metastore);
+            }
+            Err(MetastoreError::Unavailable(why)) => {
+                tracing::warn!(
+                    endpoints,
+                    attempt,
+                    retry_in_ms = wait.as_millis() as u64,
+                    "etcd at {endpoints} does not answer ({why}); novad waits for it and \
+                     accepts nothing meanwhile: start etcd, or check --metastore"
+                );
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
+            Err(err) => {
+                return Err(anyhow::anyhow!(err))
+                    .with_context(|| format!("connecting to etcd at {endpoints}"));
+            }
+        }
+    }
 }
 
 /// The object store: S3 when a bucket is given, else the local directory under --data-dir.
@@ -203,12 +272,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             advertise: config.advertise(),
             lease_ttl: Duration::from_secs(config.lease_ttl_secs),
         };
-        let joining = nova_fleet::Fleet::join(
-            metastore.clone(),
-            fleet_config,
-            fleet_metrics,
-            Clock::system(),
-        );
+        let joining = join_fleet(&metastore, fleet_config, fleet_metrics);
         Some(tokio::select! {
             fleet = joining => fleet?,
             _ = nova_core::process::termination() => {

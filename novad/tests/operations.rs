@@ -383,3 +383,37 @@ async fn a_follower_at_the_tail_does_not_hold_a_shutdown() {
         novad.log()
     );
 }
+
+/// An etcd that does not answer at start is waited out, as a store outage is, saying which
+/// endpoint it waits for; the star starts once etcd answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_star_waits_for_etcd_at_start_naming_it() {
+    let etcd = nova_testkit::Etcd::start();
+    let upstream: std::net::SocketAddr = etcd.endpoint().parse().unwrap();
+    let proxy = FaultProxy::start(upstream);
+    proxy.set(Fault::Refuse);
+    let endpoint = format!("127.0.0.1:{}", proxy.port());
+    let mut novad = novad()
+        .args([
+            "--metastore",
+            &format!("etcd://{endpoint}"),
+            "--star-id",
+            "waits",
+        ])
+        .start_detached();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        novad.try_exit_status().is_none(),
+        "novad does not stop:\n{}",
+        novad.log()
+    );
+    assert!(!novad.is_listening(), "it accepts nothing meanwhile");
+    let log = novad.log();
+    assert!(
+        log.contains(&format!("{endpoint} does not answer")) && log.contains("start etcd"),
+        "the log names the endpoint and what to do:\n{log}"
+    );
+    proxy.set(Fault::Pass);
+    novad.wait_ready(Duration::from_secs(60));
+    client(&novad).await.create_stream("after").await.unwrap();
+}
