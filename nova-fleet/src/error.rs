@@ -24,6 +24,22 @@ pub enum JoinError {
     DuplicateId { star_id: String, holder: String },
     #[error("this star's fleet lease expired while it {while_doing}")]
     LeaseExpired { while_doing: &'static str },
+    #[error("{what}: {source}")]
+    Store {
+        what: &'static str,
+        source: nova_core::object_store::StoreError,
+    },
+    #[error(
+        "this star's object store ({mine}) is not the fleet's: star {first_star:?} joined the \
+         fleet on {theirs}. The stars of a fleet read one another's chains and objects, so \
+         they must share one bucket: give every star the same --s3-bucket (and --s3-prefix) \
+         and --s3-endpoint (a local --data-dir store is one star's alone)"
+    )]
+    StoreDiffers {
+        mine: String,
+        first_star: String,
+        theirs: String,
+    },
 }
 
 /// Why a stream could not be handed to another star. The stream stays led here (taking

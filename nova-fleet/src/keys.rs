@@ -7,6 +7,7 @@
 //! fleet/chains/{star id}       the star has a chain that may hold acknowledged records
 //! fleet/takeover/{star id}     leased by the survivor taking that star's chain over
 //! fleet/adopt/{star id}        leased by the star whose auditor looks after a departed chain
+//! fleet/store                  the identity of the fleet's object store (`store_identity`)
 //! ```
 //!
 //! These keys and the registration's lines are persisted: kept stable.

@@ -20,12 +20,14 @@ mod leadership;
 pub mod membership;
 mod metrics;
 mod placement;
+mod store_identity;
 mod takeover;
 
 pub use error::{HandoffError, JoinError, TakeoverError};
 pub use keys::{LeaderRecords, Member};
 pub use membership::{Fleet, FleetConfig};
 pub use metrics::FleetMetrics;
+pub use store_identity::check_shared_store;
 pub use takeover::TakeoverContext;
 
 /// The cap a fleet-capacity refusal names: no star of the fleet is open to a new stream's

@@ -47,22 +47,32 @@ async fn open_metastore(config: &Config) -> anyhow::Result<Arc<dyn Metastore>> {
     ))
 }
 
-/// Joins the fleet, waiting out a metastore that does not answer (etcd started after the star,
-/// or a TCP connection that etcd does not serve), as `connect_etcd` does.
+/// Joins the fleet, once its object store is known to be the fleet's, waiting out a metastore
+/// that does not answer (etcd started after the star, or a TCP connection that etcd does not
+/// serve), as `connect_etcd` does.
 async fn join_fleet(
     metastore: &Arc<dyn Metastore>,
+    store: &Arc<dyn ObjectStore>,
     config: nova_fleet::FleetConfig,
     metrics: nova_fleet::FleetMetrics,
 ) -> Result<Arc<nova_fleet::Fleet>, nova_fleet::JoinError> {
     let mut wait = Duration::from_millis(250);
     loop {
-        let joined = nova_fleet::Fleet::join(
-            metastore.clone(),
-            config.clone(),
-            metrics.clone(),
-            Clock::system(),
-        )
-        .await;
+        let checked =
+            nova_fleet::check_shared_store(metastore.as_ref(), store.as_ref(), &config.star_id)
+                .await;
+        let joined = match checked {
+            Ok(()) => {
+                nova_fleet::Fleet::join(
+                    metastore.clone(),
+                    config.clone(),
+                    metrics.clone(),
+                    Clock::system(),
+                )
+                .await
+            }
+            Err(refused) => Err(refused),
+        };
         match joined {
             Err(nova_fleet::JoinError::Metastore {
                 what,
@@ -272,7 +282,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             advertise: config.advertise(),
             lease_ttl: Duration::from_secs(config.lease_ttl_secs),
         };
-        let joining = join_fleet(&metastore, fleet_config, fleet_metrics);
+        let joining = join_fleet(&metastore, &store, fleet_config, fleet_metrics);
         Some(tokio::select! {
             fleet = joining => fleet?,
             _ = nova_core::process::termination() => {

@@ -417,3 +417,43 @@ async fn a_star_waits_for_etcd_at_start_naming_it() {
     novad.wait_ready(Duration::from_secs(60));
     client(&novad).await.create_stream("after").await.unwrap();
 }
+
+/// Stars of one fleet must share one object store: a second star on a local directory store of
+/// its own is refused at start, naming its store and the fleet's, instead of joining a fleet
+/// whose handoffs and takeovers would lose its reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_star_on_another_store_than_the_fleets_is_refused() {
+    let etcd = nova_testkit::Etcd::start();
+    let fleet = |id: &str| {
+        novad().args([
+            "--metastore",
+            &etcd.url(),
+            "--star-id",
+            id,
+            "--lease-ttl-secs",
+            "3",
+        ])
+    };
+    let first = fleet("star-0").start();
+    client(&first).await.create_stream("s").await.unwrap();
+    let mut second = fleet("star-1").start_detached();
+    let mut exited = None;
+    for _ in 0..300 {
+        exited = second.try_exit_status();
+        if exited.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = second.log();
+    let status = exited.unwrap_or_else(|| panic!("star-1 kept running:\n{log}"));
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("is not the fleet's"), "{log}");
+    assert!(log.contains("star \"star-0\" joined the fleet on"), "{log}");
+    assert!(
+        log.contains(&second.data_dir().display().to_string()),
+        "{log}"
+    );
+    // The first star is unaffected.
+    client(&first).await.describe_stream("s").await.unwrap();
+}
