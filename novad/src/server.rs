@@ -87,6 +87,17 @@ async fn join_fleet(
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(10));
             }
+            // The store does not answer yet: waited out as recovery waits it out, since the
+            // fleet's store is checked before anything else touches it.
+            Err(nova_fleet::JoinError::Store { what, source }) if source.is_retryable() => {
+                tracing::warn!(
+                    retry_in_ms = wait.as_millis() as u64,
+                    "{what}: {source}; novad waits for the object store and accepts nothing \
+                     meanwhile"
+                );
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
             joined => return joined,
         }
     }

@@ -457,3 +457,38 @@ async fn a_star_on_another_store_than_the_fleets_is_refused() {
     // The first star is unaffected.
     client(&first).await.describe_stream("s").await.unwrap();
 }
+
+/// A fleet star checks that its store is the fleet's before it joins: a store that does not
+/// answer yet is waited out there, as recovery waits it out, and the star starts once it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_star_whose_store_is_down_at_start_waits_for_it() {
+    let etcd = nova_testkit::Etcd::start();
+    let moto = Moto::start();
+    moto.create_bucket("fleet");
+    let proxy = FaultProxy::start(([127, 0, 0, 1], moto.port()).into());
+    proxy.set(Fault::Refuse);
+    let mut novad = via_endpoint(novad(), &proxy.endpoint(), "fleet")
+        .args([
+            "--s3-request-timeout-ms",
+            "500",
+            "--s3-max-attempts",
+            "1",
+            "--metastore",
+            &etcd.url(),
+            "--star-id",
+            "waits-for-store",
+        ])
+        .start_detached();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        novad.try_exit_status().is_none(),
+        "novad does not stop:\n{}",
+        novad.log()
+    );
+    assert!(!novad.is_listening(), "it accepts nothing meanwhile");
+    let log = novad.log();
+    assert!(log.contains("waits for the object store"), "{log}");
+    proxy.set(Fault::Pass);
+    novad.wait_ready(Duration::from_secs(60));
+    client(&novad).await.create_stream("after").await.unwrap();
+}
