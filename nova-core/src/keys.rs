@@ -7,6 +7,7 @@
 //! streams/{star}/{id:020}                 a stream's manifest (name, settings, deleted)
 //! probe/{star}/{nonce}                    a start-up probe, deleted right after
 //! clock/{star}                            the auditor's clock probe: the store's time
+//! store-id                                the store's identity, which a fleet's stars share
 //! ```
 //!
 //! Numbers are zero-padded so that byte order, which listing uses, is numeric order.

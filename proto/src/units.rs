@@ -144,8 +144,13 @@ impl std::fmt::Display for DurationArg {
 impl std::str::FromStr for DurationArg {
     type Err = String;
 
+    /// As `parse_duration`, but a bare number is seconds: the servers' duration flags took
+    /// that before durations needed a unit, and deployed settings keep working.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        parse_duration(text).map(DurationArg)
+        match text.trim().parse::<u64>() {
+            Ok(seconds) => Ok(DurationArg(Duration::from_secs(seconds))),
+            Err(_) => parse_duration(text).map(DurationArg),
+        }
     }
 }
 
@@ -278,6 +283,15 @@ mod tests {
             parse_duration("3y")
                 .unwrap_err()
                 .contains("unknown duration unit")
+        );
+        // A server's duration flag still takes a bare number as seconds.
+        assert_eq!(
+            "600".parse::<DurationArg>(),
+            Ok(DurationArg(Duration::from_secs(600)))
+        );
+        assert_eq!(
+            "1h30m".parse::<DurationArg>(),
+            Ok(DurationArg(Duration::from_secs(5400)))
         );
         for (text, shown) in [
             ("2s", "2s"),

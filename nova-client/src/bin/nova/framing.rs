@@ -168,6 +168,15 @@ impl<R: BufRead> Records<R> {
         )
     }
 
+    fn oversize_line(&self, line: Oversize) -> String {
+        format!(
+            "a record of {} is over {} of {}",
+            line.size(),
+            self.limit,
+            human(self.max_record_bytes)
+        )
+    }
+
     fn here(&self) -> Position {
         Position {
             input: self.name.clone(),
@@ -177,7 +186,7 @@ impl<R: BufRead> Records<R> {
     }
 
     /// The next line without its end, or `Err` with how far past the limit it was seen to run.
-    fn line(&mut self) -> std::io::Result<Option<Result<Vec<u8>, u64>>> {
+    fn line(&mut self) -> std::io::Result<Option<Result<Vec<u8>, Oversize>>> {
         let mut line = Vec::new();
         // The limit, its line end, and one byte more to tell a line over it.
         let cap = self.max_line().saturating_add(3);
@@ -194,25 +203,51 @@ impl<R: BufRead> Records<R> {
         if line.len() as u64 > self.max_line() {
             // Its real size, for the message: the rest of the line is read and dropped (the
             // append stops here anyway), never held.
-            let size = match ended {
-                true => line.len() as u64,
-                false => line.len() as u64 + self.skip_line()?,
+            let (rest, whole) = match ended {
+                true => (0, true),
+                false => self.skip_line()?,
             };
-            return Ok(Some(Err(size)));
+            return Ok(Some(Err(Oversize {
+                bytes: line.len() as u64 + rest,
+                whole,
+            })));
         }
         Ok(Some(Ok(line)))
     }
 }
 
+/// A line over the limit: its size, and whether that is all of it (`false`: at least).
+#[derive(Debug, Clone, Copy)]
+struct Oversize {
+    bytes: u64,
+    whole: bool,
+}
+
+impl Oversize {
+    fn size(self) -> String {
+        match self.whole {
+            true => human(self.bytes),
+            false => format!("{} (at least)", human(self.bytes)),
+        }
+    }
+}
+
+/// The most of an oversize line read past the limit to learn its size: input that never ends
+/// a line (a device, binary data) is reported "at least" this far in, not read for ever.
+const SKIP_LINE_MAX: u64 = 64 << 20;
+
 impl<R: BufRead> Records<R> {
     /// Reads the rest of a line, holding a buffer's worth at a time, and returns its length
-    /// without its end (`\n` or `\r\n`).
-    fn skip_line(&mut self) -> std::io::Result<u64> {
+    /// without its end (`\n` or `\r\n`), and whether the line ended within `SKIP_LINE_MAX`.
+    fn skip_line(&mut self) -> std::io::Result<(u64, bool)> {
         let (mut skipped, mut last) = (0u64, None);
         loop {
+            if skipped >= SKIP_LINE_MAX {
+                return Ok((skipped, false));
+            }
             let buf = self.input.fill_buf()?;
             if buf.is_empty() {
-                return Ok(skipped);
+                return Ok((skipped, true));
             }
             if let Some(at) = buf.iter().position(|b| *b == b'\n') {
                 let before = if at > 0 {
@@ -222,7 +257,7 @@ impl<R: BufRead> Records<R> {
                 };
                 skipped += at as u64 - u64::from(before == Some(b'\r'));
                 self.input.consume(at + 1);
-                return Ok(skipped);
+                return Ok((skipped, true));
             }
             last = buf.last().copied();
             skipped += buf.len() as u64;
@@ -254,7 +289,7 @@ impl<R: BufRead> Iterator for Records<R> {
             Framing::Lines => match self.line() {
                 Ok(None) => return None,
                 Ok(Some(Ok(line))) => Record::new(line),
-                Ok(Some(Err(size))) => return bad(self, self.oversize(size)),
+                Ok(Some(Err(size))) => return bad(self, self.oversize_line(size)),
                 Err(e) => return bad(self, e.to_string()),
             },
             Framing::Json => {
@@ -271,7 +306,7 @@ impl<R: BufRead> Iterator for Records<R> {
                                 self,
                                 format!(
                                     "a JSON line of {} cannot hold a record within {} of {}",
-                                    human(size),
+                                    size.size(),
                                     self.limit,
                                     human(self.max_record_bytes)
                                 ),
@@ -388,6 +423,13 @@ mod tests {
             "{}",
             bad.problem
         );
+        // Input that never ends its line is read only so far past the limit: "at least".
+        let endless = std::io::BufReader::new(std::io::Read::take(std::io::repeat(b'z'), 1 << 40));
+        let bad = Records::new(endless, "dev".into(), Framing::Lines, 10)
+            .next()
+            .unwrap()
+            .unwrap_err();
+        assert!(bad.problem.contains("(at least)"), "{}", bad.problem);
         let prefixed = [0u8, 0, 1, 0];
         let found: Vec<_> =
             Records::new(&prefixed[..], "f".into(), Framing::LengthPrefixed, 10).collect();
