@@ -450,6 +450,9 @@ fn status_describes_the_star_and_the_gateway() {
         .start();
     let status = ok(nova(&gateway.url(), &["status"], b""));
     assert!(status.contains(": gateway "), "{status}");
+    // Only the limits a gateway has: no append limits shown as "-".
+    assert!(!status.contains(" - "), "{status}");
+    assert!(!status.contains("record -"), "{status}");
     assert!(status.contains(&format!("star:       {url}")), "{status}");
     // A gateway takes no appends, and says where to send them.
     let (_, stderr) = failed(nova(&gateway.url(), &["append", "one"], b"x\n"));

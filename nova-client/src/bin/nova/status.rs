@@ -159,16 +159,26 @@ fn text(
         }
     }
     writeln!(out, "store:      {}", info.store)?;
-    let limit = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), human_bytes);
-    let count = |v: Option<u32>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
-    writeln!(
-        out,
-        "limits:     record {}, batch {} or {} records, read {} or {} records",
-        limit(info.limits.max_record_bytes),
-        limit(info.limits.max_batch_bytes),
-        count(info.limits.max_batch_records),
-        limit(info.limits.max_read_bytes),
-        count(info.limits.max_read_records),
-    )?;
+    // Only the limits the server has (a gateway takes no appends, so it has no append limits).
+    let limits = &info.limits;
+    let either = |what: &str, bytes: Option<u64>, records: Option<u32>| match (bytes, records) {
+        (Some(b), Some(n)) => Some(format!("{what} {} or {n} records", human_bytes(b))),
+        (Some(b), None) => Some(format!("{what} {}", human_bytes(b))),
+        (None, Some(n)) => Some(format!("{what} {n} records")),
+        (None, None) => None,
+    };
+    let known: Vec<String> = [
+        limits
+            .max_record_bytes
+            .map(|r| format!("record {}", human_bytes(r))),
+        either("batch", limits.max_batch_bytes, limits.max_batch_records),
+        either("read", limits.max_read_bytes, limits.max_read_records),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !known.is_empty() {
+        writeln!(out, "limits:     {}", known.join(", "))?;
+    }
     Ok(())
 }
