@@ -58,22 +58,18 @@ async fn join_fleet(
 ) -> Result<Arc<nova_fleet::Fleet>, nova_fleet::JoinError> {
     let mut wait = Duration::from_millis(250);
     loop {
-        let checked =
+        let joined = async {
             nova_fleet::check_shared_store(metastore.as_ref(), store.as_ref(), &config.star_id)
-                .await;
-        let joined = match checked {
-            Ok(()) => {
-                nova_fleet::Fleet::join(
-                    metastore.clone(),
-                    config.clone(),
-                    metrics.clone(),
-                    Clock::system(),
-                )
-                .await
-            }
-            Err(refused) => Err(refused),
+                .await?;
+            nova_fleet::Fleet::join(
+                metastore.clone(),
+                config.clone(),
+                metrics.clone(),
+                Clock::system(),
+            )
+            .await
         };
-        match joined {
+        match joined.await {
             Err(nova_fleet::JoinError::Metastore {
                 what,
                 source: MetastoreError::Unavailable(why),
@@ -84,8 +80,7 @@ async fn join_fleet(
                     "{what}: {endpoints} does not answer ({why}); novad waits for it and \
                      accepts nothing meanwhile: start etcd, or check --metastore"
                 );
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(10));
+                wait = waited(wait).await;
             }
             // The store does not answer yet: waited out as recovery waits it out, since the
             // fleet's store is checked before anything else touches it.
@@ -95,12 +90,18 @@ async fn join_fleet(
                     "{what}: {source}; novad waits for the object store and accepts nothing \
                      meanwhile"
                 );
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(10));
+                wait = waited(wait).await;
             }
             joined => return joined,
         }
     }
+}
+
+/// Sleeps `wait` and returns the next, doubled up to 10 s: the start's waits for etcd and the
+/// store.
+async fn waited(wait: Duration) -> Duration {
+    tokio::time::sleep(wait).await;
+    (wait * 2).min(Duration::from_secs(10))
 }
 
 /// Connects to etcd, waiting out an etcd that does not answer yet (started after the star, or
@@ -128,8 +129,7 @@ async fn connect_etcd(options: EtcdOptions) -> anyhow::Result<EtcdMetastore> {
                     "etcd at {endpoints} does not answer ({why}); novad waits for it and \
                      accepts nothing meanwhile: start etcd, or check --metastore"
                 );
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(10));
+                wait = waited(wait).await;
             }
             Err(err) => {
                 return Err(anyhow::anyhow!(err))

@@ -38,6 +38,16 @@ fn collected_key(star: &str) -> Vec<u8> {
     key
 }
 
+/// A collected mark: the chain's encoding of an epoch and a slot, the slot always there.
+fn decode_mark(value: &[u8]) -> Result<(u64, u64), CatalogError> {
+    match super::decode_epoch_slot(value, "collected mark")? {
+        (epoch, Some(slot)) => Ok((epoch, slot)),
+        (_, None) => Err(CatalogError::Corrupt(
+            "a collected mark without its slot".into(),
+        )),
+    }
+}
+
 /// Attempts at moving a chain's collected mark that meets another collector's move.
 const COLLECTED_MARK_ATTEMPTS: usize = 5;
 
@@ -479,10 +489,7 @@ impl Catalog {
     /// latest run collected (see `COLLECTED_PREFIX`).
     pub async fn chain_collected(&self, star: &str) -> Result<Option<(u64, u64)>, CatalogError> {
         match self.store.get(&collected_key(star)).await? {
-            Some(kv) => {
-                let mut r = Reader::start(&kv.value)?;
-                Ok(Some((r.u64()?, r.u64()?)))
-            }
+            Some(kv) => decode_mark(&kv.value).map(Some),
             None => Ok(None),
         }
     }
@@ -501,22 +508,17 @@ impl Catalog {
         let key = collected_key(star);
         for _ in 0..COLLECTED_MARK_ATTEMPTS {
             let current = self.store.get(&key).await?;
-            let mark = match &current {
-                Some(kv) => {
-                    let mut r = Reader::start(&kv.value)?;
-                    Some((r.u64()?, r.u64()?))
-                }
-                None => None,
-            };
+            let mark = current
+                .as_ref()
+                .map(|kv| decode_mark(&kv.value))
+                .transpose()?;
             let mut txn = Txn::new().delete(queued.key.clone());
             if mark.is_none_or(|mark| (epoch, slot) > mark) {
                 let compare = match &current {
                     Some(kv) => Compare::Version(key.clone(), kv.version),
                     None => Compare::Missing(key.clone()),
                 };
-                let mut value = vec![FORMAT];
-                value.put_u64_le(epoch);
-                value.put_u64_le(slot);
+                let value = super::encode_epoch_slot(epoch, Some(slot));
                 txn = txn.compare(compare).put(key.clone(), value);
             }
             if let TxnOutcome::Committed { .. } = self.store.commit(txn).await? {

@@ -299,7 +299,7 @@ fn decode_express(value: &[u8]) -> Result<ExpressCheckpoint, CatalogError> {
 }
 
 /// An epoch and, optionally, a slot of it: a chain's checkpoint, an express checkpoint.
-fn encode_epoch_slot(epoch: u64, slot: Option<u64>) -> Vec<u8> {
+pub(super) fn encode_epoch_slot(epoch: u64, slot: Option<u64>) -> Vec<u8> {
     let mut buf = vec![FORMAT];
     buf.put_u64_le(epoch);
     match slot {
@@ -312,7 +312,10 @@ fn encode_epoch_slot(epoch: u64, slot: Option<u64>) -> Vec<u8> {
     buf
 }
 
-fn decode_epoch_slot(value: &[u8], what: &str) -> Result<(u64, Option<u64>), CatalogError> {
+pub(super) fn decode_epoch_slot(
+    value: &[u8],
+    what: &str,
+) -> Result<(u64, Option<u64>), CatalogError> {
     let mut r = Reader::start(value)?;
     let epoch = r.u64()?;
     let slot = match r.u8()? {
