@@ -492,3 +492,69 @@ async fn a_fleet_star_whose_store_is_down_at_start_waits_for_it() {
     novad.wait_ready(Duration::from_secs(60));
     client(&novad).await.create_stream("after").await.unwrap();
 }
+
+/// A star given S3 flags but no credentials says so in one line per attempt (not the SDK's
+/// kilobyte naming every provider it tried), keeps waiting for the store, and does not join
+/// its fleet meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_star_without_aws_credentials_says_so_in_one_line_and_does_not_join() {
+    let etcd = nova_testkit::Etcd::start();
+    let moto = Moto::start();
+    moto.create_bucket("fleet");
+    let home = tempfile::tempdir().unwrap();
+    let mut builder = novad()
+        .args([
+            "--s3-bucket",
+            "fleet",
+            "--s3-endpoint",
+            &moto.endpoint(),
+            "--s3-path-style",
+            "--metastore",
+            &etcd.url(),
+            "--star-id",
+            "no-credentials",
+        ])
+        .env("HOME", home.path().display().to_string())
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    for ambient in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_CONFIG_FILE",
+        "AWS_SHARED_CREDENTIALS_FILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ] {
+        builder = builder.env_remove(ambient);
+    }
+    let mut novad = builder.start_detached();
+    eventually(Duration::from_secs(20), "the credentials message", || {
+        novad.log().contains("no AWS credentials found")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        novad.try_exit_status().is_none(),
+        "it waits:\n{}",
+        novad.log()
+    );
+    assert!(!novad.is_listening(), "it accepts nothing meanwhile");
+    let log = novad.log();
+    for line in log.lines().filter(|l| l.contains("credentials")) {
+        assert!(line.len() < 600, "one short line per attempt: {line}");
+        assert!(!line.contains("ProviderChainError"), "{line}");
+    }
+    assert!(!log.contains("joined the fleet"), "{log}");
+    // Another star sees no member: the credential-less one never registered.
+    let other = novad_in_fleet_with_credentials(&etcd, &moto);
+    let seen = other.metric("nova_fleet_stars");
+    assert_eq!(seen, Some(1.0), "{}", other.log());
+}
+
+fn novad_in_fleet_with_credentials(etcd: &nova_testkit::Etcd, moto: &Moto) -> nova_testkit::Novad {
+    with_s3(novad(), moto, "fleet")
+        .args(["--metastore", &etcd.url(), "--star-id", "with-credentials"])
+        .start()
+}

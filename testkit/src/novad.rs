@@ -13,6 +13,8 @@ pub struct NovadBuilder {
     binary: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    /// Variables of the test's own environment the process does not inherit.
+    env_removed: Vec<String>,
     data_dir: Option<PathBuf>,
     cgroup: Option<PathBuf>,
     port: Option<u16>,
@@ -29,6 +31,7 @@ impl NovadBuilder {
             binary: binary.into(),
             args: Vec::new(),
             env: Vec::new(),
+            env_removed: Vec::new(),
             data_dir: None,
             cgroup: None,
             port: None,
@@ -97,6 +100,12 @@ impl NovadBuilder {
         self
     }
 
+    /// Starts the process without `key`, even if the test's environment has it.
+    pub fn env_remove(mut self, key: impl Into<String>) -> Self {
+        self.env_removed.push(key.into());
+        self
+    }
+
     /// Uses this data directory instead of a fresh temporary one.
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.data_dir = Some(dir.into());
@@ -135,6 +144,7 @@ impl NovadBuilder {
             binary: self.binary,
             args: self.args,
             env: self.env,
+            env_removed: self.env_removed,
             port: self.port.unwrap_or_else(free_port),
             metrics_port: free_port(),
             gateway: self.gateway,
@@ -154,6 +164,7 @@ pub struct Novad {
     binary: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    env_removed: Vec<String>,
     port: u16,
     metrics_port: u16,
     data_dir: PathBuf,
@@ -240,6 +251,9 @@ impl Novad {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log"))
             .stderr(log);
+        for k in &self.env_removed {
+            command.env_remove(k);
+        }
         for (k, v) in &self.env {
             command.env(k, v);
         }

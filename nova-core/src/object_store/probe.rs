@@ -9,7 +9,7 @@ use super::{CreateOutcome, ObjectStore, StoreError};
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
     /// Worth trying again: the store did not answer.
-    #[error("the object store did not answer the start-up probe: {0}")]
+    #[error("the start-up probe of the object store failed, for now: {0}")]
     Unreachable(StoreError),
     /// The store answered, and the answer rules it out until an operator acts.
     #[error("the object store refused the start-up probe: {0}")]

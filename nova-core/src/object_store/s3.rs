@@ -247,6 +247,28 @@ fn status_of<E>(err: &SdkError<E, HttpResponse>) -> Option<u16> {
     err.raw_response().map(|r| r.status().as_u16())
 }
 
+/// One line for a request that never left because the SDK found no credentials, instead of the
+/// SDK's context (about 1.5 KB naming every provider it tried, on each retry). Still transient:
+/// credentials that appear later (a role attached, a profile written) are picked up.
+fn credentials_failure(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use aws_credential_types::provider::error::CredentialsError;
+    let mut cause = err.source();
+    while let Some(error) = cause {
+        if let Some(credentials) = error.downcast_ref::<CredentialsError>() {
+            return Some(match credentials {
+                CredentialsError::CredentialsNotLoaded(_) => "no AWS credentials found \
+                    (environment, profile, web identity, container, instance metadata): set \
+                    AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
+                    .to_owned(),
+                // The provider's own words are one line; what it wraps is the noise.
+                other => format!("loading AWS credentials failed: {other}"),
+            });
+        }
+        cause = error.source();
+    }
+    None
+}
+
 /// Maps an SDK error to a store error, saying whether a retry could help.
 fn classify<E>(op: Op, key: &str, err: SdkError<E, HttpResponse>) -> StoreError
 where
@@ -257,6 +279,7 @@ where
     // A service error's code and message say it all; the SDK's full context (raw response,
     // body, extensions) is for transport failures, where it is the only clue.
     let message = match (&err, &code) {
+        _ if let Some(missing) = credentials_failure(&err) => missing,
         (SdkError::ServiceError(_), Some(code)) => format!(
             "HTTP {} {code}: {}",
             status.map_or_else(|| "?".to_owned(), |s| s.to_string()),
