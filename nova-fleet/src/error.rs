@@ -40,6 +40,12 @@ pub enum JoinError {
         first_star: String,
         theirs: String,
     },
+    #[error(
+        "star {other:?} already advertises {advertise}: redirects meant for this star would \
+         reach it. Give each star the address clients reach it at (--advertise-addr, or \
+         --listen when it is reachable as given)"
+    )]
+    AdvertiseTaken { other: String, advertise: String },
 }
 
 /// Why a stream could not be handed to another star. The stream stays led here (taking

@@ -111,6 +111,7 @@ impl Fleet {
             departed: Mutex::default(),
             config,
         });
+        fleet.check_advertise_free().await?;
         fleet.register().await?;
         fleet
             .refresh_members()
@@ -206,6 +207,51 @@ impl Fleet {
         self.starting.store(false, Ordering::Relaxed);
         if let Err(err) = self.publish().await {
             tracing::warn!("publishing that this star serves failed: {err}");
+        }
+    }
+
+    /// Refuses to join while another star is registered with this star's address: every
+    /// redirect to either would reach one of them, and the fleet would look healthy while
+    /// requests bounced. A registration left by a killed star (renamed since, on the same
+    /// address) lapses with its lease: it is waited on for up to two ttls, as a duplicate id is.
+    async fn check_advertise_free(&self) -> Result<(), JoinError> {
+        let patience = self.config.lease_ttl * 2 + Duration::from_secs(5);
+        let started = self.clock.now();
+        let mut logged = false;
+        loop {
+            self.refresh_members()
+                .await
+                .map_err(|source| JoinError::Metastore {
+                    what: "reading the fleet's members",
+                    source,
+                })?;
+            let other = self
+                .members
+                .read()
+                .values()
+                .find(|m| m.id != self.config.star_id && m.advertise == self.config.advertise)
+                .map(|m| m.id.clone());
+            let Some(other) = other else {
+                return Ok(());
+            };
+            if self.clock.since(started) >= patience {
+                return Err(JoinError::AdvertiseTaken {
+                    other,
+                    advertise: self.config.advertise.clone(),
+                });
+            }
+            self.keep_alive_now().await;
+            if !logged {
+                tracing::warn!(
+                    star = %self.config.star_id,
+                    %other,
+                    advertise = %self.config.advertise,
+                    "another star is registered with this star's address; waiting for its \
+                     lease to lapse (a star killed and renamed?) before joining"
+                );
+                logged = true;
+            }
+            self.clock.sleep(Duration::from_millis(500)).await;
         }
     }
 

@@ -448,7 +448,8 @@ impl Config {
         let url = self.advertise();
         let refused = |why: &str| {
             Err(format!(
-                "--advertise-addr {given:?} {why}: give the URL clients and the other stars reach                  this star at, as http://HOST:PORT, https://HOST:PORT or HOST:PORT"
+                "--advertise-addr {given:?} {why}: give the URL clients and the other stars reach \
+                 this star at, as http://HOST:PORT, https://HOST:PORT or HOST:PORT"
             ))
         };
         let Ok(uri) = url.parse::<http::Uri>() else {

@@ -1,5 +1,6 @@
 //! novad: the Nova star.
 
+mod advertise;
 mod config;
 mod express;
 mod memory;

@@ -19,6 +19,7 @@ use nova_core::shed::ShedLog;
 use nova_proto::server::nova_server::NovaServer;
 use nova_proto::units::{ByteSize, human_bytes};
 
+use crate::advertise::Reached;
 use crate::config::Config;
 use crate::service::caps::{self, Cap};
 use crate::service::charge::{ChargeLayer, TransportLimits};
@@ -175,6 +176,45 @@ pub async fn rebuild(config: Config) -> anyhow::Result<()> {
         "catalog rebuilt; start novad with the same flags to serve it"
     );
     Ok(())
+}
+
+/// Probes the address this fleet star advertises, a few times while the listener settles.
+/// Another server there is a misconfiguration redirects would bounce on: the reason to stop.
+/// Nothing there is logged as an error and the star goes on: some networks do not let a host
+/// reach itself through the address its clients use (a load balancer without hairpinning).
+async fn check_advertised(advertise: &str, star: &str, started_at_ms: u64) -> Option<String> {
+    let mut last = String::new();
+    for attempt in 0..3 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        match crate::advertise::probe(advertise, star, started_at_ms).await {
+            Reached::Itself => return None,
+            Reached::Unverified => {
+                tracing::info!(
+                    advertise,
+                    "the advertised address accepts connections (with TLS or tokens, the \
+                     start-up probe cannot tell which server it reached)"
+                );
+                return None;
+            }
+            Reached::Other { id } => {
+                return Some(format!(
+                    "--advertise-addr {advertise} reaches {id}, not this star: the fleet \
+                     would redirect this star's clients there. Give the address clients reach \
+                     this star at"
+                ));
+            }
+            Reached::Nothing { error } => last = error,
+        }
+    }
+    tracing::error!(
+        advertise,
+        "this star cannot reach itself at its advertised address ({last}); the fleet redirects \
+         clients there, so unless they can reach it where this star cannot, every redirect to \
+         it fails: check --advertise-addr"
+    );
+    None
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -514,10 +554,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             stopping.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(server);
-    if let Some(fleet) = &fleet {
-        // Recovered and listening: leadership may be placed here from now on.
-        fleet.ready().await;
-    }
+    let misdirected = match &fleet {
+        Some(fleet) => {
+            let misdirected =
+                check_advertised(&config.advertise(), &config.star_id, started_at_ms).await;
+            if misdirected.is_none() {
+                // Recovered and listening: leadership may be placed here from now on.
+                fleet.ready().await;
+            }
+            misdirected
+        }
+        None => None,
+    };
     tokio::spawn(report_readiness(
         star.clone(),
         health.clone(),
@@ -539,7 +587,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             None => std::future::pending().await,
         }
     };
-    let failure = tokio::select! {
+    let failure = if misdirected.is_some() {
+        misdirected
+    } else {
+        tokio::select! {
         _ = nova_core::process::termination() => None,
         reason = star.failed() => Some(reason),
         reason = lease_lost => {
@@ -552,6 +603,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             Ok(Err(e)) => format!("the gRPC server failed: {e}"),
             Err(e) => format!("the gRPC server task failed: {e}"),
         }),
+        }
     };
     if let Some(reason) = &failure {
         tracing::error!("{reason}; shutting down");

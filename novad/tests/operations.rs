@@ -558,3 +558,91 @@ fn novad_in_fleet_with_credentials(etcd: &nova_testkit::Etcd, moto: &Moto) -> no
         .args(["--metastore", &etcd.url(), "--star-id", "with-credentials"])
         .start()
 }
+
+/// A fleet star's advertised address must lead to it. Written without a scheme (as `nova
+/// --server` takes it), it is a URL redirects can follow; naming another star's address, the
+/// star is refused before it joins; naming another server, it stops once it finds out; naming
+/// nothing, it says so at ERROR. None of these leaves a fleet that looks healthy while its
+/// redirects fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_advertised_address_that_does_not_lead_to_the_star_is_not_silent() {
+    let etcd = nova_testkit::Etcd::start();
+    let moto = Moto::start();
+    moto.create_bucket("fleet");
+    let star = |id: &str| {
+        with_s3(novad(), &moto, "fleet").args([
+            "--metastore",
+            &etcd.url(),
+            "--star-id",
+            id,
+            "--lease-ttl-secs",
+            "3",
+        ])
+    };
+    let exits = |novad: &mut nova_testkit::Novad, within: Duration| {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = novad.try_exit_status() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    };
+
+    // Scheme-less, and right: a redirect through another star reaches it.
+    let port = nova_testkit::free_port();
+    let first = star("star-0")
+        .port(port)
+        .args(["--advertise-addr", &format!("127.0.0.1:{port}")])
+        .start();
+    let entry = client(&first).await;
+    entry.create_stream("s").await.unwrap();
+    let mut session = entry.append_session().await.unwrap();
+    session.append("s", records("r", 3), None).await.unwrap();
+    drop(session);
+    assert!(!first.log().contains("cannot reach itself"), "{}", first.log());
+
+    // Another star's address: refused before joining, naming that star.
+    let mut copied = star("star-1")
+        .args(["--advertise-addr", &format!("127.0.0.1:{port}")])
+        .start_detached();
+    let status = exits(&mut copied, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("star-1 kept running:\n{}", copied.log()));
+    assert!(!status.success());
+    assert!(
+        copied.log().contains("star \"star-0\" already advertises"),
+        "{}",
+        copied.log()
+    );
+
+    // Another server's address (a single star, in no fleet): stops once it finds out.
+    let outsider = novad().start();
+    let mut elsewhere = star("star-2")
+        .args(["--advertise-addr", &outsider.url()])
+        .start_detached();
+    let status = exits(&mut elsewhere, Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("star-2 kept running:\n{}", elsewhere.log()));
+    assert!(!status.success());
+    assert!(
+        elsewhere.log().contains("reaches star \"star\", not this star")
+            || elsewhere.log().contains("not this star"),
+        "{}",
+        elsewhere.log()
+    );
+
+    // Nothing there: logged at ERROR, naming the flag.
+    let nowhere = nova_testkit::free_port();
+    let lost = star("star-3")
+        .args(["--advertise-addr", &format!("127.0.0.1:{nowhere}")])
+        .start();
+    eventually(Duration::from_secs(30), "the unreachable warning", || {
+        lost.log().contains("cannot reach itself at its advertised address")
+    })
+    .await;
+    assert!(lost.log().contains("ERROR"), "{}", lost.log());
+
+    // The first star served throughout, through the fleet's redirects.
+    let other = client(&lost).await;
+    assert_eq!(read_all(&other, "s").await, ["r-0", "r-1", "r-2"]);
+}
