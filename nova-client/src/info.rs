@@ -27,6 +27,17 @@ pub struct ServerInfo {
     pub store: String,
     /// A gateway's star.
     pub star: String,
+    /// A star in a fleet: the fleet as it sees it. `None` on a single star (and a gateway).
+    pub fleet: Option<FleetView>,
+}
+
+/// A fleet star's view of its fleet. The star's `streams` are then the ones it leads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetView {
+    /// Stars registered, this one included.
+    pub stars: u32,
+    /// The URL redirects to this star carry.
+    pub advertise: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +123,10 @@ impl From<v1::GetServerInfoResponse> for ServerInfo {
             limits: info.limits.map(Into::into).unwrap_or_default(),
             store: info.store,
             star: info.star,
+            fleet: (info.fleet_stars > 0).then_some(FleetView {
+                stars: info.fleet_stars,
+                advertise: info.advertise,
+            }),
         }
     }
 }

@@ -41,7 +41,7 @@ pub use client::{
 pub use config::{ClientConfig, RetryObserver, RetryPolicy, Retrying, TOKEN_ENV};
 pub use consumer::Consumer;
 pub use error::{Error, ErrorCode};
-pub use info::{ServerInfo, ServerLimits, ServerRole};
+pub use info::{FleetView, ServerInfo, ServerLimits, ServerRole};
 pub use nova_proto::domain::{Header, Record, SequencedRecord};
 pub use nova_proto::route::{ClientTls, InvalidToken};
 pub use producer::{AppendTicket, DEFAULT_DELIVERY_TIMEOUT, Producer, ProducerConfig};

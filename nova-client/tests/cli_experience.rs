@@ -431,9 +431,17 @@ fn status_describes_the_star_and_the_gateway() {
     assert!(status.contains(": star nova (version "), "{status}");
     assert!(status.contains("ready:      yes"), "{status}");
     assert!(status.contains("streams:    1"), "{status}");
+    assert!(
+        !status.contains("fleet:"),
+        "a single star is in no fleet: {status}"
+    );
     assert!(status.contains("record 1 MiB"), "{status}");
+    // A single star is a fleet of one that leads every stream, not a fleet of none.
+    assert_eq!(novad.metric("nova_fleet_stars"), Some(1.0));
+    assert_eq!(novad.metric("nova_fleet_streams_led"), Some(1.0));
     let json: serde_json::Value =
         serde_json::from_str(&ok(nova(&url, &["--output", "json", "ping"], b""))).unwrap();
+    assert!(json.get("fleet").is_none(), "{json}");
     assert_eq!(json["role"], "star");
     assert_eq!(json["ready"], true);
     assert_eq!(json["fenced"], false);
@@ -458,6 +466,80 @@ fn status_describes_the_star_and_the_gateway() {
     let (_, stderr) = failed(nova(&gateway.url(), &["append", "one"], b"x\n"));
     assert!(stderr.contains("is a gateway"), "{stderr}");
     assert!(stderr.contains(&url), "{stderr}");
+}
+
+/// On a fleet star, `nova status` says what fleet it sees and counts the streams it leads, not
+/// every stream in the fleet's catalog.
+#[test]
+fn status_on_a_fleet_star_shows_the_fleet_and_the_streams_it_leads() {
+    let etcd = nova_testkit::Etcd::start();
+    let moto = nova_testkit::Moto::start();
+    moto.create_bucket("fleet");
+    let star = |id: &str| {
+        NovadBuilder::new(workspace_binary("novad"))
+            .args([
+                "--s3-bucket",
+                "fleet",
+                "--s3-endpoint",
+                &moto.endpoint(),
+                "--s3-path-style",
+                "--metastore",
+                &etcd.url(),
+                "--star-id",
+                id,
+                "--lease-ttl-secs",
+                "3",
+            ])
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "testtest")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .start()
+    };
+    let stars = [star("star-0"), star("star-1")];
+    let url = stars[0].url();
+    for i in 0..6 {
+        ok(nova(&url, &["stream", "create", &format!("s{i}")], b""));
+        // A leader takes a placed stream up at its first request.
+        ok(nova(&url, &["append", &format!("s{i}")], b"one\n"));
+    }
+    let mut led = 0;
+    for novad in &stars {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let json = loop {
+            let json: serde_json::Value = serde_json::from_str(&ok(nova(
+                &novad.url(),
+                &["--output", "json", "status"],
+                b"",
+            )))
+            .unwrap();
+            if json["fleet"]["stars"] == 2 || Instant::now() > deadline {
+                break json;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(json["fleet"]["stars"], 2, "{json}");
+        assert_eq!(json["fleet"]["advertise"], novad.url(), "{json}");
+        let here = json["streams"].as_u64().unwrap();
+        assert_eq!(
+            Some(here as f64),
+            novad.metric("nova_fleet_streams_led"),
+            "{json}"
+        );
+        led += here;
+        let text = ok(nova(&novad.url(), &["status"], b""));
+        assert!(
+            text.contains(&format!(
+                "fleet:      2 stars, this one reached at {}",
+                novad.url()
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("streams:    {here} led here")),
+            "{text}"
+        );
+    }
+    assert_eq!(led, 6, "every stream is led by exactly one star");
 }
 
 #[test]

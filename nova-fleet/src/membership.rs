@@ -135,6 +135,16 @@ impl Fleet {
         Ok(fleet)
     }
 
+    /// The stars registered in the fleet, this one included, as last read.
+    pub fn stars_seen(&self) -> usize {
+        self.members.read().len()
+    }
+
+    /// The URL redirects to this star carry.
+    pub fn advertise(&self) -> &str {
+        &self.config.advertise
+    }
+
     /// This star's id in the fleet.
     pub fn id(&self) -> &str {
         &self.config.star_id

@@ -1,5 +1,5 @@
-//! The fleet's metrics. A single star exports them too (at zero), so dashboards and alerts work
-//! unchanged when it joins a fleet.
+//! The fleet's metrics. A single star exports them too, as a fleet of one that leads every
+//! stream (the rest at zero), so dashboards and alerts work unchanged when it joins a fleet.
 
 use prometheus::{
     Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
@@ -105,6 +105,12 @@ impl FleetMetrics {
             )?,
             lease_lost,
         })
+    }
+
+    /// A single star is a fleet of one that leads all of its `streams`.
+    pub fn alone(&self, streams: usize) {
+        self.stars.set(1);
+        self.streams_led.set(streams as i64);
     }
 
     /// Handoffs counted under `reason` so far (for tests and the simulation's report).

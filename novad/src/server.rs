@@ -289,15 +289,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     // Metrics are up before recovery, so a star stuck retrying an unreachable store is visible.
     let ready: Arc<OnceLock<Arc<Star>>> = Arc::new(OnceLock::new());
+    let fleet_metrics = nova_fleet::FleetMetrics::new(&metrics.registry)?;
+    let alone = !metastore.capabilities().shared;
     let sessions_open: Arc<OnceLock<Arc<Context>>> = Arc::new(OnceLock::new());
     let refresh: Arc<dyn Fn() + Send + Sync> = {
         let ready = ready.clone();
         let memory = memory.clone();
         let sessions_open = sessions_open.clone();
         let process = metrics.process.clone();
+        let fleet_metrics = fleet_metrics.clone();
         Arc::new(move || {
             if let Some(star) = ready.get() {
                 star.refresh_gauges();
+                if alone {
+                    fleet_metrics.alone(star.streams().len());
+                }
             }
             let open = sessions_open.get().map_or(0, |ctx| ctx.sessions.in_use());
             memory.update(open);
@@ -326,7 +332,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     // In a fleet the star registers before recovery, so that a second live star with its id
     // is refused before either touches the chain.
-    let fleet_metrics = nova_fleet::FleetMetrics::new(&metrics.registry)?;
     let fleet = if metastore.capabilities().shared {
         let fleet_config = nova_fleet::FleetConfig {
             star_id: config.star_id.clone(),

@@ -601,7 +601,11 @@ async fn an_advertised_address_that_does_not_lead_to_the_star_is_not_silent() {
     let mut session = entry.append_session().await.unwrap();
     session.append("s", records("r", 3), None).await.unwrap();
     drop(session);
-    assert!(!first.log().contains("cannot reach itself"), "{}", first.log());
+    assert!(
+        !first.log().contains("cannot reach itself"),
+        "{}",
+        first.log()
+    );
 
     // Another star's address: refused before joining, naming that star.
     let mut copied = star("star-1")
@@ -625,7 +629,9 @@ async fn an_advertised_address_that_does_not_lead_to_the_star_is_not_silent() {
         .unwrap_or_else(|| panic!("star-2 kept running:\n{}", elsewhere.log()));
     assert!(!status.success());
     assert!(
-        elsewhere.log().contains("reaches star \"star\", not this star")
+        elsewhere
+            .log()
+            .contains("reaches star \"star\", not this star")
             || elsewhere.log().contains("not this star"),
         "{}",
         elsewhere.log()
@@ -637,7 +643,8 @@ async fn an_advertised_address_that_does_not_lead_to_the_star_is_not_silent() {
         .args(["--advertise-addr", &format!("127.0.0.1:{nowhere}")])
         .start();
     eventually(Duration::from_secs(30), "the unreachable warning", || {
-        lost.log().contains("cannot reach itself at its advertised address")
+        lost.log()
+            .contains("cannot reach itself at its advertised address")
     })
     .await;
     assert!(lost.log().contains("ERROR"), "{}", lost.log());

@@ -43,7 +43,15 @@ pub fn server_info(ctx: &Context) -> v1::GetServerInfoResponse {
         epoch: star.epoch(),
         memory_saturation: metrics.memory.saturation.get(),
         saturated: metrics.memory.saturated.get() == 1,
-        streams: star.streams().len() as u64,
+        streams: match &ctx.fleet {
+            Some(fleet) => fleet.streams_led() as u64,
+            None => star.streams().len() as u64,
+        },
+        fleet_stars: ctx.fleet.as_ref().map_or(0, |f| f.stars_seen() as u32),
+        advertise: ctx
+            .fleet
+            .as_ref()
+            .map_or_else(String::new, |f| f.advertise().to_owned()),
         started_at_ms: ctx.identity.started_at_ms,
         limits: Some(v1::ServerLimits {
             max_batch_bytes: ctx.caps.max_batch_bytes,

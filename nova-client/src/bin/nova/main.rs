@@ -122,7 +122,9 @@ enum Command {
     /// Ask the server what it is and how it is doing.
     ///
     /// Prints its role, id and version, whether it is ready (and why not), its uptime, and for
-    /// a star its epoch, memory saturation, streams and limits.
+    /// a star its epoch, memory saturation, streams and limits. A fleet star also says how many
+    /// stars it sees and the address redirects to it carry, and counts only the streams it
+    /// leads.
     #[command(visible_alias = "ping")]
     Status,
     /// Measure append throughput and ack latency against a star.

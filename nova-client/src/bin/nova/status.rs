@@ -33,7 +33,16 @@ struct StatusJson<'a> {
     store: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
     star: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet: Option<FleetJson<'a>>,
     limits: LimitsJson,
+}
+
+/// A fleet star's view of its fleet; `streams` above are then the streams it leads.
+#[derive(Serialize)]
+struct FleetJson<'a> {
+    stars: u32,
+    advertise: &'a str,
 }
 
 #[derive(Serialize)]
@@ -95,6 +104,10 @@ fn json<'a>(
         started_at: format_time(info.started_at_ms),
         store: &info.store,
         star: &info.star,
+        fleet: info.fleet.as_ref().map(|fleet| FleetJson {
+            stars: fleet.stars,
+            advertise: &fleet.advertise,
+        }),
         limits: LimitsJson {
             max_batch_bytes: info.limits.max_batch_bytes,
             max_batch_records: info.limits.max_batch_records,
@@ -150,7 +163,19 @@ fn text(
                     ""
                 }
             )?;
-            writeln!(out, "streams:    {}", info.streams)?;
+            match &info.fleet {
+                Some(fleet) => {
+                    writeln!(
+                        out,
+                        "fleet:      {} star{}, this one reached at {}",
+                        fleet.stars,
+                        if fleet.stars == 1 { "" } else { "s" },
+                        fleet.advertise
+                    )?;
+                    writeln!(out, "streams:    {} led here", info.streams)?;
+                }
+                None => writeln!(out, "streams:    {}", info.streams)?,
+            }
         }
         ServerRole::Gateway | ServerRole::Other => {
             if !info.star.is_empty() {
