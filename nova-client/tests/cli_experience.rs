@@ -769,3 +769,57 @@ fn the_cli_reference_is_the_help_the_binary_prints() {
         );
     }
 }
+
+/// Each command's help lists its own flags first and the flags every command takes after them,
+/// under a heading of their own; usage lines never show the defaulted --server as required; and
+/// every flag's description sits under it, in every section.
+#[test]
+fn help_lists_a_commands_own_flags_before_the_global_ones() {
+    let commands: &[&[&str]] = &[
+        &[],
+        &["stream", "create"],
+        &["stream", "reconfigure"],
+        &["stream", "list"],
+        &["stream", "delete"],
+        &["append"],
+        &["read"],
+        &["tail"],
+        &["status"],
+        &["bench"],
+        &["token", "new"],
+    ];
+    for command in commands {
+        for flag in ["-h", "--help"] {
+            let mut args = command.to_vec();
+            args.push(flag);
+            let output = Command::new(workspace_binary("nova"))
+                .args(&args)
+                .output()
+                .unwrap();
+            let help = String::from_utf8(output.stdout).unwrap();
+            let usage = help.lines().find(|l| l.starts_with("Usage:")).unwrap();
+            assert!(!usage.contains("--server"), "{args:?}: {usage}");
+            assert_eq!(
+                nova_testkit::help::flag_lines_with_help(&help),
+                Vec::<&str>::new(),
+                "{args:?}"
+            );
+            let global = help
+                .find("Global options:")
+                .unwrap_or_else(|| panic!("{args:?}:\n{help}"));
+            assert!(
+                help[global..].contains("      --server <SERVER>"),
+                "{args:?}:\n{help}"
+            );
+            // Every flag before the global heading is the command's own.
+            for line in help[..global].lines() {
+                for global_flag in ["--server", "--token", "--tls-ca", "--output"] {
+                    assert!(
+                        !line.trim_start().starts_with(global_flag),
+                        "{args:?}: {global_flag} among the command's own flags:\n{help}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -28,6 +28,9 @@ in object storage, and serves reads. With no flags it runs on the embedded defau
 directory object store and an embedded metastore under --data-dir.\n\n\
 Every bound below is a budget: at its limit admitted work blocks (and the wait shows as an age \
 in the metrics) or new work is refused with RESOURCE_EXHAUSTED; memory never grows past it."
+,
+    // One layout throughout: each flag's help on the lines under it.
+    next_line_help = true
 )]
 pub struct Config {
     /// Address the gRPC API listens on.
@@ -635,6 +638,21 @@ mod tests {
         ] {
             let refused = advertised(&["--advertise-addr", bad]).unwrap_err();
             assert!(refused.contains("--advertise-addr"), "{bad}: {refused}");
+        }
+    }
+
+    /// `novad -h` and `--help` print each flag's description under it, in every section (clap
+    /// chose a layout per section before, so the security flags read differently).
+    #[test]
+    fn help_has_one_layout_throughout() {
+        for help in [
+            Config::command().render_help().to_string(),
+            Config::command().render_long_help().to_string(),
+        ] {
+            assert_eq!(
+                nova_testkit::help::flag_lines_with_help(&help),
+                Vec::<&str>::new()
+            );
         }
     }
 

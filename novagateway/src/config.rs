@@ -21,6 +21,9 @@ the tail it forwards to the star. Several gateways share an object cache: each o
 among them by consistent hashing with bounded loads. Stateless: start and stop instances freely.\n\n\
 Every bound below is a budget: at its limit a response waits (and the wait is a metric) or a cache \
 evicts; memory never grows past it."
+,
+    // One layout throughout: each flag's help on the lines under it.
+    next_line_help = true
 )]
 pub struct Config {
     /// Address the gRPC API (reads, and the peer cache service) listens on.
@@ -287,6 +290,22 @@ impl Config {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    /// One layout throughout, and nothing a gateway does not do: it writes no flights, so its
+    /// help describes no flight-write retries.
+    #[test]
+    fn help_has_one_layout_and_only_what_a_gateway_does() {
+        for help in [
+            Config::command().render_help().to_string(),
+            Config::command().render_long_help().to_string(),
+        ] {
+            assert_eq!(
+                nova_testkit::help::flag_lines_with_help(&help),
+                Vec::<&str>::new()
+            );
+            assert!(!help.to_lowercase().contains("flight write"), "{help}");
+        }
+    }
 
     #[test]
     fn defaults_match_the_spec() {

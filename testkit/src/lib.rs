@@ -5,6 +5,7 @@ pub mod certs;
 pub mod cold_readers;
 pub mod crash_loop;
 mod etcd;
+pub mod help;
 pub mod history;
 mod moto;
 pub mod netns;

@@ -68,8 +68,7 @@ pub struct StoreArgs {
     )]
     pub s3_request_timeout_ms: u64,
 
-    /// Attempts per object-store request (retryable errors only). Flight writes are retried
-    /// beyond this, with backoff, until they land.
+    /// Attempts per object-store request (retryable errors only), with backoff between them.
     #[arg(
         long,
         env = "NOVA_S3_MAX_ATTEMPTS",

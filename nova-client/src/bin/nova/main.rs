@@ -34,7 +34,11 @@ use nova_client::{Client, ClientConfig, ClientTls, RetryPolicy};
                   one JSON object carrying the gRPC code.\n\n\
                   Sizes: KiB, MiB, GiB, TiB (or K, M, G, T) are powers of 1024; KB, MB, GB, TB \
                   powers of 1000; a bare number is bytes. Durations take a unit (ms, s, m, h, \
-                  d, w), and terms combine: 500ms, 90s, 1h30m, 2w."
+                  d, w), and terms combine: 500ms, 90s, 1h30m, 2w.",
+    // One layout throughout: each flag's help on the lines under it.
+    next_line_help = true,
+    // The flags every command takes, listed after each command's own.
+    next_help_heading = "Global options"
 )]
 struct Cli {
     /// The server's gRPC URL: a star (novad) or, for reads, a gateway. HOST:PORT means
