@@ -111,7 +111,6 @@ impl Fleet {
             departed: Mutex::default(),
             config,
         });
-        fleet.check_advertise_free().await?;
         fleet.register().await?;
         fleet
             .refresh_members()
@@ -120,6 +119,12 @@ impl Fleet {
                 what: "reading the fleet's members",
                 source,
             })?;
+        if let Err(refused) = fleet.wait_for_own_address().await {
+            // Registered but starting, so nothing was placed here; a survivor settles this
+            // star's chain (a previous run's, if any) as it would after a crash.
+            fleet.leave(false).await;
+            return Err(refused);
+        }
         // The registration's answer may come long after it applied (a star paused meanwhile):
         // past the trust window the lease may have lapsed, and a survivor may be taking this
         // star's chain over already. Its recovery would meet that survivor's; join again.
@@ -222,19 +227,18 @@ impl Fleet {
 
     /// Refuses to join while another star is registered with this star's address: every
     /// redirect to either would reach one of them, and the fleet would look healthy while
-    /// requests bounced. A registration left by a killed star (renamed since, on the same
-    /// address) lapses with its lease: it is waited on for up to two ttls, as a duplicate id is.
-    async fn check_advertise_free(&self) -> Result<(), JoinError> {
-        let patience = self.config.lease_ttl * 2 + Duration::from_secs(5);
+    /// requests bounced. Checked on the members read right after registering (no call of its
+    /// own when the address is free). A star still stopping on the address, or one killed
+    /// (and renamed since) whose lease has not lapsed, is waited on for two ttls and 35 s, with
+    /// this star shown as starting so nothing is placed on it. Two stars registering at once
+    /// can both miss each other here; the start-up probe of the address catches that.
+    async fn wait_for_own_address(&self) -> Result<(), JoinError> {
+        // Long enough for a star stopping cleanly on the address (its default shutdown deadline
+        // is 30 s) or for a killed one's lease to lapse.
+        let patience = self.config.lease_ttl * 2 + Duration::from_secs(35);
         let started = self.clock.now();
         let mut logged = false;
         loop {
-            self.refresh_members()
-                .await
-                .map_err(|source| JoinError::Metastore {
-                    what: "reading the fleet's members",
-                    source,
-                })?;
             let other = self
                 .members
                 .read()
@@ -250,18 +254,33 @@ impl Fleet {
                     advertise: self.config.advertise.clone(),
                 });
             }
-            self.keep_alive_now().await;
             if !logged {
                 tracing::warn!(
                     star = %self.config.star_id,
                     %other,
                     advertise = %self.config.advertise,
                     "another star is registered with this star's address; waiting for its \
-                     lease to lapse (a star killed and renamed?) before joining"
+                     lease to lapse (a star killed and renamed?) before going on"
                 );
                 logged = true;
             }
+            let sent = self.clock.now();
+            match self.metastore.keep_alive(self.lease).await {
+                Ok(Some(_)) => self.renewed_at(sent),
+                Ok(None) => {
+                    return Err(JoinError::LeaseExpired {
+                        while_doing: "waited for its address to be free",
+                    });
+                }
+                Err(err) => tracing::warn!("renewing the lease while waiting to join: {err}"),
+            }
             self.clock.sleep(Duration::from_millis(500)).await;
+            self.refresh_members()
+                .await
+                .map_err(|source| JoinError::Metastore {
+                    what: "reading the fleet's members",
+                    source,
+                })?;
         }
     }
 

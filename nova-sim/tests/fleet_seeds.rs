@@ -76,14 +76,15 @@ fn fleet_seeds_that_found_defects_stay_clean() {
 }
 
 /// Found two stars acknowledging the same sequence numbers after a handoff whose
-/// compare-and-set answer was lost (`handoff-defect.patch`): 8 of fleet seeds 0..1000 fail
-/// with it; these three with two stars' acknowledgements of one sequence number.
-const SPLIT_BRAIN_SEEDS: &[u64] = &[613, 745, 841];
+/// compare-and-set answer was lost (`handoff-defect.patch`): 9 of fleet seeds 0..1000 fail
+/// with it (re-drawn at 7066d97, when the seeds first kept had stopped reaching the defect).
+const SPLIT_BRAIN_SEEDS: &[u64] = &[134, 143, 169];
 
 /// Found a departed star's chain never settled, its streams without a leader and its restart
 /// waiting for ever after a takeover election whose answer was lost
-/// (`takeover-election-defect.patch`): 39 of fleet seeds 0..1000 fail with it.
-const STUCK_TAKEOVER_SEEDS: &[u64] = &[49, 57, 80];
+/// (`takeover-election-defect.patch`): 36 of fleet seeds 0..1000 fail with it (re-drawn at
+/// 7066d97).
+const STUCK_TAKEOVER_SEEDS: &[u64] = &[50, 81, 127];
 
 /// Found a star that could not restart: the last absorb of its killed incarnation, queued at a
 /// stalled metastore, landed between the new incarnation's loading of the tails and its reading

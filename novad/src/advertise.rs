@@ -14,28 +14,18 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum Reached {
     /// This very process (its star id and start time).
     Itself,
-    /// Something listens there that this probe cannot identify: with TLS, the probe does not
-    /// hold the CA a client would check the certificate against; with tokens, it has none.
-    Unverified,
-    /// Another server: a star or gateway with this id.
-    Other { id: String },
+    /// A Nova server that would not say which it is (no room for another call, or a token
+    /// wanted): most likely this star, not checked.
+    Busy { why: String },
+    /// Another server: a star or gateway with another id, or one that is no Nova server.
+    Other { what: String },
     /// Nothing answered.
     Nothing { error: String },
 }
 
-/// Asks `advertise` who it is. `star` and `started_at_ms` identify this process.
+/// Asks `advertise` (a plain-text address: with TLS the probe would not hold the CA a client
+/// checks the certificate against) who it is. `star` and `started_at_ms` identify this process.
 pub async fn probe(advertise: &str, star: &str, started_at_ms: u64) -> Reached {
-    let uri: http::Uri = match advertise.parse() {
-        Ok(uri) => uri,
-        Err(err) => {
-            return Reached::Nothing {
-                error: err.to_string(),
-            };
-        }
-    };
-    if uri.scheme_str() == Some("https") {
-        return tcp_reaches(&uri).await;
-    }
     let endpoint = match tonic::transport::Endpoint::from_shared(advertise.to_owned()) {
         Ok(endpoint) => endpoint
             .connect_timeout(PROBE_TIMEOUT)
@@ -46,9 +36,15 @@ pub async fn probe(advertise: &str, star: &str, started_at_ms: u64) -> Reached {
             };
         }
     };
-    let channel = match endpoint.connect().await {
-        Ok(channel) => channel,
-        Err(err) => return Reached::Nothing { error: chain(&err) },
+    // The connect timeout does not cover resolving the name.
+    let channel = match tokio::time::timeout(PROBE_TIMEOUT, endpoint.connect()).await {
+        Ok(Ok(channel)) => channel,
+        Ok(Err(err)) => return Reached::Nothing { error: chain(&err) },
+        Err(_) => {
+            return Reached::Nothing {
+                error: format!("no connection within {} s", PROBE_TIMEOUT.as_secs()),
+            };
+        }
     };
     let answer = v1::nova_client::NovaClient::new(channel)
         .get_server_info(v1::GetServerInfoRequest::default())
@@ -56,26 +52,26 @@ pub async fn probe(advertise: &str, star: &str, started_at_ms: u64) -> Reached {
     match answer.map(tonic::Response::into_inner) {
         Ok(info) if info.id == star && info.started_at_ms == started_at_ms => Reached::Itself,
         Ok(info) => Reached::Other {
-            id: format!("{} {:?}", info.role, info.id),
+            what: format!("{} {:?}", info.role, info.id),
         },
-        Err(status) if status.code() == tonic::Code::Unauthenticated => Reached::Unverified,
-        Err(status) => Reached::Nothing {
-            error: status.message().to_owned(),
-        },
-    }
-}
-
-/// With TLS, whether anything accepts a connection at the address.
-async fn tcp_reaches(uri: &http::Uri) -> Reached {
-    let host = uri.host().unwrap_or_default().trim_matches(['[', ']']);
-    let port = uri.port_u16().unwrap_or(443);
-    match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect((host, port))).await {
-        Ok(Ok(_)) => Reached::Unverified,
-        Ok(Err(err)) => Reached::Nothing {
-            error: err.to_string(),
-        },
-        Err(_) => Reached::Nothing {
-            error: format!("no connection within {} s", PROBE_TIMEOUT.as_secs()),
+        Err(status) => match status.code() {
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                Reached::Nothing {
+                    error: status.message().to_owned(),
+                }
+            }
+            tonic::Code::Unauthenticated
+            | tonic::Code::PermissionDenied
+            | tonic::Code::ResourceExhausted => Reached::Busy {
+                why: status.message().to_owned(),
+            },
+            // UNIMPLEMENTED from another gRPC server; a protocol error from an HTTP/1 one.
+            code => Reached::Other {
+                what: format!(
+                    "a server that is no Nova star (it answered {code:?}: {})",
+                    status.message()
+                ),
+            },
         },
     }
 }

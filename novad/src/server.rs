@@ -180,8 +180,9 @@ pub async fn rebuild(config: Config) -> anyhow::Result<()> {
 
 /// Probes the address this fleet star advertises, a few times while the listener settles.
 /// Another server there is a misconfiguration redirects would bounce on: the reason to stop.
-/// Nothing there is logged as an error and the star goes on: some networks do not let a host
-/// reach itself through the address its clients use (a load balancer without hairpinning).
+/// Nothing there is a warning and the star goes on: some networks do not let a host reach
+/// itself through the address its clients use (a load balancer without hairpinning, names
+/// published only once the star is ready).
 async fn check_advertised(advertise: &str, star: &str, started_at_ms: u64) -> Option<String> {
     let mut last = String::new();
     for attempt in 0..3 {
@@ -190,17 +191,17 @@ async fn check_advertised(advertise: &str, star: &str, started_at_ms: u64) -> Op
         }
         match crate::advertise::probe(advertise, star, started_at_ms).await {
             Reached::Itself => return None,
-            Reached::Unverified => {
+            Reached::Busy { why } => {
                 tracing::info!(
                     advertise,
-                    "the advertised address accepts connections (with TLS or tokens, the \
-                     start-up probe cannot tell which server it reached)"
+                    "a Nova server at the advertised address is too busy to say which it is \
+                     ({why}); not checked"
                 );
                 return None;
             }
-            Reached::Other { id } => {
+            Reached::Other { what } => {
                 return Some(format!(
-                    "--advertise-addr {advertise} reaches {id}, not this star: the fleet \
+                    "--advertise-addr {advertise} reaches {what}, not this star: the fleet \
                      would redirect this star's clients there. Give the address clients reach \
                      this star at"
                 ));
@@ -208,11 +209,11 @@ async fn check_advertised(advertise: &str, star: &str, started_at_ms: u64) -> Op
             Reached::Nothing { error } => last = error,
         }
     }
-    tracing::error!(
+    tracing::warn!(
         advertise,
         "this star cannot reach itself at its advertised address ({last}); the fleet redirects \
-         clients there, so unless they can reach it where this star cannot, every redirect to \
-         it fails: check --advertise-addr"
+         clients there, so if they cannot reach it there either, every redirect to this star \
+         fails: check --advertise-addr"
     );
     None
 }
@@ -291,6 +292,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let ready: Arc<OnceLock<Arc<Star>>> = Arc::new(OnceLock::new());
     let fleet_metrics = nova_fleet::FleetMetrics::new(&metrics.registry)?;
     let alone = !metastore.capabilities().shared;
+    if alone {
+        fleet_metrics.alone(0);
+    }
     let sessions_open: Arc<OnceLock<Arc<Context>>> = Arc::new(OnceLock::new());
     let refresh: Arc<dyn Fn() + Send + Sync> = {
         let ready = ready.clone();
@@ -559,55 +563,83 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             stopping.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(server);
-    let misdirected = match &fleet {
-        Some(fleet) => {
-            let misdirected =
-                check_advertised(&config.advertise(), &config.star_id, started_at_ms).await;
-            if misdirected.is_none() {
-                // Recovered and listening: leadership may be placed here from now on.
-                fleet.ready().await;
-            }
-            misdirected
-        }
-        None => None,
-    };
-    tokio::spawn(report_readiness(
-        star.clone(),
-        health.clone(),
-        metrics.clone(),
-        stopping.clone(),
-    ));
-    tracing::info!(
-        listen = %listening,
-        tls = security.tls.is_some(),
-        mutual_tls = config.listener.tls_client_ca.is_some(),
-        tokens = security.tokens.as_ref().map_or(0, |t| t.len()),
-        max_connections = config.listener.max_connections,
-        "novad accepting appends"
-    );
-
     let lease_lost = async {
         match &fleet {
             Some(fleet) => fleet.lost().await,
             None => std::future::pending().await,
         }
     };
-    let failure = if misdirected.is_some() {
-        misdirected
-    } else {
-        tokio::select! {
-        _ = nova_core::process::termination() => None,
-        reason = star.failed() => Some(reason),
-        reason = lease_lost => {
-            // A successor may take the chain over from here: acknowledge nothing more.
-            star.fence(reason.clone());
-            Some(reason)
+    let mut lease_lost = std::pin::pin!(lease_lost);
+    let server_ended = |result: Result<
+        Result<(), tonic::transport::Error>,
+        tokio::task::JoinError,
+    >| match result {
+        Ok(Ok(())) => "the gRPC server stopped".to_owned(),
+        Ok(Err(e)) => format!("the gRPC server failed: {e}"),
+        Err(e) => format!("the gRPC server task failed: {e}"),
+    };
+
+    // Leadership is placed here (and the star reads ready) only once its advertised address
+    // is known to lead here, or cannot be checked. A signal, a lost lease or a failure while
+    // the probe runs is acted on at once.
+    let probe_tokens = security.tokens.is_some();
+    let advertised = async {
+        let Some(fleet) = &fleet else {
+            return None;
+        };
+        let checkable = !(config.listener.tls_cert.is_some() || probe_tokens);
+        if !checkable {
+            tracing::info!(
+                advertise = %config.advertise(),
+                "the advertised address is not checked: with TLS or tokens the start-up probe \
+                 could not tell which server answers"
+            );
+        } else if let Some(misdirected) =
+            check_advertised(&config.advertise(), &config.star_id, started_at_ms).await
+        {
+            return Some(misdirected);
         }
-        result = &mut server => Some(match result {
-            Ok(Ok(())) => "the gRPC server stopped".to_owned(),
-            Ok(Err(e)) => format!("the gRPC server failed: {e}"),
-            Err(e) => format!("the gRPC server task failed: {e}"),
-        }),
+        // Recovered and listening: leadership may be placed here from now on.
+        fleet.ready().await;
+        None
+    };
+    let stopped_early: Option<Option<String>> = tokio::select! {
+        misdirected = advertised => misdirected.map(Some),
+        _ = nova_core::process::termination() => Some(None),
+        reason = star.failed() => Some(Some(reason)),
+        reason = &mut lease_lost => {
+            star.fence(reason.clone());
+            Some(Some(reason))
+        }
+        result = &mut server => Some(Some(server_ended(result))),
+    };
+    let failure = match stopped_early {
+        Some(failure) => failure,
+        None => {
+            tokio::spawn(report_readiness(
+                star.clone(),
+                health.clone(),
+                metrics.clone(),
+                stopping.clone(),
+            ));
+            tracing::info!(
+                listen = %listening,
+                tls = security.tls.is_some(),
+                mutual_tls = config.listener.tls_client_ca.is_some(),
+                tokens = security.tokens.as_ref().map_or(0, |t| t.len()),
+                max_connections = config.listener.max_connections,
+                "novad accepting appends"
+            );
+            tokio::select! {
+                _ = nova_core::process::termination() => None,
+                reason = star.failed() => Some(reason),
+                reason = &mut lease_lost => {
+                    // A successor may take the chain over from here: acknowledge nothing more.
+                    star.fence(reason.clone());
+                    Some(reason)
+                }
+                result = &mut server => Some(server_ended(result)),
+            }
         }
     };
     if let Some(reason) = &failure {

@@ -119,6 +119,7 @@ impl NovadBuilder {
         // Another process may take a port between our probe and novad's bind; pick new ones.
         for _ in 0..5 {
             if !novad.lost_port_race(Duration::from_secs(60)) {
+                novad.wait_accepting(Duration::from_secs(10));
                 return novad;
             }
             novad.port = free_port();
@@ -260,6 +261,23 @@ impl Novad {
         self.child = Some(command.spawn().expect("spawn novad"));
     }
 
+    /// A fleet star listens a moment before it takes leadership (it first checks that its
+    /// advertised address leads to it): waits for the log line that says it serves, so a test
+    /// creating a stream right away is not refused for want of a ready star. At most
+    /// `timeout`, and not at all for a gateway; a log without INFO lines never says it.
+    fn wait_accepting(&mut self, timeout: Duration) {
+        if self.gateway {
+            return;
+        }
+        let deadline = Instant::now() + timeout;
+        while !self.log().contains("novad accepting appends") && Instant::now() < deadline {
+            if self.try_exit_status().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits until novad listens; `true` if it exited because a port was already taken.
     fn lost_port_race(&mut self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
@@ -348,6 +366,7 @@ impl Novad {
         assert!(self.child.is_none(), "stop novad before restarting it");
         self.spawn();
         self.wait_ready(Duration::from_secs(60));
+        self.wait_accepting(Duration::from_secs(10));
     }
 
     /// Starts novad again without waiting for it to listen.

@@ -260,8 +260,18 @@ fn credentials_failure(err: &(dyn std::error::Error + 'static)) -> Option<String
                     (environment, profile, web identity, container, instance metadata): set \
                     AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
                     .to_owned(),
-                // The provider's own words are one line; what it wraps is the noise.
-                other => format!("loading AWS credentials failed: {other}"),
+                // The variant's own words are generic ("an error occurred while loading
+                // credentials"); the cause is in what it wraps.
+                other => {
+                    let mut text = format!("loading AWS credentials failed: {other}");
+                    let mut cause = std::error::Error::source(other);
+                    while let Some(error) = cause {
+                        text.push_str(": ");
+                        text.push_str(&error.to_string());
+                        cause = error.source();
+                    }
+                    text
+                }
             });
         }
         cause = error.source();

@@ -47,7 +47,11 @@ pub fn server_info(ctx: &Context) -> v1::GetServerInfoResponse {
             Some(fleet) => fleet.streams_led() as u64,
             None => star.streams().len() as u64,
         },
-        fleet_stars: ctx.fleet.as_ref().map_or(0, |f| f.stars_seen() as u32),
+        // At least itself: 0 would read as "no fleet".
+        fleet_stars: ctx
+            .fleet
+            .as_ref()
+            .map_or(0, |f| f.stars_seen().max(1) as u32),
         advertise: ctx
             .fleet
             .as_ref()
