@@ -14,10 +14,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum Reached {
     /// This very process (its star id and start time).
     Itself,
-    /// A Nova server that would not say which it is (no room for another call, or a token
-    /// wanted): most likely this star, not checked.
+    /// A Nova server with no room for another call: most likely this star, not checked.
     Busy { why: String },
-    /// Another server: a star or gateway with another id, or one that is no Nova server.
+    /// Another server: a star or gateway with another id, or one that wants a token.
     Other { what: String },
     /// Nothing answered.
     Nothing { error: String },
@@ -55,22 +54,18 @@ pub async fn probe(advertise: &str, star: &str, started_at_ms: u64) -> Reached {
             what: format!("{} {:?}", info.role, info.id),
         },
         Err(status) => match status.code() {
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
-                Reached::Nothing {
-                    error: status.message().to_owned(),
-                }
-            }
-            tonic::Code::Unauthenticated
-            | tonic::Code::PermissionDenied
-            | tonic::Code::ResourceExhausted => Reached::Busy {
+            // A star with room for no more calls or connections: most likely this one.
+            tonic::Code::ResourceExhausted => Reached::Busy {
                 why: status.message().to_owned(),
             },
-            // UNIMPLEMENTED from another gRPC server; a protocol error from an HTTP/1 one.
-            code => Reached::Other {
-                what: format!(
-                    "a server that is no Nova star (it answered {code:?}: {})",
-                    status.message()
-                ),
+            // This star takes no tokens (the probe runs only then): another server wants one.
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => Reached::Other {
+                what: format!("a server that wants a token ({})", status.message()),
+            },
+            // A reset connection, a proxy not routing yet, another kind of server: only a
+            // server that says who it is stops the star; the rest is tried again, then warned.
+            code => Reached::Nothing {
+                error: format!("{code:?}: {}", status.message()),
             },
         },
     }

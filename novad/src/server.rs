@@ -334,6 +334,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         stopping.clone(),
     ));
 
+    // One signal listener for the whole start: once first polled it keeps a SIGTERM that
+    // arrives between two waits, where a listener made for each wait would miss it.
+    let mut terminated = std::pin::pin!(nova_core::process::termination());
+
     // In a fleet the star registers before recovery, so that a second live star with its id
     // is refused before either touches the chain.
     let fleet = if metastore.capabilities().shared {
@@ -345,7 +349,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let joining = join_fleet(&metastore, &store, fleet_config, fleet_metrics);
         Some(tokio::select! {
             fleet = joining => fleet?,
-            _ = nova_core::process::termination() => {
+            _ = &mut terminated => {
                 tracing::info!("stopped while joining the fleet; nothing was accepted");
                 return Ok(());
             }
@@ -373,12 +377,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let star = tokio::select! {
         star = Star::open(chain, store.clone(), metastore, metrics.clone()) => Arc::new(star?),
-        _ = nova_core::process::termination() => {
+        _ = &mut terminated => {
             tracing::info!("stopped during recovery; nothing was accepted");
             return Ok(());
         }
     };
     let _ = ready.set(star.clone());
+    // Whatever the star is doing when its fleet lease is lost (starting, serving, draining),
+    // it acknowledges nothing more from then on: a survivor may take its chain over.
+    let fence_on_lost_lease = fleet.as_ref().map(|fleet| {
+        let (fleet, star) = (fleet.clone(), star.clone());
+        tokio::spawn(async move {
+            let reason = fleet.lost().await;
+            star.fence(reason);
+        })
+    });
     // After recovery: the auditor settles what the star has absorbed, never ahead of it.
     let auditor = if config.auditor {
         Some(
@@ -486,6 +499,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message.max(config.max_read_bytes.bytes() as usize * 2));
     let (health, health_service) = tonic_health::server::health_reporter();
+    // tonic-health starts the overall service as SERVING: not until readiness says so.
+    set_health(&health, false).await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(nova_proto::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -605,7 +620,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     let stopped_early: Option<Option<String>> = tokio::select! {
         misdirected = advertised => misdirected.map(Some),
-        _ = nova_core::process::termination() => Some(None),
+        _ = &mut terminated => Some(None),
         reason = star.failed() => Some(Some(reason)),
         reason = &mut lease_lost => {
             star.fence(reason.clone());
@@ -631,7 +646,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 "novad accepting appends"
             );
             tokio::select! {
-                _ = nova_core::process::termination() => None,
+                _ = &mut terminated => None,
                 reason = star.failed() => Some(reason),
                 reason = &mut lease_lost => {
                     // A successor may take the chain over from here: acknowledge nothing more.
@@ -675,6 +690,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut server).await;
     }
     server.abort();
+    if let Some(watch) = fence_on_lost_lease {
+        // Leaving ends the lease on purpose.
+        watch.abort();
+    }
     if let Some(fleet) = &fleet {
         // A star that stopped acknowledging (fenced, or its lease lapsed) may hold acknowledged
         // flights it could not absorb: its chain stays registered for a survivor to settle.
