@@ -39,7 +39,7 @@ fn collected_key(star: &str) -> Vec<u8> {
 }
 
 /// A collected mark: the chain's encoding of an epoch and a slot, the slot always there.
-fn decode_mark(value: &[u8]) -> Result<(u64, u64), CatalogError> {
+pub(super) fn decode_mark(value: &[u8]) -> Result<(u64, u64), CatalogError> {
     match super::decode_epoch_slot(value, "collected mark")? {
         (epoch, Some(slot)) => Ok((epoch, slot)),
         (_, None) => Err(CatalogError::Corrupt(
@@ -176,7 +176,7 @@ fn put_string(buf: &mut Vec<u8>, s: &str) {
     buf.put_slice(s.as_bytes());
 }
 
-fn encode_garbage(item: &Garbage) -> Vec<u8> {
+pub(super) fn encode_garbage(item: &Garbage) -> Vec<u8> {
     let mut buf = vec![FORMAT];
     match item {
         Garbage::Object { key, bytes } => {
@@ -258,7 +258,7 @@ fn decode_queued(key: &[u8], value: &[u8], version: u64) -> Result<QueuedGarbage
     })
 }
 
-fn encode_cursor(cursor: &SettleCursor) -> Vec<u8> {
+pub(super) fn encode_cursor(cursor: &SettleCursor) -> Vec<u8> {
     let mut buf = vec![FORMAT];
     buf.put_u64_le(cursor.epoch);
     buf.put_u64_le(cursor.next_slot);

@@ -139,4 +139,12 @@ mod tests {
         }
         assert!(SettleMarker::decode(&bytes[..LEN - 1]).is_err());
     }
+
+    proptest::proptest! {
+        #[test]
+        fn every_marker_round_trips(epoch in proptest::prelude::any::<u64>(), settled_through in proptest::prelude::any::<u64>()) {
+            let marker = SettleMarker { epoch, settled_through };
+            proptest::prop_assert_eq!(SettleMarker::decode(&marker.encode()), Ok(marker));
+        }
+    }
 }
