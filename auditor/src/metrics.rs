@@ -4,8 +4,8 @@ use prometheus::{
     Counter, CounterVec, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 
-use nova_core::metrics::register;
 use nova_core::object_store::RateLimitedMetrics;
+use nova_core::prom::{counter, counter_vec, gauge, register};
 
 /// The duties, as the `duty` label spells them.
 pub const DUTIES: [&str; 6] = [
@@ -64,21 +64,6 @@ pub struct AuditorMetrics {
     pub cache_fallbacks: IntCounter,
     pub cache_resident: IntGauge,
     pub cache_capacity: IntGauge,
-}
-
-fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
-    register(r, IntCounter::new(name, help).expect("valid metric"))
-}
-
-fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    register(
-        r,
-        IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
-    )
-}
-
-fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
-    register(r, IntGauge::new(name, help).expect("valid metric"))
 }
 
 impl AuditorMetrics {

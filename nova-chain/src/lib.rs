@@ -23,6 +23,7 @@ pub mod tail_cache;
 pub mod takeover;
 
 mod absorber;
+mod flight_build;
 mod monitor;
 mod packer;
 mod reader;
@@ -33,6 +34,6 @@ mod stream_series;
 mod writer;
 
 pub use config::{Backoff, ChainConfig, Leaders, RetryPolicy};
-pub use packer::{AckRange, AppendReply};
+pub use flight_build::{AckRange, AppendReply};
 pub use reader::{Page, READ_PER_RECORD, ReadCharge};
 pub use star::{ShutdownError, Star, StartError};

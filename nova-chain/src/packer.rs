@@ -5,230 +5,28 @@
 //! Because one task does all of this, a stream's sequence numbers are dense and follow
 //! admission order, and a stream's records within a flight form one contiguous section.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use nova_core::clock::{Clock, Instant};
 use tokio_util::sync::CancellationToken;
 
 use nova_core::budget::BudgetPermit;
-use nova_core::flight::section::Fragment;
-use nova_core::flight::{FlightFooter, FlightMeta, SectionInput, assemble_flight};
+use nova_core::flight::{FlightMeta, assemble_flight};
 use nova_core::keys::slot_key;
-use nova_core::limits::MAX_SECTION_BYTES;
-use nova_core::metastore::Compare;
 use nova_proto::RequestError;
 
 use nova_core::catalog::StorageClass;
 
-use crate::admission::Admitted;
-use crate::express::lane::{Carried, FromLane, Lane};
+use crate::express::lane::{FromLane, Lane};
+use crate::flight_build::{
+    AckRange, Batch, FLIGHT_MAX_OPS, InFlight, OpenFlight, Submission, section_inputs,
+};
 use crate::shared::Shared;
 use crate::stall::{Stall, StallCause};
-use crate::streams::StreamState;
-use crate::writer::{WriteError, write_flight};
-
-/// Sequence numbers `[start, end)` assigned to an acknowledged batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AckRange {
-    pub start: u64,
-    pub end: u64,
-}
-
-pub type AppendReply = Result<AckRange, RequestError>;
-
-/// A charged, encoded batch on its way to the packer.
-#[derive(Debug)]
-pub(crate) struct Submission {
-    pub stream: Arc<StreamState>,
-    /// Charged and to be written as Express: the stream's class when it was submitted.
-    pub express: bool,
-    /// The batch's records, encoded in chunks of at most `MAX_SECTION_BYTES`.
-    pub chunks: Vec<Fragment>,
-    pub content_bytes: u64,
-    pub match_seq_num: Option<u64>,
-    pub admitted: Admitted,
-    pub reply: oneshot::Sender<AppendReply>,
-}
-
-/// A sequenced batch waiting for its flight to land.
-#[derive(Debug)]
-pub(crate) struct Batch {
-    pub stream: Arc<StreamState>,
-    /// The stream's leadership when the batch was sequenced (in a fleet): its absorb holds only
-    /// while the leadership still does.
-    pub leadership: Option<Compare>,
-    pub range: AckRange,
-    pub content_bytes: u64,
-    /// The batch's admission charge, released when the batch is dropped at resolution.
-    pub _charge: Admitted,
-    pub reply: oneshot::Sender<AppendReply>,
-}
-
-impl Batch {
-    pub fn fail(self, error: RequestError) {
-        // The producer may have gone; its batch still resolves (and releases its charge) here.
-        let _ = self.reply.send(Err(error));
-    }
-}
-
-#[derive(Debug)]
-pub(crate) struct Section {
-    pub stream: Arc<StreamState>,
-    /// The stream's leadership (in a fleet) its records were sequenced under: one per section,
-    /// so a section's index entry holds only while that leadership does.
-    pub leadership: Option<Compare>,
-    pub start_seq: u64,
-    pub fragments: Vec<(u64, Fragment)>,
-    /// Encoded bytes of the fragments.
-    pub bytes: u64,
-}
-
-pub(crate) struct OpenFlight {
-    pub(crate) opened: Instant,
-    pub(crate) bytes: u64,
-    pub(crate) sections: Vec<Section>,
-    section_of: HashMap<u64, usize>,
-    pub(crate) batches: Vec<Batch>,
-    /// Express bundles carried into this flight (`None` for a bundle itself).
-    pub(crate) express: ExpressCarry,
-}
-
-/// What a Standard flight carries for the express chain: the last bundle whose sections it
-/// holds (its absorb moves the express checkpoint there), the pinned runs to unpin once the
-/// sections are readable from the flight, and the batches' express-buffer charges.
-#[derive(Default)]
-pub(crate) struct ExpressCarry {
-    pub through: Option<(u64, u64)>,
-    pub pinned: Vec<(u64, u64)>,
-    pub charges: Vec<Admitted>,
-    /// The carried bundles' bytes (`BundleHold`), released with the charges.
-    pub holds: Vec<crate::express::lane::BundleHold>,
-}
-
-/// A flight is full at this many absorb operations (a section's index entry, a stream's tail),
-/// so that its absorb fits one metastore transaction (etcd takes 128 by default) beside the
-/// chain move. One batch may still carry a flight past it (a 100 MiB batch is 100 sections);
-/// such an absorb spills its entries into transactions of their own.
-pub(crate) const FLIGHT_MAX_OPS: usize = 96;
-
-impl OpenFlight {
-    /// What absorbing this flight writes: an index entry per section, a tail per stream.
-    pub(crate) fn ops(&self) -> usize {
-        self.sections.len() + self.section_of.len()
-    }
-
-    pub(crate) fn new(opened: Instant) -> Self {
-        Self {
-            opened,
-            bytes: 0,
-            sections: Vec::new(),
-            section_of: HashMap::new(),
-            batches: Vec::new(),
-            express: ExpressCarry::default(),
-        }
-    }
-
-    /// Adds a sequenced batch's chunks, starting at `range.start`.
-    fn add_batch(&mut self, batch: Batch, chunks: Vec<Fragment>) {
-        let mut seq = batch.range.start;
-        for chunk in chunks {
-            let records = chunk.records;
-            self.add_chunk(&batch.stream, batch.leadership.as_ref(), seq, chunk);
-            seq += records;
-        }
-        self.batches.push(batch);
-    }
-
-    /// Adds an acknowledged bundle's sections, its pinned runs and its charges.
-    fn add_carried(&mut self, carried: Carried) {
-        for section in carried.sections {
-            let end = section.end_seq();
-            self.express.pinned.push((section.stream.id(), end));
-            for (seq, fragment) in section.fragments {
-                self.add_chunk(&section.stream, section.leadership.as_ref(), seq, fragment);
-            }
-        }
-        self.express.charges.extend(carried.charges);
-        self.express.holds.push(carried.hold);
-        self.express.through = Some((carried.epoch, carried.slot));
-    }
-
-    /// Adds a chunk starting at `seq`, sequenced under `leadership`, to the stream's current
-    /// section, or to a new section of the stream's when the current one would grow past
-    /// `MAX_SECTION_BYTES` or was sequenced under another leadership (the stream was taken up
-    /// again meanwhile).
-    pub(crate) fn add_chunk(
-        &mut self,
-        stream: &Arc<StreamState>,
-        leadership: Option<&Compare>,
-        seq: u64,
-        chunk: Fragment,
-    ) {
-        let len = chunk.len();
-        let current = self
-            .section_of
-            .get(&stream.id())
-            .copied()
-            .filter(|&i| self.sections[i].bytes + len <= MAX_SECTION_BYTES)
-            .filter(|&i| self.sections[i].leadership.as_ref() == leadership);
-        let index = match current {
-            Some(index) => index,
-            None => {
-                self.sections.push(Section {
-                    stream: stream.clone(),
-                    leadership: leadership.cloned(),
-                    start_seq: seq,
-                    fragments: Vec::new(),
-                    bytes: 0,
-                });
-                let index = self.sections.len() - 1;
-                self.section_of.insert(stream.id(), index);
-                index
-            }
-        };
-        let section = &mut self.sections[index];
-        section.bytes += len;
-        section.fragments.push((seq, chunk));
-        self.bytes += len;
-    }
-
-    /// Answers the flight's batches with `error`. Carried express records stay acknowledged
-    /// (a quorum of zones holds them, and the chain's next owner carries them again), and
-    /// readable until the star exits (`Shared::keep_until_exit`).
-    pub(crate) fn fail(self, shared: &Shared, error: &RequestError) {
-        for batch in self.batches {
-            batch.fail(error.clone());
-        }
-        if !self.express.pinned.is_empty() {
-            shared.keep_until_exit(self.express);
-        }
-    }
-}
-
-impl Section {
-    /// The sequence number after the section's last record.
-    pub fn end_seq(&self) -> u64 {
-        self.start_seq + self.fragments.iter().map(|(_, f)| f.records).sum::<u64>()
-    }
-}
-
-/// A flight handed to its writer, travelling to the resolver in slot order.
-pub(crate) struct InFlight {
-    pub slot: u64,
-    pub key: String,
-    pub footer: FlightFooter,
-    pub sections: Vec<Section>,
-    pub batches: Vec<Batch>,
-    pub bytes: u64,
-    pub write: tokio::task::JoinHandle<Result<(), WriteError>>,
-    pub backlog: BudgetPermit,
-    pub _writing: OwnedSemaphorePermit,
-    pub express: ExpressCarry,
-}
+use crate::writer::write_flight;
 
 pub(crate) struct Packer {
     shared: Arc<Shared>,
@@ -587,19 +385,6 @@ impl Packer {
         }
         permit
     }
-}
-
-/// The flight format's view of packed sections (the fragments are shared, not copied).
-pub(crate) fn section_inputs(sections: &[Section]) -> Vec<SectionInput> {
-    sections
-        .iter()
-        .map(|s| SectionInput {
-            stream_id: s.stream.id(),
-            stream: s.stream.name().to_owned(),
-            start_seq: s.start_seq,
-            fragments: s.fragments.iter().map(|(_, f)| f.clone()).collect(),
-        })
-        .collect()
 }
 
 fn abandoned() -> RequestError {

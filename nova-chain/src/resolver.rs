@@ -17,10 +17,9 @@ use nova_proto::RequestError;
 
 use nova_core::metastore::Compare;
 
-use crate::packer::{Batch, InFlight, Section};
+use crate::flight_build::{InFlight, cached_run, count_appended};
 use crate::shared::Shared;
 use crate::streams::StreamState;
-use crate::tail_cache::CachedRun;
 use crate::writer::WriteError;
 
 /// A durable flight waiting to be absorbed. Holds its backlog permit until the absorb commits.
@@ -92,15 +91,6 @@ fn fail(shared: &Shared, flight: InFlight, error: RequestError) {
     if !flight.express.pinned.is_empty() {
         shared.keep_until_exit(flight.express);
     }
-}
-
-/// Counts an acknowledged batch in the append metrics: the totals, and the stream's own counts
-/// (exported for the busiest streams only, `stream_series`).
-pub(crate) fn count_appended(shared: &Shared, batch: &Batch) {
-    let records = batch.range.end - batch.range.start;
-    shared.metrics.appended_records.inc_by(records);
-    shared.metrics.appended_bytes.inc_by(batch.content_bytes);
-    batch.stream.count_appended(records, batch.content_bytes);
 }
 
 async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Landed>) {
@@ -188,13 +178,4 @@ async fn resolve(shared: &Shared, flight: InFlight, absorber: &mpsc::Sender<Land
     drop(express.charges);
     // The absorb queue holds one entry per backlog permit, so this never waits for room.
     let _ = absorber.send(landed).await;
-}
-
-pub(crate) fn cached_run(section: &Section) -> CachedRun {
-    CachedRun {
-        stream_id: section.stream.id(),
-        start_seq: section.start_seq,
-        end_seq: section.end_seq(),
-        fragments: section.fragments.clone(),
-    }
 }

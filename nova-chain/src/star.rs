@@ -22,8 +22,9 @@ use crate::config::ChainConfig;
 use crate::express::collect::{Collector, run_collector};
 use crate::express::lane::{Lane, run_express_resolver};
 use crate::express::recover::recover_express;
+use crate::flight_build::{AppendReply, Submission};
 use crate::monitor::run_monitor;
-use crate::packer::{AppendReply, Packer, Submission};
+use crate::packer::Packer;
 use crate::reader::{self, Page};
 use crate::recovery::{
     LeaderCheck, Recovered, RecoveryError, claim_chain, patiently, probe_store, recover,

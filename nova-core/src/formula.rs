@@ -20,7 +20,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::limits::{KIB, MIB};
 use crate::memory::Ceiling;
-use crate::metrics::MemoryMetrics;
+use prometheus::{Gauge, IntGauge};
+
+#[derive(Debug, Clone)]
+pub struct MemoryMetrics {
+    pub ceiling: IntGauge,
+    /// One series per term of the formula: admission, express, read, tail_cache, transport,
+    /// auditor.
+    pub formula: prometheus::IntGaugeVec,
+    pub saturation: Gauge,
+    pub saturated: IntGauge,
+}
 
 /// The formula's terms as `nova_memory_formula_bytes{term}` names them.
 pub const TERMS: [&str; 6] = [

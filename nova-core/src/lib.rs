@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod net;
 pub mod object_store;
 pub mod process;
+pub mod prom;
 pub mod rate;
 pub mod record;
 pub mod shed;

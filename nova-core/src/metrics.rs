@@ -2,8 +2,14 @@
 //! run several stars side by side. Names carry the `nova_` prefix and a unit suffix.
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
+};
+
+pub use crate::formula::MemoryMetrics;
+pub use crate::prom::{
+    BudgetMetrics, budget, counter, counter_vec, gauge, histogram, register, render_families,
+    wait_buckets,
 };
 
 /// Every stall cause, as exported (`StallCause::as_str` in nova-chain): the first three are
@@ -16,15 +22,6 @@ pub const STALL_CAUSES: [&str; 6] = [
     "object_store_rejecting",
     "write_throughput",
 ];
-
-/// The four series every budget exports.
-#[derive(Debug, Clone)]
-pub struct BudgetMetrics {
-    pub capacity: IntGauge,
-    pub in_use: IntGauge,
-    pub waiters: IntGauge,
-    pub wait: Histogram,
-}
 
 #[derive(Debug, Clone)]
 pub struct TailCacheMetrics {
@@ -314,97 +311,6 @@ impl ProcessMetrics {
 }
 
 /// The closed memory formula, its ceiling, and the saturation they give.
-#[derive(Debug, Clone)]
-pub struct MemoryMetrics {
-    pub ceiling: IntGauge,
-    /// One series per term of the formula: admission, express, read, tail_cache, transport,
-    /// auditor.
-    pub formula: prometheus::IntGaugeVec,
-    pub saturation: Gauge,
-    pub saturated: IntGauge,
-}
-
-pub fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
-    // Names are fixed at compile time and unique in a fresh registry, so this cannot fail.
-    registry
-        .register(Box::new(c.clone()))
-        .expect("metric registered twice");
-    c
-}
-
-pub fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
-    register(r, IntGauge::new(name, help).expect("valid metric"))
-}
-
-pub fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
-    register(r, IntCounter::new(name, help).expect("valid metric"))
-}
-
-pub fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    register(
-        r,
-        IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
-    )
-}
-
-/// Buckets from 100µs to about two minutes: waits and latencies both live in this range.
-/// 100 µs to 100 s in steps of 1, 2 and 5: fine enough to read a PUT's p99 (a ×4 ladder put
-/// 26 ms and 100 ms in one bucket).
-fn wait_buckets() -> Vec<f64> {
-    let mut buckets = Vec::new();
-    let mut decade = 0.0001;
-    while decade < 100.0 {
-        for step in [1.0, 2.0, 5.0] {
-            buckets.push(decade * step);
-        }
-        decade *= 10.0;
-    }
-    buckets.push(100.0);
-    buckets
-}
-
-pub fn histogram(r: &Registry, name: &str, help: &str) -> Histogram {
-    register(
-        r,
-        Histogram::with_opts(HistogramOpts::new(name, help).buckets(wait_buckets()))
-            .expect("valid metric"),
-    )
-}
-
-/// `unit` with its first letter in capitals, to begin a help sentence.
-fn capitalized(unit: &str) -> String {
-    let mut chars = unit.chars();
-    chars
-        .next()
-        .map(|first| first.to_uppercase().chain(chars).collect())
-        .unwrap_or_default()
-}
-
-pub fn budget(r: &Registry, prefix: &str, unit: &str, what: &str) -> BudgetMetrics {
-    BudgetMetrics {
-        capacity: gauge(
-            r,
-            &format!("{prefix}_capacity_{unit}"),
-            &format!("Capacity of the {what}."),
-        ),
-        in_use: gauge(
-            r,
-            &format!("{prefix}_used_{unit}"),
-            &format!("{} of the {what} held right now.", capitalized(unit)),
-        ),
-        waiters: gauge(
-            r,
-            &format!("{prefix}_waiters"),
-            &format!("Callers waiting for room in the {what}."),
-        ),
-        wait: histogram(
-            r,
-            &format!("{prefix}_wait_seconds"),
-            &format!("Time callers waited for room in the {what}."),
-        ),
-    }
-}
-
 impl Metrics {
     pub fn new() -> Self {
         let metrics = Self::register_all();
@@ -790,14 +696,6 @@ impl Metrics {
     pub fn render(&self) -> String {
         render_families(&self.registry.gather())
     }
-}
-
-/// Metric families in Prometheus text format.
-pub fn render_families(families: &[prometheus::proto::MetricFamily]) -> String {
-    let mut buf = Vec::new();
-    // Encoding into a Vec cannot fail for well-formed metric families.
-    let _ = TextEncoder::new().encode(families, &mut buf);
-    String::from_utf8(buf).unwrap_or_default()
 }
 
 impl Default for Metrics {

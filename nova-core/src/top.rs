@@ -136,7 +136,7 @@ impl TopRefusals {
             peers_gauge: vec("peers", "peer"),
             exporting: Arc::default(),
         };
-        crate::metrics::register(registry, top.clone());
+        crate::prom::register(registry, top.clone());
         top
     }
 
@@ -234,7 +234,7 @@ mod tests {
             .find(|f| f.name() == "nova_top_refused_streams")
             .unwrap();
         assert_eq!(streams.get_metric().len(), EXPORTED_RANKS);
-        let rendered = crate::metrics::render_families(&families);
+        let rendered = crate::prom::render_families(&families);
         assert!(
             rendered.contains("nova_top_refused_streams{stream=\"hot\"} 100"),
             "{rendered}"

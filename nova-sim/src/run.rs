@@ -119,7 +119,7 @@ impl std::fmt::Display for Failure {
             writeln!(f, "  - {v}")?;
         }
         let replay = if self.fleet {
-            crate::fleet::replay_command(self.seed)
+            replay_fleet_command(self.seed)
         } else {
             replay_command(self.seed)
         };
@@ -130,6 +130,11 @@ impl std::fmt::Display for Failure {
 /// The one-line command that replays a seed exactly, with the star's logs.
 pub fn replay_command(seed: u64) -> String {
     format!("cargo run -p nova-sim -- --seed {seed} --verbose")
+}
+
+/// The one-line command that replays a fleet seed exactly, with the stars' logs.
+pub fn replay_fleet_command(seed: u64) -> String {
+    format!("cargo run -p nova-sim -- --fleet --seed {seed} --verbose")
 }
 
 /// What outlives a crash.

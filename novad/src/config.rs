@@ -193,7 +193,7 @@ pub struct Config {
         value_delimiter = ';',
         help_heading = "Express"
     )]
-    pub s3_express_zone: Vec<crate::express::ZoneSpec>,
+    pub s3_express_zone: Vec<crate::zone_spec::ZoneSpec>,
 
     /// How long an express bundle may take to reach its quorum of zones (`2s`, `500ms`). Past
     /// it the bundle's appends fail fast (UNAVAILABLE with a retry hint, or "outcome unknown"

@@ -6,6 +6,7 @@ mod express;
 mod memory;
 mod server;
 mod service;
+mod zone_spec;
 
 use std::process::ExitCode;
 

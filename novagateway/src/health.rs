@@ -310,9 +310,7 @@ pub async fn watch(
             .map_err(|status| format!("star {star_url}: {}", status.message()));
         let changed = health.record(store_probe, star_probe);
         if changed || first {
-            let service = <nova_proto::server::nova_server::NovaServer<
-                crate::service::GatewayService,
-            > as tonic::server::NamedService>::NAME;
+            let service = nova_proto::server::nova_server::SERVICE_NAME;
             if health.is_ready() {
                 reporter
                     .set_service_status(service, tonic_health::ServingStatus::Serving)

@@ -13,7 +13,7 @@ use nova_proto::server::nova_server::Nova;
 use nova_proto::v1;
 
 use crate::read::Reader;
-use crate::tier::Tier;
+use crate::tier::{MAX_PEER_RANGE, Tier};
 
 #[derive(Clone)]
 pub struct GatewayService {
@@ -230,10 +230,6 @@ pub struct PeerService {
 
 /// How long a range served to a peer may wait for room in the fetch pool.
 const PEER_CHARGE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// The largest range a peer serves: a section (sections are capped at 1 MiB unless a single
-/// record is larger, and records are capped at the star's --max-record-bytes).
-pub const MAX_PEER_RANGE: u64 = 128 << 20;
 
 #[tonic::async_trait]
 impl GatewayPeer for PeerService {

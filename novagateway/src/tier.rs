@@ -27,6 +27,10 @@ use nova_proto::v1::gateway_peer_client::GatewayPeerClient;
 
 use crate::metrics::GatewayMetrics;
 
+/// The largest range a peer serves: a section (sections are capped at 1 MiB unless a single
+/// record is larger, and records are capped at the star's --max-record-bytes).
+pub const MAX_PEER_RANGE: u64 = 128 << 20;
+
 const VIRTUAL_NODES: usize = 64;
 
 /// FNV-1a: stable across processes and builds, which the ring needs (every instance must place
@@ -182,7 +186,7 @@ impl Tier {
                     .connect_lazy();
                 Some(
                     GatewayPeerClient::with_interceptor(channel, upstream.credentials.clone())
-                        .max_decoding_message_size(crate::service::MAX_PEER_RANGE as usize + 4096),
+                        .max_decoding_message_size(MAX_PEER_RANGE as usize + 4096),
                 )
             });
         }

@@ -24,7 +24,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use nova_core::budget::BudgetPermit;
 use nova_core::flight::{FlightMeta, assemble_flight};
 use nova_core::keys::express_slot_key;
 use nova_proto::RequestError;
@@ -35,8 +34,10 @@ use super::{
     BUNDLE_MAX_BYTES, ExpressConfig, GENERATIONS_PER_EPOCH, MAX_BUNDLES_IN_FLIGHT, express_epoch,
 };
 use crate::admission::Admitted;
-use crate::packer::{Batch, FLIGHT_MAX_OPS, OpenFlight, Section, section_inputs};
-use crate::resolver::{cached_run, count_appended};
+use crate::flight_build::{
+    Batch, BundleHold, Carried, FLIGHT_MAX_OPS, OpenFlight, Section, cached_run, count_appended,
+    section_inputs,
+};
 use crate::shared::Shared;
 use crate::stall::{Stall, StallCause};
 use crate::streams::StreamState;
@@ -59,11 +60,6 @@ pub(crate) enum FromLane {
     Reopen { rollback: Vec<Arc<StreamState>> },
 }
 
-/// A bundle's bytes in the express buffer, shared by the bundle and every zone write still
-/// sending it: the writes that go on after a quorum (or past a failure) hold the payload, so
-/// the charge returns only once the last of them ends and the Standard store holds the records.
-pub(crate) type BundleHold = Arc<Vec<BudgetPermit>>;
-
 /// A bundle being published.
 pub(crate) struct InBundle {
     epoch: u64,
@@ -74,16 +70,6 @@ pub(crate) struct InBundle {
     hold: BundleHold,
     publish: JoinHandle<Publication>,
     _publishing: OwnedSemaphorePermit,
-}
-
-/// An acknowledged bundle on its way into a Standard flight.
-pub(crate) struct Carried {
-    pub epoch: u64,
-    pub slot: u64,
-    pub sections: Vec<Section>,
-    /// The batches' express-buffer charges, released once a flight holds the sections.
-    pub charges: Vec<Admitted>,
-    pub hold: BundleHold,
 }
 
 /// Whether the open bundle should close now, and when to look again.

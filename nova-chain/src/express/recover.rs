@@ -30,7 +30,7 @@ use nova_core::object_store::{CreateOutcome, ObjectStore};
 use super::walk::{Step, Walk, WalkEnd};
 use super::{ExpressConfig, GENERATIONS_PER_EPOCH, express_epoch, marker};
 use crate::config::Backoff;
-use crate::packer::FLIGHT_MAX_OPS;
+use crate::flight_build::FLIGHT_MAX_OPS;
 use crate::recovery::{LeaderCheck, RecoveryError, Settle, commit_patiently, patiently};
 use crate::streams::StreamRegistry;
 use crate::writer::is_ours;

@@ -340,8 +340,3 @@ async fn run(world: &Arc<World>) {
     }
     checks::end_faults(world).await;
 }
-
-/// The one-line command that replays a fleet seed exactly, with the stars' logs.
-pub fn replay_command(seed: u64) -> String {
-    format!("cargo run -p nova-sim -- --fleet --seed {seed} --verbose")
-}
