@@ -40,7 +40,6 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use nova_core::catalog::{Catalog, CatalogError};
@@ -50,6 +49,7 @@ use nova_core::flight::{FetchError, FormatError};
 use nova_core::limits::{KIB, MIB};
 use nova_core::object_store::{ObjectStore, RateLimited, StoreError};
 use nova_core::rate::RateBudget;
+use nova_core::supervisor::{Supervisor, Watched};
 
 use crate::fetch_cache::{CacheError, FetchCache};
 use crate::metrics::AuditorMetrics;
@@ -500,7 +500,7 @@ impl Ctx {
 pub struct Auditor {
     ctx: Arc<Ctx>,
     stop: CancellationToken,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: Vec<Watched>,
 }
 
 impl Auditor {
@@ -511,6 +511,18 @@ impl Auditor {
         store: Arc<dyn ObjectStore>,
         catalog: Catalog,
         registry: &prometheus::Registry,
+    ) -> std::io::Result<Self> {
+        Self::start_supervised(config, store, catalog, registry, &Supervisor::new())
+    }
+
+    /// As [`Auditor::start`], with the duties watched by the process's `supervisor`: a duty
+    /// that stops or panics before [`Auditor::stop`] fails it, naming the duty.
+    pub fn start_supervised(
+        config: AuditorConfig,
+        store: Arc<dyn ObjectStore>,
+        catalog: Catalog,
+        registry: &prometheus::Registry,
+        supervisor: &Supervisor,
     ) -> std::io::Result<Self> {
         let metrics = AuditorMetrics::register(registry);
         let budget = RateBudget::new(config.s3_budget, config.clock);
@@ -551,11 +563,21 @@ impl Auditor {
             "auditor started"
         );
         let stop = CancellationToken::new();
-        let mut tasks: Vec<JoinHandle<()>> = ALL_DUTIES
+        let mut tasks: Vec<Watched> = ALL_DUTIES
             .into_iter()
-            .map(|duty| tokio::spawn(run_duty(ctx.clone(), duty, stop.clone())))
+            .map(|duty| {
+                supervisor.watch(
+                    format!("auditor {}", duty.as_str()),
+                    stop.clone(),
+                    run_duty(ctx.clone(), duty, stop.clone()),
+                )
+            })
             .collect();
-        tasks.push(tokio::spawn(publish_ages(ctx.clone(), stop.clone())));
+        tasks.push(supervisor.watch(
+            "auditor ages",
+            stop.clone(),
+            publish_ages(ctx.clone(), stop.clone()),
+        ));
         Ok(Self { ctx, stop, tasks })
     }
 

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+use nova_core::supervisor::Supervisor;
 
 use nova_core::catalog::{Catalog, IndexEntry, StorageClass};
 use nova_core::flight::section::Fragment;
@@ -41,7 +42,7 @@ const SUBMISSION_QUEUE: usize = 1024;
 type BoxedTask = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A chain task's handle: `Err` carries why it failed.
-type TaskHandle = JoinHandle<Result<(), String>>;
+type TaskHandle = nova_core::supervisor::Watched;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -120,34 +121,10 @@ pub struct Star {
     submit: mpsc::Sender<Submission>,
     stop: CancellationToken,
     tasks: tokio::sync::Mutex<Vec<(&'static str, TaskHandle)>>,
-    /// Cancelled when a chain task ends before shutdown asked it to; `died_reason` says which.
-    died: CancellationToken,
-    died_reason: Arc<parking_lot::Mutex<Option<String>>>,
+    /// Fails when a chain task ends before shutdown asked it to, naming it (and, when the
+    /// process shares it, when any other critical task does).
+    supervisor: Supervisor,
     recovered: Recovered,
-}
-
-/// Runs a chain task, reporting it if it ends (or panics) while the star is still running.
-fn watched(
-    name: &'static str,
-    task: impl Future<Output = ()> + Send + 'static,
-    stop: CancellationToken,
-    died: CancellationToken,
-    reason: Arc<parking_lot::Mutex<Option<String>>>,
-) -> TaskHandle {
-    tokio::spawn(async move {
-        let outcome = tokio::spawn(task)
-            .await
-            .map_err(|e| format!("chain task {name} failed: {e}"));
-        if !stop.is_cancelled() {
-            let why = match &outcome {
-                Ok(()) => format!("chain task {name} stopped unexpectedly"),
-                Err(e) => e.clone(),
-            };
-            reason.lock().get_or_insert(why);
-            died.cancel();
-        }
-        outcome
-    })
 }
 
 impl Star {
@@ -158,6 +135,17 @@ impl Star {
         store: Arc<dyn ObjectStore>,
         metastore: Arc<dyn Metastore>,
         metrics: Arc<Metrics>,
+    ) -> Result<Self, StartError> {
+        Self::open_supervised(config, store, metastore, metrics, Supervisor::new()).await
+    }
+
+    /// As [`Star::open`], with the chain tasks watched by the process's `supervisor`.
+    pub async fn open_supervised(
+        config: ChainConfig,
+        store: Arc<dyn ObjectStore>,
+        metastore: Arc<dyn Metastore>,
+        metrics: Arc<Metrics>,
+        supervisor: Supervisor,
     ) -> Result<Self, StartError> {
         let store: Arc<dyn ObjectStore> = Arc::new(Instrumented::new(
             store,
@@ -236,10 +224,12 @@ impl Star {
         let (to_absorber, absorber_rx) =
             mpsc::channel(shared.config.backlog_flights.max(1) as usize);
         let stop = CancellationToken::new();
-        let died = CancellationToken::new();
-        let died_reason = Arc::new(parking_lot::Mutex::new(None));
-        let watch =
-            |name, task| watched(name, task, stop.clone(), died.clone(), died_reason.clone());
+        // Each chain task runs in a task of its own, awaited by its watch (the layout the
+        // simulation's seeds were drawn with).
+        let watch = |name: &str, task: BoxedTask| {
+            let spawned = async move { tokio::spawn(task).await };
+            supervisor.watch_fallible(format!("chain {name}"), stop.clone(), spawned)
+        };
         let next_slot = recovered.chain.state.checkpoint.map_or(0, |slot| slot + 1);
         let mut express_ends = None;
         let lane = shared.config.express.clone().map(|config| {
@@ -327,8 +317,7 @@ impl Star {
             submit,
             stop,
             tasks: tokio::sync::Mutex::new(tasks),
-            died,
-            died_reason,
+            supervisor,
             recovered,
         })
     }
@@ -621,11 +610,7 @@ impl Star {
     pub async fn failed(&self) -> String {
         tokio::select! {
             biased;
-            _ = self.died.cancelled() => self
-                .died_reason
-                .lock()
-                .clone()
-                .unwrap_or_else(|| "a chain task stopped".into()),
+            reason = self.supervisor.failed() => reason,
             _ = self.shared.lost.cancelled() => self
                 .shared
                 .fenced()

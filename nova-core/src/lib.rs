@@ -23,4 +23,5 @@ pub mod prom;
 pub mod rate;
 pub mod record;
 pub mod shed;
+pub mod supervisor;
 pub mod top;

@@ -185,7 +185,8 @@ impl Fleet {
     /// it clears or leads nothing.
     pub fn start_balancing(self: &Arc<Self>, star: Arc<Star>) {
         let fleet = self.clone();
-        tokio::spawn(async move {
+        let supervisor = self.config.supervisor.clone();
+        supervisor.watch("fleet balancing", self.lost.clone(), async move {
             // Streams are tried in turn, so one that cannot move now does not hold up the rest.
             let mut turn = 0usize;
             loop {

@@ -17,6 +17,7 @@ use nova_core::metastore::{Compare, Metastore, MetastoreError, Txn, TxnOutcome};
 use crate::error::JoinError;
 use crate::keys::{Member, STARS, adopt_key, chain_key, id_under, star_key, takeover_key};
 use crate::metrics::FleetMetrics;
+use nova_core::supervisor::Supervisor;
 
 /// The star's side of the fleet.
 #[derive(Debug, Clone)]
@@ -24,6 +25,9 @@ pub struct FleetConfig {
     pub star_id: String,
     pub advertise: String,
     pub lease_ttl: Duration,
+    /// Watches the fleet's loops (renewal, view, trust, takeovers, balancing): one that stops
+    /// while the lease is still held fails it, naming the loop.
+    pub supervisor: Supervisor,
 }
 
 /// One star's membership of the fleet, and everything it knows and decides about leadership.
@@ -134,9 +138,14 @@ impl Fleet {
                 while_doing: "joined the fleet",
             });
         }
-        tokio::spawn(fleet.clone().renew());
-        tokio::spawn(fleet.clone().refresh());
-        tokio::spawn(fleet.clone().watch_trust());
+        let supervisor = &fleet.config.supervisor;
+        supervisor.watch("fleet renewal", fleet.lost.clone(), fleet.clone().renew());
+        supervisor.watch("fleet view", fleet.lost.clone(), fleet.clone().refresh());
+        supervisor.watch(
+            "fleet trust",
+            fleet.lost.clone(),
+            fleet.clone().watch_trust(),
+        );
         Ok(fleet)
     }
 

@@ -35,7 +35,8 @@ impl Fleet {
     /// elected. Runs every third of a lease ttl until the lease is lost.
     pub fn start_takeovers(self: &Arc<Self>, ctx: TakeoverContext) {
         let fleet = self.clone();
-        tokio::spawn(async move {
+        let supervisor = self.config.supervisor.clone();
+        supervisor.watch("fleet takeovers", self.lost.clone(), async move {
             loop {
                 tokio::select! {
                     biased;

@@ -47,6 +47,7 @@ impl World {
             star_id: id.into(),
             advertise: format!("sim://{id}"),
             lease_ttl: TTL,
+            supervisor: nova_core::supervisor::Supervisor::new(),
         };
         let metrics = FleetMetrics::new(&prometheus::Registry::new()).unwrap();
         Fleet::join(metastore, config, metrics, self.clock)
@@ -363,6 +364,7 @@ fn a_registration_answered_past_the_lease_is_a_failed_join() {
             star_id: "p".into(),
             advertise: "sim://p".into(),
             lease_ttl: TTL,
+            supervisor: nova_core::supervisor::Supervisor::new(),
         };
         let metrics = FleetMetrics::new(&prometheus::Registry::new()).unwrap();
         match Fleet::join(late.clone(), config.clone(), metrics, world.clock).await {

@@ -16,6 +16,7 @@ use nova_core::metastore::{
 use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
 use nova_core::shed::ShedLog;
+use nova_core::supervisor::Supervisor;
 use nova_proto::server::nova_server::NovaServer;
 use nova_proto::units::{ByteSize, human_bytes};
 
@@ -279,12 +280,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "append to, read, reconfigure and delete every stream",
     );
     let connections = Arc::new(nova_core::net::Connections::default());
-    tokio::spawn(nova_core::allocator::trim_periodically(
-        Clock::system(),
-        metrics.process.trims.clone(),
-    ));
-    let store = open_store(&config).await?;
+    // Every critical task of the process (the chain's, the auditor's, the fleet's, the servers')
+    // is watched: the first to stop or panic unasked shuts novad down, named in the log.
+    let supervisor = Supervisor::new();
     let stopping = CancellationToken::new();
+    supervisor.watch(
+        "allocator trim",
+        stopping.clone(),
+        nova_core::allocator::trim_periodically(Clock::system(), metrics.process.trims.clone()),
+    );
+    let store = open_store(&config).await?;
     security.spawn_reloads(&stopping);
     let catalog = nova_core::catalog::Catalog::new(metastore.clone());
 
@@ -322,17 +327,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             metrics.render()
         })
     };
-    tokio::spawn(watch_metastore_size(
-        metastore.clone(),
-        metrics.metastore_size.clone(),
+    supervisor.watch(
+        "metastore size",
         stopping.clone(),
-    ));
+        watch_metastore_size(
+            metastore.clone(),
+            metrics.metastore_size.clone(),
+            stopping.clone(),
+        ),
+    );
     let metrics_listener = nova_core::process::bind_metrics(config.metrics_addr).await?;
-    let metrics_task = tokio::spawn(nova_core::process::serve_metrics(
-        metrics_listener,
-        render,
+    let metrics_task = supervisor.watch_fallible(
+        "metrics server",
         stopping.clone(),
-    ));
+        nova_core::process::serve_metrics(metrics_listener, render, stopping.clone()),
+    );
 
     // One signal listener for the whole start: once first polled it keeps a SIGTERM that
     // arrives between two waits, where a listener made for each wait would miss it.
@@ -345,6 +354,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             star_id: config.star_id.clone(),
             advertise: config.advertise(),
             lease_ttl: Duration::from_secs(config.lease_ttl_secs),
+            supervisor: supervisor.clone(),
         };
         let joining = join_fleet(&metastore, &store, fleet_config, fleet_metrics);
         Some(tokio::select! {
@@ -376,7 +386,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         );
     }
     let star = tokio::select! {
-        star = Star::open(chain, store.clone(), metastore, metrics.clone()) => Arc::new(star?),
+        star = Star::open_supervised(
+            chain,
+            store.clone(),
+            metastore,
+            metrics.clone(),
+            supervisor.clone(),
+        ) => Arc::new(star?),
+        reason = supervisor.failed() => {
+            return Err(anyhow::anyhow!("{reason}; stopped during recovery, nothing was accepted"));
+        }
         _ = &mut terminated => {
             tracing::info!("stopped during recovery; nothing was accepted");
             return Ok(());
@@ -395,11 +414,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // After recovery: the auditor settles what the star has absorbed, never ahead of it.
     let auditor = if config.auditor {
         Some(
-            nova_auditor::Auditor::start(
+            nova_auditor::Auditor::start_supervised(
                 config.auditor(),
                 store.clone(),
                 catalog,
                 &metrics.registry,
+                &supervisor,
             )
             .with_context(|| {
                 format!(
@@ -631,12 +651,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let failure = match stopped_early {
         Some(failure) => failure,
         None => {
-            tokio::spawn(report_readiness(
-                star.clone(),
-                health.clone(),
-                metrics.clone(),
+            supervisor.watch(
+                "readiness",
                 stopping.clone(),
-            ));
+                report_readiness(
+                    star.clone(),
+                    health.clone(),
+                    metrics.clone(),
+                    stopping.clone(),
+                ),
+            );
             tracing::info!(
                 listen = %listening,
                 tls = security.tls.is_some(),

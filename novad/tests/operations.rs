@@ -664,3 +664,43 @@ async fn an_advertised_address_that_does_not_lead_to_the_star_is_not_silent() {
     let other = client(&lost).await;
     assert_eq!(read_all(&other, "s").await, ["r-0", "r-1", "r-2"]);
 }
+
+/// Every critical task is watched: one that dies (here by the debug builds' fault hook,
+/// `NOVA_FAULT_KILL_TASK`) shuts novad down with a non-zero exit, its log naming the task and
+/// why, instead of leaving a process that looks alive and does nothing. One task each of the
+/// chain, the auditor, the servers and (on etcd) the fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_critical_task_that_dies_stops_novad_naming_it() {
+    let etcd = nova_testkit::Etcd::start();
+    for (task, fleet) in [
+        ("chain absorber", false),
+        ("auditor settle", false),
+        ("metastore size", false),
+        ("fleet takeovers", true),
+    ] {
+        let mut builder = novad().env("NOVA_FAULT_KILL_TASK", task);
+        if fleet {
+            builder = builder.args(["--metastore", &etcd.url(), "--star-id", "killed"]);
+        }
+        let mut star = builder.start_detached();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = star.try_exit_status() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{task}: novad kept running:\n{}",
+                star.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let log = star.log();
+        assert!(!status.success(), "{task}: {log}");
+        assert!(
+            log.contains(&format!("task {task} panicked")),
+            "{task}: the log names it:\n{log}"
+        );
+        assert!(log.contains("shutting down"), "{task}: {log}");
+    }
+}

@@ -211,6 +211,7 @@ async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Started {
         star_id: node.id.clone(),
         advertise: format!("sim://{}", node.id),
         lease_ttl: world.plan.lease_ttl,
+        supervisor: nova_core::supervisor::Supervisor::new(),
     };
     let fleet = loop {
         if node.is_dead() {
