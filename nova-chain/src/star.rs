@@ -227,9 +227,11 @@ impl Star {
         // Each chain task runs in a task of its own, awaited by its watch (the layout the
         // simulation's seeds were drawn with).
         let watch = |name: &str, task: BoxedTask| {
-            let spawned = async move { tokio::spawn(task).await };
-            supervisor.watch_fallible(format!("chain {name}"), stop.clone(), spawned)
+            supervisor.watch_spawned(format!("chain {name}"), stop.clone(), task)
         };
+        // Should this open be given up part way (a signal during recovery), the tasks already
+        // running are stopped as asked, not reported as dying.
+        let stop_if_abandoned = stop.clone().drop_guard();
         let next_slot = recovered.chain.state.checkpoint.map_or(0, |slot| slot + 1);
         let mut express_ends = None;
         let lane = shared.config.express.clone().map(|config| {
@@ -312,6 +314,7 @@ impl Star {
             metastore = %shared.catalog.store().describe(),
             "star ready"
         );
+        stop_if_abandoned.disarm();
         Ok(Self {
             shared,
             submit,

@@ -64,9 +64,39 @@ impl Supervisor {
         F: Future<Output = Result<(), E>> + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
-        use futures::FutureExt as _;
         let name = name.into();
         let task = fault::hooked(&name, task);
+        self.watch_hooked(name, stop, task)
+    }
+
+    /// As [`Supervisor::watch`], with `task` in a task of its own that the watch awaits (the
+    /// star's chain tasks run so). A panic in it is reported as the task's panic.
+    pub fn watch_spawned<F>(
+        &self,
+        name: impl Into<String>,
+        stop: CancellationToken,
+        task: F,
+    ) -> Watched
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let name = name.into();
+        let task = fault::hooked(&name, task);
+        self.watch_hooked(name, stop, async move {
+            match tokio::spawn(task).await {
+                Ok(()) => Ok(()),
+                Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+                Err(cancelled) => Err(cancelled),
+            }
+        })
+    }
+
+    fn watch_hooked<F, E>(&self, name: String, stop: CancellationToken, task: F) -> Watched
+    where
+        F: Future<Output = Result<(), E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        use futures::FutureExt as _;
         let supervisor = self.clone();
         // One task, the watch and the work together: a watched task is scheduled exactly as
         // it would be spawned bare (the simulation's seeds replay the same).
@@ -208,5 +238,15 @@ mod tests {
         let why = panicked.await.unwrap().unwrap_err();
         assert!(why.starts_with("task absorber panicked"), "{why}");
         assert_eq!(other.failed().await, why);
+
+        // A task in a task of its own reads the same.
+        let spawned = Supervisor::new();
+        let handle = spawned.watch_spawned("chain packer", CancellationToken::new(), async {
+            panic!("sequence gap");
+        });
+        assert_eq!(
+            handle.await.unwrap().unwrap_err(),
+            "task chain packer panicked: sequence gap"
+        );
     }
 }

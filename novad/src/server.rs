@@ -359,6 +359,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let joining = join_fleet(&metastore, &store, fleet_config, fleet_metrics);
         Some(tokio::select! {
             fleet = joining => fleet?,
+            reason = supervisor.failed() => {
+                return Err(anyhow::anyhow!("{reason}; stopped while joining the fleet"));
+            }
             _ = &mut terminated => {
                 tracing::info!("stopped while joining the fleet; nothing was accepted");
                 return Ok(());
