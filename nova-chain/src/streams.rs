@@ -338,15 +338,6 @@ const ADMIN_CALLS: usize = 64;
 /// Tries of one create whose insert keeps meeting other creates' id reservations.
 const CREATE_ATTEMPTS: u32 = 8;
 
-fn catalog_error(err: CatalogError) -> RequestError {
-    match err {
-        CatalogError::AlreadyExists(name) => RequestError::StreamExists(name),
-        CatalogError::NotFound(name) => RequestError::StreamNotFound(name),
-        CatalogError::Metastore(e) => RequestError::Unavailable(format!("metastore: {e}")),
-        other => RequestError::Internal(other.to_string()),
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error(transparent)]
@@ -502,7 +493,7 @@ impl StreamRegistry {
                 .catalog
                 .set_retention(&name, retention)
                 .await
-                .map_err(catalog_error)?;
+                .map_err(RequestError::from)?;
             *state.retention.lock() = retention;
             registry.write_manifest(&meta, false).await.map_err(|e| {
                 RequestError::Unavailable(format!(
@@ -538,7 +529,7 @@ impl StreamRegistry {
                 .catalog
                 .set_class(&name, class)
                 .await
-                .map_err(catalog_error)?;
+                .map_err(RequestError::from)?;
             state.class.store(class.code(), Ordering::Release);
             registry.write_manifest(&meta, false).await.map_err(|e| {
                 RequestError::Unavailable(format!(
@@ -623,7 +614,12 @@ impl StreamRegistry {
         // A create whose outcome was unknown may have landed: ask the catalog before writing a
         // second manifest for the name. If that one could not be marked abandoned, a rebuild
         // would take the newer, empty stream for the real one.
-        if let Some(found) = self.catalog.stream(name).await.map_err(catalog_error)? {
+        if let Some(found) = self
+            .catalog
+            .stream(name)
+            .await
+            .map_err(RequestError::from)?
+        {
             self.adopt(found).await;
             return Err(RequestError::StreamExists(name.to_owned()));
         }
@@ -655,7 +651,7 @@ impl StreamRegistry {
                 .catalog
                 .reserve_stream_id(name)
                 .await
-                .map_err(catalog_error)?;
+                .map_err(RequestError::from)?;
             let meta = StreamMeta {
                 id: reserved.id,
                 name: name.to_owned(),
@@ -686,7 +682,7 @@ impl StreamRegistry {
                 }
                 Err(err) => {
                     self.abandon_manifest(&meta).await;
-                    return Err(catalog_error(err));
+                    return Err(RequestError::from(err));
                 }
             }
         };
@@ -809,7 +805,7 @@ impl StreamRegistry {
             }
             Ok(None) => {
                 self.abandon_manifest(meta).await;
-                Err(catalog_error(err))
+                Err(RequestError::from(err))
             }
             // Still cannot tell: leave the manifest live (a rebuild restoring an empty stream
             // is harmless) and say so.
@@ -852,7 +848,7 @@ impl StreamRegistry {
                     Some(state) => state.meta.clone(),
                     None => return Err(RequestError::StreamNotFound(name.to_owned())),
                 },
-                Ok(true) => return Err(catalog_error(CatalogError::Metastore(err))),
+                Ok(true) => return Err(RequestError::from(err)),
                 Err(_) => {
                     if let Some(state) = &state {
                         state.in_doubt.store(true, Ordering::Release);
@@ -863,7 +859,7 @@ impl StreamRegistry {
                     )));
                 }
             },
-            Err(err) => return Err(catalog_error(err)),
+            Err(err) => return Err(RequestError::from(err)),
         };
         match &state {
             Some(state) => self.forget(state),

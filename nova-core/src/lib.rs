@@ -22,6 +22,7 @@ pub mod process;
 pub mod prom;
 pub mod rate;
 pub mod record;
+mod request_error;
 pub mod shed;
 pub mod supervisor;
 pub mod top;

@@ -282,7 +282,7 @@ impl GatewayPeer for PeerService {
                 nova_core::object_store::StoreError::NotFound { key } => {
                     Status::from(RequestError::ObjectNotFound(key))
                 }
-                other => Status::from(RequestError::Unavailable(other.to_string())),
+                other => Status::from(RequestError::from(other)),
             })?;
         let mut response = Response::new(v1::FetchRangeResponse { data });
         response

@@ -395,9 +395,9 @@ impl Router {
                         // The next call starts again from the seed, not from a leader that
                         // sent this redirect.
                         self.learn(stream, None, true);
-                        return Err(Status::unavailable(format!(
+                        return Err(Status::from(crate::RequestError::Unavailable(format!(
                             "not following a redirect to {url}: {why}"
-                        )));
+                        ))));
                     }
                     let retryable = matches!(
                         status.code(),

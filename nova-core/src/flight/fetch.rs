@@ -75,24 +75,3 @@ pub async fn fetch_section(
     }
     Ok(got.bytes)
 }
-
-/// How a failed fetch reaches a reader, the same on the star and on a gateway: damaged bytes are
-/// data loss, an outage is worth retrying, and anything else is the server's problem.
-impl From<FetchError> for nova_proto::RequestError {
-    fn from(err: FetchError) -> Self {
-        Self::from(&err)
-    }
-}
-
-impl From<&FetchError> for nova_proto::RequestError {
-    fn from(err: &FetchError) -> Self {
-        use nova_proto::RequestError;
-        match err {
-            FetchError::Format { .. } => RequestError::DataLoss(err.to_string()),
-            FetchError::Store(store) if store.is_retryable() => {
-                RequestError::Unavailable(err.to_string())
-            }
-            FetchError::Store(_) => RequestError::Internal(err.to_string()),
-        }
-    }
-}

@@ -496,7 +496,7 @@ impl Nova for NovaService {
                     .catalog()
                     .streams_with_prefix(&request.prefix, &request.start_after, limit + 1)
                     .await
-                    .map_err(|e| RequestError::Unavailable(format!("listing streams: {e}")))?;
+                    .map_err(RequestError::from)?;
                 // The tails of the streams another star leads, read in one go.
                 let led: Vec<Option<Arc<StreamState>>> = metas
                     .iter()
@@ -516,7 +516,7 @@ impl Nova for NovaService {
                     .catalog()
                     .stream_tails(&others)
                     .await
-                    .map_err(|e| RequestError::Unavailable(format!("listing streams: {e}")))?
+                    .map_err(RequestError::from)?
                     .into_iter();
                 let mut out = Vec::with_capacity(metas.len());
                 for (meta, led) in metas.into_iter().zip(led) {
