@@ -330,7 +330,7 @@ pub(crate) async fn resolve(
                 .catalog
                 .index_entries(stream.id(), seq, max - refs.len())
                 .await
-                .map_err(|e| RequestError::Unavailable(format!("index lookup: {e}")))?,
+                .map_err(RequestError::from)?,
         };
         let before = refs.len();
         for entry in found {
@@ -393,7 +393,7 @@ pub(crate) async fn seek_time(
                 .catalog
                 .index_entries(stream.id(), mid, 1)
                 .await
-                .map_err(|e| RequestError::Unavailable(format!("index lookup: {e}")))?
+                .map_err(RequestError::from)?
                 .into_iter()
                 .next()
                 .filter(|e| e.start_seq <= mid),

@@ -28,10 +28,12 @@ impl From<StoreError> for RequestError {
 impl From<MetastoreError> for RequestError {
     fn from(err: MetastoreError) -> Self {
         match err {
-            // etcd not answering, or failing (a leader election, a full disk): it may pass.
-            MetastoreError::Unavailable(_) | MetastoreError::Internal(_) => {
-                RequestError::Unavailable(err.to_string())
-            }
+            // etcd not answering (down, electing a leader, out of disk): it may pass.
+            MetastoreError::Unavailable(_) => RequestError::Unavailable(err.to_string()),
+            // etcd refusing a call (its permissions, a request it calls invalid) or the
+            // embedded database failing. Not known to pass, but every path answered UNAVAILABLE
+            // for it before the backends told their causes apart; kept so until they do.
+            MetastoreError::Internal(_) => RequestError::Unavailable(err.to_string()),
             // What this metastore cannot do, or a transaction over its limit: the same request
             // fails the same way every time.
             MetastoreError::Unsupported(_) | MetastoreError::TooLarge { .. } => {
@@ -48,9 +50,11 @@ impl From<CatalogError> for RequestError {
             CatalogError::AlreadyExists(name) => RequestError::StreamExists(name),
             CatalogError::NotFound(name) => RequestError::StreamNotFound(name),
             CatalogError::Metastore(err) => err.into(),
-            // Another writer owns what this server expected to own, or a record it cannot
-            // decode: retrying the client's request cannot fix the server's state. (A corrupt
-            // record called UNAVAILABLE would be retried for ever.)
+            // Another writer owns what this server expected to own (a chain, a leadership), or
+            // a record it cannot decode: the server's state, not the client's request, is at
+            // fault. (A corrupt record called UNAVAILABLE would be retried for ever; the one
+            // conflict a retry can clear, a stream changed while being deleted, was INTERNAL
+            // before too.)
             CatalogError::Conflict(_) | CatalogError::Deposed(_) | CatalogError::Corrupt(_) => {
                 RequestError::Internal(err.to_string())
             }

@@ -341,13 +341,22 @@ impl Tier {
             .entry((key.to_owned(), offset, len))
             .or_try_insert_with(self.direct(key, offset, len))
             .await
+            // The shared fetch's error, rebuilt for this caller with its kind kept: whether a
+            // retry may help is what the requesting gateway's reader is told.
             .map_err(|e: Arc<StoreError>| match e.as_ref() {
                 StoreError::NotFound { key } => StoreError::NotFound { key: key.clone() },
-                other => StoreError::Transient {
+                StoreError::Transient { .. } => StoreError::Transient {
                     op: nova_core::object_store::Op::Get,
                     key: key.to_owned(),
-                    message: other.to_string(),
+                    message: e.to_string(),
                 },
+                StoreError::Permanent { .. } | StoreError::InvalidRange { .. } => {
+                    StoreError::Permanent {
+                        op: nova_core::object_store::Op::Get,
+                        key: key.to_owned(),
+                        message: e.to_string(),
+                    }
+                }
             })?;
         if entry.is_fresh() {
             self.metrics.object_cache_misses.inc();

@@ -102,6 +102,11 @@ pub enum RequestError {
         leader_id: String,
         leader_addr: String,
     },
+    /// The router would not follow a redirect: the leader it names is not trusted as the seed
+    /// is (TLS). UNAVAILABLE as a redirect is, but with no hint to retry: the same redirect
+    /// is refused again until the client's trust settings change.
+    #[error("not following a redirect to {url}: {why}")]
+    RedirectRefused { url: String, why: String },
     /// The append may or may not be durable: its flight may still land, or landed but could
     /// not be acknowledged. Retrying it blindly may write it twice.
     #[error(
@@ -148,7 +153,9 @@ impl RequestError {
                 Code::ResourceExhausted
             }
             // Nothing was acknowledged; the client may retry (with match_seq_num to stay exact).
-            RequestError::Unavailable(_) | RequestError::UnavailableFor { .. } => Code::Unavailable,
+            RequestError::Unavailable(_)
+            | RequestError::UnavailableFor { .. }
+            | RequestError::RedirectRefused { .. } => Code::Unavailable,
             // A redirect: nothing was done here; the leader named in the metadata will.
             RequestError::NotLeader { .. } => Code::Unavailable,
             // gRPC's own code for "this may have happened": DEADLINE_EXCEEDED is documented as
@@ -341,8 +348,22 @@ mod tests {
                 leader_id: "b".into(),
                 leader_addr: "http://b".into(),
             },
+            // Refused again until the client's trust settings change: no hint to come back.
+            RequestError::RedirectRefused {
+                url: "https://b".into(),
+                why: "not trusted".into(),
+            },
         ] {
             assert_eq!(err.retry_after(), None, "{err}");
         }
+        let refused = Status::from(RequestError::RedirectRefused {
+            url: "https://b".into(),
+            why: "not trusted".into(),
+        });
+        assert_eq!(refused.code(), Code::Unavailable);
+        assert_eq!(
+            refused.message(),
+            "not following a redirect to https://b: not trusted"
+        );
     }
 }

@@ -395,9 +395,10 @@ impl Router {
                         // The next call starts again from the seed, not from a leader that
                         // sent this redirect.
                         self.learn(stream, None, true);
-                        return Err(Status::from(crate::RequestError::Unavailable(format!(
-                            "not following a redirect to {url}: {why}"
-                        ))));
+                        return Err(Status::from(crate::RequestError::RedirectRefused {
+                            url: url.to_owned(),
+                            why,
+                        }));
                     }
                     let retryable = matches!(
                         status.code(),
