@@ -207,21 +207,7 @@ impl Error {
     }
 }
 
-/// An error and every cause under it, joined with ": " (a transport error's own text is only
-/// "transport error"; what went wrong is in its causes).
-pub(crate) fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        let more = inner.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        cause = inner.source();
-    }
-    text
-}
+pub(crate) use nova_proto::error::with_causes;
 
 impl From<tonic::Status> for Error {
     fn from(status: tonic::Status) -> Self {

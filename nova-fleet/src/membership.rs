@@ -187,20 +187,8 @@ impl Fleet {
                 );
                 logged = true;
             }
-            // The renewal task is not running yet: renew here, and record it, or the lease
-            // watch would take the wait for a lost lease.
-            let sent = self.clock.now();
-            match self.metastore.keep_alive(self.lease).await {
-                Ok(Some(_)) => self.renewed_at(sent),
-                Ok(None) => {
-                    return Err(JoinError::LeaseExpired {
-                        while_doing: "waited for its chain's adopter",
-                    });
-                }
-                Err(err) => {
-                    tracing::warn!("renewing the lease while waiting for the adopter: {err}")
-                }
-            }
+            self.renew_while_waiting("waited for its chain's adopter")
+                .await?;
             self.clock.sleep(Duration::from_millis(250)).await;
         }
         tracing::warn!(
@@ -273,16 +261,8 @@ impl Fleet {
                 );
                 logged = true;
             }
-            let sent = self.clock.now();
-            match self.metastore.keep_alive(self.lease).await {
-                Ok(Some(_)) => self.renewed_at(sent),
-                Ok(None) => {
-                    return Err(JoinError::LeaseExpired {
-                        while_doing: "waited for its address to be free",
-                    });
-                }
-                Err(err) => tracing::warn!("renewing the lease while waiting to join: {err}"),
-            }
+            self.renew_while_waiting("waited for its address to be free")
+                .await?;
             self.clock.sleep(Duration::from_millis(500)).await;
             self.refresh_members()
                 .await
@@ -445,6 +425,19 @@ impl Fleet {
             Ok(None) => tracing::warn!("the fleet lease lapsed while this star waited to join"),
             Err(err) => tracing::warn!("renewing the lease while waiting to join: {err}"),
         }
+    }
+
+    /// Renews the lease during a wait of the join, before the renewal task runs, and records
+    /// it (or the trust watch would take the wait for a lost lease). A lease already gone ends
+    /// the join; a failed call is tried again at the wait's next turn.
+    async fn renew_while_waiting(&self, while_doing: &'static str) -> Result<(), JoinError> {
+        let sent = self.clock.now();
+        match self.metastore.keep_alive(self.lease).await {
+            Ok(Some(_)) => self.renewed_at(sent),
+            Ok(None) => return Err(JoinError::LeaseExpired { while_doing }),
+            Err(err) => tracing::warn!("renewing the lease while it {while_doing}: {err}"),
+        }
+        Ok(())
     }
 
     /// A renewal sent at `sent` succeeded: the lease runs at least a ttl from then.

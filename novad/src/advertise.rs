@@ -38,7 +38,11 @@ pub async fn probe(advertise: &str, star: &str, started_at_ms: u64) -> Reached {
     // The connect timeout does not cover resolving the name.
     let channel = match tokio::time::timeout(PROBE_TIMEOUT, endpoint.connect()).await {
         Ok(Ok(channel)) => channel,
-        Ok(Err(err)) => return Reached::Nothing { error: chain(&err) },
+        Ok(Err(err)) => {
+            return Reached::Nothing {
+                error: nova_proto::error::with_causes(&err),
+            };
+        }
         Err(_) => {
             return Reached::Nothing {
                 error: format!("no connection within {} s", PROBE_TIMEOUT.as_secs()),
@@ -69,16 +73,4 @@ pub async fn probe(advertise: &str, star: &str, started_at_ms: u64) -> Reached {
             },
         },
     }
-}
-
-/// An error with its causes, on one line: a transport error's own text is "transport error".
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(error) = cause {
-        text.push_str(": ");
-        text.push_str(&error.to_string());
-        cause = error.source();
-    }
-    text
 }

@@ -620,12 +620,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Leadership is placed here (and the star reads ready) only once its advertised address
     // is known to lead here, or cannot be checked. A signal, a lost lease or a failure while
     // the probe runs is acted on at once.
-    let probe_tokens = security.tokens.is_some();
     let advertised = async {
         let Some(fleet) = &fleet else {
             return None;
         };
-        let checkable = !(config.listener.tls_cert.is_some() || probe_tokens);
+        let checkable = security.tls.is_none() && security.tokens.is_none();
         if !checkable {
             tracing::info!(
                 advertise = %config.advertise(),

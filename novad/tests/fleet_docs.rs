@@ -7,10 +7,9 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nova_testkit::{Etcd, Moto, Novad, free_port, workspace_binary, workspace_root};
+use nova_testkit::{Etcd, Moto, Novad, free_port, run_nova, workspace_root};
 
 use common::{client, novad};
 
@@ -83,18 +82,9 @@ fn adapted(flags: &[String], etcd: &Etcd, moto: &Moto, port: u16) -> Vec<String>
 
 /// `nova --server SERVER ARGS…`, its stdout on success.
 fn nova(server: &str, args: &[&str], stdin: &[u8]) -> Result<String, String> {
-    use std::io::Write;
-    let mut child = Command::new(workspace_binary("nova"))
-        .arg("--server")
-        .arg(server)
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run nova");
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let output = child.wait_with_output().unwrap();
+    let mut argv = vec!["--server", server];
+    argv.extend_from_slice(args);
+    let output = run_nova(&argv, stdin);
     if output.status.success() {
         Ok(String::from_utf8(output.stdout).unwrap())
     } else {

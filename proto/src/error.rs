@@ -222,6 +222,23 @@ impl From<RequestError> for Status {
     }
 }
 
+/// An error and every cause under it on one line, joined with ": ". Transport and SDK errors
+/// say little themselves ("transport error", "an error occurred while loading credentials");
+/// what went wrong is in their causes. A cause whose words the line already holds is skipped.
+pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        let more = inner.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = inner.source();
+    }
+    text
+}
+
 /// Reads the first available sequence number off an OUT_OF_RANGE status, if the server sent it.
 pub fn first_seq(status: &Status) -> Option<u64> {
     status

@@ -19,5 +19,5 @@ pub use moto::{LoggedRequest, Moto};
 pub use novad::{
     Novad, NovadBuilder, formula_bytes, gateway_formula_bytes, scrape, scrape_at, series,
 };
-pub use process::{free_port, wait_for_port, workspace_binary, workspace_root};
+pub use process::{free_port, run_nova, wait_for_port, workspace_binary, workspace_root};
 pub use proxy::{Fault, FaultProxy};

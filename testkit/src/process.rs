@@ -69,3 +69,20 @@ pub fn workspace_binary(name: &str) -> PathBuf {
             )
         })
 }
+
+/// Runs the workspace's `nova` CLI with `args`, `stdin` on its standard input, to its end.
+pub fn run_nova(args: &[&str], stdin: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(workspace_binary("nova"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nova");
+    if let Some(mut input) = child.stdin.take() {
+        input.write_all(stdin).expect("write nova's stdin");
+    }
+    child.wait_with_output().expect("wait for nova")
+}

@@ -262,16 +262,10 @@ fn credentials_failure(err: &(dyn std::error::Error + 'static)) -> Option<String
                     .to_owned(),
                 // The variant's own words are generic ("an error occurred while loading
                 // credentials"); the cause is in what it wraps.
-                other => {
-                    let mut text = format!("loading AWS credentials failed: {other}");
-                    let mut cause = std::error::Error::source(other);
-                    while let Some(error) = cause {
-                        text.push_str(": ");
-                        text.push_str(&error.to_string());
-                        cause = error.source();
-                    }
-                    text
-                }
+                other => format!(
+                    "loading AWS credentials failed: {}",
+                    nova_proto::error::with_causes(other)
+                ),
             });
         }
         cause = error.source();
