@@ -42,30 +42,8 @@ WORK=$(mktemp -d)
 PIDS=()
 trap cleanup EXIT
 
-say "building novad, nova and raw-put (release)"
-cargo build -q --release -p novad -p nova-client -p nova-benches --bins
-BIN=$ROOT/target/release
-
-S3_PORT=$(free_port)
-export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=testtest AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
-if [ "$SERVER" = s3s-fs ]; then
-    S3S=$ROOT/.nova-test/s3s/bin/s3s-fs
-    if [ ! -x "$S3S" ]; then
-        say "installing s3s-fs 0.14.1 into .nova-test/s3s (a few minutes, once)"
-        cargo install -q s3s-fs@0.14.1 --features binary --locked --root "$ROOT/.nova-test/s3s"
-    fi
-    mkdir -p "$WORK/s3"
-    "$S3S" --host 127.0.0.1 --port "$S3_PORT" --access-key test --secret-key testtest "$WORK/s3" >"$WORK/s3.log" 2>&1 &
-    PIDS+=($!)
-    SERVER_NOTE="s3s-fs 0.14.1 (disk-backed, $WORK)"
-else
-    MOTO=${NOVA_MOTO_SERVER:-$ROOT/.nova-test/venv/bin/moto_server}
-    "$MOTO" -H 127.0.0.1 -p "$S3_PORT" >"$WORK/s3.log" 2>&1 &
-    PIDS+=($!)
-    SERVER_NOTE="moto server 5.2.5 (in memory)"
-fi
-wait_port "$S3_PORT"
-ENDPOINT=http://127.0.0.1:$S3_PORT
+build_release
+start_s3
 
 say "raw PUTs: $FLIGHT_BYTES objects, $INFLIGHT at a time, for $DURATION ($SERVER_NOTE)"
 "$BIN/raw-put" --endpoint "$ENDPOINT" --bucket raw --create-bucket --object-bytes "$FLIGHT_BYTES" \
@@ -94,17 +72,14 @@ say "nova bench at half that rate ($HALF records/s)"
     --pipeline 16 --rate "$HALF" --duration "$DURATION" --metrics-url "$METRICS" --quiet >"$WORK/half.json"
 
 say "five idle seconds"
-requests() {
-    python3 -c "import urllib.request,sys; page=urllib.request.urlopen(sys.argv[1]).read().decode(); print(sum(float(l.rsplit(' ',1)[1]) for l in page.splitlines() if l.startswith('nova_object_store_requests_total')))" "$METRICS"
-}
 sleep 2
-IDLE_BEFORE=$(requests)
+IDLE_BEFORE=$(metric "$METRICS" nova_object_store_requests_total)
 sleep 5
-IDLE_AFTER=$(requests)
+IDLE_AFTER=$(metric "$METRICS" nova_object_store_requests_total)
 
-python3 - "$WORK" "$SERVER_NOTE" "$LINGER_MS" "$FLIGHT_BYTES" "$INFLIGHT" "$UPDATE_DOCS" "$IDLE_BEFORE" "$IDLE_AFTER" <<'PY'
+python3 - "$WORK" "$SERVER_NOTE" "$LINGER_MS" "$FLIGHT_BYTES" "$INFLIGHT" "$IDLE_BEFORE" "$IDLE_AFTER" <<'PY'
 import json, os, platform, subprocess, sys
-work, server, linger_ms, flight, inflight, update, idle_before, idle_after = sys.argv[1:]
+work, server, linger_ms, flight, inflight, idle_before, idle_after = sys.argv[1:]
 raw = json.load(open(f"{work}/raw.json"))
 sat = json.load(open(f"{work}/saturated.json"))
 half = json.load(open(f"{work}/half.json"))
@@ -154,12 +129,6 @@ lines += [
 ]
 table = "\n".join(lines)
 print(table)
-if update == "1":
-    path = "docs/performance.md"
-    text = open(path).read()
-    begin, end = "<!-- results:begin -->", "<!-- results:end -->"
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    open(path, "w").write(f"{head}{begin}\n{table}\n{end}{tail}")
-    print(f"\n(updated {path})")
+open(f"{work}/results.md", "w").write(table + "\n")
 PY
+if [ "$UPDATE_DOCS" = 1 ]; then update_docs_block results "$WORK/results.md"; fi

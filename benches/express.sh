@@ -46,43 +46,13 @@ WORK=$(mktemp -d)
 PIDS=()
 trap cleanup EXIT
 
-say "building novad, nova and raw-put (release)"
-cargo build -q --release -p novad -p nova-client -p nova-benches --bins
-BIN=$ROOT/target/release
-
-export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=testtest AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
-if [ "$SERVER" = s3s-fs ]; then
-    S3S=$ROOT/.nova-test/s3s/bin/s3s-fs
-    if [ ! -x "$S3S" ]; then
-        say "installing s3s-fs 0.14.1 into .nova-test/s3s (a few minutes, once)"
-        cargo install -q s3s-fs@0.14.1 --features binary --locked --root "$ROOT/.nova-test/s3s"
-    fi
-    SERVER_NOTE="s3s-fs 0.14.1 (disk-backed, $WORK)"
-else
-    MOTO=${NOVA_MOTO_SERVER:-$ROOT/.nova-test/venv/bin/moto_server}
-    SERVER_NOTE="moto server 5.2.5 (in memory)"
-fi
-# Starts a server named $1 and sets URL to where it listens. (Not called in $(...): a
-# subshell would lose the pid added to PIDS, and the clean-up would never stop the server.)
-start_server() {
-    local name=$1 port
-    port=$(free_port)
-    if [ "$SERVER" = s3s-fs ]; then
-        mkdir -p "$WORK/$name"
-        "$S3S" --host 127.0.0.1 --port "$port" --access-key test --secret-key testtest "$WORK/$name" >"$WORK/$name.log" 2>&1 &
-    else
-        "$MOTO" -H 127.0.0.1 -p "$port" >"$WORK/$name.log" 2>&1 &
-    fi
-    PIDS+=($!)
-    wait_port "$port"
-    URL="http://127.0.0.1:$port"
-}
-start_server regional
-REGIONAL=$URL
+build_release
+start_s3 regional
+REGIONAL=$ENDPOINT
 ZONES=()
 for zone in az1 az2 az3; do
-    start_server "$zone"
-    ZONES+=("$URL")
+    start_s3 "$zone"
+    ZONES+=("$ENDPOINT")
 done
 
 "$BIN/raw-put" --endpoint "$REGIONAL" --bucket nova --create-bucket --duration 0s
@@ -105,16 +75,13 @@ PIDS+=($!)
 wait_port "$NOVA_PORT"
 NOVA=("$BIN/nova" --server "http://127.0.0.1:$NOVA_PORT" --output json)
 METRICS=http://127.0.0.1:$METRICS_PORT/metrics
-metric() {
-    python3 -c "import urllib.request,sys; page=urllib.request.urlopen(sys.argv[1]).read().decode(); print(sum(float(l.rsplit(' ',1)[1]) for l in page.splitlines() if l.split('{')[0].split(' ')[0] == sys.argv[2]))" "$METRICS" "$1"
-}
 
 LOAD=(--sessions "$SESSIONS" --record-bytes "$RECORD_BYTES" --batch-records "$BATCH_RECORDS" --pipeline 4
       --rate "$RATE" --duration "$DURATION" --metrics-url "$METRICS" --quiet)
 say "nova bench, Express: $SESSIONS sessions, $RATE records/s of $RECORD_BYTES B, batches of $BATCH_RECORDS"
-BUNDLES_BEFORE=$(metric nova_express_bundles_acked_total)
+BUNDLES_BEFORE=$(metric "$METRICS" nova_express_bundles_acked_total)
 "${NOVA[@]}" bench --stream-prefix express --storage-class express "${LOAD[@]}" >"$WORK/express.json"
-BUNDLES_AFTER=$(metric nova_express_bundles_acked_total)
+BUNDLES_AFTER=$(metric "$METRICS" nova_express_bundles_acked_total)
 # The raw fanout writes objects of the size Nova's bundles had in that run, 4 at a time.
 BUNDLE_BYTES=$(python3 -c "import json; r=json.load(open('$WORK/express.json')); b=float('$BUNDLES_AFTER')-float('$BUNDLES_BEFORE'); print(max(4096, round(r['bytes']/b)) if b > 0 else 65536)")
 RAW_ARGS=()

@@ -28,18 +28,13 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-metric() {
-    python3 -c "import urllib.request,sys; page=urllib.request.urlopen(sys.argv[1]).read().decode(); print(sum(float(l.rsplit(' ',1)[1]) for l in page.splitlines() if l.startswith(sys.argv[2])))" "$1" "$2"
-}
-
 WORK=$(mktemp -d)
 PIDS=()
 trap cleanup EXIT
 
 say "building novad, novagateway, nova and cold-read (release)"
-cargo build -q --release -p novad -p novagateway -p nova-client -p nova-benches --bins
-BIN=$ROOT/target/release
-start_s3s
+build_release -p novagateway
+start_s3
 "$BIN/raw-put" --endpoint "$ENDPOINT" --bucket nova --create-bucket --duration 0s
 S3=(--s3-bucket nova --s3-endpoint "$ENDPOINT" --s3-path-style)
 
@@ -77,9 +72,9 @@ MISSES=$(metric "$GW" nova_gateway_footer_cache_misses_total)
 PEAK=$(metric "$GW" nova_gateway_fetch_pool_peak_bytes)
 CPU2=$(cpu_of "$GW_PID")
 
-python3 - "$WORK" "$HITS_COLD" "$MISSES_COLD" "$HITS" "$MISSES" "$PEAK" "$UPDATE_DOCS" "$BYTES" "$(machine_line)" "$CPU0" "$CPU1" "$CPU2" <<'PY'
+python3 - "$WORK" "$HITS_COLD" "$MISSES_COLD" "$HITS" "$MISSES" "$PEAK" "$BYTES" "$(machine_line)" "$CPU0" "$CPU1" "$CPU2" <<'PY'
 import datetime, json, sys
-work, hits_cold, misses_cold, hits, misses, peak, update, loaded, machine, cpu0, cpu1, cpu2 = sys.argv[1:]
+work, hits_cold, misses_cold, hits, misses, peak, loaded, machine, cpu0, cpu1, cpu2 = sys.argv[1:]
 def per_mib(seconds, run):
     return float(seconds) * 1000 / (run["bytes"] / (1 << 20))
 raw = json.load(open(f"{work}/raw.json"))
@@ -102,12 +97,6 @@ lines = [
 ]
 table = "\n".join(lines)
 print(table)
-if update == "1":
-    path = "docs/performance.md"
-    text = open(path).read()
-    begin, end = "<!-- gateway:begin -->", "<!-- gateway:end -->"
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    open(path, "w").write(f"{head}{begin}\n{table}\n{end}{tail}")
-    print(f"\n(updated {path})")
+open(f"{work}/gateway.md", "w").write(table + "\n")
 PY
+if [ "$UPDATE_DOCS" = 1 ]; then update_docs_block gateway "$WORK/gateway.md"; fi

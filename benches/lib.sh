@@ -1,5 +1,6 @@
-# Helpers for the bench scripts, sourced (not run): logging, ports, the S3-compatible server,
-# clean-up of everything started. The caller sets ROOT (the repository) and WORK (a scratch
+# Helpers for the bench scripts, sourced (not run): logging, ports, the release build, the
+# S3-compatible server, reading a metric, updating the docs' tables, clean-up of everything
+# started. The caller sets ROOT (the repository) and WORK (a scratch
 # directory) and keeps process ids in PIDS.
 
 say() { printf '==> %s\n' "$*" >&2; }
@@ -38,28 +39,48 @@ stop_pid() {
     PIDS=("${kept[@]}")
 }
 
-# Builds novad, nova and the bench binaries in release.
+# Builds novad, nova and the bench binaries in release, and any further packages named
+# (`build_release -p novagateway`). Sets BIN.
 build_release() {
-    say "building novad, nova and raw-put (release)"
-    cargo build -q --release -p novad -p nova-client -p nova-benches --bins
+    say "building novad, nova and the bench binaries (release)"
+    cargo build -q --release -p novad -p nova-client -p nova-benches "$@" --bins
     BIN=$ROOT/target/release
 }
 
-# Starts s3s-fs 0.14.1 (installed into .nova-test/s3s on first use) on a free port, serving a
-# directory under WORK. Sets S3_PORT and ENDPOINT, and the credentials every client uses.
-start_s3s() {
-    local s3s=$ROOT/.nova-test/s3s/bin/s3s-fs
-    if [ ! -x "$s3s" ]; then
-        say "installing s3s-fs 0.14.1 into .nova-test/s3s (a few minutes, once)"
-        cargo install -q s3s-fs@0.14.1 --features binary --locked --root "$ROOT/.nova-test/s3s"
-    fi
+# The S3-compatible server the scripts run against: s3s-fs 0.14.1 (fast, disk-backed; the
+# default) or, with SERVER=moto, moto server 5.2.5 (the correctness server, in memory). Every
+# client uses the same test credentials.
+SERVER=${SERVER:-s3s-fs}
+export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=testtest AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
+
+# Starts one such server on a free port (s3s-fs serving WORK/NAME; installed into
+# .nova-test/s3s on first use). Sets S3_PORT, ENDPOINT and SERVER_NOTE. (Not to be called in
+# $(...): the subshell would lose the pid added to PIDS, and the clean-up would never stop it.)
+start_s3() {
+    local name=${1:-s3}
     S3_PORT=$(free_port)
-    export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=testtest AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
-    mkdir -p "$WORK/s3"
-    "$s3s" --host 127.0.0.1 --port "$S3_PORT" --access-key test --secret-key testtest "$WORK/s3" >"$WORK/s3.log" 2>&1 &
+    if [ "$SERVER" = moto ]; then
+        local moto=${NOVA_MOTO_SERVER:-$ROOT/.nova-test/venv/bin/moto_server}
+        "$moto" -H 127.0.0.1 -p "$S3_PORT" >"$WORK/$name.log" 2>&1 &
+        SERVER_NOTE="moto server 5.2.5 (in memory)"
+    else
+        local s3s=$ROOT/.nova-test/s3s/bin/s3s-fs
+        if [ ! -x "$s3s" ]; then
+            say "installing s3s-fs 0.14.1 into .nova-test/s3s (a few minutes, once)"
+            cargo install -q s3s-fs@0.14.1 --features binary --locked --root "$ROOT/.nova-test/s3s"
+        fi
+        mkdir -p "$WORK/$name"
+        "$s3s" --host 127.0.0.1 --port "$S3_PORT" --access-key test --secret-key testtest "$WORK/$name" >"$WORK/$name.log" 2>&1 &
+        SERVER_NOTE="s3s-fs 0.14.1 (disk-backed, $WORK)"
+    fi
     PIDS+=($!)
     wait_port "$S3_PORT"
     ENDPOINT=http://127.0.0.1:$S3_PORT
+}
+
+# The sum of every series of metric NAME (all its label sets) on the metrics page at URL.
+metric() {
+    python3 -c "import urllib.request,sys; page=urllib.request.urlopen(sys.argv[1]).read().decode(); print(sum(float(l.rsplit(' ',1)[1]) for l in page.splitlines() if l.split('{')[0].split(' ')[0] == sys.argv[2]))" "$1" "$2"
 }
 
 # CPU seconds (user + system) a process has used so far.

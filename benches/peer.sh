@@ -41,7 +41,7 @@ WORK=$(mktemp -d)
 PIDS=()
 trap cleanup EXIT
 build_release
-start_s3s
+start_s3
 
 
 say "Nova: a star on bucket nova, $SESSIONS session(s) of 8 KiB records for $DURATION"

@@ -52,7 +52,7 @@ WORK=$(mktemp -d)
 PIDS=()
 trap cleanup EXIT
 build_release
-start_s3s
+start_s3
 
 want() { [ -z "$ONLY" ] || [ "$ONLY" = "$1" ]; }
 

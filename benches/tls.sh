@@ -49,7 +49,7 @@ mkdir -p "$CERTS"
         -extfile ext.cnf -out star.pem 2>/dev/null
 )
 
-start_s3s
+start_s3
 for bucket in plain tls; do
     "$BIN/raw-put" --endpoint "$ENDPOINT" --bucket "$bucket" --create-bucket --duration 0s
 done
@@ -90,9 +90,9 @@ for round in $(seq 1 "$ROUNDS"); do
     bench tls "$round"
 done
 
-python3 - "$WORK" "$ROUNDS" "$SESSIONS" "$DURATION" "$UPDATE_DOCS" <<'PY'
+python3 - "$WORK" "$ROUNDS" "$SESSIONS" "$DURATION" <<'PY'
 import datetime, json, os, platform, subprocess, sys
-work, rounds, sessions, duration, update = sys.argv[1:]
+work, rounds, sessions, duration = sys.argv[1:]
 rounds = int(rounds)
 def runs(mode):
     return [json.load(open(f"{work}/{mode}-{r}.json")) for r in range(1, rounds + 1)]
@@ -128,12 +128,6 @@ if plain["errors"] or tls["errors"]:
     lines.append(f"\nErrors: plain {plain['errors']}, TLS {tls['errors']}.")
 table = "\n".join(lines)
 print(table)
-if update == "1":
-    path = "docs/performance.md"
-    text = open(path).read()
-    begin, end = "<!-- tls:begin -->", "<!-- tls:end -->"
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    open(path, "w").write(f"{head}{begin}\n{table}\n{end}{tail}")
-    print(f"\n(updated {path})")
+open(f"{work}/tls.md", "w").write(table + "\n")
 PY
+if [ "$UPDATE_DOCS" = 1 ]; then update_docs_block tls "$WORK/tls.md"; fi

@@ -47,7 +47,7 @@ use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
 use nova_core::flight::{FetchError, FormatError};
 use nova_core::limits::{KIB, MIB};
-use nova_core::object_store::{ObjectStore, RateLimited, StoreError};
+use nova_core::object_store::{ObjectStore, StoreError, StoreStack};
 use nova_core::rate::RateBudget;
 use nova_core::supervisor::{Supervisor, Watched};
 
@@ -526,8 +526,9 @@ impl Auditor {
     ) -> std::io::Result<Self> {
         let metrics = AuditorMetrics::register(registry);
         let budget = RateBudget::new(config.s3_budget, config.clock);
-        let store: Arc<dyn ObjectStore> =
-            Arc::new(RateLimited::new(store, budget, metrics.store.clone()));
+        let store = StoreStack::over(store)
+            .rate_limited(budget, metrics.store.clone())
+            .build();
         let cache = FetchCache::open(
             &config.fetch_cache_dir,
             config.fetch_cache_bytes,

@@ -7,23 +7,20 @@
     reason = "a star on a real disk and the real embedded metastore runs on the real clock"
 )]
 
-#[path = "../../nova-chain/tests/support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nova_auditor::{Auditor, AuditorConfig};
 use nova_chain::Star;
+use nova_chain::metrics::Metrics;
 use nova_core::catalog::Catalog;
 use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
 use nova_core::keys::{data_root, parse_data_key};
 use nova_core::metastore::Metastore;
-use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
-use support::*;
+use nova_testkit::chain::*;
 
 /// The disk, and the one handle on its metastore every star and auditor of a test shares (the
 /// embedded metastore is one process's file).

@@ -7,9 +7,9 @@ use criterion::{Criterion, criterion_group, criterion_main};
 
 use nova_benches::fragments;
 use nova_chain::admission::{AdmissionBuffer, encoded_charge};
+use nova_chain::metrics::Metrics;
 use nova_chain::tail_cache::{CachedRun, TailCache};
 use nova_core::clock::Clock;
-use nova_core::metrics::Metrics;
 
 fn admission(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()

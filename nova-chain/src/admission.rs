@@ -206,7 +206,7 @@ impl AdmissionBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nova_core::metrics::Metrics;
+    use crate::metrics::Metrics;
 
     #[tokio::test(start_paused = true)]
     async fn resolution_releases_the_charge_and_the_age() {

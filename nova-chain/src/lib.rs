@@ -14,6 +14,7 @@
 pub mod admission;
 pub mod config;
 pub mod express;
+pub mod metrics;
 pub mod pending;
 pub mod rebuild;
 pub mod recovery;
@@ -31,6 +32,7 @@ mod resolver;
 mod shared;
 mod star;
 mod stream_series;
+mod stream_state;
 mod writer;
 
 pub use config::{Backoff, ChainConfig, Leaders, RetryPolicy};

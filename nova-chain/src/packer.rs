@@ -194,7 +194,7 @@ impl Packer {
 
     fn admit(&mut self, sub: Submission) {
         if let Some(reason) = self.shared.fenced() {
-            let _ = sub.reply.send(Err(RequestError::Unavailable(reason)));
+            let _ = sub.reply.send(Err(nova_core::refusal::fenced(reason)));
             return;
         }
         let stream = sub.stream.clone();
@@ -291,7 +291,7 @@ impl Packer {
             return;
         };
         if let Some(reason) = self.shared.fenced() {
-            flight.fail(&self.shared, &RequestError::Unavailable(reason));
+            flight.fail(&self.shared, &nova_core::refusal::fenced(reason));
             return;
         }
         let Some(backlog) = self.backlog_permit().await else {

@@ -34,9 +34,10 @@ use nova_core::budget::{Budget, BudgetPermit};
 use nova_core::catalog::IndexEntry;
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, FormatError, fetch_section};
-use nova_core::limits::COLD_READ_REFS;
+use nova_core::limits::{COLD_READ_REFS, STALE_REF_RETRIES};
 use nova_core::object_store::StoreError;
 use nova_core::record::SequencedRecord;
+use nova_core::refusal::stale_refs_exhausted;
 use nova_proto::RequestError;
 
 use crate::shared::Shared;
@@ -136,8 +137,8 @@ pub(crate) async fn first_seq(
             );
             Ok(stream.first_seq_cached())
         }
-        Err(err) => Err(RequestError::Unavailable(format!(
-            "reading the trim point of stream {:?}: {err}",
+        Err(err) => Err(RequestError::from(err).context(format_args!(
+            "reading the trim point of stream {:?}",
             stream.name()
         ))),
     }
@@ -161,37 +162,9 @@ pub(crate) async fn check_not_trimmed(
     Ok(())
 }
 
-/// How often one read resolves its refs again after finding an object gone. Each time means the
-/// auditor moved the records and collected the old object in between; more than a few in one
-/// read means something else deleted it.
-const STALE_REF_RETRIES: u32 = 3;
-
-/// A read that found its objects gone `STALE_REF_RETRIES` times over: the auditor moved the
-/// records faster than the read could fetch them (or something else deleted `key`). The
-/// stream is there; the read may be tried again, so it is answered as unavailable, never as
-/// a stream or object not found.
-pub(crate) fn stale_refs_exhausted(stream: &str, key: &str) -> RequestError {
-    RequestError::Unavailable(format!(
-        "reading stream {stream:?}: {key} was gone each of {} times the read resolved its \
-         records again (the auditor is moving them); try again",
-        STALE_REF_RETRIES + 1
-    ))
-}
-
 /// A failed fetch as the reader sees it (the mapping every server shares), naming the stream.
 fn read_error(stream: &str, err: FetchError) -> RequestError {
-    match RequestError::from(err) {
-        RequestError::Unavailable(m) => {
-            RequestError::Unavailable(format!("reading stream {stream:?}: {m}"))
-        }
-        RequestError::DataLoss(m) => {
-            RequestError::DataLoss(format!("reading stream {stream:?}: {m}"))
-        }
-        RequestError::Internal(m) => {
-            RequestError::Internal(format!("reading stream {stream:?}: {m}"))
-        }
-        other => other,
-    }
+    RequestError::from(err).context(format_args!("reading stream {stream:?}"))
 }
 
 pub(crate) async fn read(

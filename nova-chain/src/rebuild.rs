@@ -40,6 +40,10 @@ use nova_core::object_store::{GetRange, ListPage, MAX_LIST_KEYS, ObjectStore, St
 
 use crate::recovery::Retryable;
 
+mod settled;
+
+use settled::restore_settled;
+
 /// Index entries written per batch while the chain is read.
 const ENTRY_BATCH: usize = 1000;
 /// Attempts at one object-store request that fails with a retryable error.
@@ -222,11 +226,65 @@ pub async fn rebuild_catalog(
         Occupancy::Empty | Occupancy::Restoring => catalog.begin_restore().await?,
     }
     let store = store.as_ref();
-    let mut report = RebuildReport::default();
-    let mut max_id = 0u64;
-    let mut streams: BTreeMap<u64, Stream> = BTreeMap::new();
-    let mut deleted: BTreeSet<u64> = BTreeSet::new();
-    let mut names: HashMap<String, u64> = HashMap::new();
+    let mut found = Found::default();
+    read_manifests(star, store, clock, &mut found).await?;
+    read_trim_markers(star, store, clock, &mut found).await?;
+    restore_settled(star, store, catalog, clock, &mut found).await?;
+    for epoch in list_epochs(star, store, clock).await? {
+        walk_epoch(star, store, catalog, clock, epoch, &mut found).await?;
+    }
+    found.report.queued_garbage = found.garbage.len() as u64;
+    catalog.queue_garbage(&found.garbage).await?;
+    catalog.restore_entries(&found.pending).await?;
+    check_continuity(&found.streams)?;
+    found.report.streams = found.streams.len() as u64;
+    let trims = trim_points(&found.streams);
+    // The express checkpoint cannot be recomputed from the Standard chain (a flight does not
+    // say which bundles it carried); its copy is at or behind the lost one, and nothing ahead
+    // of it was collected, so the next start's walk from it finds every bundle not yet carried.
+    found.report.express = retrying(clock, || crate::express::marker::read(store, star)).await?;
+    // The star that wrote the express chain ran at that chain epoch, whether or not any of its
+    // Standard flights landed: the next start must walk that Standard epoch (settling what
+    // landed, fencing the rest, so a late or paused writer can never land a flight there
+    // unnoticed) and the express chain behind it, so the chain resumes there at least.
+    if let Some(express) = found.report.express {
+        let express_chain_epoch = express.epoch / crate::express::GENERATIONS_PER_EPOCH;
+        if found
+            .report
+            .chain
+            .is_none_or(|chain| chain.epoch < express_chain_epoch)
+        {
+            found.report.chain = Some(ChainState {
+                epoch: express_chain_epoch,
+                checkpoint: None,
+            });
+        }
+    }
+    let Found {
+        streams,
+        max_id,
+        report,
+        ..
+    } = found;
+    let restored = Restored {
+        express: report.express.map(|c| (star.to_owned(), c)),
+        trims,
+        streams: streams.into_values().map(|s| (s.meta, s.tail)).collect(),
+        next_stream_id: max_id + 1,
+        chain: report.chain.map(|state| (star.to_owned(), state)),
+    };
+    catalog.restore_streams(&restored).await?;
+    Ok(report)
+}
+
+/// Reads every stream manifest: the streams to restore by id and name, the deleted ones, and the
+/// highest id handed out so far.
+async fn read_manifests(
+    star: &str,
+    store: &dyn ObjectStore,
+    clock: Clock,
+    found: &mut Found,
+) -> Result<(), RebuildError> {
     let prefix = streams_prefix(star);
     let mut after: Option<String> = None;
     loop {
@@ -243,35 +301,43 @@ pub async fn rebuild_catalog(
                     key: object.key.clone(),
                     source,
                 })?;
-            max_id = max_id.max(id);
+            found.max_id = found.max_id.max(id);
             if manifest.deleted {
-                deleted.insert(id);
+                found.deleted.insert(id);
                 continue;
             }
             // Two live manifests of one name: a create that failed half-way, or a stream whose
             // delete was never marked. The newer id is the stream the name belongs to.
-            if let Some(&other) = names.get(&manifest.meta.name) {
+            if let Some(&other) = found.names.get(&manifest.meta.name) {
                 let older = other.min(id);
-                deleted.insert(older);
-                streams.remove(&older);
+                found.deleted.insert(older);
+                found.streams.remove(&older);
                 if older == id {
                     continue;
                 }
             }
-            names.insert(manifest.meta.name.clone(), id);
-            streams.insert(id, Stream::new(manifest.meta));
+            found.names.insert(manifest.meta.name.clone(), id);
+            found.streams.insert(id, Stream::new(manifest.meta));
         }
         match page.next_start_after {
             Some(next) => after = Some(next),
             None => break,
         }
     }
-    report.deleted_streams = deleted.len() as u64;
+    found.report.deleted_streams = found.deleted.len() as u64;
+    Ok(())
+}
 
-    // Trim markers: where retention surely trimmed each stream (the highest committed point)
-    // and how far its records surely went (the highest point a trim was about to move to). Only
-    // the markers saying the most are kept; the others, and those of streams not restored, are
-    // queued (the garbage queue is lost with the catalog).
+/// Trim markers: where retention surely trimmed each stream (the highest committed point) and
+/// how far its records surely went (the highest point a trim was about to move to). Only the
+/// markers saying the most are kept; the others, and those of streams not restored, are queued
+/// (the garbage queue is lost with the catalog).
+async fn read_trim_markers(
+    star: &str,
+    store: &dyn ObjectStore,
+    clock: Clock,
+    found: &mut Found,
+) -> Result<(), RebuildError> {
     let trims = trims_root(star);
     let mut markers: BTreeMap<u64, Vec<(String, u64, TrimMarker)>> = BTreeMap::new();
     let mut after: Option<String> = None;
@@ -290,11 +356,10 @@ pub async fn rebuild_catalog(
             None => break,
         }
     }
-    let mut garbage: Vec<(u64, Garbage)> = Vec::new();
     for (id, list) in markers {
         let committed = list.iter().map(|(_, _, m)| m.committed).max().unwrap_or(0);
         let reached = list.iter().map(|(_, _, m)| m.after).max().unwrap_or(0);
-        let stream = streams.get_mut(&id);
+        let stream = found.streams.get_mut(&id);
         let restored = stream.is_some();
         if let Some(stream) = stream {
             stream.trim_at(committed, reached);
@@ -311,36 +376,28 @@ pub async fn rebuild_catalog(
                 || (marker.committed == committed && Some(marker.after) == furthest_committed);
             let keep = restored && says_the_most;
             if !keep {
-                garbage.push((clock.unix_ms(), Garbage::Object { key, bytes: size }));
+                found
+                    .garbage
+                    .push((clock.unix_ms(), Garbage::Object { key, bytes: size }));
             }
         }
     }
+    Ok(())
+}
 
-    let mut pending: Vec<IndexEntry> = Vec::new();
-    restore_settled(
-        star,
-        store,
-        catalog,
-        clock,
-        &mut Settled {
-            streams: &mut streams,
-            deleted: &deleted,
-            names: &mut names,
-            max_id: &mut max_id,
-            pending: &mut pending,
-            garbage: &mut garbage,
-            report: &mut report,
-        },
-    )
-    .await?;
-
+/// The chain's epochs: any object under an epoch's prefix (a slot, a fence, a settle marker)
+/// shows it.
+async fn list_epochs(
+    star: &str,
+    store: &dyn ObjectStore,
+    clock: Clock,
+) -> Result<BTreeSet<u64>, RebuildError> {
     let root = chain_root(star);
     let mut epochs: BTreeSet<u64> = BTreeSet::new();
     let mut after: Option<String> = None;
     loop {
         let page = list_page(clock, store, &root, after.as_deref()).await?;
         for object in &page.objects {
-            // Any object under an epoch's prefix (a slot, a fence, a settle marker) shows it.
             if let Some(epoch) = parse_epoch(&root, &object.key) {
                 epochs.insert(epoch);
             }
@@ -350,154 +407,165 @@ pub async fn rebuild_catalog(
             None => break,
         }
     }
+    Ok(epochs)
+}
 
-    for &epoch in &epochs {
-        report.epochs += 1;
-        let marker = match retrying(clock, || latest_settle_marker(store, star, epoch)).await {
-            Ok(found) => found.map(|(_, marker)| marker),
-            Err(FetchError::Store(err)) => return Err(err.into()),
-            Err(FetchError::Format { key, source }) => {
-                return Err(RebuildError::Marker { key, source });
-            }
-        };
-        // Slots up to the marker were settled: their records are in settled objects, and those
-        // the auditor had not deleted yet are queued for it (what is left of them is a run
-        // ending at the marker, since they are deleted in order).
-        let mut slot = 0u64;
-        let mut last = None;
-        if let Some(marker) = marker {
-            slot = marker.settled_through + 1;
-            last = Some(marker.settled_through);
-            let prefix = chain_prefix(star, epoch);
-            let first = list_page(clock, store, &prefix, None).await?;
-            if let Some(lowest) = first
-                .objects
-                .iter()
-                .find_map(|o| parse_slot(&prefix, &o.key))
-                .filter(|lowest| *lowest <= marker.settled_through)
-            {
-                garbage.push((
-                    clock.unix_ms(),
-                    Garbage::ChainSlots {
-                        star: star.to_owned(),
-                        epoch,
-                        from: lowest,
-                        to: marker.settled_through,
-                        bytes: 0,
-                    },
-                ));
-            }
+/// Reads one epoch of the chain from just past its settle marker up to its first gap or fence,
+/// indexing every section no settled object holds, and records the chain as resuming there.
+async fn walk_epoch(
+    star: &str,
+    store: &dyn ObjectStore,
+    catalog: &Catalog,
+    clock: Clock,
+    epoch: u64,
+    found: &mut Found,
+) -> Result<(), RebuildError> {
+    found.report.epochs += 1;
+    let marker = match retrying(clock, || latest_settle_marker(store, star, epoch)).await {
+        Ok(latest) => latest.map(|(_, marker)| marker),
+        Err(FetchError::Store(err)) => return Err(err.into()),
+        Err(FetchError::Format { key, source }) => {
+            return Err(RebuildError::Marker { key, source });
         }
-        let mut fenced_by = None;
-        loop {
-            let key = slot_key(star, epoch, slot);
-            let footer = match retrying(clock, || fetch_footer(store, &key)).await {
-                Ok(footer) => footer,
-                Err(FetchError::Store(StoreError::NotFound { .. })) => break,
-                Err(source) => return Err(RebuildError::Flight { key, source }),
-            };
-            let flight = match footer {
-                ObjectFooter::Fence(fence) => {
-                    if (fence.star.as_str(), fence.epoch, fence.slot) != (star, epoch, slot) {
-                        return Err(RebuildError::Foreign {
-                            key,
-                            what: format!(
-                                "it is a fence for slot {} of epoch {} of star {:?}",
-                                fence.slot, fence.epoch, fence.star
-                            ),
-                        });
-                    }
-                    // "star/epoch": the epoch whose recovery wrote it.
-                    fenced_by = fence
-                        .fenced_by
-                        .rsplit('/')
-                        .next()
-                        .and_then(|e| e.parse::<u64>().ok());
-                    break;
-                }
-                ObjectFooter::Flight(flight) => flight,
-            };
-            let meta = &flight.meta;
-            if (meta.star.as_str(), meta.epoch, meta.slot) != (star, epoch, slot) {
-                return Err(RebuildError::Foreign {
-                    key,
-                    what: format!(
-                        "its footer says slot {} of epoch {} of star {:?}",
-                        meta.slot, meta.epoch, meta.star
-                    ),
-                });
-            }
-            for section in &flight.sections {
-                let id = section.stream_id;
-                max_id = max_id.max(id);
-                if deleted.contains(&id) {
-                    continue;
-                }
-                let Some(stream) = stream_of(
-                    &mut streams,
-                    &mut names,
-                    &mut report,
-                    section,
-                    meta.created_at_ms,
-                    &key,
-                )?
-                else {
-                    continue;
-                };
-                // A settled object holds these records already (settled, not yet collected), or
-                // retention trimmed them.
-                if stream.covers(section.start_seq, section.end_seq)
-                    || section.end_seq <= stream.trim
-                {
-                    continue;
-                }
-                let expected = stream.tail.tail_seq;
-                let follows = section.start_seq == expected
-                    // Or it fills a gap settled objects left (an interrupted settle).
-                    || (section.start_seq < expected
-                        && !stream.overlaps(section.start_seq, section.end_seq));
-                if !follows {
-                    return Err(RebuildError::Discontinuous {
+    };
+    // Slots up to the marker were settled: their records are in settled objects, and those
+    // the auditor had not deleted yet are queued for it (what is left of them is a run
+    // ending at the marker, since they are deleted in order).
+    let mut slot = 0u64;
+    let mut last = None;
+    if let Some(marker) = marker {
+        slot = marker.settled_through + 1;
+        last = Some(marker.settled_through);
+        let prefix = chain_prefix(star, epoch);
+        let first = list_page(clock, store, &prefix, None).await?;
+        if let Some(lowest) = first
+            .objects
+            .iter()
+            .find_map(|o| parse_slot(&prefix, &o.key))
+            .filter(|lowest| *lowest <= marker.settled_through)
+        {
+            found.garbage.push((
+                clock.unix_ms(),
+                Garbage::ChainSlots {
+                    star: star.to_owned(),
+                    epoch,
+                    from: lowest,
+                    to: marker.settled_through,
+                    bytes: 0,
+                },
+            ));
+        }
+    }
+    let mut fenced_by = None;
+    loop {
+        let key = slot_key(star, epoch, slot);
+        let footer = match retrying(clock, || fetch_footer(store, &key)).await {
+            Ok(footer) => footer,
+            Err(FetchError::Store(StoreError::NotFound { .. })) => break,
+            Err(source) => return Err(RebuildError::Flight { key, source }),
+        };
+        let flight = match footer {
+            ObjectFooter::Fence(fence) => {
+                if (fence.star.as_str(), fence.epoch, fence.slot) != (star, epoch, slot) {
+                    return Err(RebuildError::Foreign {
                         key,
-                        stream: stream.meta.name.clone(),
-                        expected,
-                        found: section.start_seq,
+                        what: format!(
+                            "it is a fence for slot {} of epoch {} of star {:?}",
+                            fence.slot, fence.epoch, fence.star
+                        ),
                     });
                 }
-                stream.add(section.start_seq, section.end_seq, section.len);
-                report.records += section.end_seq - section.start_seq;
-                pending.push(IndexEntry::for_section(
-                    &key,
-                    section,
-                    flight.meta.created_at_ms,
-                ));
+                // "star/epoch": the epoch whose recovery wrote it.
+                fenced_by = fence
+                    .fenced_by
+                    .rsplit('/')
+                    .next()
+                    .and_then(|e| e.parse::<u64>().ok());
+                break;
             }
-            if pending.len() >= ENTRY_BATCH {
-                catalog.restore_entries(&pending).await?;
-                pending.clear();
-            }
-            report.flights += 1;
-            last = Some(slot);
-            slot += 1;
+            ObjectFooter::Flight(flight) => flight,
+        };
+        let meta = &flight.meta;
+        if (meta.star.as_str(), meta.epoch, meta.slot) != (star, epoch, slot) {
+            return Err(RebuildError::Foreign {
+                key,
+                what: format!(
+                    "its footer says slot {} of epoch {} of star {:?}",
+                    meta.slot, meta.epoch, meta.star
+                ),
+            });
         }
-        report.orphaned_slots +=
-            count_slots_after(clock, store, star, epoch, slot + fenced_by.is_some() as u64).await?;
-        report.chain = Some(match fenced_by {
-            // A later epoch fenced this one, though it wrote nothing yet: resume from it, so
-            // its number is never handed out twice.
-            Some(next) if next > epoch => ChainState {
-                epoch: next,
-                checkpoint: None,
-            },
-            _ => ChainState {
-                epoch,
-                checkpoint: last,
-            },
-        });
+        for section in &flight.sections {
+            let id = section.stream_id;
+            found.max_id = found.max_id.max(id);
+            if found.deleted.contains(&id) {
+                continue;
+            }
+            let Some(stream) = stream_of(
+                &mut found.streams,
+                &mut found.names,
+                &mut found.report,
+                section,
+                meta.created_at_ms,
+                &key,
+            )?
+            else {
+                continue;
+            };
+            // A settled object holds these records already (settled, not yet collected), or
+            // retention trimmed them.
+            if stream.covers(section.start_seq, section.end_seq) || section.end_seq <= stream.trim {
+                continue;
+            }
+            let expected = stream.tail.tail_seq;
+            let follows = section.start_seq == expected
+                // Or it fills a gap settled objects left (an interrupted settle).
+                || (section.start_seq < expected
+                    && !stream.overlaps(section.start_seq, section.end_seq));
+            if !follows {
+                return Err(RebuildError::Discontinuous {
+                    key,
+                    stream: stream.meta.name.clone(),
+                    expected,
+                    found: section.start_seq,
+                });
+            }
+            stream.add(section.start_seq, section.end_seq, section.len);
+            found.report.records += section.end_seq - section.start_seq;
+            found.pending.push(IndexEntry::for_section(
+                &key,
+                section,
+                flight.meta.created_at_ms,
+            ));
+        }
+        if found.pending.len() >= ENTRY_BATCH {
+            catalog.restore_entries(&found.pending).await?;
+            found.pending.clear();
+        }
+        found.report.flights += 1;
+        last = Some(slot);
+        slot += 1;
     }
-    report.queued_garbage = garbage.len() as u64;
-    catalog.queue_garbage(&garbage).await?;
-    catalog.restore_entries(&pending).await?;
+    found.report.orphaned_slots +=
+        count_slots_after(clock, store, star, epoch, slot + fenced_by.is_some() as u64).await?;
+    found.report.chain = Some(match fenced_by {
+        // A later epoch fenced this one, though it wrote nothing yet: resume from it, so
+        // its number is never handed out twice.
+        Some(next) if next > epoch => ChainState {
+            epoch: next,
+            checkpoint: None,
+        },
+        _ => ChainState {
+            epoch,
+            checkpoint: last,
+        },
+    });
+    Ok(())
+}
+
+/// Every stream's records must run without a gap from its first to its tail, and start past 0
+/// only where retention trimmed them.
+fn check_continuity(streams: &BTreeMap<u64, Stream>) -> Result<(), RebuildError> {
     // Every stream's records must run without a gap from its first to its tail.
     for stream in streams.values() {
         if let [(_, first_end), (next, _), ..] = stream.cover[..] {
@@ -525,10 +593,13 @@ pub async fn rebuild_catalog(
             });
         }
     }
-    report.streams = streams.len() as u64;
-    // A stream whose records start past 0 had its front trimmed by retention: its trim point is
-    // its first record (or its tail, when it holds none), and never below what surely committed.
-    let trims = streams
+    Ok(())
+}
+
+/// A stream whose records start past 0 had its front trimmed by retention: its trim point is its
+/// first record (or its tail, when it holds none), and never below what surely committed.
+fn trim_points(streams: &BTreeMap<u64, Stream>) -> Vec<(u64, Trim)> {
+    streams
         .values()
         .map(|s| {
             let first = s.cover.first().map_or(s.tail.tail_seq, |&(start, _)| start);
@@ -544,36 +615,7 @@ pub async fn rebuild_catalog(
                 },
             )
         })
-        .collect();
-    // The express checkpoint cannot be recomputed from the Standard chain (a flight does not
-    // say which bundles it carried); its copy is at or behind the lost one, and nothing ahead
-    // of it was collected, so the next start's walk from it finds every bundle not yet carried.
-    report.express = retrying(clock, || crate::express::marker::read(store, star)).await?;
-    // The star that wrote the express chain ran at that chain epoch, whether or not any of its
-    // Standard flights landed: the next start must walk that Standard epoch (settling what
-    // landed, fencing the rest, so a late or paused writer can never land a flight there
-    // unnoticed) and the express chain behind it, so the chain resumes there at least.
-    if let Some(express) = report.express {
-        let express_chain_epoch = express.epoch / crate::express::GENERATIONS_PER_EPOCH;
-        if report
-            .chain
-            .is_none_or(|chain| chain.epoch < express_chain_epoch)
-        {
-            report.chain = Some(ChainState {
-                epoch: express_chain_epoch,
-                checkpoint: None,
-            });
-        }
-    }
-    let restored = Restored {
-        express: report.express.map(|c| (star.to_owned(), c)),
-        trims,
-        streams: streams.into_values().map(|s| (s.meta, s.tail)).collect(),
-        next_stream_id: max_id + 1,
-        chain: report.chain.map(|state| (star.to_owned(), state)),
-    };
-    catalog.restore_streams(&restored).await?;
-    Ok(report)
+        .collect()
 }
 
 /// Slots of `epoch` numbered `from` or more: past the walk's end, never acknowledged.
@@ -601,286 +643,22 @@ async fn count_slots_after(
     }
 }
 
-/// What the settled-object pass reads and fills in.
-struct Settled<'a> {
-    streams: &'a mut BTreeMap<u64, Stream>,
-    deleted: &'a BTreeSet<u64>,
-    names: &'a mut HashMap<String, u64>,
-    max_id: &'a mut u64,
-    pending: &'a mut Vec<IndexEntry>,
-    garbage: &'a mut Vec<(u64, Garbage)>,
-    report: &'a mut RebuildReport,
-}
-
-/// One stream's settled objects, as listed (by first record, then last).
-struct Candidates {
-    stream_id: u64,
-    objects: Vec<(DataKey, nova_core::object_store::ObjectMeta)>,
-}
-
-async fn restore_settled(
-    star: &str,
-    store: &dyn ObjectStore,
-    catalog: &Catalog,
-    clock: Clock,
-    out: &mut Settled<'_>,
-) -> Result<(), RebuildError> {
-    let root = data_root(star);
-    let mut current: Option<Candidates> = None;
-    let mut after: Option<String> = None;
-    loop {
-        let page = list_page(clock, store, &root, after.as_deref()).await?;
-        for object in &page.objects {
-            let Some(data) = parse_data_key(&root, &object.key) else {
-                continue;
-            };
-            *out.max_id = (*out.max_id).max(data.stream_id);
-            if out.deleted.contains(&data.stream_id) {
-                out.garbage.push((clock.unix_ms(), object_garbage(object)));
-                continue;
-            }
-            if current
-                .as_ref()
-                .is_some_and(|c| c.stream_id != data.stream_id)
-                && let Some(done) = current.take()
-            {
-                choose(store, clock, done, out).await?;
-            }
-            current
-                .get_or_insert_with(|| Candidates {
-                    stream_id: data.stream_id,
-                    objects: Vec::new(),
-                })
-                .objects
-                .push((data, object.clone()));
-        }
-        if out.pending.len() >= ENTRY_BATCH {
-            catalog.restore_entries(out.pending).await?;
-            out.pending.clear();
-        }
-        match page.next_start_after {
-            Some(next) => after = Some(next),
-            None => break,
-        }
-    }
-    if let Some(done) = current.take() {
-        choose(store, clock, done, out).await?;
-    }
-    Ok(())
-}
-
-/// Chooses, among one stream's settled objects, a chain of objects each starting where the
-/// last ended, from the stream's first record (or, with a trim marker, from any object that
-/// starts at or before the trim point and ends past it) as far as any chain reaches; those are
-/// indexed. Objects wholly below the trim point are queued for collection.
-/// Objects inside the chosen chain's records that it does not use (replaced by a rewrite, or
-/// left by an interrupted settle) are queued for collection. Objects past where the chain ends
-/// are kept: their records may be needed once the flights have filled the gap.
-async fn choose(
-    store: &dyn ObjectStore,
-    clock: Clock,
-    candidates: Candidates,
-    out: &mut Settled<'_>,
-) -> Result<(), RebuildError> {
-    let trim = out
-        .streams
-        .get(&candidates.stream_id)
-        .map_or(0, |stream| stream.trim);
-    let (trimmed, objects): (Vec<_>, Vec<_>) = candidates
-        .objects
-        .into_iter()
-        .partition(|(data, _)| data.end <= trim);
-    for (_, meta) in &trimmed {
-        out.garbage.push((clock.unix_ms(), object_garbage(meta)));
-    }
-    // A merged object whose footer does not parse (one the store composed wrongly, whose
-    // swap never landed and whose delete failed) is left out, and the chain chosen again
-    // without it, but only when the objects it was merged from still cover its records:
-    // otherwise the rebuild stops, as for any unreadable object, rather than restore the
-    // stream short.
-    let mut unreadable = vec![false; objects.len()];
-    let (chain, furthest) = 'choose: loop {
-        let Some((chain, furthest)) = chain_of(&objects, &unreadable, trim) else {
-            return Ok(());
-        };
-        for &i in &chain {
-            let (data, meta) = &objects[i];
-            if !data.rewritten {
-                continue;
-            }
-            let source = match retrying(clock, || fetch_footer(store, &meta.key)).await {
-                Ok(_) => continue,
-                Err(FetchError::Format { source, .. }) => source,
-                Err(source) => {
-                    return Err(RebuildError::Flight {
-                        key: meta.key.clone(),
-                        source,
-                    });
-                }
-            };
-            unreadable[i] = true;
-            let covered =
-                chain_of(&objects, &unreadable, trim).is_some_and(|(_, reach)| reach >= data.end);
-            if !covered {
-                return Err(RebuildError::Flight {
-                    key: meta.key.clone(),
-                    source: FetchError::Format {
-                        key: meta.key.clone(),
-                        source,
-                    },
-                });
-            }
-            tracing::warn!(
-                object = %meta.key,
-                "rebuild: a merged object is unreadable ({source}); its records are taken from \
-                 the objects it was merged from"
-            );
-            continue 'choose;
-        }
-        break (chain, furthest);
-    };
-    let reached = furthest;
-    let mut used = vec![false; objects.len()];
-    for &i in &chain {
-        used[i] = true;
-    }
-    for (i, (data, meta)) in objects.iter().enumerate() {
-        if used[i] {
-            continue;
-        }
-        if data.end <= reached {
-            out.garbage.push((clock.unix_ms(), object_garbage(meta)));
-        } else if data.start >= reached {
-            tracing::warn!(
-                stream_id = candidates.stream_id,
-                object = %meta.key,
-                "rebuild: settled object past a gap; its records must come from the chain"
-            );
-        }
-    }
-    for i in chain {
-        let (data, meta) = &objects[i];
-        take(store, clock, *data, meta.key.clone(), out).await?;
-    }
-    Ok(())
-}
-
-/// The chain of `objects` (leaving out the `unreadable` ones) each starting where the last
-/// ended, from the lowest record or the trim point as far as any reaches, and where it ends;
-/// `None` without a usable object.
-fn chain_of(
-    objects: &[(DataKey, nova_core::object_store::ObjectMeta)],
-    unreadable: &[bool],
-    trim: u64,
-) -> Option<(Vec<usize>, u64)> {
-    let usable = || {
-        objects
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !unreadable[*i])
-            .map(|(i, (data, _))| (i, data))
-    };
-    // A chain may start at the stream's first record or, once retention trimmed it, at any
-    // object holding the trim point (an abandoned merge may span it alongside the objects the
-    // catalog used).
-    let first = usable().map(|(_, d)| d.start).min()?.max(trim);
-    // Where a chain can reach, and the object that reaches it first (listing order); a chain
-    // starts where the value is `None`.
-    let mut reach: HashMap<u64, Option<usize>> = usable()
-        .map(|(_, d)| d.start)
-        .filter(|start| *start <= first)
-        .chain([first])
-        .map(|start| (start, None))
-        .collect();
-    for (i, data) in usable() {
-        if reach.contains_key(&data.start) {
-            reach.entry(data.end).or_insert(Some(i));
-        }
-    }
-    let furthest = reach.keys().copied().max().unwrap_or(first);
-    let mut chain = Vec::new();
-    let mut pos = furthest;
-    while let Some(Some(i)) = reach.get(&pos) {
-        chain.push(*i);
-        pos = objects[*i].0.start;
-    }
-    chain.reverse();
-    Some((chain, furthest))
-}
-
-fn object_garbage(object: &nova_core::object_store::ObjectMeta) -> Garbage {
-    Garbage::Object {
-        key: object.key.clone(),
-        bytes: object.size,
-    }
-}
-
-/// Takes one settled object into the index, from its footer.
-async fn take(
-    store: &dyn ObjectStore,
-    clock: Clock,
-    data: DataKey,
-    key: String,
-    out: &mut Settled<'_>,
-) -> Result<(), RebuildError> {
-    let footer = match retrying(clock, || fetch_footer(store, &key)).await {
-        Ok(ObjectFooter::Flight(footer)) => footer,
-        Ok(ObjectFooter::Fence(_)) => {
-            return Err(RebuildError::Foreign {
-                key,
-                what: "a fence where a settled object belongs".into(),
-            });
-        }
-        Err(source) => return Err(RebuildError::Flight { key, source }),
-    };
-    // Sections of one stream, end to end, covering exactly what the key says.
-    let sections = &footer.sections;
-    let contiguous = sections.windows(2).all(|w| w[0].end_seq == w[1].start_seq);
-    let (Some(first), Some(last)) = (sections.first(), sections.last()) else {
-        return Err(RebuildError::Foreign {
-            key,
-            what: "a settled object without sections".into(),
-        });
-    };
-    if !contiguous
-        || sections
-            .iter()
-            .any(|s| s.stream_id != data.stream_id || s.stream != first.stream)
-        || (first.start_seq, last.end_seq) != (data.start, data.end)
-    {
-        return Err(RebuildError::Foreign {
-            key,
-            what: format!(
-                "its sections do not hold records {}..{} of stream id {} end to end",
-                data.start, data.end, data.stream_id
-            ),
-        });
-    }
-    let section = first;
-    let Some(stream) = stream_of(
-        out.streams,
-        out.names,
-        out.report,
-        section,
-        footer.meta.created_at_ms,
-        &key,
-    )?
-    else {
-        return Ok(());
-    };
-    out.report.settled_objects += 1;
-    // An object spanning the trim point: its sections wholly below it were trimmed.
-    let trim = stream.trim;
-    for section in sections.iter().filter(|s| s.end_seq > trim) {
-        stream.add(section.start_seq, section.end_seq, section.len);
-        out.report.records += section.end_seq - section.start_seq;
-        out.pending.push(IndexEntry::for_section(
-            &key,
-            section,
-            footer.meta.created_at_ms,
-        ));
-    }
-    Ok(())
+/// What the walk of the bucket has found so far, and what it has still to write: each pass
+/// reads it and adds to it.
+#[derive(Default)]
+struct Found {
+    /// The streams to restore, by id.
+    streams: BTreeMap<u64, Stream>,
+    /// Streams whose manifests say they were deleted (or lost their name to a newer id).
+    deleted: BTreeSet<u64>,
+    names: HashMap<String, u64>,
+    /// The highest stream id any manifest, settled object or flight section names.
+    max_id: u64,
+    /// Index entries not yet written (written in batches of `ENTRY_BATCH`).
+    pending: Vec<IndexEntry>,
+    /// Objects and chain slots to queue for the collector, with when they became garbage.
+    garbage: Vec<(u64, Garbage)>,
+    report: RebuildReport,
 }
 
 /// The stream a section belongs to. One without a manifest is restored under the name its

@@ -64,7 +64,7 @@ pub(crate) async fn run_resolver(
                     "chain slot {key} was written by another writer: this star no longer owns its chain"
                 ));
                 let reason = shared.fenced().unwrap_or_default();
-                fail(&shared, flight, RequestError::Unavailable(reason));
+                fail(&shared, flight, nova_core::refusal::fenced(reason));
             }
             (Err(err @ WriteError::Abandoned { .. }), _) => {
                 // A later flight may already have landed; the chain now ends before this slot,

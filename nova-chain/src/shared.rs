@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::Metrics;
 use nova_core::budget::Budget;
 use nova_core::catalog::{Catalog, ExpressCheckpoint};
-use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
 
 use crate::admission::AdmissionBuffer;

@@ -5,7 +5,7 @@
 use nova_core::clock::{Clock, Instant};
 use std::sync::Arc;
 
-use nova_core::metrics::Metrics;
+use crate::metrics::Metrics;
 
 /// Why a stall happened; each cause calls for a different operator action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

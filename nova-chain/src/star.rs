@@ -10,11 +10,11 @@ use tokio_util::sync::CancellationToken;
 
 use nova_core::supervisor::Supervisor;
 
+use crate::metrics::Metrics;
 use nova_core::catalog::{Catalog, IndexEntry, StorageClass};
 use nova_core::flight::section::Fragment;
 use nova_core::metastore::Metastore;
-use nova_core::metrics::Metrics;
-use nova_core::object_store::{Instrumented, ObjectStore};
+use nova_core::object_store::{ObjectStore, StoreStack};
 use nova_proto::RequestError;
 
 use crate::absorber::run_absorber;
@@ -147,11 +147,9 @@ impl Star {
         metrics: Arc<Metrics>,
         supervisor: Supervisor,
     ) -> Result<Self, StartError> {
-        let store: Arc<dyn ObjectStore> = Arc::new(Instrumented::new(
-            store,
-            metrics.store.clone(),
-            config.clock,
-        ));
+        let store = StoreStack::over(store)
+            .instrumented(metrics.store.clone(), config.clock)
+            .build();
         let catalog = Catalog::new(metastore);
         let backoff = config.backoff();
         // Before the tails are read: no earlier incarnation's absorb can land after this.
@@ -482,11 +480,10 @@ impl Star {
             admitted,
             reply,
         };
-        self.submit.send(submission).await.map_err(|_| {
-            RequestError::Unavailable(
-                "the star is shutting down; retry against its successor".into(),
-            )
-        })?;
+        self.submit
+            .send(submission)
+            .await
+            .map_err(|_| nova_core::refusal::shutting_down())?;
         Ok(receiver)
     }
 

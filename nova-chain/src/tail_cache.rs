@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use parking_lot::Mutex;
 
+use crate::metrics::TailCacheMetrics;
 use nova_core::flight::section::Fragment;
-use nova_core::metrics::TailCacheMetrics;
 
 /// Bytes charged per cached batch beyond its fragment: the map entries that index it.
 pub const PER_FRAGMENT_OVERHEAD: u64 = 128;
@@ -254,8 +254,8 @@ impl TailCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Metrics;
     use bytes::Bytes;
-    use nova_core::metrics::Metrics;
 
     fn run(stream_id: u64, start: u64, records: u64, bytes: usize) -> CachedRun {
         CachedRun {

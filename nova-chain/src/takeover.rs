@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
+use crate::metrics::Metrics;
 use nova_core::catalog::Catalog;
-use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
 
 use crate::config::{Backoff, Leaders};

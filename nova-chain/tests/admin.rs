@@ -6,17 +6,16 @@
     reason = "a star on a real disk and the real embedded metastore runs on the real clock"
 )]
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use nova_chain::Star;
+use nova_chain::metrics::Metrics;
 use nova_core::catalog::StorageClass;
 use nova_core::metastore::faulty::{CommitFault, FaultyMetastore};
-use nova_core::metrics::Metrics;
 use nova_proto::RequestError;
-use support::*;
+use nova_testkit::chain::*;
+use nova_testkit::eventually;
 
 /// Stream names live under `n/` in the catalog: faults aimed there hit creates and deletes only.
 const NAMES: &[u8] = b"n/";

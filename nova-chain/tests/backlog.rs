@@ -8,18 +8,16 @@
     reason = "a star on a real disk and the real embedded metastore runs on the real clock"
 )]
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use nova_chain::metrics::Metrics;
 use nova_chain::{ChainConfig, Star};
 use nova_core::catalog::StorageClass;
 use nova_core::metastore::EmbeddedMetastore;
 use nova_core::metastore::faulty::{CommitFault, FaultyMetastore};
-use nova_core::metrics::Metrics;
 use nova_core::object_store::{LocalStore, StoreLimits};
-use support::append;
+use nova_testkit::chain::append;
 
 struct Harness {
     star: Arc<Star>,

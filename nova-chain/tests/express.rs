@@ -8,21 +8,20 @@
     reason = "stars on a real disk and the real embedded metastore run on the real clock"
 )]
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use nova_chain::express::{ExpressConfig, Zone, Zones};
+use nova_chain::metrics::Metrics;
 use nova_chain::{ChainConfig, Star};
 use nova_core::catalog::StorageClass;
 use nova_core::flight::{ObjectFooter, fetch_footer};
 use nova_core::keys::express_root;
 use nova_core::metastore::Metastore;
-use nova_core::metrics::Metrics;
 use nova_core::object_store::faulty::{Fault, FaultyStore};
 use nova_core::object_store::{LocalStore, ObjectStore, Op, StoreLimits};
-use support::{Disk, answer, append, bodies, eventually};
+use nova_testkit::chain::{Disk, answer, append, bodies};
+use nova_testkit::eventually;
 
 struct World {
     disk: Disk,
@@ -64,7 +63,7 @@ impl World {
                 linger: Duration::from_millis(2),
                 buffer_bytes: 4 << 20,
             }),
-            ..support::config()
+            ..nova_testkit::chain::config()
         }
     }
 
@@ -102,7 +101,7 @@ impl World {
     async fn fences(&self, zone: usize) -> Vec<String> {
         let store = self.zones.iter().nth(zone).unwrap().store.clone();
         let page = store
-            .list(&express_root(support::STAR), None, 1000)
+            .list(&express_root(nova_testkit::chain::STAR), None, 1000)
             .await
             .unwrap();
         let mut fences = Vec::new();

@@ -8,8 +8,6 @@
     reason = "a star on a real disk and the real embedded metastore runs on the real clock"
 )]
 
-mod support;
-
 use std::time::Duration;
 
 use nova_chain::StartError;
@@ -19,7 +17,8 @@ use nova_core::metastore::faulty::CommitFault;
 use nova_core::object_store::Op;
 use nova_core::object_store::faulty::Fault;
 use nova_proto::RequestError;
-use support::*;
+use nova_testkit::chain::*;
+use nova_testkit::eventually;
 
 /// Shutdown gives up on a flight whose write hangs while the flight after it has landed. The
 /// later flight must not be acknowledged: the next start fences the abandoned slot, and the
@@ -113,7 +112,7 @@ async fn a_recovery_commit_whose_answer_was_lost_still_starts() {
         config(),
         std::sync::Arc::new(store),
         std::sync::Arc::new(metastore),
-        std::sync::Arc::new(nova_core::metrics::Metrics::new()),
+        std::sync::Arc::new(nova_chain::metrics::Metrics::new()),
     )
     .await
     .expect("recovery recognises its own commits");
@@ -181,7 +180,7 @@ async fn a_store_without_exclusive_creates_is_refused_at_start() {
         config(),
         std::sync::Arc::new(store),
         disk.metastore(),
-        std::sync::Arc::new(nova_core::metrics::Metrics::new()),
+        std::sync::Arc::new(nova_chain::metrics::Metrics::new()),
     )
     .await;
     let err = opened.err().expect("refused").to_string();
@@ -300,7 +299,7 @@ async fn a_backlog_stall_is_counted_once_per_episode() {
     for receiver in pending {
         answer(receiver).await.unwrap();
     }
-    let stalls: u64 = nova_core::metrics::STALL_CAUSES
+    let stalls: u64 = nova_chain::metrics::STALL_CAUSES
         .iter()
         .map(|cause| {
             f.metrics

@@ -8,8 +8,6 @@
     reason = "stars on a real disk and the real embedded metastore run on the real clock"
 )]
 
-mod support;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +18,7 @@ use parking_lot::Mutex;
 
 use nova_chain::admission::encoded_charge;
 use nova_chain::express::{ExpressConfig, Zone, Zones};
+use nova_chain::metrics::Metrics;
 use nova_chain::streams::StreamState;
 use nova_chain::{ChainConfig, Leaders, Star};
 use nova_core::catalog::{AbsorbBatch, Catalog, ChainState, StorageClass, StreamTail};
@@ -28,11 +27,10 @@ use nova_core::flight::{FlightMeta, SectionInput, assemble_flight};
 use nova_core::keys::{chain_root, slot_key};
 use nova_core::metastore::faulty::{CommitFault, FaultyMetastore};
 use nova_core::metastore::{Metastore, MetastoreError};
-use nova_core::metrics::Metrics;
 use nova_core::object_store::faulty::Fault;
 use nova_core::object_store::{LocalStore, ObjectStore, Op, StoreLimits};
 use nova_core::record::Record;
-use support::{Disk, STAR, answer, bodies};
+use nova_testkit::chain::{Disk, STAR, answer, bodies};
 
 /// Leader records as a test sets them: each answer is given once, then the stream's record
 /// reads as naming no star (as if it had been cleared meanwhile).
@@ -176,7 +174,7 @@ async fn standard_case(leaders: Arc<Answers>, b_tail: u64) {
     }
     let config = ChainConfig {
         leaders: Some(leaders),
-        ..support::config()
+        ..nova_testkit::chain::config()
     };
     let star = Star::open(config, store, metastore, Arc::new(Metrics::new()))
         .await
@@ -235,7 +233,7 @@ fn express_config(zones: &Zones, leaders: Option<Arc<dyn Leaders>>) -> ChainConf
             buffer_bytes: 4 << 20,
         }),
         leaders,
-        ..support::config()
+        ..nova_testkit::chain::config()
     }
 }
 
@@ -249,7 +247,7 @@ async fn recovery_carries_no_second_writers_express_bundle_and_the_star_starts()
 async fn express_case(leaders: Arc<Answers>) {
     let disk = Disk::new();
     let zones = zones(&disk);
-    let writer = support::open_faulty(&disk, express_config(&zones, None))
+    let writer = nova_testkit::chain::open_faulty(&disk, express_config(&zones, None))
         .await
         .unwrap();
     // Its Standard flights never land, so its express bundles are left for recovery to carry.

@@ -16,9 +16,9 @@ use bytes::Bytes;
 use prost::Message;
 
 use nova_chain::admission::{AdmissionBuffer, held_charge, received_charge, receiving_charge};
+use nova_chain::metrics::Metrics;
 use nova_core::flight::section::{encode_received, wire_encoded_bytes};
 use nova_core::limits::MAX_SECTION_BYTES;
-use nova_core::metrics::Metrics;
 use nova_proto::v1;
 use nova_proto::validate::{AppendCaps, validate_wire};
 use nova_proto::wire::WireAppend;

@@ -7,12 +7,10 @@
     reason = "a star on a real disk and the real embedded metastore runs on the real clock"
 )]
 
-mod support;
-
 use std::time::Duration;
 
 use nova_chain::ChainConfig;
-use support::*;
+use nova_testkit::chain::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_are_held_to_the_read_budget() {

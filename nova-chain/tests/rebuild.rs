@@ -2,20 +2,18 @@
 //! bucket, a rebuild interrupted half-way is run again to completion, and a star refuses to
 //! start on a half-restored catalog.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use nova_chain::metrics::Metrics;
 use nova_chain::rebuild::rebuild_catalog;
 use nova_chain::{ChainConfig, Star, StartError};
 use nova_core::catalog::Catalog;
 use nova_core::clock::Clock;
 use nova_core::metastore::{EmbeddedMetastore, Metastore};
-use nova_core::metrics::Metrics;
 use nova_core::object_store::faulty::{Fault, FaultyStore};
 use nova_core::object_store::{ObjectStore, Op};
-use support::*;
+use nova_testkit::chain::*;
 
 fn named(star: &str) -> ChainConfig {
     ChainConfig {

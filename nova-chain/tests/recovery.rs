@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use nova_chain::metrics::Metrics;
 use nova_chain::{ChainConfig, Star};
 use nova_core::catalog::{AbsorbBatch, Catalog, ChainState, IndexEntry, StorageClass, StreamTail};
 use nova_core::flight::section::encode_fragment;
 use nova_core::flight::{FlightMeta, ObjectFooter, SectionInput, assemble_flight, fetch_footer};
 use nova_core::keys::slot_key;
 use nova_core::metastore::EmbeddedMetastore;
-use nova_core::metrics::Metrics;
 use nova_core::object_store::{CreateOutcome, LocalStore, ObjectStore, PutPayload, StoreLimits};
 use nova_core::record::Record;
 

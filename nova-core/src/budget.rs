@@ -177,12 +177,12 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
     use std::time::Duration;
 
     fn budget(capacity: u64) -> Budget {
-        let metrics = Metrics::new();
-        Budget::new(capacity, metrics.admission.clone(), Clock::system())
+        let registry = prometheus::Registry::new();
+        let metrics = crate::prom::budget(&registry, "test", "bytes", "test budget");
+        Budget::new(capacity, metrics, Clock::system())
     }
 
     #[tokio::test(start_paused = true)]

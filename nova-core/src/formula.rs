@@ -16,11 +16,12 @@
 //! `novad` builds the [`Budgets`] from its flags; tests and benches that check a star's resident
 //! memory against the formula build them from the flags they start it with.
 
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::limits::{KIB, MIB};
-use crate::memory::Ceiling;
-use prometheus::{Gauge, IntGauge};
+use crate::prom::{gauge, register};
+use prometheus::{Gauge, IntGauge, Opts};
 
 #[derive(Debug, Clone)]
 pub struct MemoryMetrics {
@@ -30,6 +31,43 @@ pub struct MemoryMetrics {
     pub formula: prometheus::IntGaugeVec,
     pub saturation: Gauge,
     pub saturated: IntGauge,
+}
+
+impl MemoryMetrics {
+    /// Registers the formula's series in `r`.
+    pub fn register(r: &prometheus::Registry) -> Self {
+        MemoryMetrics {
+        ceiling: gauge(
+            r,
+            "nova_memory_ceiling_bytes",
+            "The memory ceiling the formula is measured against (--memory-ceiling, the cgroup limit, or 60% of RAM).",
+        ),
+        formula: register(
+            r,
+            prometheus::IntGaugeVec::new(
+                Opts::new(
+                    "nova_memory_formula_bytes",
+                    "Terms of the closed memory formula: admission, express, read, tail_cache, transport (open sessions × stream window).",
+                ),
+                &["term"],
+            )
+            .expect("valid metric"),
+        ),
+        saturation: register(
+            r,
+            Gauge::new(
+                "nova_memory_saturation_ratio",
+                "The memory formula divided by the ceiling.",
+            )
+            .expect("valid metric"),
+        ),
+        saturated: gauge(
+            r,
+            "nova_memory_saturated",
+            "1 while the star reads saturated (refuses new leadership), else 0.",
+        ),
+    }
+    }
 }
 
 /// The formula's terms as `nova_memory_formula_bytes{term}` names them.
@@ -124,6 +162,40 @@ impl Budgets {
 
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / MIB as f64)
+}
+
+/// A process's memory ceiling and where it came from (nova-server's `memory` finds it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CeilingSource {
+    /// Set with `--memory-ceiling`.
+    Explicit,
+    /// Set with `--memory-ceiling` above the cgroup's memory limit (`asked`), and capped to
+    /// the limit: the kernel kills at the limit, whatever the flag says.
+    Capped {
+        asked: u64,
+    },
+    CgroupV2,
+    CgroupV1,
+    /// 60% of physical memory.
+    Physical,
+}
+
+impl fmt::Display for CeilingSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CeilingSource::Explicit => "--memory-ceiling",
+            CeilingSource::Capped { .. } => "--memory-ceiling, capped to the cgroup memory limit",
+            CeilingSource::CgroupV2 => "cgroup v2 memory.max",
+            CeilingSource::CgroupV1 => "cgroup v1 memory.limit_in_bytes",
+            CeilingSource::Physical => "60% of physical memory",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ceiling {
+    pub bytes: u64,
+    pub source: CeilingSource,
 }
 
 /// The formula against the ceiling, exported and kept current, with the saturated state.
@@ -260,8 +332,6 @@ impl MemoryModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::CeilingSource;
-    use crate::metrics::Metrics;
 
     #[test]
     fn saturation_has_hysteresis() {
@@ -279,7 +349,13 @@ mod tests {
             bytes: 100 * MIB,
             source: CeilingSource::Explicit,
         };
-        let m = MemoryModel::new(budgets, ceiling, 0.9, 0.05, Metrics::new().memory);
+        let m = MemoryModel::new(
+            budgets,
+            ceiling,
+            0.9,
+            0.05,
+            MemoryMetrics::register(&prometheus::Registry::new()),
+        );
         assert!(!m.is_saturated());
         m.update(16 * 10); // 90 MiB: at the threshold
         assert!(m.is_saturated());

@@ -119,3 +119,8 @@ pub const EXPRESS_BUFFER_MIB: u64 = 32;
 
 /// `--s3-express-linger-ms`: how long an express bundle waits for more batches.
 pub const EXPRESS_LINGER_MS: u64 = 5;
+
+/// How many times one read resolves its records again after finding an object gone, on the star
+/// and on a gateway. Each time means the auditor moved the records and collected the old object
+/// in between; more than a few in one read means something else deleted it.
+pub const STALE_REF_RETRIES: u32 = 3;

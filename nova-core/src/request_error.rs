@@ -143,3 +143,33 @@ mod tests {
         );
     }
 }
+
+/// The refusals a star makes of its own that more than one path gives, worded once.
+pub mod refusal {
+    use nova_proto::RequestError;
+
+    use crate::limits::STALE_REF_RETRIES;
+
+    /// The star is stopping: what it has not acknowledged, it will not.
+    pub fn shutting_down() -> RequestError {
+        RequestError::Unavailable("the star is shutting down; retry against its successor".into())
+    }
+
+    /// The star lost its chain (`reason` says how) and acknowledges nothing more; its
+    /// successor takes the streams up.
+    pub fn fenced(reason: String) -> RequestError {
+        RequestError::Unavailable(reason)
+    }
+
+    /// A read resolved its records again [`STALE_REF_RETRIES`] times and found `key` gone
+    /// each time: the auditor moved them faster than the read could fetch them (or something
+    /// else deleted `key`). The stream is there and the read may be tried again, so it is
+    /// answered as unavailable, never as a stream or object not found.
+    pub fn stale_refs_exhausted(stream: &str, key: &str) -> RequestError {
+        RequestError::Unavailable(format!(
+            "reading stream {stream:?}: {key} was gone each of {} times the read resolved its \
+             records again (the auditor is moving them); try again",
+            STALE_REF_RETRIES + 1
+        ))
+    }
+}

@@ -12,7 +12,7 @@ use nova_proto::RequestError;
 
 use crate::Fleet;
 use crate::keys::{Member, leader_key};
-use crate::placement::metastore_unavailable;
+use crate::placement::metastore_failed;
 
 impl Fleet {
     /// Whether this star leads `stream` now.
@@ -70,9 +70,9 @@ impl Fleet {
                 )));
             }
             Err(err) => {
-                return Err(RequestError::Unavailable(format!(
-                    "taking up stream {stream:?}: {err}"
-                )));
+                return Err(
+                    RequestError::from(err).context(format_args!("taking up stream {stream:?}"))
+                );
             }
         };
         let mut led = self.led.write();
@@ -118,7 +118,7 @@ impl Fleet {
                 .metastore
                 .get(&key)
                 .await
-                .map_err(metastore_unavailable)?
+                .map_err(metastore_failed)?
                 .filter(|kv| kv.value == self.config.star_id.as_bytes())
             else {
                 return Ok(None);
@@ -200,7 +200,7 @@ impl Fleet {
             self.metastore
                 .commit(delete)
                 .await
-                .map_err(metastore_unavailable)?;
+                .map_err(metastore_failed)?;
         }
         Ok(())
     }

@@ -20,10 +20,9 @@ const MAX_RECENT_PLACEMENTS: usize = 4096;
 /// How long a refused fleet open should wait before trying again.
 pub(crate) const CAPACITY_RETRY: Duration = Duration::from_secs(2);
 
-pub(crate) fn metastore_unavailable(err: MetastoreError) -> RequestError {
-    RequestError::Unavailable(format!(
-        "the fleet's metastore did not answer ({err}); retry"
-    ))
+/// A metastore failure on a fleet path, with the code its conversion gives it.
+pub(crate) fn metastore_failed(err: MetastoreError) -> RequestError {
+    RequestError::from(err).context("the fleet's placement")
 }
 
 impl Fleet {
@@ -41,9 +40,7 @@ impl Fleet {
 
     /// The least-loaded star open to new leadership, this one included, from a fresh view.
     async fn pick_fresh(&self) -> Result<Member, RequestError> {
-        self.refresh_members()
-            .await
-            .map_err(metastore_unavailable)?;
+        self.refresh_members().await.map_err(metastore_failed)?;
         self.pick()
     }
 
@@ -114,7 +111,7 @@ impl Fleet {
             .metastore
             .get(&star_key(id))
             .await
-            .map_err(metastore_unavailable)?;
+            .map_err(metastore_failed)?;
         Ok(found.and_then(|kv| Member::decode(id, &kv.value)))
     }
 
@@ -127,7 +124,7 @@ impl Fleet {
             .metastore
             .get(&leader_key(stream))
             .await
-            .map_err(metastore_unavailable)?;
+            .map_err(metastore_failed)?;
         match record {
             Some(kv) => self.member(&String::from_utf8_lossy(&kv.value)).await,
             None => Ok(None),
@@ -167,11 +164,7 @@ impl Fleet {
         let key = leader_key(stream);
         // A placement racing another star's retries once, reading the winner.
         for _ in 0..3 {
-            let record = self
-                .metastore
-                .get(&key)
-                .await
-                .map_err(metastore_unavailable)?;
+            let record = self.metastore.get(&key).await.map_err(metastore_failed)?;
             let target = match record {
                 Some(kv) => {
                     let leader = String::from_utf8_lossy(&kv.value).into_owned();
@@ -196,7 +189,7 @@ impl Fleet {
                         .catalog()
                         .stream_exists(stream)
                         .await
-                        .map_err(|e| RequestError::Unavailable(e.to_string()))?;
+                        .map_err(RequestError::from)?;
                     if !exists {
                         return Err(RequestError::StreamNotFound(stream.to_owned()));
                     }
@@ -241,14 +234,14 @@ impl Fleet {
             let taking = self.metastore.get(&takeover_key(departed)).await?;
             Ok::<bool, MetastoreError>(chain.is_some() || taking.is_some())
         };
-        if !chain_pending.await.map_err(metastore_unavailable)? {
+        if !chain_pending.await.map_err(metastore_failed)? {
             let stale = Txn::new()
                 .compare(Compare::Version(key.clone(), version))
                 .delete(key.clone());
             self.metastore
                 .commit(stale)
                 .await
-                .map_err(metastore_unavailable)?;
+                .map_err(metastore_failed)?;
             return Ok(());
         }
         self.metrics.waits.inc();
@@ -268,11 +261,7 @@ impl Fleet {
         let started = self.clock.now();
         while self.clock.since(started) < patience {
             self.clock.sleep(Duration::from_millis(200)).await;
-            let record = self
-                .metastore
-                .get(&key)
-                .await
-                .map_err(metastore_unavailable)?;
+            let record = self.metastore.get(&key).await.map_err(metastore_failed)?;
             if record.is_none_or(|kv| kv.version != version) {
                 return Ok(());
             }
@@ -307,7 +296,7 @@ impl Fleet {
             .metastore
             .commit(placed)
             .await
-            .map_err(metastore_unavailable)?;
+            .map_err(metastore_failed)?;
         if outcome == TxnOutcome::Conflict {
             return Ok(false);
         }

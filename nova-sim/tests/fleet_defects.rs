@@ -10,12 +10,12 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
+use nova_chain::metrics::Metrics;
 use nova_chain::{ChainConfig, RetryPolicy, Star};
 use nova_core::catalog::{Retention, StorageClass};
 use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
 use nova_core::metastore::{Capabilities, KeyValue, Metastore, MetastoreError, Txn, TxnOutcome};
-use nova_core::metrics::Metrics;
 use nova_fleet::{Fleet, FleetConfig, FleetMetrics};
 use nova_sim::metastore::{MetastoreFaults, SimMetastore};
 use nova_sim::store::{SimStore, StoreFaults};

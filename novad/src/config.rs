@@ -13,8 +13,8 @@ use nova_chain::{ChainConfig, RetryPolicy};
 use nova_core::clock::Clock;
 use nova_core::entropy::Entropy;
 use nova_core::limits;
-use nova_core::object_store::StoreArgs;
 use nova_proto::validate::AppendCaps;
+use nova_server::StoreArgs;
 
 use nova_proto::units::ByteSize;
 
@@ -95,7 +95,7 @@ pub struct Config {
     pub store: StoreArgs,
 
     #[command(flatten)]
-    pub listener: nova_core::net::ListenerArgs,
+    pub listener: nova_server::net::ListenerArgs,
 
     // ---- budgets --------------------------------------------------------------------------
     /// Admission buffer, MiB: bytes of appends held from decode until they are acknowledged or
@@ -324,7 +324,7 @@ pub struct Config {
 /// What `--print-env-example` prints: ops/novad.env.example.
 pub fn env_example() -> String {
     use clap::CommandFactory;
-    nova_core::envdoc::env_example(
+    nova_server::envdoc::env_example(
         &Config::command(),
         "Every novad setting as an environment variable (NOVA_ and the flag's name), with its\n\
          default: uncomment and change what you need. Load it with `set -a; . ./novad.env;\n\
@@ -740,7 +740,7 @@ mod tests {
     #[test]
     fn the_example_env_file_is_generated_from_the_flags() {
         let example = docs("ops/novad.env.example");
-        nova_core::envdoc::check_current(
+        nova_server::envdoc::check_current(
             "ops/novad.env.example",
             &example,
             &env_example(),

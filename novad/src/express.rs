@@ -11,9 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 use nova_chain::express::{ExpressConfig, Zone, Zones};
-use nova_core::object_store::{
-    ConcurrencyLimited, LocalStore, ObjectStore, S3Config, S3Store, StoreLimits,
-};
+use nova_core::object_store::{Backend, ObjectStore, S3Config, StoreLimits, StoreStack};
 
 use crate::config::Config;
 use crate::zone_spec::ZonePlace;
@@ -40,7 +38,7 @@ pub async fn open_zones(config: &Config) -> anyhow::Result<Option<ExpressConfig>
     let mut zones = Vec::new();
     let mut answered = 0;
     for spec in &config.s3_express_zone {
-        let store: Arc<dyn ObjectStore> = match &spec.place {
+        let backend = match &spec.place {
             ZonePlace::Bucket { bucket, endpoint } => {
                 let mut s3 = S3Config::new(bucket.clone());
                 s3.prefix = config.store.s3_prefix.clone();
@@ -49,21 +47,26 @@ pub async fn open_zones(config: &Config) -> anyhow::Result<Option<ExpressConfig>
                     .or_else(|| config.store.s3_endpoint.clone());
                 s3.region = config.store.s3_region.clone();
                 s3.force_path_style = config.store.s3_path_style;
-                s3.limits = limits.clone();
                 // The fanout retries within the deadline itself, with its own backoff.
                 s3.max_attempts = 1;
-                Arc::new(ConcurrencyLimited::new(
-                    Arc::new(S3Store::new(s3).await),
-                    ZONE_CONCURRENCY,
-                    ZONE_CONCURRENCY,
-                ))
+                Backend::S3(s3)
             }
-            ZonePlace::Dir(dir) => {
-                Arc::new(LocalStore::open(dir, limits.clone()).with_context(|| {
-                    format!("opening express zone {} at {}", spec.name, dir.display())
-                })?)
-            }
+            ZonePlace::Dir(dir) => Backend::Local {
+                root: dir.clone(),
+                writer: true,
+            },
         };
+        let store: Arc<dyn ObjectStore> = StoreStack::open(backend, limits.clone())
+            .await
+            .with_context(|| match &spec.place {
+                ZonePlace::Dir(dir) => {
+                    format!("opening express zone {} at {}", spec.name, dir.display())
+                }
+                ZonePlace::Bucket { bucket, .. } => {
+                    format!("opening express zone {} in bucket {bucket}", spec.name)
+                }
+            })?
+            .build();
         let probe = format!(
             "probe/express/{}/{}-{:016x}",
             config.star_id,

@@ -18,12 +18,12 @@ fn main() -> ExitCode {
         print!("{}", config::env_example());
         return ExitCode::SUCCESS;
     }
-    nova_core::process::init_logging();
+    nova_server::process::init_logging();
     if let Err(problem) = config.check() {
         eprintln!("novad: {problem}");
         return ExitCode::from(2);
     }
-    nova_core::process::run("novad", async move {
+    nova_server::process::run("novad", async move {
         server::run(config).await.map_err(|e| format!("{e:#}"))
     })
 }

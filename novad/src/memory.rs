@@ -36,7 +36,7 @@ pub fn budgets(config: &Config) -> Budgets {
 /// The model for `config` under `ceiling`.
 pub fn model(
     config: &Config,
-    ceiling: nova_core::memory::Ceiling,
+    ceiling: nova_server::memory::Ceiling,
     metrics: nova_core::metrics::MemoryMetrics,
 ) -> nova_core::formula::MemoryModel {
     nova_core::formula::MemoryModel::new(
@@ -52,10 +52,10 @@ pub fn model(
 mod tests {
     use super::*;
     use clap::Parser;
+    use nova_chain::metrics::Metrics;
     use nova_core::formula::MemoryModel;
-    use nova_core::memory::Ceiling;
-    use nova_core::memory::CeilingSource;
-    use nova_core::metrics::Metrics;
+    use nova_server::memory::Ceiling;
+    use nova_server::memory::CeilingSource;
 
     fn model(args: &[&str], ceiling: u64) -> MemoryModel {
         let mut argv = vec!["novad"];

@@ -8,17 +8,17 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use nova_chain::Star;
+use nova_chain::metrics::Metrics;
 use nova_core::clock::Clock;
-use nova_core::memory::detect_ceiling;
 use nova_core::metastore::{
     EmbeddedMetastore, EtcdMetastore, EtcdOptions, Metastore, MetastoreError,
 };
-use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
-use nova_core::shed::ShedLog;
 use nova_core::supervisor::Supervisor;
 use nova_proto::server::nova_server::NovaServer;
 use nova_proto::units::{ByteSize, human_bytes};
+use nova_server::memory::{ProcessMetrics, detect_ceiling};
+use nova_server::shed::ShedLog;
 
 use crate::advertise::Reached;
 use crate::config::Config;
@@ -26,130 +26,13 @@ use crate::service::caps::{self, Cap};
 use crate::service::charge::{ChargeLayer, TransportLimits};
 use crate::service::{Context, NovaService};
 
+mod open;
+
+use open::{join_fleet, open_metastore, open_store};
+
 /// The store may fail this long before the star reads not ready (a single failed write is
 /// ordinary; seconds of them are an outage).
 const STORE_FAILING_NOT_READY_AFTER: Duration = Duration::from_secs(2);
-
-async fn open_metastore(config: &Config) -> anyhow::Result<Arc<dyn Metastore>> {
-    if let Some(endpoints) = EtcdOptions::parse_url(&config.metastore) {
-        let mut options = EtcdOptions::new(endpoints.map_err(|e| anyhow::anyhow!(e))?);
-        options.max_txn_ops = config.metastore_max_txn_ops;
-        return Ok(Arc::new(connect_etcd(options).await?));
-    }
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("creating --data-dir {}", config.data_dir.display()))?;
-    let metastore_path = config.data_dir.join("metastore.redb");
-    Ok(Arc::new(
-        EmbeddedMetastore::open(&metastore_path).with_context(|| {
-            format!(
-                "opening the metastore {} (is another novad using this --data-dir?)",
-                metastore_path.display()
-            )
-        })?,
-    ))
-}
-
-/// Joins the fleet, once its object store is known to be the fleet's, waiting out a metastore
-/// that does not answer (etcd started after the star, or a TCP connection that etcd does not
-/// serve), as `connect_etcd` does.
-async fn join_fleet(
-    metastore: &Arc<dyn Metastore>,
-    store: &Arc<dyn ObjectStore>,
-    config: nova_fleet::FleetConfig,
-    metrics: nova_fleet::FleetMetrics,
-) -> Result<Arc<nova_fleet::Fleet>, nova_fleet::JoinError> {
-    let mut wait = Duration::from_millis(250);
-    loop {
-        let joined = async {
-            nova_fleet::check_shared_store(metastore.as_ref(), store.as_ref(), &config.star_id)
-                .await?;
-            nova_fleet::Fleet::join(
-                metastore.clone(),
-                config.clone(),
-                metrics.clone(),
-                Clock::system(),
-            )
-            .await
-        };
-        match joined.await {
-            Err(nova_fleet::JoinError::Metastore {
-                what,
-                source: MetastoreError::Unavailable(why),
-            }) => {
-                let endpoints = metastore.describe();
-                tracing::warn!(
-                    retry_in_ms = wait.as_millis() as u64,
-                    "{what}: {endpoints} does not answer ({why}); novad waits for it and \
-                     accepts nothing meanwhile: start etcd, or check --metastore"
-                );
-                wait = waited(wait).await;
-            }
-            // The store does not answer yet: waited out as recovery waits it out, since the
-            // fleet's store is checked before anything else touches it.
-            Err(nova_fleet::JoinError::Store { what, source }) if source.is_retryable() => {
-                tracing::warn!(
-                    retry_in_ms = wait.as_millis() as u64,
-                    "{what}: {source}; novad waits for the object store and accepts nothing \
-                     meanwhile"
-                );
-                wait = waited(wait).await;
-            }
-            joined => return joined,
-        }
-    }
-}
-
-/// Sleeps `wait` and returns the next, doubled up to 10 s: the start's waits for etcd and the
-/// store.
-async fn waited(wait: Duration) -> Duration {
-    tokio::time::sleep(wait).await;
-    (wait * 2).min(Duration::from_secs(10))
-}
-
-/// Connects to etcd, waiting out an etcd that does not answer yet (started after the star, or
-/// restarting), as a store outage at start is waited out: each failure is logged with the
-/// endpoints and what to check, the wait between tries growing to 10 s. Anything else (a
-/// refusal that will not change) stops the start.
-async fn connect_etcd(options: EtcdOptions) -> anyhow::Result<EtcdMetastore> {
-    let endpoints = options.endpoints.join(",");
-    let mut wait = Duration::from_millis(250);
-    let mut attempt = 0u32;
-    loop {
-        attempt += 1;
-        match EtcdMetastore::connect(options.clone()).await {
-            Ok(metastore) => {
-                if attempt > 1 {
-                    tracing::info!(endpoints, attempts = attempt, "etcd answers; starting");
-                }
-                return Ok(metastore);
-            }
-            Err(MetastoreError::Unavailable(why)) => {
-                tracing::warn!(
-                    endpoints,
-                    attempt,
-                    retry_in_ms = wait.as_millis() as u64,
-                    "etcd at {endpoints} does not answer ({why}); novad waits for it and \
-                     accepts nothing meanwhile: start etcd, or check --metastore"
-                );
-                wait = waited(wait).await;
-            }
-            Err(err) => {
-                return Err(anyhow::anyhow!(err))
-                    .with_context(|| format!("connecting to etcd at {endpoints}"));
-            }
-        }
-    }
-}
-
-/// The object store: S3 when a bucket is given, else the local directory under --data-dir.
-async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn ObjectStore>> {
-    let local_root = config.data_dir.join("store");
-    config
-        .store
-        .open(&local_root, true)
-        .await
-        .with_context(|| format!("opening the local object store at {}", local_root.display()))
-}
 
 /// `novad --rebuild-catalog`: restores the catalog from the object store, then exits.
 pub async fn rebuild(config: Config) -> anyhow::Result<()> {
@@ -220,7 +103,7 @@ async fn check_advertised(advertise: &str, star: &str, started_at_ms: u64) -> Op
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    nova_core::net::take_hangups();
+    nova_server::net::take_hangups();
     if config.rebuild_catalog {
         return rebuild(config).await;
     }
@@ -234,7 +117,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         started_at_ms as f64 / 1000.0,
     );
     let ceiling = detect_ceiling(config.memory_ceiling.map(ByteSize::bytes));
-    if let nova_core::memory::CeilingSource::Capped { asked } = ceiling.source {
+    if let nova_server::memory::CeilingSource::Capped { asked } = ceiling.source {
         // The kernel kills at the container's limit whatever the flag says: budgets checked
         // against the flag would fit a memory the star does not have.
         tracing::warn!(
@@ -269,7 +152,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     // Certificates and tokens are read before anything else starts: a bad file stops the
     // star with the reason, not a listener that refuses every client.
-    let security_metrics = nova_core::net::SecurityMetrics::register(&metrics.registry, "nova");
+    let security_metrics = nova_server::net::SecurityMetrics::register(&metrics.registry, "nova");
     let security = config
         .listener
         .load(&security_metrics)
@@ -279,15 +162,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "novad",
         "append to, read, reconfigure and delete every stream",
     );
-    let connections = Arc::new(nova_core::net::Connections::default());
+    let connections = Arc::new(nova_server::net::Connections::default());
     // Every critical task of the process (the chain's, the auditor's, the fleet's, the servers')
     // is watched: the first to stop or panic unasked shuts novad down, named in the log.
     let supervisor = Supervisor::new();
     let stopping = CancellationToken::new();
+    // The process's own figures (resident memory, CPU, the allocator's), beside the star's.
+    let process = ProcessMetrics::register(&metrics.registry);
     supervisor.watch(
         "allocator trim",
         stopping.clone(),
-        nova_core::allocator::trim_periodically(Clock::system(), metrics.process.trims.clone()),
+        nova_core::allocator::trim_periodically(Clock::system(), process.trims.clone()),
     );
     let store = open_store(&config).await?;
     security.spawn_reloads(&stopping);
@@ -305,7 +190,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let ready = ready.clone();
         let memory = memory.clone();
         let sessions_open = sessions_open.clone();
-        let process = metrics.process.clone();
+        let process = process.clone();
         let fleet_metrics = fleet_metrics.clone();
         Arc::new(move || {
             if let Some(star) = ready.get() {
@@ -319,7 +204,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             process.refresh();
         })
     };
-    let render: nova_core::process::RenderMetrics = {
+    let render: nova_server::process::RenderMetrics = {
         let refresh = refresh.clone();
         let metrics = metrics.clone();
         Arc::new(move || {
@@ -336,16 +221,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             stopping.clone(),
         ),
     );
-    let metrics_listener = nova_core::process::bind_metrics(config.metrics_addr).await?;
+    let metrics_listener = nova_server::process::bind_metrics(config.metrics_addr).await?;
     let metrics_task = supervisor.watch_fallible(
         "metrics server",
         stopping.clone(),
-        nova_core::process::serve_metrics(metrics_listener, render, stopping.clone()),
+        nova_server::process::serve_metrics(metrics_listener, render, stopping.clone()),
     );
 
     // One signal listener for the whole start: once first polled it keeps a SIGTERM that
     // arrives between two waits, where a listener made for each wait would miss it.
-    let mut terminated = std::pin::pin!(nova_core::process::termination());
+    let mut terminated = std::pin::pin!(nova_server::process::termination());
 
     // In a fleet the star registers before recovery, so that a second live star with its id
     // is refused before either touches the chain.
@@ -469,22 +354,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             metrics.clone(),
             sheds.clone(),
         ),
-        read_shares: nova_core::net::shares::Shares::of(
+        read_shares: nova_server::net::shares::Shares::of(
             config.read_memory_mib * nova_core::limits::MIB,
             config.listener.max_client_share_percent,
         ),
-        subscription_shares: nova_core::net::shares::Shares::of(
+        subscription_shares: nova_server::net::shares::Shares::of(
             config.max_subscriptions as u64,
             config.listener.max_client_share_percent,
         ),
-        lookup_shares: nova_core::net::shares::Shares::of(
+        lookup_shares: nova_server::net::shares::Shares::of(
             nova_core::metastore::ETCD_MAX_INFLIGHT as u64,
             config.listener.max_client_share_percent,
         ),
         metrics: metrics.clone(),
         sheds,
         shutdown: stopping.clone(),
-        access: nova_core::net::Access::new(&security_metrics),
+        access: nova_server::net::Access::new(&security_metrics),
         identity: crate::service::info::Identity {
             version: env!("CARGO_PKG_VERSION"),
             started_at_ms,
@@ -553,7 +438,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // Every call counted by method and code, and timed (outermost, so it sees them all),
         // its connection marked busy while it runs.
         .layer(nova_proto::rpc::RpcLayer::new(
-            nova_core::net::CallObserver {
+            nova_server::net::CallObserver {
                 rpc: metrics.rpc.clone(),
                 connections: connections.clone(),
                 tokens: security.tokens.clone(),
@@ -561,12 +446,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             Clock::system(),
         ))
         // Then its token, before anything of it is charged or handled.
-        .layer(nova_core::net::AuthLayer::new(
+        .layer(nova_server::net::AuthLayer::new(
             security.tokens.clone(),
             &security_metrics,
         ))
         // A read's charge is held until its response is sent.
-        .layer(nova_core::net::hold::HoldLayer::new(connections.clone()))
+        .layer(nova_server::net::hold::HoldLayer::new(connections.clone()))
         // Appends are charged from their length prefix, before tonic buffers them.
         .layer(ChargeLayer::new(
             star.admission().clone(),
@@ -575,10 +460,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 largest_fragment: config.largest_fragment(),
             },
             access,
-            nova_core::net::small::SmallMessages::new(
+            nova_server::net::small::SmallMessages::new(
                 metrics
                     .sheds
-                    .with_label_values(&[nova_core::net::small::SHED_LABEL]),
+                    .with_label_values(&[nova_server::net::small::SHED_LABEL]),
                 shed_log,
                 config.listener.max_client_share_percent,
                 security.tokens.is_some(),
@@ -590,7 +475,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .add_service(reflection_v1alpha)
         .add_service(nova)
         .serve_with_incoming_shutdown(
-            nova_core::net::conn::incoming(
+            nova_server::net::conn::incoming(
                 listener,
                 security.tls.clone(),
                 config.listener.limits(),

@@ -22,7 +22,7 @@ use nova_core::flight::{ObjectFooter, fetch_footer};
 use nova_core::keys::{data_root, parse_data_key};
 use nova_core::metastore::EmbeddedMetastore;
 use nova_core::object_store::{ObjectStore, S3Config, S3Store};
-use nova_testkit::{Moto, Novad, NovadBuilder, workspace_binary};
+use nova_testkit::{Moto, Novad, NovadBuilder, nova_at, succeeded, workspace_binary};
 
 use common::*;
 
@@ -425,18 +425,7 @@ async fn load_more(
 
 /// Runs the `nova` CLI against `url`; its standard output, or a panic with its error.
 fn nova(url: &str, args: &[&str]) -> String {
-    let output = std::process::Command::new(workspace_binary("nova"))
-        .arg("--server")
-        .arg(url)
-        .args(args)
-        .output()
-        .expect("run nova");
-    assert!(
-        output.status.success(),
-        "nova {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    succeeded(nova_at(url, args, b""))
 }
 
 /// A stream first settled as one object past S3's 5 MiB multipart minimum, then a small one:

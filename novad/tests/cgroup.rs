@@ -195,5 +195,5 @@ async fn a_star_in_a_memory_limited_cgroup_blocks_and_sheds_but_is_never_killed(
 }
 
 fn nova_core_rss(pid: u32) -> u64 {
-    nova_core::memory::resident_bytes(pid).map_or(0, |(rss, _)| rss)
+    nova_server::memory::resident_bytes(pid).map_or(0, |(rss, _)| rss)
 }

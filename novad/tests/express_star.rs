@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -212,26 +211,6 @@ async fn express_acks_at_a_quorum_fails_fast_without_one_and_resumes() {
     assert!(novad.metric("nova_express_repairs_total").unwrap_or(0.0) >= 1.0);
 }
 
-/// Appends to the Express stream until the session breaks; returns what was acknowledged.
-async fn produce_until_cut(client: Client, round: usize) -> BTreeMap<u64, String> {
-    let mut acked = BTreeMap::new();
-    let Ok(mut session) = client.append_session().await else {
-        return acked;
-    };
-    for batch in 0.. {
-        let bodies = bodies(&format!("r{round}-b{batch}"), 8);
-        match session.append("x", to_records(&bodies), None).await {
-            Ok(ack) => {
-                for (i, body) in bodies.into_iter().enumerate() {
-                    assert!(acked.insert(ack.start_seq + i as u64, body).is_none());
-                }
-            }
-            Err(_) => return acked,
-        }
-    }
-    acked
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_with_express_bundles_in_flight_loses_no_acknowledged_record() {
     let regional = Moto::start();
@@ -252,32 +231,14 @@ async fn kill_9_with_express_bundles_in_flight_loses_no_acknowledged_record() {
     };
     let mut novad = builder().start();
     create_express(&client(&novad).await, "x").await;
-    let mut acked = BTreeMap::new();
-    for round in 0..3 {
-        let producer = tokio::spawn(produce_until_cut(client(&novad).await, round));
-        tokio::time::sleep(Duration::from_millis(600 + 250 * round as u64)).await;
-        novad.kill9();
-        let round_acked = tokio::time::timeout(Duration::from_secs(30), producer)
-            .await
-            .expect("the producer notices the crash")
-            .unwrap();
-        assert!(
-            !round_acked.is_empty(),
-            "round {round} acknowledged something"
-        );
-        acked.extend(round_acked);
-        novad.restart();
-        let client = client(&novad).await;
-        let stored = read_all(&client, "x").await;
-        for (seq, body) in &acked {
-            assert_eq!(
-                stored.get(*seq as usize),
-                Some(body),
-                "acknowledged Express record {seq} lost or changed after kill -9 (round {round})\n{}",
-                novad.log()
-            );
-        }
-    }
+    kill_9_rounds(
+        &mut novad,
+        "x",
+        8,
+        Duration::from_millis(600),
+        Duration::from_millis(250),
+    )
+    .await;
     assert!(
         novad.log().contains("recovery carried the express chain"),
         "a restart carried bundles only the zones held: {}",

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nova_testkit::{Etcd, Moto, Novad, free_port, run_nova, workspace_root};
+use nova_testkit::{Etcd, Moto, Novad, free_port, nova_at, workspace_root};
 
 use common::{client, novad};
 
@@ -82,9 +82,7 @@ fn adapted(flags: &[String], etcd: &Etcd, moto: &Moto, port: u16) -> Vec<String>
 
 /// `nova --server SERVER ARGS…`, its stdout on success.
 fn nova(server: &str, args: &[&str], stdin: &[u8]) -> Result<String, String> {
-    let mut argv = vec!["--server", server];
-    argv.extend_from_slice(args);
-    let output = run_nova(&argv, stdin);
+    let output = nova_at(server, args, stdin);
     if output.status.success() {
         Ok(String::from_utf8(output.stdout).unwrap())
     } else {

@@ -7,14 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::*;
-use nova_testkit::workspace_root;
-
-fn python() -> PathBuf {
-    if let Some(path) = std::env::var_os("NOVA_PYTHON") {
-        return PathBuf::from(path);
-    }
-    workspace_root().join(".nova-test/venv/bin/python")
-}
+use nova_testkit::python;
 
 #[test]
 fn python_grpcio_finds_and_calls_the_api_through_reflection() {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
+use nova_testkit::raw_h2::{connect, grpc_frame, open_call, unfinished_calls};
 
 const CONNECTIONS: usize = 2000;
 
@@ -299,7 +300,7 @@ struct Tokens {
 }
 
 fn tokens(intruder_grants: &str) -> Tokens {
-    use nova_core::net::auth::digest_hex;
+    use nova_server::net::auth::digest_hex;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens");
     std::fs::write(
@@ -321,44 +322,6 @@ async fn as_ops(novad: &nova_testkit::Novad) -> nova_client::Client {
     nova_client::Client::connect_with(config).await.unwrap()
 }
 
-/// An HTTP/2 connection of our own, with the stream window it advertises.
-async fn raw_h2(port: u16, window: u32) -> h2::client::SendRequest<Bytes> {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let (h2, connection) = h2::client::Builder::new()
-        .initial_window_size(window)
-        .handshake(tcp)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    h2.ready().await.unwrap()
-}
-
-/// Opens a gRPC call on `path` with `token`; the request's body is left open.
-async fn open_call(
-    h2: &mut h2::client::SendRequest<Bytes>,
-    port: u16,
-    path: &str,
-    token: &str,
-) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
-    let request = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {token}"))
-        .body(())
-        .unwrap();
-    *h2 = h2.clone().ready().await.unwrap();
-    h2.send_request(request, false).unwrap()
-}
-
-fn grpc_frame(message: &[u8]) -> Vec<u8> {
-    let mut out = vec![0];
-    out.extend((message.len() as u32).to_be_bytes());
-    out.extend(message);
-    out
-}
-
 /// Item 1 of the hostile-clients issue: an append token that sends only the prefix of large
 /// messages (and the start of their bodies) must not stall every other producer. A message
 /// for a stream the token may not append to is refused before it is charged; the token's
@@ -372,7 +335,7 @@ async fn prefixes_without_bodies_do_not_stall_other_producers() {
         .start();
     let ops = as_ops(&novad).await;
     ops.create_stream("good").await.unwrap();
-    let mut h2 = raw_h2(novad.port(), 65_535).await;
+    let mut h2 = connect(novad.port(), 65_535).await;
     let mut held = Vec::new();
     // Eight sessions, each with a 32 MiB message of which only the prefix and the stream's
     // name arrive: four for a stream the token may not append to, four for one it may.
@@ -463,7 +426,7 @@ async fn a_reader_withholding_its_window_holds_only_its_share_and_only_until_the
             .collect();
         session.append("big", batch, None).await.unwrap();
     }
-    let mut h2 = raw_h2(novad.port(), 0).await;
+    let mut h2 = connect(novad.port(), 0).await;
     let request = {
         use prost::Message;
         nova_proto::v1::ReadRequest {
@@ -515,25 +478,16 @@ async fn unfinished_small_messages_are_bounded_and_time_out() {
     let ops = as_ops(&novad).await;
     ops.create_stream("good").await.unwrap();
     let before = resident(&novad);
-    let mut calls = Vec::new();
-    for _ in 0..2 {
-        let mut h2 = raw_h2(novad.port(), 65_535).await;
-        for _ in 0..500 {
-            let (response, mut send) = open_call(
-                &mut h2,
-                novad.port(),
-                "/nova.v1.Nova/DescribeStream",
-                INTRUDER,
-            )
-            .await;
-            // A message declared at 64 KiB, all of it but its last byte sent.
-            let mut start = vec![0u8];
-            start.extend((64u32 << 10).to_be_bytes());
-            start.extend(vec![0u8; (64 << 10) - 1]);
-            send.send_data(Bytes::from(start), false).unwrap();
-            calls.push((response, send));
-        }
-    }
+    // Messages declared at 64 KiB, all of each but its last byte sent.
+    let calls = unfinished_calls(
+        novad.port(),
+        "/nova.v1.Nova/DescribeStream",
+        INTRUDER,
+        2,
+        500,
+        64 << 10,
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let grown = resident(&novad) - before;
     eprintln!(
@@ -670,7 +624,7 @@ async fn sessions_that_never_read_their_acks_stay_within_a_session_places_cost()
     let (admitted, refused) = (wire(&admitted), wire(&refused));
     let mut held = Vec::new();
     for connection in 0..SESSIONS / 16 {
-        let mut h2 = raw_h2(novad.port(), 0).await;
+        let mut h2 = connect(novad.port(), 0).await;
         let wire = if connection < 4 { &admitted } else { &refused };
         for _ in 0..16 {
             let request = http::Request::post(format!(

@@ -66,7 +66,7 @@ async fn every_metric_is_exported_from_the_first_scrape() {
         assert!(page.contains(name), "{name} missing from the metrics page");
     }
     // 2 GiB as given, or the container's limit when that is lower (the flag is capped to it).
-    let ceiling = nova_core::memory::detect_ceiling(Some(2u64 << 30)).bytes;
+    let ceiling = nova_server::memory::detect_ceiling(Some(2u64 << 30)).bytes;
     assert_eq!(
         novad.metric("nova_memory_ceiling_bytes"),
         Some(ceiling as f64)

@@ -3,81 +3,24 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
-use nova_client::{Client, Record};
+use nova_client::Record;
 use nova_testkit::{Moto, Novad, NovadBuilder};
-
-/// Appends batches until the session breaks, returning what was acknowledged: seq → body.
-async fn produce_until_cut(client: Client, round: usize, acked: &mut BTreeMap<u64, String>) {
-    let Ok(mut session) = client.append_session().await else {
-        return;
-    };
-    for batch in 0.. {
-        let bodies: Vec<String> = (0..10).map(|i| format!("r{round}-b{batch}-{i}")).collect();
-        let records = bodies.iter().map(|b| Record::new(b.clone())).collect();
-        match session.append("s", records, None).await {
-            Ok(ack) => {
-                assert_eq!(ack.end_seq - ack.start_seq, 10);
-                for (i, body) in bodies.into_iter().enumerate() {
-                    let previous = acked.insert(ack.start_seq + i as u64, body);
-                    assert!(
-                        previous.is_none(),
-                        "seq {} acknowledged twice",
-                        ack.start_seq + i as u64
-                    );
-                }
-            }
-            Err(_) => return,
-        }
-    }
-}
 
 async fn crash_rounds(mut builder: impl FnMut() -> NovadBuilder) {
     let mut novad: Novad = builder().start();
-    let client = client(&novad).await;
+    let client = common::client(&novad).await;
     client.create_stream("s").await.unwrap();
-    let mut acked = BTreeMap::new();
-    for round in 0..3 {
-        let client = client_for(&novad).await;
-        let producing = {
-            let mut local = BTreeMap::new();
-            let task = tokio::spawn(async move {
-                produce_until_cut(client, round, &mut local).await;
-                local
-            });
-            // Let it run a while, then kill at an arbitrary moment mid-stream.
-            tokio::time::sleep(Duration::from_millis(700 + 300 * round as u64)).await;
-            novad.kill9();
-            task
-        };
-        let round_acked = tokio::time::timeout(Duration::from_secs(30), producing)
-            .await
-            .expect("the producer notices the crash")
-            .unwrap();
-        assert!(
-            !round_acked.is_empty(),
-            "round {round} acknowledged something"
-        );
-        acked.extend(round_acked);
-        novad.restart();
-        let client = client_for(&novad).await;
-        let stored = read_all(&client, "s").await;
-        for (seq, body) in &acked {
-            assert_eq!(
-                stored.get(*seq as usize),
-                Some(body),
-                "acknowledged record {seq} lost or changed after kill -9 (round {round})"
-            );
-        }
-        assert!(novad.log().contains("star ready"), "{}", novad.log());
-    }
-}
-
-async fn client_for(novad: &Novad) -> Client {
-    client(novad).await
+    kill_9_rounds(
+        &mut novad,
+        "s",
+        10,
+        Duration::from_millis(700),
+        Duration::from_millis(300),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,7 +42,7 @@ async fn acknowledged_records_survive_kill_9_on_s3() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lands_what_was_admitted_and_exits_zero() {
     let mut novad = novad().args(["--flight-linger-ms", "200"]).start();
-    let client = client(&novad).await;
+    let client = common::client(&novad).await;
     client.create_stream("s").await.unwrap();
     let mut session = client.append_session().await.unwrap();
     // Admitted but lingering in an open flight when the signal arrives.
@@ -131,7 +74,7 @@ async fn sigterm_lands_what_was_admitted_and_exits_zero() {
     );
     assert!(novad.log().contains("novad stopped cleanly"));
     novad.restart();
-    let client = client_for(&novad).await;
+    let client = common::client(&novad).await;
     assert_eq!(
         read_all(&client, "s").await,
         ["late-0", "late-1", "late-2", "late-3", "late-4"]
@@ -144,7 +87,7 @@ async fn sigterm_lands_what_was_admitted_and_exits_zero() {
 async fn appends_continue_densely_after_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let mut novad = novad().data_dir(dir.path()).start();
-    let client = client(&novad).await;
+    let client = common::client(&novad).await;
     client.create_stream("s").await.unwrap();
     let mut session = client.append_session().await.unwrap();
     let mut acked = 0;
@@ -157,7 +100,7 @@ async fn appends_continue_densely_after_a_crash() {
     }
     novad.kill9();
     novad.restart();
-    let client = client_for(&novad).await;
+    let client = common::client(&novad).await;
     assert_eq!(client.describe_stream("s").await.unwrap().tail_seq, acked);
     assert_eq!(read_all(&client, "s").await.len() as u64, acked);
     // Appends continue densely after the restart.

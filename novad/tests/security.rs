@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use common::*;
 use nova_client::{Client, ClientConfig, ClientTls, ErrorCode, Record, RetryPolicy};
-use nova_core::net::auth::{Grant, Scope, file_line};
+use nova_server::net::auth::{Grant, Scope, file_line};
 use nova_testkit::certs::{Certs, Identity};
-use nova_testkit::{Novad, workspace_binary, workspace_root};
+use nova_testkit::{Novad, python, run_nova, run_nova_as, workspace_binary};
 
 fn tls_star(certs: &Certs) -> nova_testkit::NovadBuilder {
     let server = certs.server();
@@ -45,35 +45,6 @@ async fn connect(
     Client::connect_with(config).await
 }
 
-fn nova(args: &[&str], stdin: &[u8]) -> std::process::Output {
-    run_nova(None, args, stdin)
-}
-
-/// Runs `nova` with `NOVA_TOKEN` set to `token`, or unset.
-fn run_nova(token: Option<&str>, args: &[&str], stdin: &[u8]) -> std::process::Output {
-    use std::io::Write;
-    let mut command = Command::new(workspace_binary("nova"));
-    match token {
-        Some(token) => command.env("NOVA_TOKEN", token),
-        None => command.env_remove("NOVA_TOKEN"),
-    };
-    let mut child = command
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run nova");
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
-}
-
-fn python() -> PathBuf {
-    std::env::var_os("NOVA_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".nova-test/venv/bin/python"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_round_trip_from_the_sdk_the_cli_and_python_and_no_plain_text() {
     let certs = Certs::new();
@@ -93,7 +64,7 @@ async fn tls_round_trip_from_the_sdk_the_cli_and_python_and_no_plain_text() {
     // The CLI.
     let ca = certs.ca();
     let ca = ca.to_str().unwrap();
-    let appended = nova(
+    let appended = run_nova(
         &["--server", &url, "--tls-ca", ca, "append", "secret"],
         b"cli\n",
     );
@@ -102,7 +73,7 @@ async fn tls_round_trip_from_the_sdk_the_cli_and_python_and_no_plain_text() {
         "{}",
         String::from_utf8_lossy(&appended.stderr)
     );
-    let read = nova(
+    let read = run_nova(
         &[
             "--server", &url, "--tls-ca", ca, "read", "secret", "--from", "3",
         ],
@@ -110,7 +81,7 @@ async fn tls_round_trip_from_the_sdk_the_cli_and_python_and_no_plain_text() {
     );
     assert_eq!(String::from_utf8_lossy(&read.stdout), "cli\n");
     // Without the CA the server's certificate is not trusted, and nova says which flag helps.
-    let untrusted = nova(&["--server", &url, "stream", "list"], b"");
+    let untrusted = run_nova(&["--server", &url, "stream", "list"], b"");
     assert!(!untrusted.status.success());
     let stderr = String::from_utf8_lossy(&untrusted.stderr);
     assert!(stderr.contains("--tls-ca"), "{stderr}");
@@ -466,14 +437,9 @@ async fn certificates_and_tokens_reload_without_a_restart() {
     novad.kill9();
 }
 
-/// `nova` with `NOVA_TOKEN` set in its environment.
-fn nova_with_token(token: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
-    run_nova(Some(token), args, stdin)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_from_nova_token_new_works_from_nova_token_in_the_environment() {
-    let made = nova(
+    let made = run_nova(
         &["token", "new", "--name", "ci", "--grant", "append:ci/"],
         b"",
     );
@@ -510,26 +476,34 @@ async fn a_token_from_nova_token_new_works_from_nova_token_in_the_environment() 
         .start();
     let url = novad.url();
 
-    let created = nova_with_token(ADMIN, &["--server", &url, "stream", "create", "ci/a"], b"");
+    let created = run_nova_as(
+        Some(ADMIN),
+        &["--server", &url, "stream", "create", "ci/a"],
+        b"",
+    );
     assert!(
         created.status.success(),
         "{}",
         String::from_utf8_lossy(&created.stderr)
     );
-    let appended = nova_with_token(&token, &["--server", &url, "append", "ci/a"], b"one\ntwo\n");
+    let appended = run_nova_as(
+        Some(&token),
+        &["--server", &url, "append", "ci/a"],
+        b"one\ntwo\n",
+    );
     assert!(
         appended.status.success(),
         "{}",
         String::from_utf8_lossy(&appended.stderr)
     );
     // The token grants no read: the CLI says which scope is missing, and never the token.
-    let read = nova_with_token(&token, &["--server", &url, "read", "ci/a"], b"");
+    let read = run_nova_as(Some(&token), &["--server", &url, "read", "ci/a"], b"");
     assert!(!read.status.success());
     let stderr = String::from_utf8_lossy(&read.stderr);
     assert!(stderr.contains("no read scope"), "{stderr}");
     assert!(!stderr.contains(&token), "{stderr}");
     // Without any token the star answers UNAUTHENTICATED, and nova says how to give one.
-    let anonymous = nova(&["--server", &url, "stream", "list"], b"");
+    let anonymous = run_nova(&["--server", &url, "stream", "list"], b"");
     assert!(!anonymous.status.success());
     let stderr = String::from_utf8_lossy(&anonymous.stderr);
     assert!(stderr.contains("NOVA_TOKEN"), "{stderr}");

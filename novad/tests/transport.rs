@@ -134,7 +134,7 @@ async fn sixteen_mib_batches_into_a_paused_store_stay_inside_the_formula() {
     let started = Instant::now();
     let mut peak = 0;
     while started.elapsed() < Duration::from_secs(10) {
-        if let Some((rss, _)) = nova_core::memory::resident_bytes(pid) {
+        if let Some((rss, _)) = nova_server::memory::resident_bytes(pid) {
             peak = peak.max(rss);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -195,7 +195,7 @@ async fn idle_sessions_keep_nothing_of_their_last_batch() {
         open.push((body, sending));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss = nova_core::memory::resident_bytes(novad.pid().unwrap())
+    let rss = nova_server::memory::resident_bytes(novad.pid().unwrap())
         .unwrap()
         .0;
     let formula = nova_testkit::outage::star_budgets(ADMISSION_MIB, TAIL_MIB, READ_MIB, IDLE)

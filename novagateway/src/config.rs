@@ -7,8 +7,8 @@ use std::time::Duration;
 use clap::Parser;
 
 use nova_core::limits;
-use nova_core::object_store::StoreArgs;
 use nova_proto::units::parse_bytes;
+use nova_server::StoreArgs;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -70,7 +70,7 @@ pub struct Config {
     pub store: StoreArgs,
 
     #[command(flatten)]
-    pub listener: nova_core::net::ListenerArgs,
+    pub listener: nova_server::net::ListenerArgs,
 
     /// CA certificates (PEM) the star's and the peers' certificates must chain to, for
     /// https:// URLs in --star and --peers (default: the system's roots).
@@ -178,7 +178,7 @@ pub struct Config {
 /// What `--print-env-example` prints: ops/novagateway.env.example.
 pub fn env_example() -> String {
     use clap::CommandFactory;
-    nova_core::envdoc::env_example(
+    nova_server::envdoc::env_example(
         &Config::command(),
         "Every novagateway setting as an environment variable, with its default: uncomment and\n\
          change what you need. Load it with `set -a; . ./novagateway.env; set +a`, or an\n\
@@ -354,7 +354,7 @@ mod tests {
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/novagateway.env.example");
         let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-        nova_core::envdoc::check_current(
+        nova_server::envdoc::check_current(
             "ops/novagateway.env.example",
             &on_disk,
             &env_example(),

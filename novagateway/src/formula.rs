@@ -11,7 +11,7 @@
 //! is the star's 48 MiB base (binary, runtime, connection pools, allocator slack).
 
 use nova_core::formula::{FIXED_OVERHEAD, REQUEST_MESSAGES};
-use nova_core::memory::detect_ceiling;
+use nova_server::memory::detect_ceiling;
 
 use crate::config::Config;
 use crate::metrics::GatewayMetrics;

@@ -55,7 +55,7 @@ pub struct GatewayMetrics {
     pub ceiling: IntGauge,
     pub saturation: prometheus::Gauge,
     /// Resident memory, CPU and the allocator's figures, under the star's names.
-    pub process: nova_core::metrics::ProcessMetrics,
+    pub process: nova_server::memory::ProcessMetrics,
 }
 
 impl GatewayMetrics {
@@ -94,7 +94,7 @@ impl GatewayMetrics {
             formula: register(&r, IntGaugeVec::new(Opts::new("nova_gateway_memory_formula_bytes", "Terms of the gateway's memory formula: fetch_pool, footer_cache, object_cache, reads (--max-reads × per-read state), fixed."), &["term"]).expect("valid metric")),
             ceiling: gauge(&r, "nova_gateway_memory_ceiling_bytes", "The memory the gateway may use: its cgroup's limit, else 60% of physical memory."),
             saturation: register(&r, prometheus::Gauge::new("nova_gateway_memory_saturation_ratio", "The memory formula divided by the ceiling.").expect("valid metric")),
-            process: nova_core::metrics::ProcessMetrics::register(&r),
+            process: nova_server::memory::ProcessMetrics::register(&r),
             registry: r,
         };
         for route in ["owner", "peer", "spilled", "direct"] {
@@ -103,7 +103,7 @@ impl GatewayMetrics {
         metrics.sheds.with_label_values(&["max_reads"]);
         metrics
             .sheds
-            .with_label_values(&[nova_core::net::small::SHED_LABEL]);
+            .with_label_values(&[nova_server::net::small::SHED_LABEL]);
         for source in ["history", "star"] {
             metrics.reads.with_label_values(&[source]);
         }

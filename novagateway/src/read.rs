@@ -24,18 +24,19 @@ use tonic::Status;
 use nova_core::budget::{Budget, BudgetPermit};
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, SectionEntry, verify_section};
-use nova_core::limits::COLD_READ_REFS;
+use nova_core::limits::{COLD_READ_REFS, STALE_REF_RETRIES};
 use nova_core::object_store::StoreError;
-use nova_core::shed::ShedLog;
+use nova_core::refusal;
 use nova_proto::RequestError;
 use nova_proto::route::Router;
 use nova_proto::v1;
 use nova_proto::validate::read_caps;
+use nova_server::shed::ShedLog;
 
 use crate::footers::Footers;
 use crate::metrics::GatewayMetrics;
 use crate::tier::Tier;
-use nova_core::net::hold::Hold;
+use nova_server::net::hold::Hold;
 
 pub struct Reader {
     /// The star(s): requests about a stream go to its leader, following redirects.
@@ -68,9 +69,6 @@ const PER_RECORD_BYTES: u64 = 192;
 
 /// The retry hint of a read shed at `--max-reads`.
 const SHED_RETRY_AFTER: Duration = Duration::from_millis(500);
-
-/// How often one read asks for fresh refs after finding an object gone.
-const STALE_REF_RETRIES: u32 = 3;
 
 /// Why one attempt at a read failed.
 enum Failure {
@@ -139,13 +137,7 @@ impl Reader {
                 // The stream is there and its records moved under the read, over and over:
                 // retryable, and never "not found", which a client takes for a deleted stream.
                 Err(Failure::Stale(key)) => {
-                    return Err(RequestError::Unavailable(format!(
-                        "reading stream {:?}: {key} was gone each of {} times the read resolved \
-                         its records again (the auditor is moving them); try again",
-                        request.stream,
-                        STALE_REF_RETRIES + 1
-                    ))
-                    .into());
+                    return Err(refusal::stale_refs_exhausted(&request.stream, &key).into());
                 }
             }
         }

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use nova_core::budget::Budget;
 use nova_core::clock::Clock;
-use nova_core::object_store::{Instrumented, ObjectStore};
+use nova_core::object_store::StoreStack;
 use nova_proto::server::gateway_peer_server::GatewayPeerServer;
 use nova_proto::server::nova_server::NovaServer;
 use nova_proto::units::human_bytes;
@@ -21,7 +21,7 @@ use crate::service::{GatewayService, PeerService};
 use crate::tier::Tier;
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    nova_core::net::take_hangups();
+    nova_server::net::take_hangups();
     let started_at_ms = Clock::system().unix_ms();
     let metrics = GatewayMetrics::new();
     nova_core::metrics::register_build_info(
@@ -31,7 +31,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         started_at_ms as f64 / 1000.0,
     );
     let security_metrics =
-        nova_core::net::SecurityMetrics::register(&metrics.registry, "nova_gateway");
+        nova_server::net::SecurityMetrics::register(&metrics.registry, "nova_gateway");
     let security = config
         .listener
         .load(&security_metrics)
@@ -53,7 +53,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Clock::system(),
         metrics.process.trims.clone(),
     ));
-    let connections = Arc::new(nova_core::net::Connections::default());
+    let connections = Arc::new(nova_server::net::Connections::default());
     let store_dir = match config.store.s3() {
         None => crate::health::check_store_dir(&config.store_dir).await?,
         Some(_) => config.store_dir.clone(),
@@ -63,11 +63,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .open(&store_dir, false)
         .await
         .with_context(|| format!("opening the object store at {}", store_dir.display()))?;
-    let store: Arc<dyn ObjectStore> = Arc::new(Instrumented::new(
-        store,
-        metrics.store.clone(),
-        Clock::system(),
-    ));
+    let store = StoreStack::over(store)
+        .instrumented(metrics.store.clone(), Clock::system())
+        .build();
     let upstream = config.upstream()?;
     let star = nova_proto::route::Router::with_settings(
         upstream.client(
@@ -124,16 +122,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         max_read_records: config.max_read_records,
         reads: Arc::new(tokio::sync::Semaphore::new(config.max_reads.max(1) as usize)),
         max_reads: config.max_reads,
-        sheds: Arc::new(nova_core::shed::ShedLog::new(Clock::system())),
+        sheds: Arc::new(nova_server::shed::ShedLog::new(Clock::system())),
     });
 
     let stopping = CancellationToken::new();
-    let render: nova_core::process::RenderMetrics = {
+    let render: nova_server::process::RenderMetrics = {
         let metrics = metrics.clone();
         Arc::new(move || metrics.render())
     };
-    let metrics_listener = nova_core::process::bind_metrics(config.metrics_addr).await?;
-    let metrics_task = tokio::spawn(nova_core::process::serve_metrics(
+    let metrics_listener = nova_server::process::bind_metrics(config.metrics_addr).await?;
+    let metrics_task = tokio::spawn(nova_server::process::serve_metrics(
         metrics_listener,
         render,
         stopping.clone(),
@@ -168,9 +166,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let nova = NovaServer::new(GatewayService {
         reader,
         star_url: config.star.clone(),
-        errors_logged: Arc::new(nova_core::shed::ShedLog::new(Clock::system())),
+        errors_logged: Arc::new(nova_server::shed::ShedLog::new(Clock::system())),
         health: health.clone(),
-        access: nova_core::net::Access::new(&security_metrics),
+        access: nova_server::net::Access::new(&security_metrics),
         identity: crate::service::GatewayIdentity {
             version: env!("CARGO_PKG_VERSION"),
             id: config.advertise(),
@@ -183,7 +181,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     .max_encoding_message_size(usize::MAX);
     let peer = GatewayPeerServer::new(PeerService {
         tier,
-        access: nova_core::net::Access::new(&security_metrics),
+        access: nova_server::net::Access::new(&security_metrics),
         pool,
     })
     .max_encoding_message_size(usize::MAX);
@@ -192,28 +190,28 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .listener
         .configure(tonic::transport::Server::builder())
         .layer(nova_proto::rpc::RpcLayer::new(
-            nova_core::net::CallObserver {
+            nova_server::net::CallObserver {
                 rpc: metrics.rpc.clone(),
                 connections: connections.clone(),
                 tokens: security.tokens.clone(),
             },
             Clock::system(),
         ))
-        .layer(nova_core::net::AuthLayer::new(
+        .layer(nova_server::net::AuthLayer::new(
             security.tokens.clone(),
             &security_metrics,
         ))
         // A star's redirect stays between the gateway and the star.
         .layer(crate::redirects::NoRedirectsLayer)
-        .layer(nova_core::net::hold::HoldLayer::new(connections.clone()))
+        .layer(nova_server::net::hold::HoldLayer::new(connections.clone()))
         // Every request message is small: collected outside tonic, within a budget and a
         // deadline, and refused at its prefix if it says it is large.
-        .layer(nova_core::net::small::SmallMessagesLayer(
-            nova_core::net::small::SmallMessages::new(
+        .layer(nova_server::net::small::SmallMessagesLayer(
+            nova_server::net::small::SmallMessages::new(
                 metrics
                     .sheds
-                    .with_label_values(&[nova_core::net::small::SHED_LABEL]),
-                Arc::new(nova_core::shed::ShedLog::new(Clock::system())),
+                    .with_label_values(&[nova_server::net::small::SHED_LABEL]),
+                Arc::new(nova_server::shed::ShedLog::new(Clock::system())),
                 config.listener.max_client_share_percent,
                 security.tokens.is_some(),
             ),
@@ -224,7 +222,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .add_service(nova)
         .add_service(peer)
         .serve_with_incoming_shutdown(
-            nova_core::net::conn::incoming(
+            nova_server::net::conn::incoming(
                 listener,
                 security.tls.clone(),
                 config.listener.limits(),
@@ -247,7 +245,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "novagateway serving reads"
     );
     let failure = tokio::select! {
-        _ = nova_core::process::termination() => None,
+        _ = nova_server::process::termination() => None,
         result = &mut server => Some(match result {
             Ok(Ok(())) => "the gRPC server stopped".to_owned(),
             Ok(Err(e)) => format!("the gRPC server failed: {e}"),

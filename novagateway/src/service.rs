@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status, Streaming};
 
-use nova_core::net::Scope;
 use nova_proto::RequestError;
 use nova_proto::server::gateway_peer_server::GatewayPeer;
 use nova_proto::server::nova_server::Nova;
 use nova_proto::v1;
+use nova_server::net::Scope;
 
 use crate::read::Reader;
 use crate::tier::{MAX_PEER_RANGE, Tier};
@@ -20,10 +20,10 @@ pub struct GatewayService {
     pub reader: Arc<Reader>,
     pub star_url: String,
     /// Throttles the read-failure log to a line a second per code.
-    pub errors_logged: Arc<nova_core::shed::ShedLog>,
+    pub errors_logged: Arc<nova_server::shed::ShedLog>,
     pub health: Arc<crate::health::Health>,
     /// What each call's token may do (`--auth-tokens`).
-    pub access: nova_core::net::Access,
+    pub access: nova_server::net::Access,
     /// What `GetServerInfo` says that does not change while the gateway runs.
     pub identity: GatewayIdentity,
 }
@@ -106,7 +106,7 @@ impl Nova for GatewayService {
         &self,
         request: Request<v1::ReadRequest>,
     ) -> Result<Response<v1::ReadResponse>, Status> {
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let peer = request.remote_addr();
         let request = request.into_inner();
         self.access
@@ -128,7 +128,7 @@ impl Nova for GatewayService {
         &self,
         request: Request<v1::ResolveRefsRequest>,
     ) -> Result<Response<v1::ResolveRefsResponse>, Status> {
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let request = request.into_inner();
         self.access
             .check(principal.as_deref(), Scope::Read, &request.stream)?;
@@ -152,7 +152,7 @@ impl Nova for GatewayService {
         &self,
         request: Request<v1::DescribeStreamRequest>,
     ) -> Result<Response<v1::DescribeStreamResponse>, Status> {
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let request = request.into_inner();
         // As on the star: any scope on the stream allows describing it.
         self.access.check_any(
@@ -173,7 +173,7 @@ impl Nova for GatewayService {
         &self,
         request: Request<v1::ListStreamsRequest>,
     ) -> Result<Response<v1::ListStreamsResponse>, Status> {
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let request = request.into_inner();
         self.access
             .check(principal.as_deref(), Scope::Read, &request.prefix)?;
@@ -198,8 +198,8 @@ impl Nova for GatewayService {
         &self,
         request: Request<v1::GetServerInfoRequest>,
     ) -> Result<Response<v1::GetServerInfoResponse>, Status> {
-        let principal = nova_core::net::principal(&request);
-        let detail = |text: &str| nova_core::net::deployment_detail(principal.as_deref(), text);
+        let principal = nova_server::net::principal(&request);
+        let detail = |text: &str| nova_server::net::deployment_detail(principal.as_deref(), text);
         let identity = &self.identity;
         Ok(Response::new(v1::GetServerInfoResponse {
             version: identity.version.to_owned(),
@@ -223,7 +223,7 @@ impl Nova for GatewayService {
 #[derive(Clone)]
 pub struct PeerService {
     pub tier: Arc<Tier>,
-    pub access: nova_core::net::Access,
+    pub access: nova_server::net::Access,
     /// The fetch pool, which a range served to a peer is charged to like a read's sections.
     pub pool: nova_core::budget::Budget,
 }
@@ -239,7 +239,7 @@ impl GatewayPeer for PeerService {
     ) -> Result<Response<v1::FetchRangeResponse>, Status> {
         // An object holds any stream's records: only a token that reads every stream (a peer
         // gateway's) may fetch one.
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         self.access.check(principal.as_deref(), Scope::Read, "")?;
         let request = request.into_inner();
         // Only objects that hold records: a peer has no business with manifests or markers,
@@ -287,7 +287,7 @@ impl GatewayPeer for PeerService {
         let mut response = Response::new(v1::FetchRangeResponse { data });
         response
             .extensions_mut()
-            .insert(nova_core::net::hold::Hold::new(charge));
+            .insert(nova_server::net::hold::Hold::new(charge));
         Ok(response)
     }
 }

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use nova_client::{Client, ClientConfig};
-use nova_core::net::auth::digest_hex;
+use nova_server::net::auth::digest_hex;
+use nova_testkit::raw_h2::unfinished_calls;
 use nova_testkit::{Moto, Novad, NovadBuilder, workspace_binary};
 
 const GOOD: &str = "good-token-0123456789abcdef";
@@ -29,23 +29,6 @@ fn with_aws(builder: NovadBuilder, moto: &Moto) -> NovadBuilder {
 
 fn resident(process: &Novad) -> f64 {
     process.metric("nova_process_resident_bytes").unwrap()
-}
-
-/// Opens a gRPC call on `path` with `token`, its request body left open.
-async fn open_call(
-    h2: &mut h2::client::SendRequest<Bytes>,
-    port: u16,
-    path: &str,
-    token: &str,
-) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
-    let request = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {token}"))
-        .body(())
-        .unwrap();
-    *h2 = h2.clone().ready().await.unwrap();
-    h2.send_request(request, false).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,28 +67,15 @@ async fn a_gateway_bounds_unfinished_messages_and_serves_only_record_objects() {
     let before = resident(&gateway);
 
     // A thousand describes whose 64 KiB messages stop one byte short, over two connections.
-    let mut calls = Vec::new();
-    for _ in 0..2 {
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", gateway.port()))
-            .await
-            .unwrap();
-        let (mut h2, connection) = h2::client::handshake(tcp).await.unwrap();
-        tokio::spawn(connection);
-        for _ in 0..500 {
-            let (response, mut send) = open_call(
-                &mut h2,
-                gateway.port(),
-                "/nova.v1.Nova/DescribeStream",
-                INTRUDER,
-            )
-            .await;
-            let mut start = vec![0u8];
-            start.extend((64u32 << 10).to_be_bytes());
-            start.extend(vec![0u8; (64 << 10) - 1]);
-            send.send_data(Bytes::from(start), false).unwrap();
-            calls.push((response, send));
-        }
-    }
+    let calls = unfinished_calls(
+        gateway.port(),
+        "/nova.v1.Nova/DescribeStream",
+        INTRUDER,
+        2,
+        500,
+        64 << 10,
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let grown = resident(&gateway) - before;
     eprintln!(

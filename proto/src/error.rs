@@ -129,6 +129,18 @@ pub enum RequestError {
 }
 
 impl RequestError {
+    /// The same failure with `what` (the operation, the stream) in front of a free-form
+    /// message: the code, and so what the client does next, stays as the conversion chose it.
+    /// Failures whose message the table writes itself are returned unchanged.
+    pub fn context(self, what: impl std::fmt::Display) -> Self {
+        match self {
+            RequestError::Unavailable(m) => RequestError::Unavailable(format!("{what}: {m}")),
+            RequestError::DataLoss(m) => RequestError::DataLoss(format!("{what}: {m}")),
+            RequestError::Internal(m) => RequestError::Internal(format!("{what}: {m}")),
+            other => other,
+        }
+    }
+
     pub fn code(&self) -> Code {
         match self {
             // The request itself is wrong; sending it again unchanged fails again.

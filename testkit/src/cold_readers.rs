@@ -57,7 +57,7 @@ pub struct ColdReadReport {
 }
 
 fn rss(pid: u32) -> (u64, u64) {
-    nova_core::memory::resident_bytes(pid).unwrap_or((0, 0))
+    nova_server::memory::resident_bytes(pid).unwrap_or((0, 0))
 }
 
 impl ColdReaders {

@@ -239,7 +239,7 @@ fn sample_outage(
         let mut admission_used = 0f64;
         let mut last_scrape = Instant::now() - Duration::from_secs(10);
         while !stop.load(Ordering::Relaxed) {
-            if let Some((rss, _)) = nova_core::memory::resident_bytes(pid) {
+            if let Some((rss, _)) = nova_server::memory::resident_bytes(pid) {
                 peak = peak.max(rss);
             }
             if last_scrape.elapsed() >= Duration::from_secs(1) {
@@ -341,7 +341,7 @@ pub async fn run(scenario: OutageScenario) -> OutageReport {
         .collect();
 
     tokio::time::sleep(scenario.warmup).await;
-    report.rss_before_outage = nova_core::memory::resident_bytes(pid).map_or(0, |(rss, _)| rss);
+    report.rss_before_outage = nova_server::memory::resident_bytes(pid).map_or(0, |(rss, _)| rss);
     report.acked_before_outage = counters.acked_records.load(Ordering::Relaxed);
 
     proxy.set(scenario.fault);
@@ -375,7 +375,7 @@ pub async fn run(scenario: OutageScenario) -> OutageReport {
     report.acked_total = counters.acked_records.load(Ordering::Relaxed);
     report.sent_batches = counters.sent_batches.load(Ordering::Relaxed);
     report.acked_batches = counters.acked_batches.load(Ordering::Relaxed);
-    report.peak_rss_overall = nova_core::memory::resident_bytes(pid).map_or(0, |(_, hwm)| hwm);
+    report.peak_rss_overall = nova_server::memory::resident_bytes(pid).map_or(0, |(_, hwm)| hwm);
 
     // Every stream holds exactly the acknowledged batches of its sessions, once each, and
     // nothing else. Batches are all the same size, so each starts at a multiple of it.

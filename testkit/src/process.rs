@@ -70,11 +70,22 @@ pub fn workspace_binary(name: &str) -> PathBuf {
         })
 }
 
-/// Runs the workspace's `nova` CLI with `args`, `stdin` on its standard input, to its end.
+/// Runs the workspace's `nova` CLI with `args`, `stdin` on its standard input, to its end, with
+/// no `NOVA_TOKEN` in its environment.
 pub fn run_nova(args: &[&str], stdin: &[u8]) -> std::process::Output {
+    run_nova_as(None, args, stdin)
+}
+
+/// As [`run_nova`], with `NOVA_TOKEN` set to `token` (or unset).
+pub fn run_nova_as(token: Option<&str>, args: &[&str], stdin: &[u8]) -> std::process::Output {
     use std::io::Write;
     use std::process::{Command, Stdio};
-    let mut child = Command::new(workspace_binary("nova"))
+    let mut command = Command::new(workspace_binary("nova"));
+    match token {
+        Some(token) => command.env("NOVA_TOKEN", token),
+        None => command.env_remove("NOVA_TOKEN"),
+    };
+    let mut child = command
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -85,4 +96,29 @@ pub fn run_nova(args: &[&str], stdin: &[u8]) -> std::process::Output {
         input.write_all(stdin).expect("write nova's stdin");
     }
     child.wait_with_output().expect("wait for nova")
+}
+
+/// `nova --server SERVER ARGS…`, as [`run_nova`].
+pub fn nova_at(server: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
+    let mut argv = vec!["--server", server];
+    argv.extend_from_slice(args);
+    run_nova(&argv, stdin)
+}
+
+/// The standard output of a run that succeeded, or a panic with its standard error.
+pub fn succeeded(output: std::process::Output) -> String {
+    assert!(
+        output.status.success(),
+        "nova failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("nova writes UTF-8")
+}
+
+/// The Python of the test virtualenv (`NOVA_PYTHON`, else `.nova-test/venv/bin/python`, where
+/// `scripts/test` puts it, with the Python packages the tests use).
+pub fn python() -> PathBuf {
+    std::env::var_os("NOVA_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".nova-test/venv/bin/python"))
 }

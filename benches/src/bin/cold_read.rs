@@ -53,7 +53,7 @@ async fn raw() -> Result<serde_json::Value, String> {
     }
     let bytes = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let cpu_before = nova_core::memory::cpu_seconds().unwrap_or(0.0);
+    let cpu_before = nova_server::memory::cpu_seconds().unwrap_or(0.0);
     futures::stream::iter(sections.iter().map(|(key, s)| {
         let store = store.clone();
         let bytes = bytes.clone();
@@ -71,7 +71,7 @@ async fn raw() -> Result<serde_json::Value, String> {
     .into_iter()
     .collect::<Result<Vec<_>, _>>()?;
     let seconds = started.elapsed().as_secs_f64();
-    let cpu = nova_core::memory::cpu_seconds().unwrap_or(0.0) - cpu_before;
+    let cpu = nova_server::memory::cpu_seconds().unwrap_or(0.0) - cpu_before;
     let total = bytes.load(Ordering::Relaxed);
     Ok(serde_json::json!({
         "mode": "raw",

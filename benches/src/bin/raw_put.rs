@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use nova_core::memory::cpu_seconds;
 use nova_core::object_store::{ObjectStore, PutPayload, S3Config, S3Store};
 use nova_proto::units::{parse_bytes, parse_duration};
+use nova_server::memory::cpu_seconds;
 
 fn args() -> Vec<String> {
     std::env::args().collect()

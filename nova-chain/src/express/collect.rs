@@ -27,10 +27,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::Metrics;
 use nova_core::catalog::ExpressCheckpoint;
 use nova_core::flight::{ObjectFooter, fetch_footer};
 use nova_core::keys::{express_prefix, express_root, parse_epoch, parse_slot};
-use nova_core::metrics::Metrics;
 use nova_core::object_store::{ObjectStore, StoreError};
 
 use super::{Zone, Zones, marker};

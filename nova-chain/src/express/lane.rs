@@ -173,19 +173,14 @@ impl Lane {
             return;
         };
         let Some(sender) = self.to_resolver.clone() else {
-            bundle.fail(
-                shared,
-                &RequestError::Unavailable(
-                    "the star is shutting down; retry against its successor".into(),
-                ),
-            );
+            bundle.fail(shared, &nova_core::refusal::shutting_down());
             return;
         };
         if self.stopping {
             self.to_resolver = None;
         }
         if let Some(reason) = shared.fenced() {
-            bundle.fail(shared, &RequestError::Unavailable(reason));
+            bundle.fail(shared, &nova_core::refusal::fenced(reason));
             return;
         }
         let epoch = express_epoch(shared.epoch, self.generation);

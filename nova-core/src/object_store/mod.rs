@@ -1,8 +1,6 @@
 //! The object store a star writes flights to, and its two backends: a local directory (the
 //! zero-setup default) and S3 through aws-sdk-s3. Both pass the suite in `conformance`.
 
-#[cfg(feature = "s3")]
-mod args;
 mod concurrency_limited;
 pub mod conformance;
 pub mod faulty;
@@ -13,6 +11,7 @@ mod probe;
 mod rate_limited;
 #[cfg(feature = "s3")]
 mod s3;
+mod stack;
 
 use std::fmt;
 use std::ops::Range;
@@ -20,8 +19,6 @@ use std::ops::Range;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-#[cfg(feature = "s3")]
-pub use args::StoreArgs;
 pub use concurrency_limited::ConcurrencyLimited;
 pub use instrumented::Instrumented;
 pub use local::LocalStore;
@@ -30,6 +27,7 @@ pub use probe::{ProbeError, probe_conditional_create};
 pub use rate_limited::{RateLimited, RateLimitedMetrics};
 #[cfg(feature = "s3")]
 pub use s3::{S3Config, S3Store};
+pub use stack::{Backend, StoreStack};
 
 /// Which part of an object to read.
 #[derive(Debug, Clone, PartialEq, Eq)]

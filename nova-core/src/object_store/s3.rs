@@ -1,6 +1,6 @@
 //! S3 (or any S3-compatible server) through aws-sdk-s3.
 //!
-//! Only the protocol: the concurrency limits are a layer (`ConcurrencyLimited`) that `StoreArgs`
+//! Only the protocol: the concurrency limits are a layer (`ConcurrencyLimited`) that `StoreStack`
 //! stacks on it. Every attempt has a deadline; the SDK retries only errors it classes as
 //! transient (timeouts, throttling, 5xx), and a conditional create's 412 is never retried: it is
 //! the answer.

@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use nova_chain::Star;
+use nova_chain::metrics::Metrics;
 use nova_core::entropy::Entropy;
 use nova_core::metastore::Metastore;
-use nova_core::metrics::Metrics;
 use nova_core::object_store::ObjectStore;
+use nova_core::supervisor::Supervisor;
 use nova_fleet::{Fleet, FleetConfig, FleetMetrics, JoinError, TakeoverContext};
 
 use super::World;
@@ -30,6 +31,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Up {
     pub star: Arc<Star>,
     pub fleet: Arc<Fleet>,
+    /// Watches the fleet's loops (renewal, view, takeovers, balancing), as novad's does.
+    pub supervisor: Supervisor,
 }
 
 /// One incarnation of one star.
@@ -169,6 +172,14 @@ async fn boot(world: Arc<World>, node: Arc<Node>) {
             }
             reason
         }
+        // A fleet loop that ends before the lease is lost leaves the star in a fleet it no
+        // longer renews, watches or balances: novad exits then, and here it is a defect.
+        reason = up.supervisor.failed() => {
+            if !node.is_dead() && !node.stopping.load(Ordering::Acquire) && !up.fleet.is_lost() {
+                world.violation(format!("{}: a fleet task died: {reason}", node.id));
+            }
+            reason
+        }
     };
     node.running().await;
     // A star that was killed says nothing more; one that drains (SIGTERM) gave its lease up on
@@ -211,7 +222,7 @@ async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Started {
         star_id: node.id.clone(),
         advertise: format!("sim://{}", node.id),
         lease_ttl: world.plan.lease_ttl,
-        supervisor: nova_core::supervisor::Supervisor::new(),
+        supervisor: Supervisor::new(),
     };
     let fleet = loop {
         if node.is_dead() {
@@ -267,7 +278,11 @@ async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Started {
         adoptions: None,
     });
     fleet.start_balancing(star.clone());
-    Started::Up(Up { star, fleet })
+    Started::Up(Up {
+        star,
+        fleet,
+        supervisor: config.supervisor,
+    })
 }
 
 /// SIGTERM: refuse new calls, drain what was admitted, hand the streams off and leave. A kill

@@ -83,20 +83,20 @@ fn refusal(error: &RequestError) -> v1::AppendAck {
 pub fn open_session(
     ctx: Arc<Context>,
     peer: Option<SocketAddr>,
-    principal: Option<Arc<nova_core::net::Principal>>,
+    principal: Option<Arc<nova_server::net::Principal>>,
     charges: Option<Arc<Charges>>,
     inbound: Streaming<WireAppend>,
 ) -> Result<AckStream, Status> {
     if let Some(reason) = ctx.star.fenced() {
-        return Err(RequestError::Unavailable(reason).into());
+        return Err(nova_core::refusal::fenced(reason).into());
     }
     // A token that may append nowhere holds no session place (nor charges a batch).
     if let Some(principal) = &principal
-        && !principal.has(nova_core::net::Scope::Append)
+        && !principal.has(nova_server::net::Scope::Append)
     {
         ctx.access.check(
             Some(principal),
-            nova_core::net::Scope::Append,
+            nova_server::net::Scope::Append,
             "(any stream)",
         )?;
     }
@@ -146,7 +146,7 @@ fn answers(
 async fn read_requests(
     ctx: Arc<Context>,
     peer: Option<SocketAddr>,
-    principal: Option<Arc<nova_core::net::Principal>>,
+    principal: Option<Arc<nova_server::net::Principal>>,
     charges: Option<Arc<Charges>>,
     mut inbound: Streaming<WireAppend>,
     pending: mpsc::Sender<Pending>,
@@ -277,7 +277,7 @@ fn reject(ctx: &Context, peer: Option<SocketAddr>, error: RequestError, stream: 
 async fn admit(
     ctx: &Context,
     peer: Option<SocketAddr>,
-    principal: Option<&nova_core::net::Principal>,
+    principal: Option<&nova_server::net::Principal>,
     charges: Option<&Charges>,
     request: WireAppend,
 ) -> Pending {
@@ -320,7 +320,7 @@ async fn admit(
     let routed = match validate_wire(&request, &ctx.caps) {
         Ok(name) => match ctx
             .access
-            .check(principal, nova_core::net::Scope::Append, name)
+            .check(principal, nova_server::net::Scope::Append, name)
         {
             Ok(()) => ctx.route(name, peer, principal).await,
             Err(error) => Err(error),

@@ -11,9 +11,9 @@ use std::time::Duration;
 use prometheus::IntGauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use nova_core::metrics::Metrics;
-use nova_core::shed::ShedLog;
+use nova_chain::metrics::Metrics;
 use nova_proto::RequestError;
+use nova_server::shed::ShedLog;
 
 /// Which cap: the flag that sets it, its metric label, and what it counts.
 #[derive(Debug, Clone, Copy)]

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use nova_chain::metrics::Metrics;
 use nova_chain::streams::StreamState;
 use nova_chain::{READ_PER_RECORD, Star};
 use nova_core::catalog::{Retention, StorageClass};
@@ -20,14 +21,13 @@ use nova_core::limits::{
     COLD_READ_REFS, LIST_STREAMS_DEFAULT, LIST_STREAMS_MAX, MAX_READ_WAIT_MS, MAX_RESOLVED_REFS,
     MAX_SECTION_BYTES,
 };
-use nova_core::metrics::Metrics;
-use nova_core::net::Scope;
-use nova_core::shed::ShedLog;
 use nova_proto::RequestError;
 use nova_proto::server::nova_server::Nova;
 use nova_proto::v1;
 use nova_proto::validate::{AppendCaps, read_caps};
 use nova_proto::wire::WireAppend;
+use nova_server::net::Scope;
+use nova_server::shed::ShedLog;
 
 use caps::Cap;
 
@@ -44,11 +44,11 @@ pub struct Context {
     /// Reads in progress, including those waiting at a stream's tail (`wait_ms`).
     pub subscriptions: Cap,
     /// What each token holds of the read budget in pages being built or not yet sent.
-    pub read_shares: Arc<nova_core::net::shares::Shares>,
+    pub read_shares: Arc<nova_server::net::shares::Shares>,
     /// How many subscription places each token holds.
-    pub subscription_shares: Arc<nova_core::net::shares::Shares>,
+    pub subscription_shares: Arc<nova_server::net::shares::Shares>,
     /// How many metastore lookups each token has in flight.
-    pub lookup_shares: Arc<nova_core::net::shares::Shares>,
+    pub lookup_shares: Arc<nova_server::net::shares::Shares>,
     pub metrics: Arc<Metrics>,
     pub sheds: Arc<ShedLog>,
     /// Fires when novad starts shutting down: sessions stop reading and finish.
@@ -56,7 +56,7 @@ pub struct Context {
     /// What `GetServerInfo` says that does not change while the star runs.
     pub identity: info::Identity,
     /// What each call's token may do (`--auth-tokens`).
-    pub access: nova_core::net::Access,
+    pub access: nova_server::net::Access,
 }
 
 impl Context {
@@ -79,14 +79,14 @@ impl Context {
         &self,
         name: &str,
         peer: Option<SocketAddr>,
-        principal: Option<&nova_core::net::Principal>,
+        principal: Option<&nova_server::net::Principal>,
     ) -> Result<Arc<StreamState>, RequestError> {
         match &self.fleet {
             Some(fleet) => {
                 // A stream led elsewhere (or nowhere) is looked up in the metastore: one token
                 // has at most its share of the lookups in flight, so its describes of streams
                 // that do not exist cannot take every metastore read from everyone else.
-                let _lookup = match nova_core::net::shares::holder(principal) {
+                let _lookup = match nova_server::net::shares::holder(principal) {
                     Some(holder) if !fleet.leads(name) => Some(
                         self.lookup_shares
                             .try_take(&holder, 1)
@@ -236,7 +236,7 @@ impl Nova for NovaService {
         request: Request<Streaming<WireAppend>>,
     ) -> Result<Response<Self::AppendStream>, Status> {
         let peer = request.remote_addr();
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let charges = request.extensions().get::<Arc<charge::Charges>>().cloned();
         append::open_session(
             self.ctx.clone(),
@@ -253,7 +253,7 @@ impl Nova for NovaService {
         request: Request<v1::ReadRequest>,
     ) -> Result<Response<v1::ReadResponse>, Status> {
         let peer = request.remote_addr();
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let request = request.into_inner();
         let ctx = &self.ctx;
         ctx.access
@@ -267,7 +267,7 @@ impl Nova for NovaService {
         // produced only when the consumer asks for it.
         // With tokens, one token holds at most its share of the places (its follows waiting at
         // tails, its reads waiting on its own pages), so it cannot shed everybody else's.
-        let holder = nova_core::net::shares::holder(principal.as_deref());
+        let holder = nova_server::net::shares::holder(principal.as_deref());
         let _place_share = match &holder {
             Some(holder) => Some(
                 ctx.subscription_shares
@@ -350,7 +350,7 @@ impl Nova for NovaService {
         // The page's read charge (and its share) stays held until the response is sent.
         response
             .extensions_mut()
-            .insert(nova_core::net::hold::Hold::new((page.charge, share)));
+            .insert(nova_server::net::hold::Hold::new((page.charge, share)));
         Ok(response)
     }
 
@@ -358,7 +358,7 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::ResolveRefsRequest>,
     ) -> Result<Response<v1::ResolveRefsResponse>, Status> {
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let peer = request.remote_addr();
         let request = request.into_inner();
         self.ctx
@@ -402,7 +402,7 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::CreateStreamRequest>,
     ) -> Result<Response<v1::CreateStreamResponse>, Status> {
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let peer = request.remote_addr();
         let request = request.into_inner();
         self.ctx
@@ -451,7 +451,7 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::DescribeStreamRequest>,
     ) -> Result<Response<v1::DescribeStreamResponse>, Status> {
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let peer = request.remote_addr();
         let name = request.into_inner().stream;
         // A producer describes the stream it appends to (to learn its tail): any scope on the
@@ -476,7 +476,7 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::ListStreamsRequest>,
     ) -> Result<Response<v1::ListStreamsResponse>, Status> {
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let request = request.into_inner();
         // A listing shows names under its prefix: the token must read all of them.
         self.ctx
@@ -553,7 +553,7 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::DeleteStreamRequest>,
     ) -> Result<Response<v1::DeleteStreamResponse>, Status> {
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let name = request.into_inner().stream;
         self.ctx
             .access
@@ -571,7 +571,7 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::ReconfigureStreamRequest>,
     ) -> Result<Response<v1::ReconfigureStreamResponse>, Status> {
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let peer = request.remote_addr();
         let request = request.into_inner();
         self.ctx
@@ -613,9 +613,9 @@ impl Nova for NovaService {
         &self,
         request: Request<v1::GetServerInfoRequest>,
     ) -> Result<Response<v1::GetServerInfoResponse>, Status> {
-        let principal = nova_core::net::principal(&request);
+        let principal = nova_server::net::principal(&request);
         let mut info = info::server_info(&self.ctx);
-        info.store = nova_core::net::deployment_detail(principal.as_deref(), &info.store);
+        info.store = nova_server::net::deployment_detail(principal.as_deref(), &info.store);
         Ok(Response::new(info))
     }
 }

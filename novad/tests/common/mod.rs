@@ -2,6 +2,7 @@
 //! moto server, and SDK clients for them.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use nova_client::{Client, Record};
@@ -67,16 +68,10 @@ pub async fn read_all(client: &Client, stream: &str) -> Vec<String> {
     }
 }
 
-/// Polls until `check` holds, or panics with `what` after `timeout`.
-pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, what: &str, mut check: F) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Polls until `check` holds, or panics with `what` after `timeout`. Every 50 ms: the checks
+/// here scrape novad's metrics page or read its log.
+pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, what: &str, check: F) {
+    nova_testkit::eventually_every(Duration::from_millis(50), timeout, what, check).await
 }
 
 /// Waits for a process started detached to exit, panicking with its log after `timeout`.
@@ -123,4 +118,84 @@ pub fn assert_peak_rss_within_formula(novad: &Novad, sessions: u64) {
         formula >> 20,
         bound >> 20
     );
+}
+
+/// Appends batches of `per_batch` records to `stream` until the session breaks (a crash, a
+/// kill), returning what was acknowledged: seq → body. A sequence number acknowledged twice
+/// fails the test.
+pub async fn produce_until_cut(
+    client: Client,
+    stream: String,
+    round: usize,
+    per_batch: usize,
+) -> BTreeMap<u64, String> {
+    let mut acked = BTreeMap::new();
+    let Ok(mut session) = client.append_session().await else {
+        return acked;
+    };
+    for batch in 0.. {
+        let bodies: Vec<String> = (0..per_batch)
+            .map(|i| format!("r{round}-b{batch}-{i}"))
+            .collect();
+        let records = bodies.iter().map(|b| Record::new(b.clone())).collect();
+        match session.append(&stream, records, None).await {
+            Ok(ack) => {
+                assert_eq!(ack.end_seq - ack.start_seq, per_batch as u64);
+                for (i, body) in bodies.into_iter().enumerate() {
+                    let previous = acked.insert(ack.start_seq + i as u64, body);
+                    assert!(
+                        previous.is_none(),
+                        "seq {} acknowledged twice",
+                        ack.start_seq + i as u64
+                    );
+                }
+            }
+            Err(_) => return acked,
+        }
+    }
+    acked
+}
+
+/// Three rounds of producing to `stream` (batches of `per_batch`) and killing novad with
+/// SIGKILL mid-stream, the kill coming `first_kill` after the producer starts and `step` later
+/// each round. After each restart every record acknowledged so far must read back unchanged.
+pub async fn kill_9_rounds(
+    novad: &mut Novad,
+    stream: &str,
+    per_batch: usize,
+    first_kill: Duration,
+    step: Duration,
+) {
+    let mut acked = BTreeMap::new();
+    for round in 0..3u32 {
+        let producer = tokio::spawn(produce_until_cut(
+            client(novad).await,
+            stream.to_owned(),
+            round as usize,
+            per_batch,
+        ));
+        tokio::time::sleep(first_kill + step * round).await;
+        novad.kill9();
+        let round_acked = tokio::time::timeout(Duration::from_secs(30), producer)
+            .await
+            .expect("the producer notices the crash")
+            .unwrap();
+        assert!(
+            !round_acked.is_empty(),
+            "round {round} acknowledged something"
+        );
+        acked.extend(round_acked);
+        novad.restart();
+        let stored = read_all(&client(novad).await, stream).await;
+        for (seq, body) in &acked {
+            assert_eq!(
+                stored.get(*seq as usize),
+                Some(body),
+                "acknowledged record {seq} of {stream} lost or changed after kill -9 (round \
+                 {round})\n{}",
+                novad.log()
+            );
+        }
+        assert!(novad.log().contains("star ready"), "{}", novad.log());
+    }
 }

@@ -14,11 +14,6 @@
 //! clients trickle; its share (`--max-client-share-percent`) keeps one token's trickling from
 //! refusing everybody else.
 
-#![allow(
-    clippy::disallowed_methods,
-    reason = "the network edge: request deadlines run on the real clock, never a simulated one"
-)]
-
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -40,9 +35,9 @@ pub const SMALL_MESSAGE_LIMIT: u64 = 64 * 1024;
 /// How long a small message may take to arrive.
 pub const SMALL_MESSAGE_GRACE: Duration = Duration::from_secs(10);
 /// Small messages in arrival, for the whole server: part of its fixed overhead.
-pub const SMALL_MESSAGES_BUDGET: u64 = crate::limits::REQUEST_MESSAGES_BUDGET;
+pub const SMALL_MESSAGES_BUDGET: u64 = nova_core::limits::REQUEST_MESSAGES_BUDGET;
 /// The label of a small message refused because the budget (or the client's share) is full.
-pub const SHED_LABEL: &str = crate::limits::REQUEST_BODIES_SHED;
+pub const SHED_LABEL: &str = nova_core::limits::REQUEST_BODIES_SHED;
 
 /// A gRPC message's prefix: a compression flag and a 4-byte length.
 pub const PREFIX_LEN: usize = 5;
@@ -386,7 +381,7 @@ mod tests {
         let sheds = prometheus::IntCounter::new("sheds", "sheds").unwrap();
         SmallMessages::new(
             sheds,
-            Arc::new(ShedLog::new(crate::clock::Clock::system())),
+            Arc::new(ShedLog::new(nova_core::clock::Clock::system())),
             25,
             true,
         )

@@ -10,11 +10,6 @@
 //! reading while it has bytes it cannot write, so a check on reads alone never fires for a
 //! peer that stopped reading.
 
-#![allow(
-    clippy::disallowed_methods,
-    reason = "the network edge: connection deadlines and file watches run on the real clock, never a simulated one"
-)]
-
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::SocketAddr;
@@ -69,7 +64,7 @@ pub struct ConnMetrics {
 
 impl ConnMetrics {
     pub fn register(r: &prometheus::Registry, prefix: &str) -> Self {
-        use crate::metrics::{counter, counter_vec, gauge};
+        use nova_core::metrics::{counter, counter_vec, gauge};
         let metrics = Self {
             open: gauge(
                 r,
@@ -496,7 +491,7 @@ async fn accept_loop(
     stopping: CancellationToken,
 ) {
     let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let refusals = ShedLog::new(crate::clock::Clock::system());
+    let refusals = ShedLog::new(nova_core::clock::Clock::system());
     loop {
         let (tcp, peer) = tokio::select! {
             _ = stopping.cancelled() => return,

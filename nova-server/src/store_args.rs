@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{ConcurrencyLimited, LocalStore, ObjectStore, S3Config, S3Store, StoreLimits};
+use nova_core::object_store::{Backend, ObjectStore, S3Config, StoreLimits, StoreStack};
 
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
@@ -84,7 +84,7 @@ impl StoreArgs {
             read_concurrency: self.s3_read_concurrency,
             write_concurrency: self.s3_write_concurrency,
             request_timeout: Duration::from_millis(self.s3_request_timeout_ms),
-            clock: crate::clock::Clock::system(),
+            clock: nova_core::clock::Clock::system(),
         }
     }
 
@@ -101,24 +101,28 @@ impl StoreArgs {
         Some(config)
     }
 
-    /// Opens S3 when a bucket is given, else the local directory store at `local_root` (as
-    /// its writer, or as a reader beside another process's writer).
+    /// Where the flags put the objects: S3 when a bucket is given, else the local directory
+    /// store at `local_root` (as its writer, or as a reader beside another process's writer).
+    pub fn backend(&self, local_root: &Path, writer: bool) -> Backend {
+        match self.s3() {
+            Some(s3) => Backend::S3(s3),
+            None => Backend::Local {
+                root: local_root.to_path_buf(),
+                writer,
+            },
+        }
+    }
+
+    /// Opens the store the flags describe (see [`StoreArgs::backend`]).
     pub async fn open(
         &self,
         local_root: &Path,
         writer: bool,
     ) -> std::io::Result<Arc<dyn ObjectStore>> {
-        Ok(match self.s3() {
-            Some(s3) => {
-                let limits = self.limits();
-                Arc::new(ConcurrencyLimited::new(
-                    Arc::new(S3Store::new(s3).await),
-                    limits.read_concurrency,
-                    limits.write_concurrency,
-                ))
-            }
-            None if writer => Arc::new(LocalStore::open(local_root, self.limits())?),
-            None => Arc::new(LocalStore::open_shared(local_root, self.limits())?),
-        })
+        Ok(
+            StoreStack::open(self.backend(local_root, writer), self.limits())
+                .await?
+                .build(),
+        )
     }
 }

@@ -1,10 +1,5 @@
-//! A star on real local storage behind fault-injecting wrappers, for chain-level tests.
-
-#![allow(
-    clippy::disallowed_methods,
-    reason = "a star on a real disk and the real embedded metastore runs on the real clock"
-)]
-#![allow(dead_code)]
+//! A star on real local storage behind fault-injecting wrappers, for the chain's tests and the
+//! auditor's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,11 +7,11 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use nova_chain::admission::encoded_charge;
+use nova_chain::metrics::Metrics;
 use nova_chain::{AppendReply, ChainConfig, RetryPolicy, Star, StartError};
 use nova_core::flight::section::encode_fragment;
 use nova_core::metastore::faulty::FaultyMetastore;
 use nova_core::metastore::{EmbeddedMetastore, Metastore};
-use nova_core::metrics::Metrics;
 use nova_core::object_store::faulty::FaultyStore;
 use nova_core::object_store::{LocalStore, ObjectStore, StoreLimits};
 use nova_core::record::Record;
@@ -26,6 +21,12 @@ pub const STAR: &str = "star";
 /// Storage that outlives the stars opened on it.
 pub struct Disk {
     pub dir: tempfile::TempDir,
+}
+
+impl Default for Disk {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Disk {
@@ -139,16 +140,4 @@ pub async fn bodies(star: &Star, stream: &str) -> Vec<String> {
         .iter()
         .map(|r| String::from_utf8(r.record.body.to_vec()).unwrap())
         .collect()
-}
-
-/// Polls `check` every 10 ms until it holds, failing after `timeout`.
-pub async fn eventually(timeout: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }

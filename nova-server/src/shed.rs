@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::clock::{Clock, Instant};
+use nova_core::clock::{Clock, Instant};
 
 const INTERVAL: Duration = Duration::from_secs(1);
 
@@ -45,7 +45,7 @@ impl ShedLog {
             tracing::warn!(
                 cap = label,
                 stream = stream.unwrap_or("-"),
-                peer = %crate::top::peer_key(peer),
+                peer = %nova_core::top::peer_key(peer),
                 unlogged_since_last = unlogged,
                 "shed new work: {refusal}"
             );

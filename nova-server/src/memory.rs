@@ -1,8 +1,12 @@
 //! Where a process's memory ceiling comes from: the cgroup it runs in (v2 `memory.max`, or v1
 //! `memory.limit_in_bytes`) when that sets a limit, else a share of physical memory.
 
-use std::fmt;
 use std::path::Path;
+
+use nova_core::metrics::{counter, gauge, register};
+use prometheus::{Gauge, IntCounter, IntGauge, Registry};
+
+pub use nova_core::formula::{Ceiling, CeilingSource};
 
 /// The share of physical memory used as the ceiling when no cgroup limit applies.
 pub const PHYSICAL_SHARE: f64 = 0.6;
@@ -10,39 +14,6 @@ pub const PHYSICAL_SHARE: f64 = 0.6;
 /// cgroup v1 reports "no limit" as a huge page-aligned number; anything at or above this is
 /// treated as unlimited.
 const V1_UNLIMITED: u64 = 1 << 62;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CeilingSource {
-    /// Set with `--memory-ceiling`.
-    Explicit,
-    /// Set with `--memory-ceiling` above the cgroup's memory limit (`asked`), and capped to
-    /// the limit: the kernel kills at the limit, whatever the flag says.
-    Capped {
-        asked: u64,
-    },
-    CgroupV2,
-    CgroupV1,
-    /// 60% of physical memory.
-    Physical,
-}
-
-impl fmt::Display for CeilingSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            CeilingSource::Explicit => "--memory-ceiling",
-            CeilingSource::Capped { .. } => "--memory-ceiling, capped to the cgroup memory limit",
-            CeilingSource::CgroupV2 => "cgroup v2 memory.max",
-            CeilingSource::CgroupV1 => "cgroup v1 memory.limit_in_bytes",
-            CeilingSource::Physical => "60% of physical memory",
-        })
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ceiling {
-    pub bytes: u64,
-    pub source: CeilingSource,
-}
 
 /// The ceiling for this process: `explicit` when given (capped to the cgroup limit when above
 /// it), else the cgroup limit, else 60% of physical memory.
@@ -160,6 +131,78 @@ pub fn cpu_seconds() -> Option<f64> {
     // SAFETY: sysconf has no memory-safety preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     (ticks > 0).then(|| (utime + stime) as f64 / ticks as f64)
+}
+
+/// The process's own resource use and its allocator's figures, refreshed at each scrape. The
+/// star and the gateway export them under the same names.
+#[derive(Debug, Clone)]
+pub struct ProcessMetrics {
+    pub resident: IntGauge,
+    pub peak_resident: IntGauge,
+    pub cpu_seconds: Gauge,
+    pub allocated: IntGauge,
+    pub mapped: IntGauge,
+    pub retained: IntGauge,
+    /// Times free memory was returned to the system (`nova_core::allocator::trim_periodically`).
+    pub trims: IntCounter,
+}
+
+impl ProcessMetrics {
+    pub fn register(r: &Registry) -> Self {
+        Self {
+            resident: gauge(r, "nova_process_resident_bytes", "Resident memory (VmRSS)."),
+            peak_resident: gauge(
+                r,
+                "nova_process_peak_resident_bytes",
+                "Peak resident memory since start (VmHWM).",
+            ),
+            cpu_seconds: register(
+                r,
+                Gauge::new(
+                    "nova_process_cpu_seconds_total",
+                    "CPU time used, user and system, in seconds.",
+                )
+                .expect("valid metric"),
+            ),
+            allocated: gauge(
+                r,
+                "nova_allocator_allocated_bytes",
+                "Memory the process has allocated and not freed.",
+            ),
+            mapped: gauge(
+                r,
+                "nova_allocator_mapped_bytes",
+                "Memory the allocator has taken from the system: its arenas and the large \
+                 buffers mapped on their own.",
+            ),
+            retained: gauge(
+                r,
+                "nova_allocator_retained_bytes",
+                "Memory freed by the process but held in the allocator's arenas: resident \
+                 unless a trim returned its pages (a trim does not lower this figure).",
+            ),
+            trims: counter(
+                r,
+                "nova_allocator_trims_total",
+                "Times the allocator's free memory was returned to the system (malloc_trim).",
+            ),
+        }
+    }
+
+    pub fn refresh(&self) {
+        if let Some((rss, peak)) = resident_bytes(std::process::id()) {
+            self.resident.set(rss as i64);
+            self.peak_resident.set(peak as i64);
+        }
+        if let Some(cpu) = cpu_seconds() {
+            self.cpu_seconds.set(cpu);
+        }
+        if let Some(stats) = nova_core::allocator::stats() {
+            self.allocated.set(stats.allocated as i64);
+            self.mapped.set(stats.mapped as i64);
+            self.retained.set(stats.retained as i64);
+        }
+    }
 }
 
 #[cfg(test)]

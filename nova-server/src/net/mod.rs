@@ -64,17 +64,17 @@ pub struct ListenerArgs {
 
     /// Connections open at once on the gRPC listener. A new connection past it is closed at
     /// once and counted; open connections are never cut.
-    #[arg(long, env = "NOVA_MAX_CONNECTIONS", default_value_t = crate::limits::MAX_CONNECTIONS, help_heading = "Budgets")]
+    #[arg(long, env = "NOVA_MAX_CONNECTIONS", default_value_t = nova_core::limits::MAX_CONNECTIONS, help_heading = "Budgets")]
     pub max_connections: u32,
 
     /// HTTP/2 streams (calls) open at once on one connection; a client opening more has the
     /// extra refused by HTTP/2 (REFUSED_STREAM) and retries them.
-    #[arg(long, env = "NOVA_MAX_CONCURRENT_STREAMS", default_value_t = crate::limits::MAX_CONCURRENT_STREAMS, help_heading = "Budgets")]
+    #[arg(long, env = "NOVA_MAX_CONCURRENT_STREAMS", default_value_t = nova_core::limits::MAX_CONCURRENT_STREAMS, help_heading = "Budgets")]
     pub max_concurrent_streams: u32,
 
     /// Bytes of request headers (gRPC metadata, the token included) one call may send; a
     /// larger header list is refused by HTTP/2 before any of it reaches a handler.
-    #[arg(long, env = "NOVA_MAX_HEADER_LIST_BYTES", default_value_t = ByteSize(crate::limits::MAX_HEADER_LIST_BYTES), help_heading = "Budgets")]
+    #[arg(long, env = "NOVA_MAX_HEADER_LIST_BYTES", default_value_t = ByteSize(nova_core::limits::MAX_HEADER_LIST_BYTES), help_heading = "Budgets")]
     pub max_header_list_bytes: ByteSize,
 
     /// How long a new connection may take to finish its TLS handshake and send its first
@@ -158,7 +158,7 @@ pub struct SecurityMetrics {
 
 impl SecurityMetrics {
     pub fn register(r: &prometheus::Registry, prefix: &str) -> Self {
-        use crate::metrics::counter_vec;
+        use nova_core::metrics::counter_vec;
         let metrics = Self {
             connections: ConnMetrics::register(r, prefix),
             tls_reloads: counter_vec(
@@ -338,7 +338,7 @@ pub enum SecurityError {
 /// is busy while it runs (`Connections`, for the first-request and idle deadlines).
 #[derive(Debug, Clone)]
 pub struct CallObserver {
-    pub rpc: crate::metrics::RpcMetrics,
+    pub rpc: nova_core::metrics::RpcMetrics,
     pub connections: Arc<Connections>,
     /// When the server checks tokens, only an authenticated call keeps its connection: a
     /// client without a token cannot hold a place by calling (refused) or by watching health.
@@ -477,7 +477,7 @@ impl Access {
     pub fn new(metrics: &SecurityMetrics) -> Self {
         Self {
             refusals: metrics.auth_refusals.clone(),
-            log: Arc::new(crate::shed::ShedLog::new(crate::clock::Clock::system())),
+            log: Arc::new(crate::shed::ShedLog::new(nova_core::clock::Clock::system())),
         }
     }
 

@@ -14,11 +14,6 @@
 //! logged, nor put in errors or metrics: a refusal names the token's name and the scope it
 //! lacks, or says no known token was given.
 
-#![allow(
-    clippy::disallowed_methods,
-    reason = "the network edge: connection deadlines and file watches run on the real clock, never a simulated one"
-)]
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

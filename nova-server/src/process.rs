@@ -30,7 +30,7 @@ where
     F: Future<Output = Result<(), E>>,
 {
     // Before the runtime's threads exist: the arena limit binds only arenas made after it.
-    crate::allocator::tune();
+    nova_core::allocator::tune();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

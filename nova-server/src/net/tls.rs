@@ -4,11 +4,6 @@
 //! new connections use the new ones while open connections keep theirs. A reload that fails (a
 //! half-written file, a key that does not match) is logged and the old configuration stays.
 
-#![allow(
-    clippy::disallowed_methods,
-    reason = "the network edge: connection deadlines and file watches run on the real clock, never a simulated one"
-)]
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
