@@ -22,6 +22,45 @@ pub fn init_logging() {
         .init();
 }
 
+/// What a server's flags tell its `main` beyond their values.
+pub trait ServerFlags: clap::Parser {
+    /// The introduction of the example environment file (`ops/<binary>.env.example`).
+    const ENV_INTRO: &'static str;
+
+    /// Whether `--print-env-example` asked for the example environment file instead of a run.
+    fn print_env_example(&self) -> bool;
+
+    /// Refuses settings that cannot work together, naming the flag (what clap cannot check).
+    fn check(&self) -> Result<(), String>;
+
+    /// The example environment file: every setting, under its heading, with its default.
+    fn env_example() -> String {
+        crate::envdoc::env_example(&Self::command(), Self::ENV_INTRO)
+    }
+}
+
+/// A server binary's whole `main`: parses the flags (exit 2 on bad ones, as clap does), prints
+/// the example environment file when asked, starts logging, and runs `serve` on the runtime.
+pub fn main<C, F, Fut, E>(name: &str, serve: F) -> ExitCode
+where
+    C: ServerFlags,
+    F: FnOnce(C) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let config = C::parse();
+    if config.print_env_example() {
+        print!("{}", C::env_example());
+        return ExitCode::SUCCESS;
+    }
+    init_logging();
+    if let Err(problem) = config.check() {
+        eprintln!("{name}: {problem}");
+        return ExitCode::from(2);
+    }
+    run(name, serve(config))
+}
+
 /// Runs `main` on a multi-threaded runtime and turns its outcome into the exit code: 0, or 1
 /// with the error logged.
 pub fn run<E, F>(name: &str, main: F) -> ExitCode

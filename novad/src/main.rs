@@ -10,20 +10,8 @@ mod zone_spec;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let config = config::Config::parse();
-    if config.print_env_example {
-        print!("{}", config::env_example());
-        return ExitCode::SUCCESS;
-    }
-    nova_server::process::init_logging();
-    if let Err(problem) = config.check() {
-        eprintln!("novad: {problem}");
-        return ExitCode::from(2);
-    }
-    nova_server::process::run("novad", async move {
+    nova_server::process::main::<config::Config, _, _, _>("novad", |config| async move {
         server::run(config).await.map_err(|e| format!("{e:#}"))
     })
 }

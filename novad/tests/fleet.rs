@@ -14,7 +14,7 @@ use nova_core::object_store::{ObjectStore, S3Config, S3Store};
 use nova_testkit::history::History;
 use nova_testkit::{Etcd, Moto, Novad, NovadBuilder};
 
-use common::{client, eventually, novad, read_all, wait_exit};
+use common::{client, eventually, read_all, wait_exit};
 use fleet_common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -428,34 +428,14 @@ async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
             println!("no network namespace ({reason}); the star runs on loopback instead");
         })
         .ok();
-    let host = netns
-        .as_ref()
-        .map_or(std::net::IpAddr::from([127, 0, 0, 1]), |ns| ns.host_ip());
-    let to_etcd = nova_testkit::FaultProxy::start_on(host, etcd.endpoint().parse().expect("etcd"));
-    let to_moto = nova_testkit::FaultProxy::start_on(
-        host,
-        moto.endpoint()
-            .trim_start_matches("http://")
-            .parse()
-            .expect("moto"),
-    );
-    let cut_off = common::via_endpoint(novad(), &to_moto.endpoint(), BUCKET).args([
-        "--s3-request-timeout-ms",
-        "2000",
-        "--metastore",
-        &format!(
-            "etcd://{}",
-            to_etcd.endpoint().trim_start_matches("http://")
-        ),
-        "--star-id",
-        "star-2",
-        "--lease-ttl-secs",
-        &TTL_SECS.to_string(),
-    ]);
-    let cut_off = match &netns {
-        Some(ns) => cut_off.netns(ns.name(), ns.ns_ip()),
-        None => cut_off,
-    };
+    let cut = CutOff::new(netns, etcd.endpoint().parse().expect("etcd"), &moto);
+    let cut_off = cut.star();
+    // The namespace and the proxies live as long as the test.
+    let CutOff {
+        netns: _netns,
+        to_etcd,
+        to_moto: _to_moto,
+    } = cut;
     let mut stars = [
         star(&etcd, &moto, "star-0").start(),
         star(&etcd, &moto, "star-1").start(),

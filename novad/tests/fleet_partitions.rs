@@ -18,8 +18,8 @@ use nova_testkit::history::History;
 use nova_testkit::netns::Netns;
 use nova_testkit::{EtcdCluster, Fault, FaultProxy, Moto, Novad};
 
-use common::{eventually, novad, via_endpoint, with_s3};
-use fleet_common::{BUCKET, TTL_SECS, create_streams, finish, leaders, load};
+use common::eventually;
+use fleet_common::{BUCKET, CutOff, create_streams, finish, leaders, load, star_on};
 
 /// Starts every star of `stars` that has exited, as a supervisor would, until `stop`; returns
 /// how many restarts it made. A star exits when it can no longer vouch for its lease.
@@ -68,18 +68,7 @@ async fn a_three_member_etcd_losing_a_member_and_stalling_another_loses_nothing(
     let moto = Moto::start();
     moto.create_bucket(BUCKET);
     let stars: Vec<Novad> = (0..3)
-        .map(|i| {
-            with_s3(novad(), &moto, BUCKET)
-                .args([
-                    "--metastore",
-                    &etcd.url(),
-                    "--star-id",
-                    &format!("star-{i}"),
-                    "--lease-ttl-secs",
-                    &TTL_SECS.to_string(),
-                ])
-                .start()
-        })
+        .map(|i| star_on(&etcd.url(), &moto, &format!("star-{i}")).start())
         .collect();
     let entry = fleet_client(&stars).await;
     let streams = create_streams(&entry, "e", 6).await;
@@ -120,51 +109,19 @@ async fn a_star_whose_packets_are_dropped_loses_nothing_and_acknowledges_nothing
             println!("no network namespace with iptables ({reason}); the forwarders hang instead");
         })
         .ok();
-    let host = netns
-        .as_ref()
-        .map_or(std::net::IpAddr::from([127, 0, 0, 1]), Netns::host_ip);
-    let to_etcd = FaultProxy::start_on(host, etcd.endpoint().parse().expect("etcd"));
-    let to_moto = FaultProxy::start_on(
-        host,
-        moto.endpoint()
-            .trim_start_matches("http://")
-            .parse()
-            .expect("moto"),
-    );
+    let cut = CutOff::new(netns, etcd.endpoint().parse().expect("etcd"), &moto);
+    let cut_off = cut.star();
+    let CutOff {
+        netns,
+        to_etcd,
+        to_moto,
+    } = cut;
     let dropped = |proxy: &FaultProxy, drop: bool| match &netns {
         Some(ns) if drop => ns.drop_to(proxy.port()).expect("iptables"),
         Some(ns) => ns.pass_to(proxy.port()).expect("iptables"),
         None => proxy.set(if drop { Fault::Hang } else { Fault::Pass }),
     };
-    let cut_off = via_endpoint(novad(), &to_moto.endpoint(), BUCKET).args([
-        "--s3-request-timeout-ms",
-        "2000",
-        "--metastore",
-        &format!(
-            "etcd://{}",
-            to_etcd.endpoint().trim_start_matches("http://")
-        ),
-        "--star-id",
-        "star-2",
-        "--lease-ttl-secs",
-        &TTL_SECS.to_string(),
-    ]);
-    let cut_off = match &netns {
-        Some(ns) => cut_off.netns(ns.name(), ns.ns_ip()),
-        None => cut_off,
-    };
-    let star = |id: &str| {
-        with_s3(novad(), &moto, BUCKET)
-            .args([
-                "--metastore",
-                &etcd.url(),
-                "--star-id",
-                id,
-                "--lease-ttl-secs",
-                &TTL_SECS.to_string(),
-            ])
-            .start()
-    };
+    let star = |id: &str| star_on(&etcd.url(), &moto, id).start();
     let mut stars = [star("star-0"), star("star-1"), cut_off.start()];
     let entry = fleet_client(&stars[..2]).await;
     let streams = create_streams(&entry, "d", 9).await;

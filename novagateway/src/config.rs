@@ -175,19 +175,22 @@ pub struct Config {
     pub print_env_example: bool,
 }
 
-/// What `--print-env-example` prints: ops/novagateway.env.example.
-pub fn env_example() -> String {
-    use clap::CommandFactory;
-    nova_server::envdoc::env_example(
-        &Config::command(),
-        "Every novagateway setting as an environment variable, with its default: uncomment and\n\
+impl nova_server::process::ServerFlags for Config {
+    const ENV_INTRO: &'static str = "Every novagateway setting as an environment variable, with its default: uncomment and\n\
          change what you need. Load it with `set -a; . ./novagateway.env; set +a`, or an\n\
          EnvironmentFile= line in a systemd unit. Generated from the flags by\n\
          `novagateway --print-env-example` (scripts/env-examples); a test keeps it current.\n\
          \n\
          Object-store credentials come from the standard AWS chain (AWS_ACCESS_KEY_ID and\n\
-         AWS_SECRET_ACCESS_KEY, a profile, or instance metadata), not from these settings.",
-    )
+         AWS_SECRET_ACCESS_KEY, a profile, or instance metadata), not from these settings.";
+
+    fn print_env_example(&self) -> bool {
+        self.print_env_example
+    }
+
+    fn check(&self) -> Result<(), String> {
+        Config::check(self)
+    }
 }
 
 impl Config {
@@ -357,7 +360,7 @@ mod tests {
         nova_server::envdoc::check_current(
             "ops/novagateway.env.example",
             &on_disk,
-            &env_example(),
+            &<Config as nova_server::process::ServerFlags>::env_example(),
             "scripts/env-examples",
         );
     }

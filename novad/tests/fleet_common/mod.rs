@@ -8,22 +8,79 @@ use std::time::Duration;
 
 use nova_client::{Client, Producer, ProducerConfig, Record};
 use nova_testkit::history::History;
-use nova_testkit::{Etcd, Moto, Novad, NovadBuilder};
+use nova_testkit::netns::Netns;
+use nova_testkit::{Etcd, FaultProxy, Moto, Novad, NovadBuilder};
 
-use crate::common::{novad, with_s3};
+use crate::common::{novad, via_endpoint, with_s3};
 
 pub const BUCKET: &str = "fleet";
 pub const TTL_SECS: u64 = 3;
 
 pub fn star(etcd: &Etcd, moto: &Moto, id: &str) -> NovadBuilder {
+    star_on(&etcd.url(), moto, id)
+}
+
+/// Star `id` of the fleet whose etcd answers at `metastore` (an `etcd://` URL).
+pub fn star_on(metastore: &str, moto: &Moto, id: &str) -> NovadBuilder {
     with_s3(novad(), moto, BUCKET).args([
         "--metastore",
-        &etcd.url(),
+        metastore,
         "--star-id",
         id,
         "--lease-ttl-secs",
         &TTL_SECS.to_string(),
     ])
+}
+
+/// The way to a star that a test cuts off: fault proxies to etcd and to the store, listening
+/// where the star reaches them (from its network namespace when the machine allows one, over
+/// loopback otherwise).
+pub struct CutOff {
+    pub netns: Option<Netns>,
+    pub to_etcd: FaultProxy,
+    pub to_moto: FaultProxy,
+}
+
+impl CutOff {
+    pub fn new(netns: Option<Netns>, etcd: std::net::SocketAddr, moto: &Moto) -> Self {
+        let host = netns
+            .as_ref()
+            .map_or(std::net::IpAddr::from([127, 0, 0, 1]), Netns::host_ip);
+        let to_etcd = FaultProxy::start_on(host, etcd);
+        let to_moto = FaultProxy::start_on(
+            host,
+            moto.endpoint()
+                .trim_start_matches("http://")
+                .parse()
+                .expect("moto"),
+        );
+        Self {
+            netns,
+            to_etcd,
+            to_moto,
+        }
+    }
+
+    /// Star "star-2", reaching the store and etcd only through the proxies.
+    pub fn star(&self) -> NovadBuilder {
+        let star = via_endpoint(novad(), &self.to_moto.endpoint(), BUCKET).args([
+            "--s3-request-timeout-ms",
+            "2000",
+            "--metastore",
+            &format!(
+                "etcd://{}",
+                self.to_etcd.endpoint().trim_start_matches("http://")
+            ),
+            "--star-id",
+            "star-2",
+            "--lease-ttl-secs",
+            &TTL_SECS.to_string(),
+        ]);
+        match &self.netns {
+            Some(ns) => star.netns(ns.name(), ns.ns_ip()),
+            None => star,
+        }
+    }
 }
 
 pub fn fleet(n: usize) -> (Etcd, Moto, Vec<Novad>) {
