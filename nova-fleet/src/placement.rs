@@ -22,7 +22,7 @@ pub(crate) const CAPACITY_RETRY: Duration = Duration::from_secs(2);
 
 /// A metastore failure on a fleet path, with the code its conversion gives it.
 pub(crate) fn metastore_failed(err: MetastoreError) -> RequestError {
-    RequestError::from(err).context("the fleet's placement")
+    RequestError::from(err).context("in the fleet")
 }
 
 impl Fleet {
