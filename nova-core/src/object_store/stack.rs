@@ -10,10 +10,7 @@ use crate::clock::Clock;
 use crate::metrics::StoreMetrics;
 use crate::rate::RateBudget;
 
-use super::{
-    ConcurrencyLimited, Instrumented, LocalStore, ObjectStore, RateLimited, RateLimitedMetrics,
-    StoreLimits,
-};
+use super::{Instrumented, LocalStore, ObjectStore, RateLimited, RateLimitedMetrics, StoreLimits};
 
 /// Where a store's objects live.
 #[derive(Debug, Clone)]
@@ -40,7 +37,7 @@ impl StoreStack {
             Backend::S3(mut config) => {
                 let (reads, writes) = (limits.read_concurrency, limits.write_concurrency);
                 config.limits = limits;
-                Arc::new(ConcurrencyLimited::new(
+                Arc::new(super::ConcurrencyLimited::new(
                     Arc::new(super::S3Store::new(config).await),
                     reads,
                     writes,
