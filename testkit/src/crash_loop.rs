@@ -100,12 +100,15 @@ fn id_of(body: &[u8]) -> String {
     String::from_utf8_lossy(&body[..end]).into_owned()
 }
 
+/// A batch over 1 MiB (1.6 MB): it spans two sections of its flight.
+const LARGE_BATCH: [usize; 4] = [400_000; 4];
+
 /// A batch's record sizes: mostly small, sometimes up to 1 MiB, sometimes a batch over 1 MiB.
 /// Large batches are rare enough that a thousand cycles fit in the S3 server's memory.
 fn batch_sizes(rng: &mut Rng, large_one_in: u64) -> Vec<usize> {
     if rng.below(large_one_in) == 0 {
         return if rng.below(2) == 0 {
-            vec![400_000; 4] // 1.6 MB: spans two sections of its flight
+            LARGE_BATCH.to_vec()
         } else {
             vec![(1 << 20) - 64] // one record of nearly 1 MiB
         };
@@ -203,8 +206,12 @@ pub async fn run(config: CrashLoop) -> CrashReport {
                 let mut rng = Rng(rng.next() | 1);
                 let prefix = format!("c{cycle}-f{w}-s{session}");
                 let large = config.large_one_in;
+                // Every run sends batches over 1 MiB however few batches a loaded machine gets
+                // through: each writer of the first three cycles opens with one (a few MiB in
+                // all, whatever the number of cycles).
+                let open_large = cycle < 3;
                 writers.push(tokio::spawn(async move {
-                    free_writer(client, name, prefix, stop, &mut rng, large).await
+                    free_writer(client, name, prefix, stop, &mut rng, large, open_large).await
                 }));
             }
         }
@@ -330,6 +337,7 @@ async fn free_writer(
     stop: Arc<AtomicBool>,
     rng: &mut Rng,
     large_one_in: u64,
+    open_large: bool,
 ) -> (String, Vec<(u64, String)>, u64, u64) {
     let mut acked = Vec::new();
     let mut bytes = 0u64;
@@ -338,8 +346,14 @@ async fn free_writer(
         return (stream, acked, bytes, largest);
     };
     let mut n = 0u64;
+    let mut opening = open_large;
     while !stop.load(Ordering::Acquire) {
-        let bodies: Vec<String> = batch_sizes(rng, large_one_in)
+        let sizes = if std::mem::take(&mut opening) {
+            LARGE_BATCH.to_vec()
+        } else {
+            batch_sizes(rng, large_one_in)
+        };
+        let bodies: Vec<String> = sizes
             .into_iter()
             .map(|size| {
                 n += 1;
