@@ -37,36 +37,38 @@ impl MemoryMetrics {
     /// Registers the formula's series in `r`.
     pub fn register(r: &prometheus::Registry) -> Self {
         MemoryMetrics {
-        ceiling: gauge(
-            r,
-            "nova_memory_ceiling_bytes",
-            "The memory ceiling the formula is measured against (--memory-ceiling, the cgroup limit, or 60% of RAM).",
-        ),
-        formula: register(
-            r,
-            prometheus::IntGaugeVec::new(
-                Opts::new(
-                    "nova_memory_formula_bytes",
-                    "Terms of the closed memory formula: admission, express, read, tail_cache, transport (open sessions × stream window).",
-                ),
-                &["term"],
-            )
-            .expect("valid metric"),
-        ),
-        saturation: register(
-            r,
-            Gauge::new(
-                "nova_memory_saturation_ratio",
-                "The memory formula divided by the ceiling.",
-            )
-            .expect("valid metric"),
-        ),
-        saturated: gauge(
-            r,
-            "nova_memory_saturated",
-            "1 while the star reads saturated (refuses new leadership), else 0.",
-        ),
-    }
+            ceiling: gauge(
+                r,
+                "nova_memory_ceiling_bytes",
+                "The memory ceiling the formula is measured against (--memory-ceiling, the cgroup \
+                 limit, or 60% of RAM).",
+            ),
+            formula: register(
+                r,
+                prometheus::IntGaugeVec::new(
+                    Opts::new(
+                        "nova_memory_formula_bytes",
+                        "Terms of the closed memory formula: admission, express, read, tail_cache, \
+                         transport (open sessions × stream window).",
+                    ),
+                    &["term"],
+                )
+                .expect("valid metric"),
+            ),
+            saturation: register(
+                r,
+                Gauge::new(
+                    "nova_memory_saturation_ratio",
+                    "The memory formula divided by the ceiling.",
+                )
+                .expect("valid metric"),
+            ),
+            saturated: gauge(
+                r,
+                "nova_memory_saturated",
+                "1 while the star reads saturated (refuses new leadership), else 0.",
+            ),
+        }
     }
 }
 

@@ -88,15 +88,15 @@ impl StoreArgs {
         }
     }
 
-    /// The S3 configuration, when a bucket is given.
-    pub fn s3(&self) -> Option<S3Config> {
+    /// The S3 configuration, when a bucket is given (its limits are the stack's, set where the
+    /// store is opened).
+    fn s3(&self) -> Option<S3Config> {
         let bucket = self.s3_bucket.clone()?;
         let mut config = S3Config::new(bucket);
         config.prefix = self.s3_prefix.clone();
         config.endpoint = self.s3_endpoint.clone();
         config.region = self.s3_region.clone();
         config.force_path_style = self.s3_path_style;
-        config.limits = self.limits();
         config.max_attempts = self.s3_max_attempts;
         Some(config)
     }

@@ -430,12 +430,6 @@ async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
         .ok();
     let cut = CutOff::new(netns, etcd.endpoint().parse().expect("etcd"), &moto);
     let cut_off = cut.star();
-    // The namespace and the proxies live as long as the test.
-    let CutOff {
-        netns: _netns,
-        to_etcd,
-        to_moto: _to_moto,
-    } = cut;
     let mut stars = [
         star(&etcd, &moto, "star-0").start(),
         star(&etcd, &moto, "star-1").start(),
@@ -451,7 +445,7 @@ async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
     let history = Arc::new(History::new());
     let running = load(&entry, &streams, 1500, &history);
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    to_etcd.set(nova_testkit::Fault::Hang);
+    cut.to_etcd.set(nova_testkit::Fault::Hang);
     let status = wait_exit(&mut stars[2], Duration::from_secs(30));
     assert!(!status.success());
     let log = stars[2].log();
@@ -468,7 +462,7 @@ async fn a_star_cut_off_from_etcd_stops_acknowledging_and_is_taken_over() {
         },
     )
     .await;
-    to_etcd.set(nova_testkit::Fault::Pass);
+    cut.to_etcd.set(nova_testkit::Fault::Pass);
     stars[2].kill9();
     stars[2].restart();
     finish(&entry, &streams, running, 1500, &history).await;

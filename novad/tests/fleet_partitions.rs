@@ -111,12 +111,7 @@ async fn a_star_whose_packets_are_dropped_loses_nothing_and_acknowledges_nothing
         .ok();
     let cut = CutOff::new(netns, etcd.endpoint().parse().expect("etcd"), &moto);
     let cut_off = cut.star();
-    let CutOff {
-        netns,
-        to_etcd,
-        to_moto,
-    } = cut;
-    let dropped = |proxy: &FaultProxy, drop: bool| match &netns {
+    let dropped = |proxy: &FaultProxy, drop: bool| match &cut.netns {
         Some(ns) if drop => ns.drop_to(proxy.port()).expect("iptables"),
         Some(ns) => ns.pass_to(proxy.port()).expect("iptables"),
         None => proxy.set(if drop { Fault::Hang } else { Fault::Pass }),
@@ -135,19 +130,19 @@ async fn a_star_whose_packets_are_dropped_loses_nothing_and_acknowledges_nothing
     tokio::time::sleep(Duration::from_millis(1000)).await;
 
     // Cut off from the store only: it keeps its lease; its appends wait.
-    dropped(&to_moto, true);
+    dropped(&cut.to_moto, true);
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(
         stars[2].try_exit_status().is_none(),
         "a star cut off from the store only keeps its lease:\n{}",
         stars[2].log()
     );
-    dropped(&to_moto, false);
+    dropped(&cut.to_moto, false);
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // Then from etcd too: it cannot renew, stops acknowledging, exits; a survivor takes over.
-    dropped(&to_moto, true);
-    dropped(&to_etcd, true);
+    dropped(&cut.to_moto, true);
+    dropped(&cut.to_etcd, true);
     let status = common::wait_exit(&mut stars[2], Duration::from_secs(30));
     assert!(!status.success());
     assert!(
@@ -167,8 +162,8 @@ async fn a_star_whose_packets_are_dropped_loses_nothing_and_acknowledges_nothing
         },
     )
     .await;
-    dropped(&to_moto, false);
-    dropped(&to_etcd, false);
+    dropped(&cut.to_moto, false);
+    dropped(&cut.to_etcd, false);
     stars[2].kill9();
     stars[2].restart();
     finish(&entry, &streams, running, 1500, &history).await;

@@ -54,7 +54,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics.process.trims.clone(),
     ));
     let connections = Arc::new(nova_server::net::Connections::default());
-    let store_dir = match config.store.s3() {
+    let store_dir = match config.store.s3_bucket {
         None => crate::health::check_store_dir(&config.store_dir).await?,
         Some(_) => config.store_dir.clone(),
     };

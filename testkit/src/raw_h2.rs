@@ -61,9 +61,8 @@ pub async fn unfinished_calls(
         let mut h2 = connect(port, 65_535).await;
         for _ in 0..per_connection {
             let (response, mut send) = open_call(&mut h2, port, path, token).await;
-            let mut start = vec![0u8];
-            start.extend(declared.to_be_bytes());
-            start.extend(vec![0u8; declared as usize - 1]);
+            let mut start = grpc_frame(&vec![0u8; declared as usize]);
+            start.pop();
             send.send_data(Bytes::from(start), false)
                 .expect("send the start of a message");
             calls.push((response, send));

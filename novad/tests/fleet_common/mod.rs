@@ -22,7 +22,12 @@ pub fn star(etcd: &Etcd, moto: &Moto, id: &str) -> NovadBuilder {
 
 /// Star `id` of the fleet whose etcd answers at `metastore` (an `etcd://` URL).
 pub fn star_on(metastore: &str, moto: &Moto, id: &str) -> NovadBuilder {
-    with_s3(novad(), moto, BUCKET).args([
+    fleet_member(with_s3(novad(), moto, BUCKET), metastore, id)
+}
+
+/// `star` as fleet member `id`, its etcd at `metastore`, with the fleet tests' lease.
+fn fleet_member(star: NovadBuilder, metastore: &str, id: &str) -> NovadBuilder {
+    star.args([
         "--metastore",
         metastore,
         "--star-id",
@@ -63,19 +68,15 @@ impl CutOff {
 
     /// Star "star-2", reaching the store and etcd only through the proxies.
     pub fn star(&self) -> NovadBuilder {
-        let star = via_endpoint(novad(), &self.to_moto.endpoint(), BUCKET).args([
-            "--s3-request-timeout-ms",
-            "2000",
-            "--metastore",
+        let star = fleet_member(
+            via_endpoint(novad(), &self.to_moto.endpoint(), BUCKET)
+                .args(["--s3-request-timeout-ms", "2000"]),
             &format!(
                 "etcd://{}",
                 self.to_etcd.endpoint().trim_start_matches("http://")
             ),
-            "--star-id",
             "star-2",
-            "--lease-ttl-secs",
-            &TTL_SECS.to_string(),
-        ]);
+        );
         match &self.netns {
             Some(ns) => star.netns(ns.name(), ns.ns_ip()),
             None => star,
