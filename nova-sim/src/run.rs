@@ -590,7 +590,12 @@ async fn audit_to_the_end(world: &World, star: &Star, auditor: &Auditor, clock: 
         // begun after that.
         let swept =
             clock.since(started) > Duration::from_secs(3) && auditor.metrics().sweeps.get() >= 4;
-        if settled && collected && dropped && swept {
+        // Stopping the auditor cuts a job where it waits, as a crash would; a settle job cut
+        // between its marker and its commit leaves slots for the next start to queue, which
+        // this final check would count as left behind. So stop only between jobs: nothing
+        // below awaits before the caller cancels them.
+        let between_jobs = auditor.metrics().workers_busy.get() == 0;
+        if settled && collected && dropped && swept && between_jobs {
             return;
         }
         if clock.since(started) > AUDIT_LIMIT {
