@@ -136,6 +136,38 @@ impl Admitted {
     pub fn charged(&self) -> u64 {
         self.permit.units()
     }
+
+    /// Grows the charge by `bytes` if `buffer` (the one it came from) has room now. It never
+    /// waits: a batch that already holds a charge and waits for more could, with others doing
+    /// the same, hold the whole buffer with none of them able to finish.
+    pub fn try_grow(&mut self, buffer: &AdmissionBuffer, bytes: u64) -> bool {
+        match buffer.budget.try_acquire(bytes) {
+            Some(more) => {
+                self.permit.merge(more);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Moves up to `bytes` of the charge (leaving at least one unit) into a batch of its own,
+    /// admitted when this one was: one received message that holds several batches (a Kafka
+    /// produce request, one per partition) hands each its part.
+    pub fn split_batch(&mut self, bytes: u64) -> Option<Admitted> {
+        let permit = self.permit.split_off(bytes)?;
+        let id = self.tracker.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut admitted = self.tracker.admitted.lock();
+        let at = admitted
+            .get(&self.id)
+            .copied()
+            .unwrap_or_else(|| self.tracker.clock.now());
+        admitted.insert(id, at);
+        Some(Admitted {
+            permit,
+            id,
+            tracker: self.tracker.clone(),
+        })
+    }
 }
 
 impl Drop for Admitted {

@@ -124,3 +124,24 @@ pub const EXPRESS_LINGER_MS: u64 = 5;
 /// and on a gateway. Each time means the auditor moved the records and collected the old object
 /// in between; more than a few in one read means something else deleted it.
 pub const STALE_REF_RETRIES: u32 = 3;
+
+/// The most partitions a Kafka topic may have (CreateTopics, auto-creation): each is a stream.
+pub const KAFKA_MAX_PARTITIONS: u32 = 4096;
+
+/// Kafka requests up to this size are read into the connection's own buffer, uncharged: the
+/// per-connection state `--max-connections` bounds, as HTTP/2's is. Larger ones (produce
+/// requests above all) are charged to the admission buffer from their length prefix.
+pub const KAFKA_SMALL_REQUEST_BYTES: u64 = 32 * KIB;
+
+/// The largest Kafka request other than Produce (Metadata, Fetch, topic administration) a
+/// star reads; a larger one closes its connection, as a Kafka broker's
+/// socket.request.max.bytes does.
+pub const KAFKA_MAX_CONTROL_REQUEST_BYTES: u64 = MIB;
+
+/// Kafka requests one connection may have read and not yet answered: produce requests charged
+/// and sent on to the packer, fetches waiting their turn. Each holds its charge; past this the
+/// connection stops reading until its client takes answers.
+pub const KAFKA_PIPELINE_DEPTH: usize = 16;
+
+/// The most partitions one Metadata answer lists when a client asks for every topic.
+pub const KAFKA_MAX_LISTED_PARTITIONS: u32 = 10_000;

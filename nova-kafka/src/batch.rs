@@ -171,16 +171,21 @@ pub struct Measure {
     pub headers: u64,
     /// Bodies, header names and values: what Nova's caps judge.
     pub content_bytes: u64,
-    /// The largest record's content bytes.
+    /// The largest record's content bytes, and its index (the first, of equals).
     pub largest_record: u64,
+    pub largest_at: u64,
 }
 
 impl Measure {
+    /// `other`, measured after this, added to it.
     pub fn add(&mut self, other: Measure) {
+        if other.largest_record > self.largest_record {
+            self.largest_record = other.largest_record;
+            self.largest_at = self.records + other.largest_at;
+        }
         self.records += other.records;
         self.headers += other.headers;
         self.content_bytes += other.content_bytes;
-        self.largest_record = self.largest_record.max(other.largest_record);
     }
 }
 
@@ -189,11 +194,13 @@ impl Measure {
 pub fn measure(data: &Bytes, header: &BatchHeader) -> Result<Measure, BatchError> {
     let mut total = Measure::default();
     walk(data, header, |record| {
-        let content = record.content_bytes();
-        total.records += 1;
-        total.headers += record.headers.len() as u64;
-        total.content_bytes += content;
-        total.largest_record = total.largest_record.max(content);
+        total.add(Measure {
+            records: 1,
+            headers: record.headers.len() as u64,
+            content_bytes: record.content_bytes(),
+            largest_record: record.content_bytes(),
+            largest_at: 0,
+        });
     })?;
     Ok(total)
 }

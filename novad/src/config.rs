@@ -97,6 +97,9 @@ pub struct Config {
     #[command(flatten)]
     pub listener: nova_server::net::ListenerArgs,
 
+    #[command(flatten)]
+    pub kafka: crate::kafka::KafkaArgs,
+
     // ---- budgets --------------------------------------------------------------------------
     /// Admission buffer, MiB: bytes of appends held from decode until they are acknowledged or
     /// fail. When full, appends block and their sessions stop reading frames, so producers slow
@@ -476,6 +479,20 @@ impl Config {
     /// Refuses settings that cannot work, naming the flag.
     pub fn check(&self) -> Result<(), String> {
         self.check_advertise()?;
+        self.kafka.check()?;
+        if self.kafka.kafka_listen.is_some() {
+            // Not yet: see docs/kafka.md. Refused rather than served half-way: a Kafka client
+            // would get past --auth-tokens with no token, and in a fleet Metadata would name
+            // this star as every partition's leader.
+            if self.listener.auth_tokens.is_some() {
+                return Err("--kafka-listen with --auth-tokens is not supported yet: the Kafka                             listener has no SASL, so its clients would bypass the tokens"
+                    .into());
+            }
+            if self.metastore != "embedded" {
+                return Err("--kafka-listen in a fleet (--metastore etcd://…) is not supported                             yet: run the Kafka listener on a single star"
+                    .into());
+            }
+        }
         if self.grpc_stream_window_kib < 64 {
             return Err("--grpc-stream-window-kib must be at least 64 (the HTTP/2 floor)".into());
         }

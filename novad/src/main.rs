@@ -3,6 +3,7 @@
 mod advertise;
 mod config;
 mod express;
+mod kafka;
 mod memory;
 mod server;
 mod service;

@@ -403,6 +403,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     });
     let max_message = config.max_message_bytes();
     let (access, shed_log) = (ctx.access.clone(), ctx.sheds.clone());
+    let kafka_ctx = ctx.clone();
     let nova = NovaServer::new(NovaService::new(ctx))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message.max(config.max_read_bytes.bytes() as usize * 2));
@@ -421,6 +422,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen)", config.listen))?;
+    // One cap on connections for both listeners.
+    let places = nova_server::net::conn::Places::new(&config.listener.limits());
+    let kafka_listener = match config.kafka.kafka_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (--kafka-listen)"))?,
+        ),
+        None => None,
+    };
     let listening = listener.local_addr().unwrap_or(config.listen);
     let window = config.grpc_stream_window_kib * 1024;
     let server = config
@@ -475,17 +486,48 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .add_service(reflection_v1alpha)
         .add_service(nova)
         .serve_with_incoming_shutdown(
-            nova_server::net::conn::incoming(
+            nova_server::net::conn::incoming_within(
                 listener,
                 security.tls.clone(),
                 config.listener.limits(),
-                connections,
+                places.clone(),
+                connections.clone(),
                 security_metrics.connections.clone(),
                 stopping.clone(),
             ),
             stopping.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(server);
+    if let (Some(listener), Ok(Some((host, port)))) = (kafka_listener, config.kafka.advertised()) {
+        let kafka = Arc::new(crate::kafka::Kafka {
+            ctx: kafka_ctx,
+            node_id: 0,
+            host,
+            port,
+            auto_create_partitions: config.kafka.kafka_auto_create_partitions,
+            max_produce_bytes: config.max_message_bytes() as u64,
+            largest_fragment: config.largest_fragment(),
+            metrics: crate::kafka::KafkaMetrics::register(&metrics.registry)?,
+        });
+        let kafka_addr = listener.local_addr().ok();
+        supervisor.watch(
+            "kafka listener",
+            stopping.clone(),
+            crate::kafka::serve(
+                kafka,
+                listener,
+                crate::kafka::Listening {
+                    tls: security.tls.clone(),
+                    limits: config.listener.limits(),
+                    places,
+                    connections,
+                    metrics: security_metrics.connections.clone(),
+                },
+                stopping.clone(),
+            ),
+        );
+        tracing::info!(listen = ?kafka_addr, "Kafka listener serving");
+    }
     let lease_lost = async {
         match &fleet {
             Some(fleet) => fleet.lost().await,

@@ -334,7 +334,30 @@ impl Connected for Conn {
     }
 }
 
+/// Marks calls on one connection, for a protocol served outside tonic (Kafka's): the
+/// connection's idle and first-request deadlines count them as tonic's calls are counted.
+#[derive(Debug, Clone)]
+pub struct CallMarks(Arc<ConnState>);
+
+impl CallMarks {
+    /// A call in progress until the mark drops.
+    pub fn begin(&self) -> CallMark {
+        self.0.begin();
+        CallMark(Some(self.0.clone()))
+    }
+}
+
 impl Conn {
+    /// Where the connection comes from.
+    pub fn peer(&self) -> SocketAddr {
+        self.place.peer
+    }
+
+    /// What marks this connection's calls in progress.
+    pub fn call_marks(&self) -> CallMarks {
+        CallMarks(self.state.clone())
+    }
+
     /// Closes the connection (an error from its read or write) once a limit says so. Looked
     /// at on every read and write: a response that starts sending can bring the next deadline
     /// nearer than the timer's.
@@ -457,6 +480,17 @@ impl AsyncWrite for Conn {
     }
 }
 
+/// The places under `--max-connections`, which every listener of a process may share: a
+/// star's Kafka listener takes its connections' places from the same cap as its gRPC one.
+#[derive(Debug, Clone)]
+pub struct Places(Arc<Semaphore>);
+
+impl Places {
+    pub fn new(limits: &ConnLimits) -> Self {
+        Self(Arc::new(Semaphore::new(limits.max_connections.max(1))))
+    }
+}
+
 /// Accepts connections on `listener` within `limits`, with TLS when `tls` is given, until
 /// `stopping`; yields them as tonic's incoming stream.
 pub fn incoming(
@@ -467,12 +501,35 @@ pub fn incoming(
     metrics: ConnMetrics,
     stopping: CancellationToken,
 ) -> impl futures::Stream<Item = io::Result<Conn>> {
+    let places = Places::new(&limits);
+    incoming_within(
+        listener,
+        tls,
+        limits,
+        places,
+        connections,
+        metrics,
+        stopping,
+    )
+}
+
+/// `incoming`, with the connections' places taken from `places`.
+pub fn incoming_within(
+    listener: TcpListener,
+    tls: Option<ReloadingTls>,
+    limits: ConnLimits,
+    places: Places,
+    connections: Arc<Connections>,
+    metrics: ConnMetrics,
+    stopping: CancellationToken,
+) -> impl futures::Stream<Item = io::Result<Conn>> {
     let (accepted, stream) = mpsc::channel(ACCEPTED_QUEUE);
     metrics.capacity.set(limits.max_connections as i64);
     tokio::spawn(accept_loop(
         listener,
         tls,
         limits,
+        places,
         connections,
         metrics,
         accepted,
@@ -481,16 +538,21 @@ pub fn incoming(
     tokio_stream::wrappers::ReceiverStream::new(stream)
 }
 
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one listener's whole set-up, passed once"
+)]
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<ReloadingTls>,
     limits: ConnLimits,
+    places: Places,
     connections: Arc<Connections>,
     metrics: ConnMetrics,
     accepted: mpsc::Sender<io::Result<Conn>>,
     stopping: CancellationToken,
 ) {
-    let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let places = places.0;
     let refusals = ShedLog::new(nova_core::clock::Clock::system());
     loop {
         let (tcp, peer) = tokio::select! {

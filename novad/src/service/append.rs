@@ -251,10 +251,20 @@ fn rejection_reason(error: &RequestError) -> &'static str {
     }
 }
 
-/// Answers an append with a refusal: counted by reason; tallied and logged with the stream and
-/// the peer (a redirect is routing, not a refusal, so it is not tallied against them).
+/// Answers an append with a refusal (`reject_append`).
 fn reject(ctx: &Context, peer: Option<SocketAddr>, error: RequestError, stream: &str) -> Pending {
-    let reason = rejection_reason(&error);
+    reject_append(ctx, peer, &error, stream);
+    Pending::Answer(Box::new(Refusal {
+        ack: refusal(&error),
+        _place: None,
+    }))
+}
+
+/// Counts an append refused by reason; tallies and logs it with the stream and the peer (a
+/// redirect is routing, not a refusal, so it is not tallied against them). Kafka's produce
+/// refusals come here too.
+pub fn reject_append(ctx: &Context, peer: Option<SocketAddr>, error: &RequestError, stream: &str) {
+    let reason = rejection_reason(error);
     ctx.metrics.rejections.with_label_values(&[reason]).inc();
     if !matches!(error, RequestError::NotLeader { .. }) {
         ctx.metrics.refused.hit(Some(stream), peer);
@@ -268,10 +278,6 @@ fn reject(ctx: &Context, peer: Option<SocketAddr>, error: RequestError, stream: 
             "append rejected: {error}"
         );
     }
-    Pending::Answer(Box::new(Refusal {
-        ack: refusal(&error),
-        _place: None,
-    }))
 }
 
 async fn admit(

@@ -2,6 +2,7 @@
 //! and errors into statuses.
 
 mod append;
+pub use append::reject_append;
 pub mod caps;
 pub mod charge;
 pub mod info;

@@ -1,0 +1,361 @@
+//! One Kafka connection: requests read one at a time, answered strictly in order.
+//!
+//! The reading half takes a request's 4-byte length, then its API key and version, and decides
+//! before reading the rest: a request over its limit closes the connection (as a Kafka broker
+//! does; the client reconnects), a produce request is charged to the admission buffer as an
+//! append message is (waiting, and so not reading further, while the buffer is full), and any
+//! other request over `KAFKA_SMALL_REQUEST_BYTES` is charged its size. A produce request is
+//! then checked and handed to the packer at once, so appends keep the order the client sent
+//! them in; its answer, and every other request's work, is queued as a future. The writing half
+//! runs those futures one after another and writes each answer: at most
+//! `KAFKA_PIPELINE_DEPTH` wait, and past that the connection stops reading.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsResponse, RequestHeader, RequestKind, ResponseHeader, ResponseKind,
+};
+use kafka_protocol::protocol::{Decodable, Encodable};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use nova_chain::admission::{PER_BATCH_OVERHEAD, received_charge_within};
+use nova_core::limits::{
+    KAFKA_MAX_CONTROL_REQUEST_BYTES, KAFKA_PIPELINE_DEPTH, KAFKA_SMALL_REQUEST_BYTES,
+};
+use nova_server::net::conn::{CallMark, Conn};
+
+use super::Kafka;
+
+/// A request's answer once its work is done; `None` when it is not answered (`acks=0`).
+pub type Answer = Pin<Box<dyn Future<Output = Option<Reply>> + Send>>;
+
+/// An answer, and what it holds (a fetch's read charges) until it is written.
+pub struct Reply {
+    pub response: ResponseKind,
+    pub hold: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl Reply {
+    pub fn new(response: ResponseKind) -> Self {
+        Self {
+            response,
+            hold: None,
+        }
+    }
+}
+
+/// The APIs served, and the versions of each (within what kafka-protocol knows).
+const SUPPORTED: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 9),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 7),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::ApiVersions, 0, 3),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 5),
+];
+
+fn versions(api: ApiKey) -> Option<(i16, i16)> {
+    let valid = api.valid_versions();
+    SUPPORTED
+        .iter()
+        .find(|(key, _, _)| *key == api)
+        .map(|(_, min, max)| ((*min).max(valid.min), (*max).min(valid.max)))
+}
+
+fn api_versions() -> Vec<ApiVersion> {
+    SUPPORTED
+        .iter()
+        .filter_map(|(api, _, _)| {
+            let (min, max) = versions(*api)?;
+            Some(
+                ApiVersion::default()
+                    .with_api_key(*api as i16)
+                    .with_min_version(min)
+                    .with_max_version(max),
+            )
+        })
+        .collect()
+}
+
+/// A request read and queued for its answer.
+struct Pending {
+    correlation_id: i32,
+    api: ApiKey,
+    version: i16,
+    answer: Answer,
+    /// The connection has a call in progress until the answer is written.
+    _call: CallMark,
+}
+
+/// Why the listener closed a connection (`nova_kafka_connections_closed_total{reason}`).
+struct Close {
+    reason: &'static str,
+    detail: String,
+}
+
+pub async fn serve(kafka: Arc<Kafka>, conn: Conn) {
+    let peer = conn.peer();
+    let marks = conn.call_marks();
+    let (read, write) = tokio::io::split(conn);
+    let (pending_tx, pending_rx) = mpsc::channel(KAFKA_PIPELINE_DEPTH);
+    let writer_gone = CancellationToken::new();
+    let reading = async {
+        let closed = read_requests(&kafka, peer, &marks, read, pending_tx, &writer_gone).await;
+        if let Err(close) = closed {
+            kafka
+                .metrics
+                .closed
+                .with_label_values(&[close.reason])
+                .inc();
+            if let Some(unlogged) = kafka.ctx.sheds.admit(close.reason) {
+                tracing::info!(
+                    %peer,
+                    reason = close.reason,
+                    unlogged_since_last = unlogged,
+                    "closing a Kafka connection: {}",
+                    close.detail
+                );
+            }
+        }
+    };
+    let writing = async {
+        write_answers(pending_rx, write).await;
+        writer_gone.cancel();
+    };
+    tokio::join!(reading, writing);
+}
+
+async fn read_requests(
+    kafka: &Arc<Kafka>,
+    peer: SocketAddr,
+    marks: &nova_server::net::conn::CallMarks,
+    mut read: tokio::io::ReadHalf<Conn>,
+    pending: mpsc::Sender<Pending>,
+    writer_gone: &CancellationToken,
+) -> Result<(), Close> {
+    let ctx = &kafka.ctx;
+    loop {
+        let mut prefix = [0u8; 8];
+        tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => return Ok(()),
+            _ = writer_gone.cancelled() => return Ok(()),
+            // The connection's end (or a deadline of its limits) ends the reading.
+            read = read.read_exact(&mut prefix[..4]) => if read.is_err() { return Ok(()) },
+        }
+        let len = i32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+        if len < 4 {
+            return Err(Close {
+                reason: "malformed_request",
+                detail: format!("a request of {len} bytes"),
+            });
+        }
+        let len = len as u64;
+        if read.read_exact(&mut prefix[4..]).await.is_err() {
+            return Ok(());
+        }
+        let key = i16::from_be_bytes([prefix[4], prefix[5]]);
+        let version = i16::from_be_bytes([prefix[6], prefix[7]]);
+        let Ok(api) = ApiKey::try_from(key) else {
+            return Err(Close {
+                reason: "unknown_api",
+                detail: format!("API key {key}, which Kafka does not define"),
+            });
+        };
+        let produce = api == ApiKey::Produce;
+        let cap = if produce {
+            kafka.max_produce_bytes
+        } else {
+            KAFKA_MAX_CONTROL_REQUEST_BYTES
+        };
+        if len > cap {
+            return Err(Close {
+                reason: "request_too_large",
+                detail: format!(
+                    "a {api:?} request of {len} bytes, over the {cap} bytes read (for Produce, \
+                     the message limit set by --max-batch-bytes)"
+                ),
+            });
+        }
+        // Charged before its bytes are read, so a full buffer holds the connection here.
+        let charge = if produce || len > KAFKA_SMALL_REQUEST_BYTES {
+            let bytes = if produce {
+                received_charge_within(len, kafka.largest_fragment)
+            } else {
+                PER_BATCH_OVERHEAD + len
+            };
+            tokio::select! {
+                biased;
+                _ = ctx.shutdown.cancelled() => return Ok(()),
+                admitted = ctx.star.admission().admit(bytes) => Some(admitted),
+            }
+        } else {
+            None
+        };
+        let mut frame = BytesMut::zeroed(len as usize);
+        frame[..4].copy_from_slice(&prefix[4..]);
+        if read.read_exact(&mut frame[4..]).await.is_err() {
+            return Ok(());
+        }
+        if let Some(charge) = &charge {
+            charge.received();
+        }
+        let call = marks.begin();
+        let mut frame = frame.freeze();
+        let Some((min, max)) = versions(api) else {
+            return Err(Close {
+                reason: "unsupported_api",
+                detail: format!(
+                    "{api:?}, which Nova's Kafka listener does not serve (docs/kafka.md)"
+                ),
+            });
+        };
+        if !(min..=max).contains(&version) {
+            if api == ApiKey::ApiVersions {
+                // Kafka's way: a version-0 answer naming the versions served, so the client
+                // asks again with one of them.
+                let correlation_id = correlation_id(&frame);
+                let answer = ResponseKind::ApiVersions(
+                    ApiVersionsResponse::default()
+                        .with_error_code(
+                            kafka_protocol::error::ResponseError::UnsupportedVersion.code(),
+                        )
+                        .with_api_keys(api_versions()),
+                );
+                let queued = Pending {
+                    correlation_id,
+                    api,
+                    version: 0,
+                    answer: Box::pin(async move { Some(Reply::new(answer)) }),
+                    _call: call,
+                };
+                if pending.send(queued).await.is_err() {
+                    return Ok(());
+                }
+                continue;
+            }
+            return Err(Close {
+                reason: "unsupported_version",
+                detail: format!("{api:?} version {version}; served: {min} to {max}"),
+            });
+        }
+        let header = RequestHeader::decode(&mut frame, api.request_header_version(version));
+        let request = header.and_then(|header| {
+            RequestKind::decode(api, &mut frame, version).map(|request| (header, request))
+        });
+        let (header, request) = match request {
+            Ok(decoded) => decoded,
+            Err(error) => {
+                return Err(Close {
+                    reason: "malformed_request",
+                    detail: format!("an unreadable {api:?} v{version} request: {error:#}"),
+                });
+            }
+        };
+        drop(frame);
+        kafka
+            .metrics
+            .requests
+            .with_label_values(&[&format!("{api:?}")])
+            .inc();
+        let answer = match (request, charge) {
+            (RequestKind::Produce(request), Some(charge)) => {
+                super::produce::produce(kafka, peer, request, version, len, charge).await
+            }
+            (request, _) => Some(answer(kafka.clone(), peer, request, version)),
+        };
+        let Some(answer) = answer else { continue };
+        let queued = Pending {
+            correlation_id: header.correlation_id,
+            api,
+            version,
+            answer,
+            _call: call,
+        };
+        if pending.send(queued).await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// The correlation id of a request whose header could not be decoded at its version: it is
+/// the first field after the API key and version in every header version.
+fn correlation_id(frame: &Bytes) -> i32 {
+    frame
+        .get(4..8)
+        .map_or(0, |id| i32::from_be_bytes([id[0], id[1], id[2], id[3]]))
+}
+
+/// The work of a request other than Produce, run when its turn comes.
+fn answer(kafka: Arc<Kafka>, peer: SocketAddr, request: RequestKind, version: i16) -> Answer {
+    Box::pin(async move {
+        let response = match request {
+            RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(
+                ApiVersionsResponse::default().with_api_keys(api_versions()),
+            ),
+            RequestKind::Metadata(request) => {
+                super::topics::metadata(&kafka, peer, request, version).await
+            }
+            RequestKind::CreateTopics(request) => {
+                super::topics::create(&kafka, peer, request, version).await
+            }
+            RequestKind::DeleteTopics(request) => {
+                super::topics::delete(&kafka, request, version).await
+            }
+            RequestKind::ListOffsets(request) => {
+                super::offsets::list_offsets(&kafka, peer, request, version).await
+            }
+            RequestKind::Fetch(request) => {
+                return Some(super::fetch::fetch(&kafka, peer, request, version).await);
+            }
+            // `versions` admits no other API.
+            other => {
+                tracing::error!(
+                    "a Kafka request the listener does not serve reached it: {other:?}"
+                );
+                return None;
+            }
+        };
+        Some(Reply::new(response))
+    })
+}
+
+async fn write_answers(
+    mut pending: mpsc::Receiver<Pending>,
+    mut write: tokio::io::WriteHalf<Conn>,
+) {
+    while let Some(next) = pending.recv().await {
+        let Some(reply) = next.answer.await else {
+            continue;
+        };
+        let mut out = BytesMut::new();
+        out.put_i32(0);
+        let encoded = ResponseHeader::default()
+            .with_correlation_id(next.correlation_id)
+            .encode(&mut out, next.api.response_header_version(next.version))
+            .and_then(|()| reply.response.encode(&mut out, next.version));
+        if let Err(error) = encoded {
+            // A field set that the client's version lacks: Nova's bug, not the client's.
+            tracing::error!(
+                api = ?next.api,
+                version = next.version,
+                "a Kafka answer could not be encoded; closing the connection: {error:#}"
+            );
+            return;
+        }
+        let len = (out.len() - 4) as i32;
+        out[..4].copy_from_slice(&len.to_be_bytes());
+        if write.write_all(&out).await.is_err() {
+            return;
+        }
+        drop(reply.hold);
+    }
+}

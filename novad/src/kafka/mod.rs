@@ -1,0 +1,173 @@
+//! The Kafka listener (`--kafka-listen`): Kafka clients produce to, fetch from and manage
+//! topics on the star, through the same admission buffer, caps and read path as gRPC.
+//!
+//! Each connection is served by `conn`; the requests by `produce`, `fetch`, `offsets` and
+//! `topics`. Kafka's formats and the mapping onto streams and records are in the
+//! `nova-kafka` crate; what is supported, and what is refused and why, in docs/kafka.md.
+
+mod conn;
+mod fetch;
+mod offsets;
+mod produce;
+mod topics;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use prometheus::IntCounterVec;
+use tokio_util::sync::CancellationToken;
+
+use nova_server::net::conn::{ConnLimits, ConnMetrics, Connections, Places};
+use nova_server::net::tls::ReloadingTls;
+
+use crate::service::Context;
+
+/// The Kafka listener's flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct KafkaArgs {
+    /// Address a Kafka listener serves on (for example 127.0.0.1:9092); none by default.
+    /// Kafka clients produce, fetch and manage topics through it (docs/kafka.md); its
+    /// connections count against --max-connections with the gRPC ones.
+    #[arg(long, env = "NOVA_KAFKA_LISTEN", help_heading = "Kafka")]
+    pub kafka_listen: Option<SocketAddr>,
+
+    /// HOST:PORT Kafka clients are told to reach this star at (in Metadata answers). Default:
+    /// --kafka-listen, which must then not be a wildcard address.
+    #[arg(long, env = "NOVA_KAFKA_ADVERTISE_ADDR", help_heading = "Kafka")]
+    pub kafka_advertise_addr: Option<String>,
+
+    /// Partitions of a topic created because a client asked for its metadata (as Kafka's
+    /// auto.create.topics.enable does, with num.partitions); 0 turns that off, so topics are
+    /// created only by CreateTopics or `nova create`.
+    #[arg(
+        long,
+        env = "NOVA_KAFKA_AUTO_CREATE_PARTITIONS",
+        default_value_t = 1,
+        help_heading = "Kafka"
+    )]
+    pub kafka_auto_create_partitions: u32,
+}
+
+impl KafkaArgs {
+    /// Where clients reach the listener, as host and port; `Err` says why it cannot be told.
+    pub fn advertised(&self) -> Result<Option<(String, i32)>, String> {
+        let Some(listen) = self.kafka_listen else {
+            return Ok(None);
+        };
+        let given = match &self.kafka_advertise_addr {
+            Some(given) => given.clone(),
+            None if listen.ip().is_unspecified() => {
+                return Err(format!(
+                    "--kafka-listen {listen} is a wildcard address, which Kafka clients cannot \
+                     connect to: give --kafka-advertise-addr HOST:PORT"
+                ));
+            }
+            None => listen.to_string(),
+        };
+        let (host, port) = given
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+            .filter(|(host, _)| !host.is_empty())
+            .ok_or_else(|| format!("--kafka-advertise-addr {given:?} is not HOST:PORT"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        Ok(Some((host.to_owned(), i32::from(port))))
+    }
+
+    pub fn check(&self) -> Result<(), String> {
+        if self.kafka_auto_create_partitions > nova_core::limits::KAFKA_MAX_PARTITIONS {
+            return Err(format!(
+                "--kafka-auto-create-partitions must be at most {}",
+                nova_core::limits::KAFKA_MAX_PARTITIONS
+            ));
+        }
+        self.advertised().map(|_| ())
+    }
+}
+
+/// What every Kafka connection shares.
+pub struct Kafka {
+    pub ctx: Arc<Context>,
+    /// This star's broker id in Metadata answers.
+    pub node_id: i32,
+    pub host: String,
+    pub port: i32,
+    pub auto_create_partitions: u32,
+    /// The largest produce request read (the gRPC message limit).
+    pub max_produce_bytes: u64,
+    /// The most a batch within the caps encodes to.
+    pub largest_fragment: u64,
+    pub metrics: KafkaMetrics,
+}
+
+/// The listener's own series, beside the star's (sheds and refusals count there too).
+#[derive(Clone)]
+pub struct KafkaMetrics {
+    /// Requests by API.
+    pub requests: IntCounterVec,
+    /// Error codes answered, by API and Kafka error name.
+    pub errors: IntCounterVec,
+    /// Connections closed by the listener for what they sent, by reason.
+    pub closed: IntCounterVec,
+}
+
+impl KafkaMetrics {
+    pub fn register(registry: &prometheus::Registry) -> prometheus::Result<Self> {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let counter = IntCounterVec::new(prometheus::Opts::new(name, help), labels)?;
+            registry.register(Box::new(counter.clone()))?;
+            Ok::<_, prometheus::Error>(counter)
+        };
+        Ok(Self {
+            requests: counter(
+                "nova_kafka_requests_total",
+                "Kafka requests served, by API.",
+                &["api"],
+            )?,
+            errors: counter(
+                "nova_kafka_errors_total",
+                "Kafka error codes answered (one per partition or topic refused), by API and \
+                 error.",
+                &["api", "error"],
+            )?,
+            closed: counter(
+                "nova_kafka_connections_closed_total",
+                "Kafka connections closed for what they sent (an oversize or unreadable \
+                 request, an unknown API), by reason.",
+                &["reason"],
+            )?,
+        })
+    }
+}
+
+/// Everything the listener needs from the gRPC side's set-up.
+pub struct Listening {
+    pub tls: Option<ReloadingTls>,
+    pub limits: ConnLimits,
+    pub places: Places,
+    pub connections: Arc<Connections>,
+    pub metrics: ConnMetrics,
+}
+
+/// Serves Kafka clients on `listener` until `stopping`: one task per connection, each holding
+/// one of the `--max-connections` places.
+pub async fn serve(
+    kafka: Arc<Kafka>,
+    listener: tokio::net::TcpListener,
+    listening: Listening,
+    stopping: CancellationToken,
+) {
+    use futures::StreamExt;
+    let mut incoming = std::pin::pin!(nova_server::net::conn::incoming_within(
+        listener,
+        listening.tls,
+        listening.limits,
+        listening.places,
+        listening.connections,
+        listening.metrics,
+        stopping.clone(),
+    ));
+    while let Some(conn) = incoming.next().await {
+        let Ok(conn) = conn else { continue };
+        tokio::spawn(conn::serve(kafka.clone(), conn));
+    }
+}
