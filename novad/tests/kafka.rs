@@ -207,3 +207,225 @@ fn python_clients_manage_topics_produce_with_every_codec_and_read_back() {
     );
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
+
+mod raw {
+    //! Kafka requests written by hand, for what no well-behaved client sends.
+
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    pub fn varint(out: &mut Vec<u8>, value: i64) {
+        let mut raw = ((value << 1) ^ (value >> 63)) as u64;
+        while raw >= 0x80 {
+            out.push((raw as u8 & 0x7f) | 0x80);
+            raw >>= 7;
+        }
+        out.push(raw as u8);
+    }
+
+    /// A record batch (magic 2) of `count` records whose (maybe compressed) bytes are
+    /// `records`, with `attributes` (the low bits name the codec).
+    pub fn batch(attributes: i16, count: i32, records: &[u8]) -> Vec<u8> {
+        let mut tail = Vec::new();
+        tail.extend_from_slice(&attributes.to_be_bytes());
+        tail.extend_from_slice(&(count - 1).to_be_bytes());
+        tail.extend_from_slice(&1_700_000_000_000i64.to_be_bytes());
+        tail.extend_from_slice(&1_700_000_000_000i64.to_be_bytes());
+        tail.extend_from_slice(&(-1i64).to_be_bytes());
+        tail.extend_from_slice(&(-1i16).to_be_bytes());
+        tail.extend_from_slice(&(-1i32).to_be_bytes());
+        tail.extend_from_slice(&count.to_be_bytes());
+        tail.extend_from_slice(records);
+        let mut out = Vec::new();
+        out.extend_from_slice(&0i64.to_be_bytes());
+        out.extend_from_slice(&((4 + 1 + 4 + tail.len()) as i32).to_be_bytes());
+        out.extend_from_slice(&0i32.to_be_bytes());
+        out.push(2);
+        out.extend_from_slice(&crc32c::crc32c(&tail).to_be_bytes());
+        out.extend_from_slice(&tail);
+        out
+    }
+
+    /// One uncompressed record with `value`.
+    pub fn record(value: &[u8]) -> Vec<u8> {
+        let mut body = vec![0u8];
+        varint(&mut body, 0);
+        varint(&mut body, 0);
+        varint(&mut body, -1);
+        varint(&mut body, value.len() as i64);
+        body.extend_from_slice(value);
+        varint(&mut body, 0);
+        let mut out = Vec::new();
+        varint(&mut out, body.len() as i64);
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// A Produce v3 request (acks=all) of `batch` to partition 0 of `topic`.
+    pub fn produce(topic: &str, batch: &[u8]) -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend_from_slice(&0i16.to_be_bytes()); // Produce
+        body.extend_from_slice(&3i16.to_be_bytes());
+        body.extend_from_slice(&42i32.to_be_bytes()); // correlation id
+        body.extend_from_slice(&(-1i16).to_be_bytes()); // no client id
+        body.extend_from_slice(&(-1i16).to_be_bytes()); // no transactional id
+        body.extend_from_slice(&(-1i16).to_be_bytes()); // acks=all
+        body.extend_from_slice(&30_000i32.to_be_bytes());
+        body.extend_from_slice(&1i32.to_be_bytes());
+        body.extend_from_slice(&(topic.len() as i16).to_be_bytes());
+        body.extend_from_slice(topic.as_bytes());
+        body.extend_from_slice(&1i32.to_be_bytes());
+        body.extend_from_slice(&0i32.to_be_bytes()); // partition 0
+        body.extend_from_slice(&(batch.len() as i32).to_be_bytes());
+        body.extend_from_slice(batch);
+        body
+    }
+
+    /// Sends a request; returns its answer's body, or `None` when the star closed the
+    /// connection instead.
+    pub fn send(bootstrap: &str, request: &[u8], declared_len: Option<i32>) -> Option<Vec<u8>> {
+        let mut conn = TcpStream::connect(bootstrap).expect("connect to the Kafka listener");
+        conn.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let len = declared_len.unwrap_or(request.len() as i32);
+        conn.write_all(&len.to_be_bytes()).unwrap();
+        // The star may close before it has read everything declared.
+        let _ = conn.write_all(request);
+        let mut prefix = [0u8; 4];
+        conn.read_exact(&mut prefix).ok()?;
+        let mut answer = vec![0u8; i32::from_be_bytes(prefix) as usize];
+        conn.read_exact(&mut answer).ok()?;
+        Some(answer)
+    }
+
+    /// The error code of the one partition a Produce v3 answer holds.
+    pub fn produce_error(answer: &[u8], topic: &str) -> i16 {
+        // correlation id, topics count, topic name, partitions count, partition index
+        let at = 4 + 4 + 2 + topic.len() + 4 + 4;
+        i16::from_be_bytes([answer[at], answer[at + 1]])
+    }
+}
+
+/// The star's peak resident memory (VmHWM), bytes.
+fn peak_rss(novad: &Novad) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", novad.pid().unwrap())).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+#[test]
+fn hostile_requests_close_their_connection_and_the_star_serves_on() {
+    let (novad, bootstrap) = kafka_star(&[]);
+    let header = |api: i16, version: i16| {
+        let mut h = Vec::new();
+        h.extend_from_slice(&api.to_be_bytes());
+        h.extend_from_slice(&version.to_be_bytes());
+        h.extend_from_slice(&7i32.to_be_bytes());
+        h.extend_from_slice(&(-1i16).to_be_bytes());
+        h
+    };
+    let huge = 0x7fff_ffffi32.to_be_bytes();
+    // Arrays declaring two billion elements, in a few bytes: unguarded, the decoder reserves
+    // hundreds of gigabytes and the process aborts.
+    let counted = [
+        [header(3, 1), huge.to_vec()].concat(),
+        [
+            header(0, 3),
+            vec![0xff, 0xff, 0, 1, 0, 0, 3, 0xe8],
+            huge.to_vec(),
+        ]
+        .concat(),
+        [header(19, 2), huge.to_vec()].concat(),
+        [
+            header(1, 4),
+            vec![0xff; 4],
+            vec![0; 12],
+            vec![0],
+            huge.to_vec(),
+        ]
+        .concat(),
+    ];
+    for request in &counted {
+        assert_eq!(raw::send(&bootstrap, request, None), None, "{request:?}");
+    }
+    // A request declaring 2 GB, and an API Kafka does not define.
+    assert_eq!(raw::send(&bootstrap, &header(0, 3), Some(i32::MAX)), None);
+    assert_eq!(raw::send(&bootstrap, &header(999, 0), None), None);
+    // An answer to an ApiVersions newer than served: version 0, UNSUPPORTED_VERSION, the list.
+    let answer =
+        raw::send(&bootstrap, &[header(18, 99), vec![0]].concat(), None).expect("an answer");
+    assert_eq!(i16::from_be_bytes([answer[4], answer[5]]), 35);
+    let closed = |reason: &str| {
+        novad
+            .metric(&format!(
+                "nova_kafka_connections_closed_total{{reason=\"{reason}\"}}"
+            ))
+            .unwrap_or(0.0)
+    };
+    assert_eq!(closed("malformed_request"), 4.0);
+    assert_eq!(closed("request_too_large"), 1.0);
+    assert_eq!(closed("unknown_api"), 1.0);
+    // The star is still there.
+    kcat(&bootstrap, &["-P", "-t", "after"], b"still here\n");
+    assert_eq!(consume(&bootstrap, "after", "%s\n"), "still here\n");
+}
+
+#[test]
+fn corrupt_batches_and_compression_bombs_are_refused_and_nothing_is_written() {
+    let (novad, bootstrap) = kafka_star(&["--max-batch-bytes", "1MiB"]);
+    kcat(&bootstrap, &["-P", "-t", "t"], b"first\n");
+    // A flipped byte: CORRUPT_MESSAGE (2).
+    let mut corrupt = raw::batch(0, 1, &raw::record(b"payload"));
+    let last = corrupt.len() - 2;
+    corrupt[last] ^= 0x40;
+    let answer = raw::send(&bootstrap, &raw::produce("t", &corrupt), None).expect("an answer");
+    assert_eq!(raw::produce_error(&answer, "t"), 2);
+    // 512 MiB of zeros, gzipped to about half a megabyte: RECORD_LIST_TOO_LARGE (18), refused
+    // as it inflates past the caps' worth, not held whole.
+    let before = peak_rss(&novad);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let value_len: i64 = 512 << 20;
+    let mut head = Vec::new();
+    let mut body_head = vec![0u8];
+    raw::varint(&mut body_head, 0);
+    raw::varint(&mut body_head, 0);
+    raw::varint(&mut body_head, -1);
+    raw::varint(&mut body_head, value_len);
+    raw::varint(&mut head, body_head.len() as i64 + value_len + 1);
+    head.extend_from_slice(&body_head);
+    gz.write_all(&head).unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..512 {
+        gz.write_all(&zeros).unwrap();
+    }
+    gz.write_all(&[0]).unwrap();
+    let bomb = gz.finish().unwrap();
+    assert!(bomb.len() < 2 << 20, "{}", bomb.len());
+    let answer = raw::send(
+        &bootstrap,
+        &raw::produce("t", &raw::batch(1, 1, &bomb)),
+        None,
+    )
+    .expect("an answer");
+    assert_eq!(raw::produce_error(&answer, "t"), 18);
+    let grew = peak_rss(&novad).saturating_sub(before);
+    assert!(grew < 64 << 20, "the star's peak grew by {grew} bytes");
+    // Only the first record was written.
+    assert_eq!(consume(&bootstrap, "t", "%s\n"), "first\n");
+    // Both refusals counted (and logged, one line a second per reason).
+    assert_eq!(
+        novad.metric("nova_append_rejections_total{reason=\"malformed\"}"),
+        Some(2.0)
+    );
+    assert!(
+        novad.log().contains("record batch is corrupt"),
+        "{}",
+        novad.log()
+    );
+}

@@ -139,11 +139,7 @@ async fn append(
     };
     let target = ctx.route(stream, Some(peer), None).await.map_err(refuse)?;
     let data = data.ok_or_else(|| refuse(RequestError::EmptyBatch))?;
-    let batches = split_batches(data).map_err(|e| {
-        refuse(RequestError::InvalidRequest(format!(
-            "produce to {stream}: {e}"
-        )))
-    })?;
+    let batches = split_batches(data).map_err(|e| refuse_batch(ctx, peer, stream, &e))?;
     let caps = ctx.caps;
     let declared: u64 = batches.iter().map(|b| b.header.record_count as u64).sum();
     if declared > caps.max_batch_records as u64 {
