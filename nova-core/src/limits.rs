@@ -145,3 +145,15 @@ pub const KAFKA_PIPELINE_DEPTH: usize = 16;
 
 /// The most partitions one Metadata answer lists when a client asks for every topic.
 pub const KAFKA_MAX_LISTED_PARTITIONS: u32 = 10_000;
+
+/// Batches an idempotent Kafka producer's retry is recognised among, per partition: Kafka's
+/// own five (a producer has at most five requests in flight per connection).
+pub const KAFKA_PRODUCER_BATCHES: usize = 5;
+
+/// Records of a partition read for an idempotent producer's marks when a star first sees a
+/// batch from a producer an earlier start issued (after a restart or takeover).
+pub const KAFKA_PRODUCER_SCAN_RECORDS: u64 = 16_384;
+
+/// Idempotent producers' states (one per producer and partition) a star keeps; past it the
+/// least recently made is forgotten, and read back from the partition when it next writes.
+pub const KAFKA_PRODUCER_STATES: usize = 10_000;

@@ -14,7 +14,10 @@
 //! - `0xFF kafka:no-key`, first: the record has no key, though its first Kafka header has an
 //!   empty name (which would otherwise read back as the key);
 //! - `0xFF kafka:null-value`, last: the value is null (a tombstone), not empty;
-//! - `0xFF kafka:null:NAME`: a Kafka header `NAME` whose value is null.
+//! - `0xFF kafka:null:NAME`: a Kafka header `NAME` whose value is null;
+//! - `0xFF kafka:producer`, on the first record of a batch an idempotent producer sent: its
+//!   producer id, epoch, first sequence number and record count (`ProducerMark`), from which a
+//!   restarted star learns what that producer already wrote. Kafka clients do not see it.
 //!
 //! Read through Nova's own API, a record produced by a Kafka client shows its key as the
 //! empty-named header; a record appended through Nova's API reads through Kafka with that
@@ -30,6 +33,46 @@ pub const NO_KEY: &[u8] = b"\xffkafka:no-key";
 pub const NULL_VALUE: &[u8] = b"\xffkafka:null-value";
 /// Prefixes the name of a Kafka header whose value is null.
 pub const NULL_HEADER: &[u8] = b"\xffkafka:null:";
+
+/// Names the mark an idempotent producer's batch carries on its first record.
+pub const PRODUCER: &[u8] = b"\xffkafka:producer";
+
+/// What an idempotent producer's batch was: enough to answer its retry with the offset it got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerMark {
+    pub producer_id: i64,
+    pub epoch: i16,
+    pub base_sequence: i32,
+    pub records: i32,
+}
+
+impl ProducerMark {
+    const BYTES: usize = 18;
+
+    pub fn header(&self) -> Header {
+        let mut value = BytesMut::with_capacity(Self::BYTES);
+        value.put_i64(self.producer_id);
+        value.put_i16(self.epoch);
+        value.put_i32(self.base_sequence);
+        value.put_i32(self.records);
+        Header {
+            name: Bytes::from_static(PRODUCER),
+            value: value.freeze(),
+        }
+    }
+
+    /// The mark on `record`, if it has one.
+    pub fn of(record: &Record) -> Option<Self> {
+        let header = record.headers.iter().find(|h| h.name == PRODUCER)?;
+        let value: &[u8; Self::BYTES] = header.value[..].try_into().ok()?;
+        Some(Self {
+            producer_id: i64::from_be_bytes(value[0..8].try_into().ok()?),
+            epoch: i16::from_be_bytes(value[8..10].try_into().ok()?),
+            base_sequence: i32::from_be_bytes(value[10..14].try_into().ok()?),
+            records: i32::from_be_bytes(value[14..18].try_into().ok()?),
+        })
+    }
+}
 
 /// The longest topic name Kafka allows.
 pub const MAX_TOPIC_BYTES: usize = 249;
@@ -109,7 +152,7 @@ pub fn to_kafka(record: &Record) -> KafkaRecord {
         let name = &header.name[..];
         if i == 0 && name.is_empty() {
             key = Some(header.value.clone());
-        } else if i == 0 && name == NO_KEY {
+        } else if (i == 0 && name == NO_KEY) || name == PRODUCER {
         } else if name == NULL_VALUE {
             value = None;
         } else if let Some(name) = name.strip_prefix(NULL_HEADER) {
@@ -234,6 +277,22 @@ mod tests {
             plain.headers,
             vec![("a".into(), Some(Bytes::from_static(b"b")))]
         );
+    }
+
+    #[test]
+    fn a_producer_mark_reads_back_and_is_hidden_from_kafka() {
+        let mark = ProducerMark {
+            producer_id: 1 << 40,
+            epoch: 3,
+            base_sequence: i32::MAX - 1,
+            records: 7,
+        };
+        let mut record = to_nova(1, None, Some(Bytes::from_static(b"v")), Vec::new());
+        record.headers.push(mark.header());
+        assert_eq!(ProducerMark::of(&record), Some(mark));
+        let kafka = to_kafka(&record);
+        assert!(kafka.headers.is_empty(), "{kafka:?}");
+        assert_eq!(ProducerMark::of(&Record::new("plain")), None);
     }
 
     #[test]

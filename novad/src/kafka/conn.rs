@@ -60,6 +60,7 @@ const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 5),
+    (ApiKey::InitProducerId, 0, 4),
 ];
 
 fn versions(api: ApiKey) -> Option<(i16, i16)> {
@@ -310,6 +311,7 @@ fn answer(kafka: Arc<Kafka>, peer: SocketAddr, request: RequestKind, version: i1
             RequestKind::DeleteTopics(request) => {
                 super::topics::delete(&kafka, request, version).await
             }
+            RequestKind::InitProducerId(request) => kafka.producers.init(request),
             RequestKind::ListOffsets(request) => {
                 super::offsets::list_offsets(&kafka, peer, request, version).await
             }

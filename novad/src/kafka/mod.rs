@@ -7,6 +7,7 @@
 
 mod conn;
 mod fetch;
+mod idempotence;
 mod offsets;
 mod produce;
 mod topics;
@@ -21,6 +22,8 @@ use nova_server::net::conn::{ConnLimits, ConnMetrics, Connections, Places};
 use nova_server::net::tls::ReloadingTls;
 
 use crate::service::Context;
+
+pub use idempotence::Producers;
 
 /// The Kafka listener's flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -97,6 +100,8 @@ pub struct Kafka {
     /// The most a batch within the caps encodes to.
     pub largest_fragment: u64,
     pub metrics: KafkaMetrics,
+    /// Idempotent producers' recent batches, per partition.
+    pub producers: idempotence::Producers,
 }
 
 /// The listener's own series, beside the star's (sheds and refusals count there too).

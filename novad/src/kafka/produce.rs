@@ -15,29 +15,31 @@ use std::mem::size_of;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, ResponseKind};
 use kafka_protocol::protocol::StrBytes;
-use tokio::sync::oneshot;
 
-use nova_chain::AppendReply;
 use nova_chain::admission::{Admitted, PER_BATCH_OVERHEAD, encoded_charge, held_charge};
 use nova_core::flight::section::encode_chunks;
 use nova_core::limits::MAX_SECTION_BYTES;
-use nova_kafka::batch::{Measure, measure, records, split_batches};
+use nova_kafka::batch::{Measure, RawBatch, measure, records, split_batches};
 use nova_kafka::decompress::{DecompressError, decompress};
 use nova_kafka::errors::KafkaRefusal;
-use nova_kafka::mapping::stream_of;
+use nova_kafka::mapping::{ProducerMark, stream_of};
 use nova_proto::RequestError;
 use nova_proto::domain::{Header, Record};
 
 use super::Kafka;
 use super::conn::{Answer, Reply};
+use super::idempotence::Verdict;
 
 /// What one partition came to before its answer.
 enum Outcome {
     Refused(KafkaRefusal),
-    Submitted(oneshot::Receiver<AppendReply>),
+    /// Submitted (or, for a retried idempotent batch, submitted before): its first offset.
+    Pending(BoxFuture<'static, Result<u64, KafkaRefusal>>),
 }
 
 /// Charges, checks and submits every partition's records, in order; the answer awaits their
@@ -64,7 +66,7 @@ pub async fn produce(
                 ))
             } else {
                 match append(kafka, peer, &stream, partition.records, base, &mut charge).await {
-                    Ok(reply) => Outcome::Submitted(reply),
+                    Ok(pending) => Outcome::Pending(pending),
                     Err(refusal) => Outcome::Refused(refusal),
                 }
             };
@@ -86,11 +88,7 @@ pub async fn produce(
             for (index, outcome) in partitions {
                 let result = match outcome {
                     Outcome::Refused(refusal) => Err(refusal),
-                    Outcome::Submitted(reply) => match reply.await {
-                        Ok(Ok(range)) => Ok(range.start),
-                        Ok(Err(error)) => Err(KafkaRefusal::from(&error)),
-                        Err(_) => Err(KafkaRefusal::from(&nova_core::refusal::shutting_down())),
-                    },
+                    Outcome::Pending(pending) => pending.await,
                 };
                 let mut answer = PartitionProduceResponse::default().with_index(index);
                 match result {
@@ -131,7 +129,7 @@ async fn append(
     data: Option<Bytes>,
     base: u64,
     charge: &mut Admitted,
-) -> Result<oneshot::Receiver<AppendReply>, KafkaRefusal> {
+) -> Result<BoxFuture<'static, Result<u64, KafkaRefusal>>, KafkaRefusal> {
     let ctx = &kafka.ctx;
     let refuse = |error: RequestError| {
         crate::service::reject_append(ctx, Some(peer), &error, stream);
@@ -148,6 +146,20 @@ async fn append(
             cap: caps.max_batch_records,
         }));
     }
+    // An idempotent producer's retry is answered with its first outcome; a new batch is
+    // reserved before anything else can refuse it (dropping the reservation unreserves it).
+    let mark = producer_mark(&batches).map_err(refuse)?;
+    let reservation = match &mark {
+        Some(mark) => {
+            kafka.producers.learn(kafka, &target, mark).await;
+            match kafka.producers.check(target.id(), mark) {
+                Verdict::Duplicate(outcome) => return Ok(outcome.boxed()),
+                Verdict::Refused(refusal) => return Err(refusal),
+                Verdict::New(reservation, outcome) => Some((reservation, outcome)),
+            }
+        }
+        None => None,
+    };
     // Decompressed, each batch may hold the caps' worth of records and Kafka's framing of
     // them; past that it is refused as it inflates.
     let limit = caps.max_batch_bytes + 64 * caps.max_batch_records as u64;
@@ -175,6 +187,11 @@ async fn append(
         decoded.push((batch.header, plain));
     }
     check_caps(&total, caps).map_err(refuse)?;
+    if let Some(mark) = &mark {
+        let header = mark.header();
+        total.headers += 1;
+        total.content_bytes += (header.name.len() + header.value.len()) as u64;
+    }
     // Decoded records and their fragments, beside the decompressed bytes.
     let records_bytes =
         total.records * size_of::<Record>() as u64 + total.headers * size_of::<Header>() as u64;
@@ -196,6 +213,9 @@ async fn append(
         records(plain, header, &mut out).map_err(|e| refuse_batch(ctx, peer, stream, &e))?;
     }
     drop(decoded);
+    if let (Some(mark), Some(first)) = (&mark, out.first_mut()) {
+        first.headers.push(mark.header());
+    }
     let now = ctx.star.config().clock.unix_ms();
     for record in &mut out {
         if record.timestamp == 0 {
@@ -207,10 +227,58 @@ async fn append(
     let part = charge
         .split_batch(held_charge(&chunks))
         .ok_or_else(|| refuse_decompress(ctx, peer, stream, &DecompressError::NoRoom))?;
-    ctx.star
+    let reply = ctx
+        .star
         .submit(target, chunks, total.content_bytes, None, part)
         .await
-        .map_err(refuse)
+        .map_err(refuse)?;
+    Ok(match reservation {
+        Some((reservation, outcome)) => {
+            reservation.submitted(reply);
+            outcome.boxed()
+        }
+        None => async move {
+            match reply.await {
+                Ok(Ok(range)) => Ok(range.start),
+                Ok(Err(error)) => Err(KafkaRefusal::from(&error)),
+                Err(_) => Err(KafkaRefusal::from(&nova_core::refusal::shutting_down())),
+            }
+        }
+        .boxed(),
+    })
+}
+
+/// The idempotent producer's mark for a partition's batches, if they come from one: every
+/// batch from the same producer and epoch, their sequence numbers following on.
+fn producer_mark(batches: &[RawBatch]) -> Result<Option<ProducerMark>, RequestError> {
+    let Some(first) = batches.first().map(|b| &b.header) else {
+        return Ok(None);
+    };
+    if first.producer_id < 0 {
+        return Ok(None);
+    }
+    let mut records: i32 = 0;
+    for batch in batches {
+        let header = &batch.header;
+        let follows = first.base_sequence.wrapping_add(records) & i32::MAX;
+        if header.producer_id != first.producer_id
+            || header.producer_epoch != first.producer_epoch
+            || header.base_sequence != follows
+        {
+            return Err(RequestError::InvalidRequest(
+                "the batches of one partition in a produce request come from different \
+                 producers, or their sequence numbers do not follow on"
+                    .into(),
+            ));
+        }
+        records = records.saturating_add(header.record_count);
+    }
+    Ok(Some(ProducerMark {
+        producer_id: first.producer_id,
+        epoch: first.producer_epoch,
+        base_sequence: first.base_sequence,
+        records,
+    }))
 }
 
 fn decoded_bytes(decoded: &[(nova_kafka::batch::BatchHeader, Bytes)]) -> u64 {
