@@ -65,21 +65,32 @@ pub struct ReadCharge {
     /// The most the page may be charged beyond its first growth (what its client took of its
     /// share ahead); `None` for no limit beyond the budget's room.
     limit: Option<u64>,
+    /// Whether the first growth may wait for room: not when the reader already holds other
+    /// pages' charges (a Kafka fetch of several partitions), which would hold and wait.
+    wait_first: bool,
 }
 
 impl ReadCharge {
-    fn new(budget: Budget, limit: Option<u64>) -> Self {
+    fn new(budget: Budget, limit: Option<u64>, wait_first: bool) -> Self {
         Self {
             budget,
             permit: None,
             limit,
+            wait_first,
         }
     }
 
     /// Grows the charge by `bytes`. The first growth waits for room (the read holds nothing
-    /// yet); later ones succeed only if there is room now.
+    /// yet) unless told not to; later ones succeed only if there is room now.
     async fn grow(&mut self, bytes: u64) -> bool {
         match &mut self.permit {
+            None if !self.wait_first => match self.budget.try_acquire(bytes) {
+                Some(permit) => {
+                    self.permit = Some(permit);
+                    true
+                }
+                None => false,
+            },
             None => {
                 self.permit = Some(self.budget.acquire(bytes).await);
                 true
@@ -174,11 +185,12 @@ pub(crate) async fn read(
     max_records: u32,
     max_bytes: u64,
     charge_limit: Option<u64>,
+    wait_first: bool,
 ) -> Result<Page, RequestError> {
     check_not_trimmed(shared, stream, start_seq, false).await?;
     let tail = stream.tail();
     let mut page = PageBuilder::new(start_seq, tail, max_records.max(1) as usize, max_bytes);
-    let mut charge = ReadCharge::new(shared.read_budget.clone(), charge_limit);
+    let mut charge = ReadCharge::new(shared.read_budget.clone(), charge_limit, wait_first);
     let mut stale_refs = 0;
     while !page.full() {
         let seq = page.next_seq;
@@ -251,7 +263,8 @@ pub(crate) async fn read(
                     if page.records.is_empty() {
                         // Nothing taken yet: give the charge back, so the next stretch may wait
                         // for room again and the page still serves at least one record.
-                        charge = ReadCharge::new(shared.read_budget.clone(), charge_limit);
+                        charge =
+                            ReadCharge::new(shared.read_budget.clone(), charge_limit, wait_first);
                     }
                     break;
                 }

@@ -515,6 +515,29 @@ impl Star {
             max_records,
             max_bytes,
             charge_limit,
+            true,
+        )
+        .await
+    }
+
+    /// [`Star::read`] for a reader that already holds other pages: if the read budget has no
+    /// room now, the page comes back empty rather than waiting (waiting while holding could
+    /// leave readers waiting on each other).
+    pub async fn read_if_room(
+        &self,
+        stream: &StreamState,
+        start_seq: u64,
+        max_records: u32,
+        max_bytes: u64,
+    ) -> Result<Page, RequestError> {
+        reader::read(
+            &self.shared,
+            stream,
+            start_seq,
+            max_records,
+            max_bytes,
+            None,
+            false,
         )
         .await
     }

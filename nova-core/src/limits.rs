@@ -128,10 +128,17 @@ pub const STALE_REF_RETRIES: u32 = 3;
 /// The most partitions a Kafka topic may have (CreateTopics, auto-creation): each is a stream.
 pub const KAFKA_MAX_PARTITIONS: u32 = 4096;
 
-/// Kafka requests up to this size are read into the connection's own buffer, uncharged: the
-/// per-connection state `--max-connections` bounds, as HTTP/2's is. Larger ones (produce
-/// requests above all) are charged to the admission buffer from their length prefix.
-pub const KAFKA_SMALL_REQUEST_BYTES: u64 = 32 * KIB;
+/// Kafka requests (other than Produce) up to this size are read into the connection's own
+/// buffer, uncharged: with what they decode to (at most `KAFKA_DECODED_PER_WIRE_BYTE` times
+/// their size) it is the per-connection state `--max-connections` bounds, as HTTP/2's is.
+/// Larger ones, and every produce request, are charged to the admission buffer from their
+/// length prefix.
+pub const KAFKA_SMALL_REQUEST_BYTES: u64 = 4 * KIB;
+
+/// How much larger than its wire form a decoded Kafka request other than Produce can be (a
+/// flexible version's tagged fields decode to a map entry per few bytes); such a request over
+/// `KAFKA_SMALL_REQUEST_BYTES` is charged this many times its size.
+pub const KAFKA_DECODED_PER_WIRE_BYTE: u64 = 24;
 
 /// The largest Kafka request other than Produce (Metadata, Fetch, topic administration) a
 /// star reads; a larger one closes its connection, as a Kafka broker's

@@ -101,13 +101,16 @@ pub fn to_nova(
     value: Option<Bytes>,
     headers: Vec<KafkaHeader>,
 ) -> Record {
-    let mut out = Vec::with_capacity(headers.len() + 2);
+    let no_key = key.is_none() && headers.first().is_some_and(|h| h.name.is_empty());
+    let capacity =
+        usize::from(key.is_some() || no_key) + headers.len() + usize::from(value.is_none());
+    let mut out = Vec::with_capacity(capacity);
     match key {
         Some(key) => out.push(Header {
             name: Bytes::new(),
             value: key,
         }),
-        None if headers.first().is_some_and(|h| h.name.is_empty()) => out.push(Header {
+        None if no_key => out.push(Header {
             name: Bytes::from_static(NO_KEY),
             value: Bytes::new(),
         }),

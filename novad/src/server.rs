@@ -506,7 +506,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             port,
             auto_create_partitions: config.kafka.kafka_auto_create_partitions,
             max_produce_bytes: config.max_message_bytes() as u64,
-            largest_fragment: config.largest_fragment(),
             metrics: crate::kafka::KafkaMetrics::register(&metrics.registry)?,
             producers: crate::kafka::Producers::new(star.epoch()),
         });
@@ -521,7 +520,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     tls: security.tls.clone(),
                     limits: config.listener.limits(),
                     places,
-                    connections,
+                    // Its own map: a client port connected to both listeners is two
+                    // connections.
+                    connections: Arc::new(nova_server::net::Connections::default()),
                     metrics: security_metrics.connections.clone(),
                 },
                 stopping.clone(),

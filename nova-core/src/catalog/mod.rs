@@ -20,6 +20,7 @@
 //! k/{star}                        how far the collector has deleted the star's chain
 //! y/{object key}                  an object being written under an intent, until it is swapped
 //!                                 in or its intent is collected
+//! o/{group len:be16}{group}{stream}  a consumer group's committed offset in a stream (Kafka)
 //! ```
 //!
 //! Index entries are keyed by their *exclusive end*, so the entry holding sequence number `s` is
@@ -39,12 +40,14 @@ mod chain;
 mod codec;
 #[cfg(test)]
 mod codec_tests;
+mod offsets;
 mod restore;
 use restore::MAX_RESTORE_TXN;
 mod retention;
 #[cfg(test)]
 mod tests;
 pub use audit::{Dropping, Garbage, Liveness, QueuedGarbage, SettleCursor, VersionedCursor};
+pub use offsets::{CommittedOffset, MAX_OFFSET_METADATA};
 pub use retention::Trim;
 
 /// Reads back whether a transaction whose answer was lost landed: a read can fail too.

@@ -345,6 +345,17 @@ impl CallMarks {
         self.0.begin();
         CallMark(Some(self.0.clone()))
     }
+
+    /// Starts the `--send-timeout` clock for an answer that holds a charge; it stops when the
+    /// mark drops (the answer is written).
+    pub fn begin_send(&self) -> SendMark {
+        let state = &self.0;
+        let serial = state.next_send.fetch_add(1, Ordering::AcqRel);
+        let began = state.since_opened();
+        state.sending.lock().insert(serial, began);
+        state.sends.fetch_add(1, Ordering::AcqRel);
+        SendMark(Some((state.clone(), serial)))
+    }
 }
 
 impl Conn {

@@ -25,9 +25,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use nova_chain::admission::{PER_BATCH_OVERHEAD, received_charge_within};
+use nova_chain::admission::{PER_BATCH_OVERHEAD, received_charge};
 use nova_core::limits::{
-    KAFKA_MAX_CONTROL_REQUEST_BYTES, KAFKA_PIPELINE_DEPTH, KAFKA_SMALL_REQUEST_BYTES,
+    KAFKA_DECODED_PER_WIRE_BYTE, KAFKA_MAX_CONTROL_REQUEST_BYTES, KAFKA_PIPELINE_DEPTH,
+    KAFKA_SMALL_REQUEST_BYTES,
 };
 use nova_server::net::conn::{CallMark, Conn};
 
@@ -53,7 +54,9 @@ impl Reply {
 
 /// The APIs served, and the versions of each (within what kafka-protocol knows).
 const SUPPORTED: &[(ApiKey, i16, i16)] = &[
-    (ApiKey::Produce, 3, 9),
+    // Not 9 and later (flexible versions): their tagged fields decode to far more than their
+    // size, and a produce request may be large.
+    (ApiKey::Produce, 3, 8),
     (ApiKey::Fetch, 4, 12),
     (ApiKey::ListOffsets, 1, 7),
     (ApiKey::Metadata, 0, 12),
@@ -94,6 +97,9 @@ struct Pending {
     answer: Answer,
     /// The connection has a call in progress until the answer is written.
     _call: CallMark,
+    /// What the request was charged, held until its answer is written: the decoded request
+    /// waits in the queue with it.
+    _charge: Option<nova_chain::admission::Admitted>,
 }
 
 /// Why the listener closed a connection (`nova_kafka_connections_closed_total{reason}`).
@@ -108,8 +114,13 @@ pub async fn serve(kafka: Arc<Kafka>, conn: Conn) {
     let (read, write) = tokio::io::split(conn);
     let (pending_tx, pending_rx) = mpsc::channel(KAFKA_PIPELINE_DEPTH);
     let writer_gone = CancellationToken::new();
+    let reader_gone = CancellationToken::new();
     let reading = async {
         let closed = read_requests(&kafka, peer, &marks, read, pending_tx, &writer_gone).await;
+        // The client is gone (or sent what ends the connection): the answers queued for it,
+        // and the work still to do for them (fetches waiting at tails), go too. Appends
+        // already submitted become durable all the same.
+        reader_gone.cancel();
         if let Err(close) = closed {
             kafka
                 .metrics
@@ -128,7 +139,10 @@ pub async fn serve(kafka: Arc<Kafka>, conn: Conn) {
         }
     };
     let writing = async {
-        write_answers(pending_rx, write).await;
+        tokio::select! {
+            _ = write_answers(pending_rx, write, &marks) => {}
+            _ = reader_gone.cancelled() => {}
+        }
         writer_gone.cancel();
     };
     tokio::join!(reading, writing);
@@ -186,12 +200,14 @@ async fn read_requests(
                 ),
             });
         }
-        // Charged before its bytes are read, so a full buffer holds the connection here.
+        // Charged before its bytes are read, so a full buffer holds the connection here: a
+        // produce request as an append message of its size is (its decoded form is smaller
+        // than what that allows for), any other request for what it may decode to.
         let charge = if produce || len > KAFKA_SMALL_REQUEST_BYTES {
             let bytes = if produce {
-                received_charge_within(len, kafka.largest_fragment)
+                received_charge(len)
             } else {
-                PER_BATCH_OVERHEAD + len
+                PER_BATCH_OVERHEAD + len * KAFKA_DECODED_PER_WIRE_BYTE
             };
             tokio::select! {
                 biased;
@@ -237,6 +253,7 @@ async fn read_requests(
                     version: 0,
                     answer: Box::pin(async move { Some(Reply::new(answer)) }),
                     _call: call,
+                    _charge: charge,
                 };
                 if pending.send(queued).await.is_err() {
                     return Ok(());
@@ -267,11 +284,15 @@ async fn read_requests(
             .requests
             .with_label_values(&[&format!("{api:?}")])
             .inc();
-        let answer = match (request, charge) {
-            (RequestKind::Produce(request), Some(charge)) => {
-                super::produce::produce(kafka, peer, request, version, len, charge).await
-            }
-            (request, _) => Some(answer(kafka.clone(), peer, request, version)),
+        let (answer, charge) = match (request, charge) {
+            (RequestKind::Produce(request), Some(charge)) => (
+                super::produce::produce(kafka, peer, request, version, len, charge).await,
+                None,
+            ),
+            (request, charge) => (
+                Some(answer(kafka.clone(), peer, request, version).await),
+                charge,
+            ),
         };
         let Some(answer) = answer else { continue };
         let queued = Pending {
@@ -280,6 +301,7 @@ async fn read_requests(
             version,
             answer,
             _call: call,
+            _charge: charge,
         };
         if pending.send(queued).await.is_err() {
             return Ok(());
@@ -295,23 +317,32 @@ fn correlation_id(frame: &Bytes) -> i32 {
         .map_or(0, |id| i32::from_be_bytes([id[0], id[1], id[2], id[3]]))
 }
 
-/// The work of a request other than Produce, run when its turn comes.
-fn answer(kafka: Arc<Kafka>, peer: SocketAddr, request: RequestKind, version: i16) -> Answer {
+/// A request other than Produce. What changes topics or producers, or says what exists, runs
+/// now, before the connection reads on, so it takes effect in the order the client sent it
+/// among the produce requests around it; reads and waits (fetches, offsets, group joins) run
+/// when their turn to be answered comes.
+async fn answer(kafka: Arc<Kafka>, peer: SocketAddr, request: RequestKind, version: i16) -> Answer {
+    let now = |response| -> Answer { Box::pin(async move { Some(Reply::new(response)) }) };
+    let request = match request {
+        RequestKind::ApiVersions(_) => {
+            return now(ResponseKind::ApiVersions(
+                ApiVersionsResponse::default().with_api_keys(api_versions()),
+            ));
+        }
+        RequestKind::Metadata(request) => {
+            return now(super::topics::metadata(&kafka, peer, request, version).await);
+        }
+        RequestKind::CreateTopics(request) => {
+            return now(super::topics::create(&kafka, peer, request, version).await);
+        }
+        RequestKind::DeleteTopics(request) => {
+            return now(super::topics::delete(&kafka, request, version).await);
+        }
+        RequestKind::InitProducerId(request) => return now(kafka.producers.init(request)),
+        other => other,
+    };
     Box::pin(async move {
         let response = match request {
-            RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(
-                ApiVersionsResponse::default().with_api_keys(api_versions()),
-            ),
-            RequestKind::Metadata(request) => {
-                super::topics::metadata(&kafka, peer, request, version).await
-            }
-            RequestKind::CreateTopics(request) => {
-                super::topics::create(&kafka, peer, request, version).await
-            }
-            RequestKind::DeleteTopics(request) => {
-                super::topics::delete(&kafka, request, version).await
-            }
-            RequestKind::InitProducerId(request) => kafka.producers.init(request),
             RequestKind::ListOffsets(request) => {
                 super::offsets::list_offsets(&kafka, peer, request, version).await
             }
@@ -333,17 +364,22 @@ fn answer(kafka: Arc<Kafka>, peer: SocketAddr, request: RequestKind, version: i1
 async fn write_answers(
     mut pending: mpsc::Receiver<Pending>,
     mut write: tokio::io::WriteHalf<Conn>,
+    marks: &nova_server::net::conn::CallMarks,
 ) {
     while let Some(next) = pending.recv().await {
         let Some(reply) = next.answer.await else {
             continue;
         };
+        // An answer holding a charge (a fetch's pages) must be taken within --send-timeout.
+        let _sending = reply.hold.is_some().then(|| marks.begin_send());
         let mut out = BytesMut::new();
         out.put_i32(0);
         let encoded = ResponseHeader::default()
             .with_correlation_id(next.correlation_id)
             .encode(&mut out, next.api.response_header_version(next.version))
             .and_then(|()| reply.response.encode(&mut out, next.version));
+        // The answer's own buffers (a fetch's encoded batches) go before it is written.
+        drop(reply.response);
         if let Err(error) = encoded {
             // A field set that the client's version lacks: Nova's bug, not the client's.
             tracing::error!(

@@ -23,7 +23,6 @@ use nova_chain::streams::StreamState;
 use nova_core::limits::MAX_READ_WAIT_MS;
 use nova_kafka::encode::encode_batch;
 use nova_kafka::errors::KafkaRefusal;
-use nova_kafka::mapping::stream_of;
 use nova_proto::RequestError;
 
 use super::Kafka;
@@ -52,11 +51,13 @@ pub async fn fetch(kafka: &Kafka, peer: SocketAddr, request: FetchRequest, versi
     for topic in request.topics {
         let mut wanted = Vec::with_capacity(topic.partitions.len());
         for partition in topic.partitions {
-            let name = stream_of(&topic.topic, partition.partition);
-            let stream = ctx
-                .route(&name, Some(peer), None)
-                .await
-                .map_err(|e| KafkaRefusal::from(&e));
+            let stream = match super::partition_stream(&topic.topic, partition.partition) {
+                Ok(name) => ctx
+                    .route(&name, Some(peer), None)
+                    .await
+                    .map_err(|e| KafkaRefusal::from(&e)),
+                Err(refusal) => Err(refusal),
+            };
             wanted.push(Wanted {
                 index: partition.partition,
                 offset: partition.fetch_offset,
@@ -98,23 +99,21 @@ pub async fn fetch(kafka: &Kafka, peer: SocketAddr, request: FetchRequest, versi
             answers.push((name.clone(), parts));
         }
         let now = clock.now();
-        if found_bytes >= min_bytes.max(1)
-            || errors
-            || now >= deadline
-            || ctx.shutdown.is_cancelled()
-        {
+        if found_bytes >= min_bytes || errors || now >= deadline || ctx.shutdown.is_cancelled() {
             return respond(kafka, version, 0, answers, holds);
         }
         drop(holds);
-        // Wait for any of the streams to move past its offset, the deadline, or shutdown.
+        // Wait for any of the streams to grow past where it stands now (not past the offset
+        // asked for: a partition that had some records would end the wait at once), the
+        // deadline, or shutdown.
         let waits: Vec<_> = topics
             .iter()
             .flat_map(|(_, w)| w.iter())
             .filter_map(|want| {
                 let stream = want.stream.as_ref().ok()?.clone();
-                let offset = u64::try_from(want.offset).ok()?;
+                let from = u64::try_from(want.offset).ok()?.max(stream.tail());
                 let left = deadline.saturating_duration_since(now);
-                Some(async move { stream.wait_past(offset, left, clock).await }.boxed())
+                Some(async move { stream.wait_past(from, left, clock).await }.boxed())
             })
             .collect();
         if waits.is_empty() {
@@ -167,17 +166,20 @@ async fn read_one(
     if offset == tail || (*budget <= 0 && !holds.is_empty()) {
         return found;
     }
-    let max_bytes = want.max_bytes.min(*budget).max(1) as u64;
-    match ctx
-        .star
-        .read(
-            stream,
-            offset,
-            ctx.max_read_records,
-            max_bytes.min(ctx.max_read_bytes),
-        )
-        .await
-    {
+    let max_bytes = (want.max_bytes.min(*budget).max(1) as u64).min(ctx.max_read_bytes);
+    // Only the first page read may wait for room in the read budget: one that waited while
+    // holding the others' could wait on itself.
+    let read = if holds.is_empty() {
+        ctx.star
+            .read(stream, offset, ctx.max_read_records, max_bytes)
+            .await
+    } else {
+        ctx.star
+            .read_if_room(stream, offset, ctx.max_read_records, max_bytes)
+            .await
+    };
+    match read {
+        Ok(page) if page.records.is_empty() => {}
         Ok(page) => {
             found.records = encode_batch(&page.records);
             *budget -= found.records.len() as i64;

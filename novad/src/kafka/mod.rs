@@ -87,6 +87,21 @@ impl KafkaArgs {
     }
 }
 
+/// The stream holding `partition` of `topic`, when both are ones Kafka allows: a name that
+/// is not a topic's (`logs/app`, say) must not reach a stream Kafka clients cannot see.
+pub fn partition_stream(
+    topic: &str,
+    partition: i32,
+) -> Result<String, nova_kafka::errors::KafkaRefusal> {
+    if nova_kafka::mapping::invalid_topic(topic).is_some() || partition < 0 {
+        return Err(nova_kafka::errors::KafkaRefusal::new(
+            kafka_protocol::error::ResponseError::UnknownTopicOrPartition,
+            format!("no partition {partition} of a topic named {topic:?}"),
+        ));
+    }
+    Ok(nova_kafka::mapping::stream_of(topic, partition))
+}
+
 /// What every Kafka connection shares.
 pub struct Kafka {
     pub ctx: Arc<Context>,
@@ -97,8 +112,6 @@ pub struct Kafka {
     pub auto_create_partitions: u32,
     /// The largest produce request read (the gRPC message limit).
     pub max_produce_bytes: u64,
-    /// The most a batch within the caps encodes to.
-    pub largest_fragment: u64,
     pub metrics: KafkaMetrics,
     /// Idempotent producers' recent batches, per partition.
     pub producers: idempotence::Producers,

@@ -11,7 +11,6 @@ use kafka_protocol::messages::list_offsets_response::{
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse, ResponseKind};
 
 use nova_kafka::errors::KafkaRefusal;
-use nova_kafka::mapping::stream_of;
 use nova_proto::RequestError;
 
 use super::Kafka;
@@ -22,7 +21,10 @@ const MAX_TIMESTAMP: i64 = -3;
 
 /// Pages a search by time reads past where the index put it before it settles for the
 /// offset it reached (the index lands within a section of the record, so one or two pages do).
-const TIME_SEARCH_PAGES: usize = 16;
+const TIME_SEARCH_PAGES: usize = 4;
+
+/// The most a page of a search by time holds.
+const TIME_SEARCH_PAGE_BYTES: u64 = nova_core::limits::MIB;
 
 pub async fn list_offsets(
     kafka: &Kafka,
@@ -34,10 +36,13 @@ pub async fn list_offsets(
     for topic in request.topics {
         let mut partitions = Vec::with_capacity(topic.partitions.len());
         for partition in topic.partitions {
-            let stream = stream_of(&topic.name, partition.partition_index);
             let mut answer = ListOffsetsPartitionResponse::default()
                 .with_partition_index(partition.partition_index);
-            match offset_of(kafka, peer, &stream, partition.timestamp).await {
+            let found = match super::partition_stream(&topic.name, partition.partition_index) {
+                Ok(stream) => offset_of(kafka, peer, &stream, partition.timestamp).await,
+                Err(refusal) => Err(refusal),
+            };
+            match found {
                 Ok((offset, timestamp)) => {
                     answer.offset = offset;
                     answer.timestamp = timestamp;
@@ -100,7 +105,12 @@ async fn offset_of(
                     return Ok((-1, -1));
                 }
                 let page = star
-                    .read(&stream, seq, ctx.max_read_records, ctx.max_read_bytes)
+                    .read(
+                        &stream,
+                        seq,
+                        ctx.max_read_records,
+                        TIME_SEARCH_PAGE_BYTES.min(ctx.max_read_bytes),
+                    )
                     .await
                     .map_err(refuse)?;
                 if let Some(found) = page.records.iter().find(|r| r.record.timestamp >= at) {

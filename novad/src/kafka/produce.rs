@@ -24,7 +24,7 @@ use kafka_protocol::protocol::StrBytes;
 use nova_chain::admission::{Admitted, PER_BATCH_OVERHEAD, encoded_charge, held_charge};
 use nova_core::flight::section::encode_chunks;
 use nova_core::limits::MAX_SECTION_BYTES;
-use nova_kafka::batch::{Measure, RawBatch, measure, records, split_batches};
+use nova_kafka::batch::{Codec, Measure, RawBatch, measure, records, split_batches};
 use nova_kafka::decompress::{DecompressError, decompress};
 use nova_kafka::errors::KafkaRefusal;
 use nova_kafka::mapping::{ProducerMark, stream_of};
@@ -58,18 +58,26 @@ pub async fn produce(
     for topic in request.topic_data {
         let mut partitions = Vec::with_capacity(topic.partition_data.len());
         for partition in topic.partition_data {
-            let stream = stream_of(&topic.name, partition.index);
-            let outcome = if transactional {
-                Outcome::Refused(KafkaRefusal::new(
-                    kafka_protocol::error::ResponseError::TransactionalIdAuthorizationFailed,
-                    "transactions are not supported by Nova's Kafka listener (docs/kafka.md)",
-                ))
-            } else {
-                match append(kafka, peer, &stream, partition.records, base, &mut charge).await {
-                    Ok(pending) => Outcome::Pending(pending),
-                    Err(refusal) => Outcome::Refused(refusal),
-                }
-            };
+            let outcome =
+                if let Err(refusal) = super::partition_stream(&topic.name, partition.index) {
+                    Outcome::Refused(refusal)
+                } else if !matches!(request.acks, -1..=1) {
+                    Outcome::Refused(KafkaRefusal::new(
+                        kafka_protocol::error::ResponseError::InvalidRequiredAcks,
+                        format!("acks={} (0, 1 and -1 are served)", request.acks),
+                    ))
+                } else if transactional {
+                    Outcome::Refused(KafkaRefusal::new(
+                        kafka_protocol::error::ResponseError::TransactionalIdAuthorizationFailed,
+                        "transactions are not supported by Nova's Kafka listener (docs/kafka.md)",
+                    ))
+                } else {
+                    let stream = stream_of(&topic.name, partition.index);
+                    match append(kafka, peer, &stream, partition.records, base, &mut charge).await {
+                        Ok(pending) => Outcome::Pending(pending),
+                        Err(refusal) => Outcome::Refused(refusal),
+                    }
+                };
             partitions.push((partition.index, outcome));
         }
         topics.push((topic.name, partitions));
@@ -163,6 +171,9 @@ async fn append(
     // Decompressed, each batch may hold the caps' worth of records and Kafka's framing of
     // them; past that it is refused as it inflates.
     let limit = caps.max_batch_bytes + 64 * caps.max_batch_records as u64;
+    // Decompressed bytes held so far (an uncompressed batch is a slice of the request, which
+    // `base` already counts).
+    let mut inflated = 0u64;
     let mut held = base;
     let mut decoded = Vec::with_capacity(batches.len());
     let mut total = Measure::default();
@@ -177,12 +188,16 @@ async fn append(
             .header
             .codec()
             .map_err(|e| refuse_batch(ctx, peer, stream, &e))?;
-        let plain = decompress(codec, &batch.records, limit, &mut |more| {
+        let left = limit.saturating_sub(inflated);
+        let plain = decompress(codec, &batch.records, left, &mut |more| {
             held += more;
             room(kafka, charge, held)
         })
         .map_err(|e| refuse_decompress(ctx, peer, stream, &e))?;
-        held = base + decoded_bytes(&decoded) + plain.len() as u64;
+        if codec != Codec::None {
+            inflated += plain.len() as u64;
+        }
+        held = base + inflated;
         total.add(measure(&plain, &batch.header).map_err(|e| refuse_batch(ctx, peer, stream, &e))?);
         decoded.push((batch.header, plain));
     }
@@ -196,11 +211,7 @@ async fn append(
     let records_bytes =
         total.records * size_of::<Record>() as u64 + total.headers * size_of::<Header>() as u64;
     let fragments = encoded_charge(total.records, total.headers, total.content_bytes);
-    if !room(
-        kafka,
-        charge,
-        base + decoded_bytes(&decoded) + records_bytes + fragments,
-    ) {
+    if !room(kafka, charge, base + inflated + records_bytes + fragments) {
         return Err(refuse_decompress(
             ctx,
             peer,
@@ -279,10 +290,6 @@ fn producer_mark(batches: &[RawBatch]) -> Result<Option<ProducerMark>, RequestEr
         base_sequence: first.base_sequence,
         records,
     }))
-}
-
-fn decoded_bytes(decoded: &[(nova_kafka::batch::BatchHeader, Bytes)]) -> u64 {
-    decoded.iter().map(|(_, plain)| plain.len() as u64).sum()
 }
 
 /// Whether the request's charge covers `needed`, growing it if the buffer has room now.

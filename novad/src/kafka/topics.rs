@@ -59,7 +59,16 @@ fn all_topics(kafka: &Kafka) -> BTreeMap<String, Vec<i32>> {
                 listed += 1;
             }
         }
-        if listed >= KAFKA_MAX_LISTED_PARTITIONS || page.len() < LIST_STREAMS_MAX as usize {
+        if page.len() < LIST_STREAMS_MAX as usize {
+            break;
+        }
+        if listed >= KAFKA_MAX_LISTED_PARTITIONS {
+            // The last topic may be cut short: leave it out rather than show it with fewer
+            // partitions than it has (clients would hash keys onto the wrong ones).
+            let last = topics.keys().next_back().cloned();
+            if let Some(last) = last {
+                topics.remove(&last);
+            }
             break;
         }
     }
@@ -117,9 +126,26 @@ pub async fn metadata(
             .map(|(topic, partitions)| (topic, Ok(partitions)))
             .collect(),
         Some(names) => {
-            let mut listed = Vec::with_capacity(names.len());
+            // Each name once, and at most KAFKA_MAX_LISTED_PARTITIONS partitions in all: the
+            // rest are answered LEADER_NOT_AVAILABLE, which clients ask about again.
+            let mut seen = std::collections::HashSet::new();
+            let mut listed = Vec::new();
+            let mut partitions = 0usize;
             for topic in names {
-                let found = lookup(kafka, &topic, auto_create).await;
+                if !seen.insert(topic.clone()) {
+                    continue;
+                }
+                let found = if partitions >= KAFKA_MAX_LISTED_PARTITIONS as usize {
+                    Err(KafkaRefusal::new(
+                        ResponseError::LeaderNotAvailable,
+                        "this answer lists its most partitions; ask again",
+                    ))
+                } else {
+                    lookup(kafka, &topic, auto_create).await
+                };
+                if let Ok(found) = &found {
+                    partitions += found.len();
+                }
                 listed.push((topic, found));
             }
             listed
