@@ -150,6 +150,20 @@ pub const KAFKA_MAX_CONTROL_REQUEST_BYTES: u64 = MIB;
 /// connection stops reading until its client takes answers.
 pub const KAFKA_PIPELINE_DEPTH: usize = 16;
 
+/// Kafka consumer groups a star coordinates at once; a join that would make one more is
+/// refused with COORDINATOR_NOT_AVAILABLE (retriable).
+pub const KAFKA_MAX_GROUPS: usize = 1024;
+
+/// Members of one Kafka consumer group; past it a join is refused with GROUP_MAX_SIZE_REACHED.
+pub const KAFKA_MAX_GROUP_MEMBERS: usize = 256;
+
+/// The most a member's protocol metadata, or its assignment, may hold.
+pub const KAFKA_MAX_MEMBER_METADATA_BYTES: u64 = 64 * KIB;
+
+/// What all consumer groups' members may hold in all (metadata, assignments, names); a join
+/// past it is refused with COORDINATOR_NOT_AVAILABLE (retriable).
+pub const KAFKA_GROUP_MEMORY_BYTES: u64 = 64 * MIB;
+
 /// The most partitions one Metadata answer lists when a client asks for every topic.
 pub const KAFKA_MAX_LISTED_PARTITIONS: u32 = 10_000;
 

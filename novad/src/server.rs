@@ -508,6 +508,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             max_produce_bytes: config.max_message_bytes() as u64,
             metrics: crate::kafka::KafkaMetrics::register(&metrics.registry)?,
             producers: crate::kafka::Producers::new(star.epoch()),
+            groups: crate::kafka::Coordinator::new(Clock::system()),
         });
         let kafka_addr = listener.local_addr().ok();
         supervisor.watch(

@@ -591,3 +591,32 @@ fn a_retried_idempotent_batch_gets_its_first_offset_also_after_a_restart() {
     assert_eq!(send(9, b"nine").0, 45);
     assert_eq!(consume(&bootstrap, "p", "%s\n"), "before\nzero\none\ntwo\n");
 }
+
+/// Three kafka-python consumers in one group share a six-partition topic; one leaves and the
+/// other two take its partitions over, no record skipped; the group's committed offsets then
+/// survive a restart of the star, and new members go on from them.
+#[test]
+fn a_consumer_group_shares_partitions_rebalances_and_resumes_after_a_restart() {
+    let (mut novad, bootstrap) = kafka_star(&[]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/kafka_group.py");
+    let phase = |name: &str| {
+        let output = Command::new(python())
+            .arg(&script)
+            .args([bootstrap.as_str(), name])
+            .output()
+            .expect("run kafka-python (scripts/test installs it)");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success() && stdout.contains("phase passed"),
+            "the {name} phase failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    };
+    let first = phase("first");
+    assert!(first.contains("after leave"), "{first}");
+    novad.terminate(Duration::from_secs(30));
+    novad.restart();
+    let second = phase("second");
+    println!("{first}{second}");
+}

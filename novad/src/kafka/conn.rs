@@ -64,6 +64,15 @@ const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 5),
     (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::FindCoordinator, 0, 3),
+    (ApiKey::JoinGroup, 0, 7),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 4),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 7),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::DescribeGroups, 0, 5),
 ];
 
 fn versions(api: ApiKey) -> Option<(i16, i16)> {
@@ -289,10 +298,13 @@ async fn read_requests(
                 super::produce::produce(kafka, peer, request, version, len, charge).await,
                 None,
             ),
-            (request, charge) => (
-                Some(answer(kafka.clone(), peer, request, version).await),
-                charge,
-            ),
+            (request, charge) => {
+                let client = header.client_id.as_deref().unwrap_or_default().to_owned();
+                (
+                    Some(answer(kafka.clone(), peer, client, request, version).await),
+                    charge,
+                )
+            }
         };
         let Some(answer) = answer else { continue };
         let queued = Pending {
@@ -321,7 +333,13 @@ fn correlation_id(frame: &Bytes) -> i32 {
 /// now, before the connection reads on, so it takes effect in the order the client sent it
 /// among the produce requests around it; reads and waits (fetches, offsets, group joins) run
 /// when their turn to be answered comes.
-async fn answer(kafka: Arc<Kafka>, peer: SocketAddr, request: RequestKind, version: i16) -> Answer {
+async fn answer(
+    kafka: Arc<Kafka>,
+    peer: SocketAddr,
+    client: String,
+    request: RequestKind,
+    version: i16,
+) -> Answer {
     let now = |response| -> Answer { Box::pin(async move { Some(Reply::new(response)) }) };
     let request = match request {
         RequestKind::ApiVersions(_) => {
@@ -339,12 +357,38 @@ async fn answer(kafka: Arc<Kafka>, peer: SocketAddr, request: RequestKind, versi
             return now(super::topics::delete(&kafka, request, version).await);
         }
         RequestKind::InitProducerId(request) => return now(kafka.producers.init(request)),
+        RequestKind::FindCoordinator(request) => {
+            return now(super::group_api::find_coordinator(&kafka, request, version));
+        }
+        RequestKind::Heartbeat(request) => {
+            return now(super::group_api::heartbeat(&kafka, request));
+        }
+        RequestKind::LeaveGroup(request) => {
+            return now(super::group_api::leave(&kafka, request, version));
+        }
+        RequestKind::OffsetCommit(request) => {
+            return now(super::group_api::commit(&kafka, request).await);
+        }
+        RequestKind::OffsetFetch(request) => {
+            return now(super::group_api::fetch_offsets(&kafka, request, version).await);
+        }
+        RequestKind::ListGroups(_) => return now(super::group_api::list(&kafka, version).await),
+        RequestKind::DescribeGroups(request) => {
+            return now(super::group_api::describe(&kafka, request));
+        }
         other => other,
     };
     Box::pin(async move {
         let response = match request {
             RequestKind::ListOffsets(request) => {
                 super::offsets::list_offsets(&kafka, peer, request, version).await
+            }
+            // Joins and syncs wait for the group's rebalance.
+            RequestKind::JoinGroup(request) => {
+                super::group_api::join(&kafka, peer, client, request, version).await
+            }
+            RequestKind::SyncGroup(request) => {
+                super::group_api::sync(&kafka, request, version).await
             }
             RequestKind::Fetch(request) => {
                 return Some(super::fetch::fetch(&kafka, peer, request, version).await);

@@ -7,6 +7,8 @@
 
 mod conn;
 mod fetch;
+mod group_api;
+mod groups;
 mod idempotence;
 mod offsets;
 mod produce;
@@ -23,6 +25,7 @@ use nova_server::net::tls::ReloadingTls;
 
 use crate::service::Context;
 
+pub use groups::Coordinator;
 pub use idempotence::Producers;
 
 /// The Kafka listener's flags.
@@ -115,6 +118,8 @@ pub struct Kafka {
     pub metrics: KafkaMetrics,
     /// Idempotent producers' recent batches, per partition.
     pub producers: idempotence::Producers,
+    /// The consumer groups this star coordinates.
+    pub groups: groups::Coordinator,
 }
 
 /// The listener's own series, beside the star's (sheds and refusals count there too).
@@ -184,8 +189,25 @@ pub async fn serve(
         listening.metrics,
         stopping.clone(),
     ));
-    while let Some(conn) = incoming.next().await {
-        let Ok(conn) = conn else { continue };
-        tokio::spawn(conn::serve(kafka.clone(), conn));
-    }
+    // Group members' sessions and rebalances' deadlines, twice a second.
+    let ticking = {
+        let kafka = kafka.clone();
+        let stopping = stopping.clone();
+        async move {
+            let mut ticker = tokio::time::interval(std::time::Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => kafka.groups.tick(),
+                    _ = stopping.cancelled() => return,
+                }
+            }
+        }
+    };
+    let accepting = async {
+        while let Some(conn) = incoming.next().await {
+            let Ok(conn) = conn else { continue };
+            tokio::spawn(conn::serve(kafka.clone(), conn));
+        }
+    };
+    tokio::join!(ticking, accepting);
 }

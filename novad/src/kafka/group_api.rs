@@ -1,0 +1,436 @@
+//! The consumer-group requests, as Kafka messages, onto the coordinator (`groups`) and the
+//! catalog's committed offsets.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponsePartition, OffsetFetchResponseTopic,
+};
+use kafka_protocol::messages::{
+    BrokerId, DescribeGroupsRequest, DescribeGroupsResponse, FindCoordinatorRequest,
+    FindCoordinatorResponse, GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest,
+    JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
+    ResponseKind, SyncGroupRequest, SyncGroupResponse, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use nova_core::catalog::CommittedOffset;
+use nova_kafka::mapping::topic_of;
+
+use super::Kafka;
+use super::groups::{Join, State};
+
+fn text(value: impl Into<String>) -> StrBytes {
+    StrBytes::from_string(value.into())
+}
+
+fn count(kafka: &Kafka, api: &str, error: ResponseError) {
+    kafka
+        .metrics
+        .errors
+        .with_label_values(&[api, error.to_string().as_str()])
+        .inc();
+}
+
+pub fn find_coordinator(
+    kafka: &Kafka,
+    request: FindCoordinatorRequest,
+    version: i16,
+) -> ResponseKind {
+    let mut response = FindCoordinatorResponse::default();
+    // Groups only: transactions are not served.
+    if request.key_type != 0 {
+        response.error_code = ResponseError::CoordinatorNotAvailable.code();
+        if version >= 1 {
+            response.error_message =
+                Some(text("Nova coordinates consumer groups, not transactions"));
+        }
+        return ResponseKind::FindCoordinator(response);
+    }
+    response.node_id = BrokerId(kafka.node_id);
+    response.host = text(kafka.host.clone());
+    response.port = kafka.port;
+    ResponseKind::FindCoordinator(response)
+}
+
+pub async fn join(
+    kafka: &Kafka,
+    peer: SocketAddr,
+    client_id: String,
+    request: JoinGroupRequest,
+    version: i16,
+) -> ResponseKind {
+    let group = request.group_id.0.to_string();
+    let mut response = JoinGroupResponse::default();
+    if version >= 7 {
+        response.protocol_type = Some(request.protocol_type.clone());
+    }
+    // From version 4 a new member first learns its id, and joins with it.
+    if request.member_id.is_empty() && version >= 4 {
+        response.error_code = ResponseError::MemberIdRequired.code();
+        response.member_id = text(kafka.groups.new_member_id(&client_id));
+        return ResponseKind::JoinGroup(response);
+    }
+    let session = Duration::from_millis(request.session_timeout_ms.max(0) as u64);
+    let rebalance = if version >= 1 {
+        Duration::from_millis(request.rebalance_timeout_ms.max(0) as u64)
+    } else {
+        session
+    };
+    let joined = kafka
+        .groups
+        .join(
+            &group,
+            Join {
+                member_id: request.member_id.to_string(),
+                client_id,
+                client_host: peer.ip().to_string(),
+                session_timeout: session,
+                rebalance_timeout: rebalance,
+                protocol_type: request.protocol_type.to_string(),
+                protocols: request
+                    .protocols
+                    .into_iter()
+                    .map(|p| (p.name.to_string(), p.metadata))
+                    .collect(),
+            },
+        )
+        .await;
+    match joined {
+        Ok(joined) => {
+            response.generation_id = joined.generation;
+            response.protocol_name = Some(text(joined.protocol));
+            response.leader = text(joined.leader);
+            response.member_id = text(joined.member_id);
+            response.members = joined
+                .members
+                .into_iter()
+                .map(|(id, metadata)| {
+                    JoinGroupResponseMember::default()
+                        .with_member_id(text(id))
+                        .with_metadata(metadata)
+                })
+                .collect();
+        }
+        Err(error) => {
+            count(kafka, "JoinGroup", error);
+            response.error_code = error.code();
+            response.member_id = request.member_id;
+        }
+    }
+    ResponseKind::JoinGroup(response)
+}
+
+pub async fn sync(kafka: &Kafka, request: SyncGroupRequest, version: i16) -> ResponseKind {
+    let assignments = request
+        .assignments
+        .into_iter()
+        .map(|a| (a.member_id.to_string(), a.assignment))
+        .collect();
+    let synced = kafka
+        .groups
+        .sync(
+            &request.group_id.0,
+            request.generation_id,
+            &request.member_id,
+            assignments,
+        )
+        .await;
+    let mut response = SyncGroupResponse::default();
+    if version >= 5 {
+        response.protocol_type = request.protocol_type;
+        response.protocol_name = request.protocol_name;
+    }
+    match synced {
+        Ok(assignment) => response.assignment = assignment,
+        Err(error) => {
+            count(kafka, "SyncGroup", error);
+            response.error_code = error.code();
+            response.assignment = Bytes::new();
+        }
+    }
+    ResponseKind::SyncGroup(response)
+}
+
+pub fn heartbeat(kafka: &Kafka, request: HeartbeatRequest) -> ResponseKind {
+    let mut response = HeartbeatResponse::default();
+    if let Err(error) = kafka.groups.heartbeat(
+        &request.group_id.0,
+        request.generation_id,
+        &request.member_id,
+    ) {
+        if error != ResponseError::RebalanceInProgress {
+            count(kafka, "Heartbeat", error);
+        }
+        response.error_code = error.code();
+    }
+    ResponseKind::Heartbeat(response)
+}
+
+pub fn leave(kafka: &Kafka, request: LeaveGroupRequest, version: i16) -> ResponseKind {
+    let ids: Vec<String> = if version >= 3 {
+        request
+            .members
+            .iter()
+            .map(|m| m.member_id.to_string())
+            .collect()
+    } else {
+        vec![request.member_id.to_string()]
+    };
+    let outcomes = kafka.groups.leave(&request.group_id.0, &ids);
+    let mut response = LeaveGroupResponse::default();
+    if version >= 3 {
+        response.members = outcomes
+            .into_iter()
+            .map(|(id, outcome)| {
+                MemberResponse::default()
+                    .with_member_id(text(id))
+                    .with_error_code(outcome.err().map_or(0, |e| e.code()))
+            })
+            .collect();
+    } else if let Some((_, Err(error))) = outcomes.into_iter().next() {
+        response.error_code = error.code();
+    }
+    ResponseKind::LeaveGroup(response)
+}
+
+pub async fn commit(kafka: &Kafka, request: OffsetCommitRequest) -> ResponseKind {
+    let group = request.group_id.0.to_string();
+    let allowed = kafka.groups.may_commit(
+        &group,
+        request.generation_id_or_member_epoch,
+        &request.member_id,
+    );
+    let now = kafka.ctx.star.config().clock.unix_ms();
+    let mut offsets = Vec::new();
+    // Each topic's partitions, and what refused each (none: committed with the rest).
+    type Refused = Vec<(i32, Option<ResponseError>)>;
+    let mut answers: Vec<(TopicName, Refused)> = Vec::new();
+    for topic in request.topics {
+        let mut parts = Vec::with_capacity(topic.partitions.len());
+        for partition in topic.partitions {
+            let refused = match (
+                &allowed,
+                super::partition_stream(&topic.name, partition.partition_index),
+            ) {
+                (Err(error), _) => Some(*error),
+                (Ok(()), Err(_)) => Some(ResponseError::UnknownTopicOrPartition),
+                (Ok(()), Ok(_))
+                    if partition
+                        .committed_metadata
+                        .as_ref()
+                        .is_some_and(|m| m.len() > nova_core::catalog::MAX_OFFSET_METADATA) =>
+                {
+                    Some(ResponseError::OffsetMetadataTooLarge)
+                }
+                (Ok(()), Ok(stream)) => {
+                    offsets.push(CommittedOffset {
+                        stream,
+                        offset: partition.committed_offset,
+                        metadata: partition
+                            .committed_metadata
+                            .map(|m| m.to_string())
+                            .unwrap_or_default(),
+                        committed_at_ms: now,
+                    });
+                    None
+                }
+            };
+            parts.push((partition.partition_index, refused));
+        }
+        answers.push((topic.name, parts));
+    }
+    let written = match offsets.is_empty() {
+        true => Ok(()),
+        false => {
+            kafka
+                .ctx
+                .star
+                .streams()
+                .catalog()
+                .commit_offsets(&group, &offsets)
+                .await
+        }
+    };
+    if let Err(error) = &written {
+        tracing::warn!(group, "committing Kafka offsets failed: {error}");
+    }
+    let topics = answers
+        .into_iter()
+        .map(|(name, parts)| {
+            let partitions = parts
+                .into_iter()
+                .map(|(index, refused)| {
+                    let error = refused.or_else(|| {
+                        written
+                            .as_ref()
+                            .err()
+                            .map(|_| ResponseError::CoordinatorNotAvailable)
+                    });
+                    if let Some(error) = error {
+                        count(kafka, "OffsetCommit", error);
+                    }
+                    OffsetCommitResponsePartition::default()
+                        .with_partition_index(index)
+                        .with_error_code(error.map_or(0, |e| e.code()))
+                })
+                .collect();
+            OffsetCommitResponseTopic::default()
+                .with_name(name)
+                .with_partitions(partitions)
+        })
+        .collect();
+    ResponseKind::OffsetCommit(OffsetCommitResponse::default().with_topics(topics))
+}
+
+pub async fn fetch_offsets(
+    kafka: &Kafka,
+    request: OffsetFetchRequest,
+    version: i16,
+) -> ResponseKind {
+    let group = request.group_id.0.to_string();
+    let mut response = OffsetFetchResponse::default();
+    let committed = match kafka
+        .ctx
+        .star
+        .streams()
+        .catalog()
+        .committed_offsets(&group)
+        .await
+    {
+        Ok(committed) => committed,
+        Err(error) => {
+            tracing::warn!(group, "reading Kafka committed offsets failed: {error}");
+            if version >= 2 {
+                response.error_code = ResponseError::CoordinatorNotAvailable.code();
+            }
+            return ResponseKind::OffsetFetch(response);
+        }
+    };
+    let by_stream: std::collections::HashMap<&str, &CommittedOffset> =
+        committed.iter().map(|c| (c.stream.as_str(), c)).collect();
+    let partition = |topic: &str, index: i32| {
+        let found = by_stream
+            .get(nova_kafka::mapping::stream_of(topic, index).as_str())
+            .copied();
+        OffsetFetchResponsePartition::default()
+            .with_partition_index(index)
+            .with_committed_offset(found.map_or(-1, |c| c.offset))
+            .with_metadata(Some(text(
+                found.map(|c| c.metadata.clone()).unwrap_or_default(),
+            )))
+    };
+    response.topics = match request.topics {
+        Some(topics) => topics
+            .into_iter()
+            .map(|t| {
+                let partitions = t
+                    .partition_indexes
+                    .iter()
+                    .map(|&i| partition(&t.name, i))
+                    .collect();
+                OffsetFetchResponseTopic::default()
+                    .with_name(t.name)
+                    .with_partitions(partitions)
+            })
+            .collect(),
+        // Every partition the group committed for.
+        None => {
+            let mut topics: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
+            for c in &committed {
+                if let Some((topic, index)) = topic_of(&c.stream) {
+                    topics.entry(topic.to_owned()).or_default().push(index);
+                }
+            }
+            topics
+                .into_iter()
+                .map(|(topic, indexes)| {
+                    let partitions = indexes.iter().map(|&i| partition(&topic, i)).collect();
+                    OffsetFetchResponseTopic::default()
+                        .with_name(TopicName(text(topic)))
+                        .with_partitions(partitions)
+                })
+                .collect()
+        }
+    };
+    ResponseKind::OffsetFetch(response)
+}
+
+pub async fn list(kafka: &Kafka, version: i16) -> ResponseKind {
+    let mut groups: std::collections::BTreeMap<String, (String, &'static str)> = kafka
+        .groups
+        .list()
+        .into_iter()
+        .map(|(name, state, protocol_type)| (name, (protocol_type, state.name())))
+        .collect();
+    // Groups with no members now but committed offsets are Empty groups.
+    if let Ok(with_offsets) = kafka
+        .ctx
+        .star
+        .streams()
+        .catalog()
+        .offset_groups(None, nova_core::limits::LIST_STREAMS_MAX as usize)
+        .await
+    {
+        for group in with_offsets {
+            groups
+                .entry(group)
+                .or_insert_with(|| ("consumer".into(), State::Empty.name()));
+        }
+    }
+    let listed = groups
+        .into_iter()
+        .map(|(name, (protocol_type, state))| {
+            let mut listed = ListedGroup::default()
+                .with_group_id(GroupId(text(name)))
+                .with_protocol_type(text(protocol_type));
+            if version >= 4 {
+                listed.group_state = text(state);
+            }
+            listed
+        })
+        .collect();
+    ResponseKind::ListGroups(ListGroupsResponse::default().with_groups(listed))
+}
+
+pub fn describe(kafka: &Kafka, request: DescribeGroupsRequest) -> ResponseKind {
+    let groups = request
+        .groups
+        .into_iter()
+        .map(|group| {
+            let described = DescribedGroup::default().with_group_id(group.clone());
+            match kafka.groups.describe(&group.0) {
+                Some((state, protocol_type, protocol, members)) => described
+                    .with_group_state(text(state.name()))
+                    .with_protocol_type(text(protocol_type))
+                    .with_protocol_data(text(protocol))
+                    .with_members(
+                        members
+                            .into_iter()
+                            .map(|m| {
+                                DescribedGroupMember::default()
+                                    .with_member_id(text(m.member_id))
+                                    .with_client_id(text(m.client_id))
+                                    .with_client_host(text(m.client_host))
+                                    .with_member_metadata(m.metadata)
+                                    .with_member_assignment(m.assignment)
+                            })
+                            .collect(),
+                    ),
+                None => described.with_group_state(text("Dead")),
+            }
+        })
+        .collect();
+    ResponseKind::DescribeGroups(DescribeGroupsResponse::default().with_groups(groups))
+}
