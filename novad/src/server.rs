@@ -509,6 +509,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             metrics: crate::kafka::KafkaMetrics::register(&metrics.registry)?,
             producers: crate::kafka::Producers::new(star.epoch()),
             groups: crate::kafka::Coordinator::new(Clock::system()),
+            tokens: security.tokens.clone(),
         });
         let kafka_addr = listener.local_addr().ok();
         supervisor.watch(

@@ -30,8 +30,19 @@ fn kcat_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("kcat"))
 }
 
-/// Runs kcat with `args`, feeding it `input`.
+/// Runs kcat with `args`, feeding it `input`; it must succeed.
 fn kcat(bootstrap: &str, args: &[&str], input: &[u8]) -> Output {
+    let output = kcat_may_fail(bootstrap, args, input);
+    assert!(
+        output.status.success(),
+        "kcat {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// Runs kcat with `args`, feeding it `input`.
+fn kcat_may_fail(bootstrap: &str, args: &[&str], input: &[u8]) -> Output {
     let mut child = Command::new(kcat_binary())
         .args(["-b", bootstrap])
         .args(args)
@@ -48,13 +59,7 @@ fn kcat(bootstrap: &str, args: &[&str], input: &[u8]) -> Output {
         .expect("kcat's stdin")
         .write_all(input)
         .expect("feed kcat");
-    let output = child.wait_with_output().expect("kcat ran");
-    assert!(
-        output.status.success(),
-        "kcat {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
+    child.wait_with_output().expect("kcat ran")
 }
 
 /// Everything in `topic` partition 0 from the start, in kcat's `format`.
@@ -619,4 +624,120 @@ fn a_consumer_group_shares_partitions_rebalances_and_resumes_after_a_restart() {
     novad.restart();
     let second = phase("second");
     println!("{first}{second}");
+}
+
+/// With `--auth-tokens`, Kafka clients authenticate with SASL/PLAIN, the token as the password,
+/// and get what its grants allow: nothing before authenticating, nothing with a token the star
+/// does not know, and no produce with a token that may only read.
+#[test]
+fn sasl_plain_carries_the_tokens_and_their_grants() {
+    use nova_server::net::auth::{Grant, Scope, file_line};
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let grant = |scope, prefix: &str| Grant {
+        scope,
+        prefix: prefix.into(),
+    };
+    let lines = [
+        file_line(
+            "ops",
+            &[
+                grant(Scope::Admin, ""),
+                grant(Scope::Append, ""),
+                grant(Scope::Read, ""),
+            ],
+            "ops-token-0123456789abcdef",
+        ),
+        file_line(
+            "ingest",
+            &[grant(Scope::Append, "logs/"), grant(Scope::Read, "logs/")],
+            "ingest-token-0123456789abcdef",
+        ),
+        file_line(
+            "reader",
+            &[grant(Scope::Read, "")],
+            "reader-token-0123456789abcdef",
+        ),
+    ];
+    std::fs::write(&tokens, lines.join("\n") + "\n").unwrap();
+    let (_novad, bootstrap) = kafka_star(&["--auth-tokens", tokens.to_str().unwrap()]);
+    let sasl = |token: &'static str| -> Vec<String> {
+        [
+            "-X",
+            "security.protocol=SASL_PLAINTEXT",
+            "-X",
+            "sasl.mechanisms=PLAIN",
+            "-X",
+            "sasl.username=anyone",
+            "-X",
+            &format!("sasl.password={token}"),
+            "-X",
+            "message.timeout.ms=5000",
+            "-m",
+            "5",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let with = |token: &'static str, args: &[&str]| -> Vec<String> {
+        let mut all = sasl(token);
+        all.extend(args.iter().map(|s| s.to_string()));
+        all
+    };
+    let run = |args: Vec<String>, input: &[u8]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        kcat_may_fail(&bootstrap, &args, input)
+    };
+    // The operator's token creates the topic (by producing to it) and reads it back.
+    let made = run(
+        with("ops-token-0123456789abcdef", &["-P", "-t", "logs"]),
+        b"first\n",
+    );
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    // An ingest token appends to logs/ and reads it.
+    let appended = run(
+        with("ingest-token-0123456789abcdef", &["-P", "-t", "logs"]),
+        b"second\n",
+    );
+    assert!(
+        appended.status.success(),
+        "{}",
+        String::from_utf8_lossy(&appended.stderr)
+    );
+    let read = run(
+        with(
+            "reader-token-0123456789abcdef",
+            &["-C", "-t", "logs", "-p", "0", "-o", "beginning", "-e", "-q"],
+        ),
+        b"",
+    );
+    assert_eq!(String::from_utf8_lossy(&read.stdout), "first\nsecond\n");
+    // A reader may not produce; an unknown token gets nothing; no SASL at all, nothing.
+    let refused = run(
+        with("reader-token-0123456789abcdef", &["-P", "-t", "logs"]),
+        b"no\n",
+    );
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("Topic authorization failed"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let unknown = run(with("not-a-token-0123456789abcdef", &["-L"]), b"");
+    assert!(!unknown.status.success());
+    let plain = kcat_may_fail(&bootstrap, &["-L", "-m", "5"], b"");
+    assert!(!plain.status.success());
+    let read = run(
+        with(
+            "ops-token-0123456789abcdef",
+            &["-C", "-t", "logs", "-p", "0", "-o", "beginning", "-e", "-q"],
+        ),
+        b"",
+    );
+    assert_eq!(String::from_utf8_lossy(&read.stdout), "first\nsecond\n");
 }

@@ -73,6 +73,11 @@ const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetFetch, 1, 7),
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DescribeGroups, 0, 5),
+    // Version 0 is listed because librdkafka looks for it before it uses SaslAuthenticate;
+    // after a version-0 handshake the exchange would come outside Kafka's framing, which is
+    // not served (such a connection is closed at its next bytes).
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
 fn versions(api: ApiKey) -> Option<(i16, i16)> {
@@ -166,6 +171,9 @@ async fn read_requests(
     writer_gone: &CancellationToken,
 ) -> Result<(), Close> {
     let ctx = &kafka.ctx;
+    // Who the connection authenticated as; with no tokens to check, anyone, from the start.
+    let mut principal: Option<Arc<nova_server::net::Principal>> = None;
+    let mut mechanism_agreed = false;
     loop {
         let mut prefix = [0u8; 8];
         tokio::select! {
@@ -293,15 +301,76 @@ async fn read_requests(
             .requests
             .with_label_values(&[&format!("{api:?}")])
             .inc();
+        let mut close_after = None;
+        let request = match (&kafka.tokens, request) {
+            (_, RequestKind::SaslHandshake(request)) => {
+                let (response, agreed) = super::sasl::handshake(&request);
+                mechanism_agreed = agreed;
+                Err(response)
+            }
+            (Some(tokens), RequestKind::SaslAuthenticate(request)) if mechanism_agreed => {
+                let (response, authenticated) = super::sasl::authenticate(tokens, &request);
+                if authenticated.is_none() {
+                    close_after = Some(Close {
+                        reason: "sasl_authentication_failed",
+                        detail: "its SASL/PLAIN token is not one this server knows".into(),
+                    });
+                }
+                principal = authenticated;
+                Err(response)
+            }
+            (None, RequestKind::SaslAuthenticate(_)) => {
+                return Err(Close {
+                    reason: "unauthenticated",
+                    detail: "SASL, but this star checks no tokens (--auth-tokens)".into(),
+                });
+            }
+            (_, RequestKind::SaslAuthenticate(_)) => {
+                return Err(Close {
+                    reason: "unauthenticated",
+                    detail: "SaslAuthenticate before a SaslHandshake for PLAIN".into(),
+                });
+            }
+            (Some(_), request)
+                if principal.is_none() && !matches!(request, RequestKind::ApiVersions(_)) =>
+            {
+                return Err(Close {
+                    reason: "unauthenticated",
+                    detail: format!(
+                        "a {api:?} request before authenticating (SASL/PLAIN with a token, \
+                         --auth-tokens)"
+                    ),
+                });
+            }
+            (_, request) => Ok(request),
+        };
         let (answer, charge) = match (request, charge) {
-            (RequestKind::Produce(request), Some(charge)) => (
-                super::produce::produce(kafka, peer, request, version, len, charge).await,
+            (Err(response), charge) => (
+                Some(Box::pin(async move { Some(Reply::new(response)) }) as Answer),
+                charge,
+            ),
+            (Ok(RequestKind::Produce(request)), Some(charge)) => (
+                super::produce::produce(
+                    kafka,
+                    peer,
+                    principal.as_deref(),
+                    request,
+                    version,
+                    len,
+                    charge,
+                )
+                .await,
                 None,
             ),
-            (request, charge) => {
+            (Ok(request), charge) => {
                 let client = header.client_id.as_deref().unwrap_or_default().to_owned();
+                let who = Who {
+                    peer,
+                    client,
+                    principal: principal.clone(),
+                };
                 (
-                    Some(answer(kafka.clone(), peer, client, request, version).await),
+                    Some(answer(kafka.clone(), who, request, version).await),
                     charge,
                 )
             }
@@ -318,7 +387,18 @@ async fn read_requests(
         if pending.send(queued).await.is_err() {
             return Ok(());
         }
+        if let Some(close) = close_after {
+            return Err(close);
+        }
     }
+}
+
+/// Who sent a request: its connection's peer, its client id, and the token it authenticated
+/// with (none when the star checks no tokens).
+pub struct Who {
+    pub peer: SocketAddr,
+    pub client: String,
+    pub principal: Option<Arc<nova_server::net::Principal>>,
 }
 
 /// The correlation id of a request whose header could not be decoded at its version: it is
@@ -333,13 +413,13 @@ fn correlation_id(frame: &Bytes) -> i32 {
 /// now, before the connection reads on, so it takes effect in the order the client sent it
 /// among the produce requests around it; reads and waits (fetches, offsets, group joins) run
 /// when their turn to be answered comes.
-async fn answer(
-    kafka: Arc<Kafka>,
-    peer: SocketAddr,
-    client: String,
-    request: RequestKind,
-    version: i16,
-) -> Answer {
+async fn answer(kafka: Arc<Kafka>, who: Who, request: RequestKind, version: i16) -> Answer {
+    let Who {
+        peer,
+        client,
+        principal: owned,
+    } = who;
+    let principal = owned.as_deref();
     let now = |response| -> Answer { Box::pin(async move { Some(Reply::new(response)) }) };
     let request = match request {
         RequestKind::ApiVersions(_) => {
@@ -348,50 +428,55 @@ async fn answer(
             ));
         }
         RequestKind::Metadata(request) => {
-            return now(super::topics::metadata(&kafka, peer, request, version).await);
+            return now(super::topics::metadata(&kafka, principal, request, version).await);
         }
         RequestKind::CreateTopics(request) => {
-            return now(super::topics::create(&kafka, peer, request, version).await);
+            return now(super::topics::create(&kafka, principal, request, version).await);
         }
         RequestKind::DeleteTopics(request) => {
-            return now(super::topics::delete(&kafka, request, version).await);
+            return now(super::topics::delete(&kafka, principal, request, version).await);
         }
-        RequestKind::InitProducerId(request) => return now(kafka.producers.init(request)),
+        RequestKind::InitProducerId(request) => {
+            return now(kafka.producers.init(principal, request));
+        }
         RequestKind::FindCoordinator(request) => {
             return now(super::group_api::find_coordinator(&kafka, request, version));
         }
         RequestKind::Heartbeat(request) => {
-            return now(super::group_api::heartbeat(&kafka, request));
+            return now(super::group_api::heartbeat(&kafka, principal, request));
         }
         RequestKind::LeaveGroup(request) => {
-            return now(super::group_api::leave(&kafka, request, version));
+            return now(super::group_api::leave(&kafka, principal, request, version));
         }
         RequestKind::OffsetCommit(request) => {
-            return now(super::group_api::commit(&kafka, request).await);
+            return now(super::group_api::commit(&kafka, principal, request).await);
         }
         RequestKind::OffsetFetch(request) => {
-            return now(super::group_api::fetch_offsets(&kafka, request, version).await);
+            return now(super::group_api::fetch_offsets(&kafka, principal, request, version).await);
         }
-        RequestKind::ListGroups(_) => return now(super::group_api::list(&kafka, version).await),
+        RequestKind::ListGroups(_) => {
+            return now(super::group_api::list(&kafka, principal, version).await);
+        }
         RequestKind::DescribeGroups(request) => {
-            return now(super::group_api::describe(&kafka, request));
+            return now(super::group_api::describe(&kafka, principal, request));
         }
         other => other,
     };
     Box::pin(async move {
+        let principal = owned.as_deref();
         let response = match request {
             RequestKind::ListOffsets(request) => {
-                super::offsets::list_offsets(&kafka, peer, request, version).await
+                super::offsets::list_offsets(&kafka, peer, principal, request, version).await
             }
             // Joins and syncs wait for the group's rebalance.
             RequestKind::JoinGroup(request) => {
-                super::group_api::join(&kafka, peer, client, request, version).await
+                super::group_api::join(&kafka, peer, principal, client, request, version).await
             }
             RequestKind::SyncGroup(request) => {
-                super::group_api::sync(&kafka, request, version).await
+                super::group_api::sync(&kafka, principal, request, version).await
             }
             RequestKind::Fetch(request) => {
-                return Some(super::fetch::fetch(&kafka, peer, request, version).await);
+                return Some(super::fetch::fetch(&kafka, peer, principal, request, version).await);
             }
             // `versions` admits no other API.
             other => {

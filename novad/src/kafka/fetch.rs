@@ -25,6 +25,8 @@ use nova_kafka::encode::encode_batch;
 use nova_kafka::errors::KafkaRefusal;
 use nova_proto::RequestError;
 
+use nova_server::net::{Principal, Scope};
+
 use super::Kafka;
 use super::conn::Reply;
 
@@ -45,19 +47,28 @@ struct Found {
     records: Bytes,
 }
 
-pub async fn fetch(kafka: &Kafka, peer: SocketAddr, request: FetchRequest, version: i16) -> Reply {
+pub async fn fetch(
+    kafka: &Kafka,
+    peer: SocketAddr,
+    principal: Option<&Principal>,
+    request: FetchRequest,
+    version: i16,
+) -> Reply {
     let ctx = &kafka.ctx;
     let mut topics = Vec::with_capacity(request.topics.len());
     for topic in request.topics {
         let mut wanted = Vec::with_capacity(topic.partitions.len());
         for partition in topic.partitions {
-            let stream = match super::partition_stream(&topic.topic, partition.partition) {
-                Ok(name) => ctx
-                    .route(&name, Some(peer), None)
-                    .await
-                    .map_err(|e| KafkaRefusal::from(&e)),
-                Err(refusal) => Err(refusal),
-            };
+            let stream =
+                match super::partition_stream(&topic.topic, partition.partition).and_then(|name| {
+                    super::allowed(kafka, principal, Scope::Read, &name).map(|()| name)
+                }) {
+                    Ok(name) => ctx
+                        .route(&name, Some(peer), principal)
+                        .await
+                        .map_err(|e| KafkaRefusal::from(&e)),
+                    Err(refusal) => Err(refusal),
+                };
             wanted.push(Wanted {
                 index: partition.partition,
                 offset: partition.fetch_offset,

@@ -28,11 +28,21 @@ use kafka_protocol::protocol::StrBytes;
 use nova_core::catalog::CommittedOffset;
 use nova_kafka::mapping::topic_of;
 
+use nova_server::net::{Principal, Scope};
+
 use super::Kafka;
 use super::groups::{Join, State};
 
 fn text(value: impl Into<String>) -> StrBytes {
     StrBytes::from_string(value.into())
+}
+
+/// Taking part in groups takes a token that may read something.
+fn may_join(principal: Option<&Principal>) -> Result<(), ResponseError> {
+    match principal {
+        Some(p) if !p.has(Scope::Read) => Err(ResponseError::GroupAuthorizationFailed),
+        _ => Ok(()),
+    }
 }
 
 fn count(kafka: &Kafka, api: &str, error: ResponseError) {
@@ -67,6 +77,7 @@ pub fn find_coordinator(
 pub async fn join(
     kafka: &Kafka,
     peer: SocketAddr,
+    principal: Option<&Principal>,
     client_id: String,
     request: JoinGroupRequest,
     version: i16,
@@ -75,6 +86,10 @@ pub async fn join(
     let mut response = JoinGroupResponse::default();
     if version >= 7 {
         response.protocol_type = Some(request.protocol_type.clone());
+    }
+    if let Err(error) = may_join(principal) {
+        response.error_code = error.code();
+        return ResponseKind::JoinGroup(response);
     }
     // From version 4 a new member first learns its id, and joins with it.
     if request.member_id.is_empty() && version >= 4 {
@@ -132,7 +147,15 @@ pub async fn join(
     ResponseKind::JoinGroup(response)
 }
 
-pub async fn sync(kafka: &Kafka, request: SyncGroupRequest, version: i16) -> ResponseKind {
+pub async fn sync(
+    kafka: &Kafka,
+    principal: Option<&Principal>,
+    request: SyncGroupRequest,
+    version: i16,
+) -> ResponseKind {
+    if let Err(error) = may_join(principal) {
+        return ResponseKind::SyncGroup(SyncGroupResponse::default().with_error_code(error.code()));
+    }
     let assignments = request
         .assignments
         .into_iter()
@@ -163,13 +186,20 @@ pub async fn sync(kafka: &Kafka, request: SyncGroupRequest, version: i16) -> Res
     ResponseKind::SyncGroup(response)
 }
 
-pub fn heartbeat(kafka: &Kafka, request: HeartbeatRequest) -> ResponseKind {
+pub fn heartbeat(
+    kafka: &Kafka,
+    principal: Option<&Principal>,
+    request: HeartbeatRequest,
+) -> ResponseKind {
     let mut response = HeartbeatResponse::default();
-    if let Err(error) = kafka.groups.heartbeat(
-        &request.group_id.0,
-        request.generation_id,
-        &request.member_id,
-    ) {
+    let beat = may_join(principal).and_then(|()| {
+        kafka.groups.heartbeat(
+            &request.group_id.0,
+            request.generation_id,
+            &request.member_id,
+        )
+    });
+    if let Err(error) = beat {
         if error != ResponseError::RebalanceInProgress {
             count(kafka, "Heartbeat", error);
         }
@@ -178,7 +208,17 @@ pub fn heartbeat(kafka: &Kafka, request: HeartbeatRequest) -> ResponseKind {
     ResponseKind::Heartbeat(response)
 }
 
-pub fn leave(kafka: &Kafka, request: LeaveGroupRequest, version: i16) -> ResponseKind {
+pub fn leave(
+    kafka: &Kafka,
+    principal: Option<&Principal>,
+    request: LeaveGroupRequest,
+    version: i16,
+) -> ResponseKind {
+    if let Err(error) = may_join(principal) {
+        return ResponseKind::LeaveGroup(
+            LeaveGroupResponse::default().with_error_code(error.code()),
+        );
+    }
     let ids: Vec<String> = if version >= 3 {
         request
             .members
@@ -205,7 +245,11 @@ pub fn leave(kafka: &Kafka, request: LeaveGroupRequest, version: i16) -> Respons
     ResponseKind::LeaveGroup(response)
 }
 
-pub async fn commit(kafka: &Kafka, request: OffsetCommitRequest) -> ResponseKind {
+pub async fn commit(
+    kafka: &Kafka,
+    principal: Option<&Principal>,
+    request: OffsetCommitRequest,
+) -> ResponseKind {
     let group = request.group_id.0.to_string();
     let allowed = kafka.groups.may_commit(
         &group,
@@ -220,12 +264,11 @@ pub async fn commit(kafka: &Kafka, request: OffsetCommitRequest) -> ResponseKind
     for topic in request.topics {
         let mut parts = Vec::with_capacity(topic.partitions.len());
         for partition in topic.partitions {
-            let refused = match (
-                &allowed,
-                super::partition_stream(&topic.name, partition.partition_index),
-            ) {
+            let stream = super::partition_stream(&topic.name, partition.partition_index)
+                .and_then(|s| super::allowed(kafka, principal, Scope::Read, &s).map(|()| s));
+            let refused = match (&allowed, stream) {
                 (Err(error), _) => Some(*error),
-                (Ok(()), Err(_)) => Some(ResponseError::UnknownTopicOrPartition),
+                (Ok(()), Err(refusal)) => Some(refusal.error),
                 (Ok(()), Ok(_))
                     if partition
                         .committed_metadata
@@ -296,11 +339,18 @@ pub async fn commit(kafka: &Kafka, request: OffsetCommitRequest) -> ResponseKind
 
 pub async fn fetch_offsets(
     kafka: &Kafka,
+    principal: Option<&Principal>,
     request: OffsetFetchRequest,
     version: i16,
 ) -> ResponseKind {
     let group = request.group_id.0.to_string();
     let mut response = OffsetFetchResponse::default();
+    if let Err(error) = may_join(principal) {
+        if version >= 2 {
+            response.error_code = error.code();
+        }
+        return ResponseKind::OffsetFetch(response);
+    }
     let committed = match kafka
         .ctx
         .star
@@ -321,9 +371,14 @@ pub async fn fetch_offsets(
     let by_stream: std::collections::HashMap<&str, &CommittedOffset> =
         committed.iter().map(|c| (c.stream.as_str(), c)).collect();
     let partition = |topic: &str, index: i32| {
-        let found = by_stream
-            .get(nova_kafka::mapping::stream_of(topic, index).as_str())
-            .copied();
+        let stream = nova_kafka::mapping::stream_of(topic, index);
+        if let Err(refusal) = super::allowed(kafka, principal, Scope::Read, &stream) {
+            return OffsetFetchResponsePartition::default()
+                .with_partition_index(index)
+                .with_committed_offset(-1)
+                .with_error_code(refusal.code());
+        }
+        let found = by_stream.get(stream.as_str()).copied();
         OffsetFetchResponsePartition::default()
             .with_partition_index(index)
             .with_committed_offset(found.map_or(-1, |c| c.offset))
@@ -367,7 +422,12 @@ pub async fn fetch_offsets(
     ResponseKind::OffsetFetch(response)
 }
 
-pub async fn list(kafka: &Kafka, version: i16) -> ResponseKind {
+pub async fn list(kafka: &Kafka, principal: Option<&Principal>, version: i16) -> ResponseKind {
+    if let Err(error) = may_join(principal) {
+        return ResponseKind::ListGroups(
+            ListGroupsResponse::default().with_error_code(error.code()),
+        );
+    }
     let mut groups: std::collections::BTreeMap<String, (String, &'static str)> = kafka
         .groups
         .list()
@@ -404,7 +464,23 @@ pub async fn list(kafka: &Kafka, version: i16) -> ResponseKind {
     ResponseKind::ListGroups(ListGroupsResponse::default().with_groups(listed))
 }
 
-pub fn describe(kafka: &Kafka, request: DescribeGroupsRequest) -> ResponseKind {
+pub fn describe(
+    kafka: &Kafka,
+    principal: Option<&Principal>,
+    request: DescribeGroupsRequest,
+) -> ResponseKind {
+    if let Err(error) = may_join(principal) {
+        let groups = request
+            .groups
+            .into_iter()
+            .map(|g| {
+                DescribedGroup::default()
+                    .with_group_id(g)
+                    .with_error_code(error.code())
+            })
+            .collect();
+        return ResponseKind::DescribeGroups(DescribeGroupsResponse::default().with_groups(groups));
+    }
     let groups = request
         .groups
         .into_iter()

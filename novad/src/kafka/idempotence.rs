@@ -98,8 +98,16 @@ impl Producers {
         (producer_id as u64) >> 32 == self.epoch
     }
 
-    pub fn init(&self, request: InitProducerIdRequest) -> ResponseKind {
+    pub fn init(
+        &self,
+        principal: Option<&nova_server::net::Principal>,
+        request: InitProducerIdRequest,
+    ) -> ResponseKind {
         let mut response = InitProducerIdResponse::default();
+        if principal.is_some_and(|p| !p.has(nova_server::net::Scope::Append)) {
+            response.error_code = ResponseError::ClusterAuthorizationFailed.code();
+            return ResponseKind::InitProducerId(response);
+        }
         if request.transactional_id.is_some() {
             response.error_code = ResponseError::TransactionalIdAuthorizationFailed.code();
             return ResponseKind::InitProducerId(response);

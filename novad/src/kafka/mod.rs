@@ -12,6 +12,7 @@ mod groups;
 mod idempotence;
 mod offsets;
 mod produce;
+mod sasl;
 mod topics;
 
 use std::net::SocketAddr;
@@ -105,6 +106,21 @@ pub fn partition_stream(
     Ok(nova_kafka::mapping::stream_of(topic, partition))
 }
 
+/// Whether `principal` (none: the star checks no tokens) may do `scope` on `stream`; counted
+/// and logged as a gRPC call's refusal is.
+pub fn allowed(
+    kafka: &Kafka,
+    principal: Option<&nova_server::net::Principal>,
+    scope: nova_server::net::Scope,
+    stream: &str,
+) -> Result<(), nova_kafka::errors::KafkaRefusal> {
+    kafka
+        .ctx
+        .access
+        .check(principal, scope, stream)
+        .map_err(|e| nova_kafka::errors::KafkaRefusal::from(&e))
+}
+
 /// What every Kafka connection shares.
 pub struct Kafka {
     pub ctx: Arc<Context>,
@@ -120,6 +136,8 @@ pub struct Kafka {
     pub producers: idempotence::Producers,
     /// The consumer groups this star coordinates.
     pub groups: groups::Coordinator,
+    /// `--auth-tokens`: when given, clients authenticate with SASL/PLAIN first.
+    pub tokens: Option<nova_server::net::Tokens>,
 }
 
 /// The listener's own series, beside the star's (sheds and refusals count there too).

@@ -13,6 +13,8 @@ use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse, Response
 use nova_kafka::errors::KafkaRefusal;
 use nova_proto::RequestError;
 
+use nova_server::net::{Principal, Scope};
+
 use super::Kafka;
 
 const EARLIEST: i64 = -2;
@@ -29,6 +31,7 @@ const TIME_SEARCH_PAGE_BYTES: u64 = nova_core::limits::MIB;
 pub async fn list_offsets(
     kafka: &Kafka,
     peer: SocketAddr,
+    principal: Option<&Principal>,
     request: ListOffsetsRequest,
     version: i16,
 ) -> ResponseKind {
@@ -38,7 +41,10 @@ pub async fn list_offsets(
         for partition in topic.partitions {
             let mut answer = ListOffsetsPartitionResponse::default()
                 .with_partition_index(partition.partition_index);
-            let found = match super::partition_stream(&topic.name, partition.partition_index) {
+            let found = match super::partition_stream(&topic.name, partition.partition_index)
+                .and_then(|name| {
+                    super::allowed(kafka, principal, Scope::Read, &name).map(|()| name)
+                }) {
                 Ok(stream) => offset_of(kafka, peer, &stream, partition.timestamp).await,
                 Err(refusal) => Err(refusal),
             };

@@ -31,6 +31,8 @@ use nova_kafka::mapping::{ProducerMark, stream_of};
 use nova_proto::RequestError;
 use nova_proto::domain::{Header, Record};
 
+use nova_server::net::{Principal, Scope};
+
 use super::Kafka;
 use super::conn::{Answer, Reply};
 use super::idempotence::Verdict;
@@ -47,6 +49,7 @@ enum Outcome {
 pub async fn produce(
     kafka: &Kafka,
     peer: SocketAddr,
+    principal: Option<&Principal>,
     request: ProduceRequest,
     version: i16,
     frame_len: u64,
@@ -73,7 +76,17 @@ pub async fn produce(
                     ))
                 } else {
                     let stream = stream_of(&topic.name, partition.index);
-                    match append(kafka, peer, &stream, partition.records, base, &mut charge).await {
+                    match append(
+                        kafka,
+                        peer,
+                        principal,
+                        &stream,
+                        partition.records,
+                        base,
+                        &mut charge,
+                    )
+                    .await
+                    {
                         Ok(pending) => Outcome::Pending(pending),
                         Err(refusal) => Outcome::Refused(refusal),
                     }
@@ -133,6 +146,7 @@ pub async fn produce(
 async fn append(
     kafka: &Kafka,
     peer: SocketAddr,
+    principal: Option<&Principal>,
     stream: &str,
     data: Option<Bytes>,
     base: u64,
@@ -143,7 +157,13 @@ async fn append(
         crate::service::reject_append(ctx, Some(peer), &error, stream);
         KafkaRefusal::from(&error)
     };
-    let target = ctx.route(stream, Some(peer), None).await.map_err(refuse)?;
+    ctx.access
+        .check(principal, Scope::Append, stream)
+        .map_err(refuse)?;
+    let target = ctx
+        .route(stream, Some(peer), principal)
+        .await
+        .map_err(refuse)?;
     let data = data.ok_or_else(|| refuse(RequestError::EmptyBatch))?;
     let batches = split_batches(data).map_err(|e| refuse_batch(ctx, peer, stream, &e))?;
     let caps = ctx.caps;

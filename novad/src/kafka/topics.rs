@@ -3,7 +3,6 @@
 //! deletes its partitions' streams.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kafka_protocol::error::ResponseError;
@@ -25,7 +24,12 @@ use nova_kafka::errors::KafkaRefusal;
 use nova_kafka::mapping::{invalid_topic, stream_of, topic_of};
 use nova_proto::RequestError;
 
+use nova_server::net::{Principal, Scope};
+
 use super::Kafka;
+
+/// Seeing a topic in Metadata takes any scope on its first partition's stream.
+const ANY_SCOPE: [Scope; 3] = [Scope::Read, Scope::Append, Scope::Admin];
 
 /// The partitions of `topic` this star has, by partition number.
 pub fn partitions(kafka: &Kafka, topic: &str) -> BTreeMap<i32, Arc<StreamState>> {
@@ -103,7 +107,7 @@ async fn create_partitions(
 
 pub async fn metadata(
     kafka: &Kafka,
-    _peer: SocketAddr,
+    principal: Option<&Principal>,
     request: MetadataRequest,
     version: i16,
 ) -> ResponseKind {
@@ -121,8 +125,12 @@ pub async fn metadata(
         kafka.auto_create_partitions > 0 && (version < 4 || request.allow_auto_topic_creation);
     let mut topics = Vec::new();
     let listed: Vec<(String, Result<Vec<i32>, KafkaRefusal>)> = match asked {
+        // Every topic the token may see anything of.
         None => all_topics(kafka)
             .into_iter()
+            .filter(|(topic, _)| {
+                principal.is_none_or(|p| p.allows_any(&ANY_SCOPE, &stream_of(topic, 0)).is_ok())
+            })
             .map(|(topic, partitions)| (topic, Ok(partitions)))
             .collect(),
         Some(names) => {
@@ -141,7 +149,7 @@ pub async fn metadata(
                         "this answer lists its most partitions; ask again",
                     ))
                 } else {
-                    lookup(kafka, &topic, auto_create).await
+                    lookup(kafka, principal, &topic, auto_create).await
                 };
                 if let Ok(found) = &found {
                     partitions += found.len();
@@ -204,13 +212,23 @@ pub async fn metadata(
 
 /// The partitions of one topic a client asked about, created first when it has none and
 /// auto-creation is on.
-async fn lookup(kafka: &Kafka, topic: &str, auto_create: bool) -> Result<Vec<i32>, KafkaRefusal> {
+async fn lookup(
+    kafka: &Kafka,
+    principal: Option<&Principal>,
+    topic: &str,
+    auto_create: bool,
+) -> Result<Vec<i32>, KafkaRefusal> {
     if let Some(why) = invalid_topic(topic) {
         return Err(KafkaRefusal::new(
             ResponseError::InvalidTopicException,
             format!("topic name {topic:?} {why}"),
         ));
     }
+    kafka
+        .ctx
+        .access
+        .check_any(principal, &ANY_SCOPE, &stream_of(topic, 0))
+        .map_err(|e| KafkaRefusal::from(&e))?;
     let found = partitions(kafka, topic);
     if !found.is_empty() {
         return Ok(found.into_keys().collect());
@@ -222,6 +240,9 @@ async fn lookup(kafka: &Kafka, topic: &str, auto_create: bool) -> Result<Vec<i32
         ));
     }
     let count = kafka.auto_create_partitions as i32;
+    for partition in 0..count {
+        super::allowed(kafka, principal, Scope::Admin, &stream_of(topic, partition))?;
+    }
     create_partitions(kafka, topic, 0, count, Retention::default())
         .await
         .map_err(|e| KafkaRefusal::from(&e))?;
@@ -230,7 +251,7 @@ async fn lookup(kafka: &Kafka, topic: &str, auto_create: bool) -> Result<Vec<i32
 
 pub async fn create(
     kafka: &Kafka,
-    _peer: SocketAddr,
+    principal: Option<&Principal>,
     request: CreateTopicsRequest,
     version: i16,
 ) -> ResponseKind {
@@ -260,6 +281,9 @@ pub async fn create(
                     "replication factor must be -1 or at least 1 (Nova's copies are the object \
                      store's; the factor is not used)",
                 ));
+            }
+            for partition in 0..partitions {
+                super::allowed(kafka, principal, Scope::Admin, &stream_of(&name, partition))?;
             }
             let retention = retention_of(&topic.configs)?;
             if !self::partitions(kafka, &name).is_empty() {
@@ -335,12 +359,22 @@ fn retention_of(
     Ok(retention)
 }
 
-pub async fn delete(kafka: &Kafka, request: DeleteTopicsRequest, version: i16) -> ResponseKind {
+pub async fn delete(
+    kafka: &Kafka,
+    principal: Option<&Principal>,
+    request: DeleteTopicsRequest,
+    version: i16,
+) -> ResponseKind {
     let mut results = Vec::with_capacity(request.topic_names.len());
     for name in request.topic_names {
         let topic = name.0.to_string();
         let found = partitions(kafka, &topic);
-        let outcome = if found.is_empty() {
+        let allowed = found
+            .values()
+            .try_for_each(|stream| super::allowed(kafka, principal, Scope::Admin, stream.name()));
+        let outcome = if let Err(refusal) = allowed {
+            Err(refusal)
+        } else if found.is_empty() {
             Err(KafkaRefusal::new(
                 ResponseError::UnknownTopicOrPartition,
                 format!("no topic {topic:?}"),
