@@ -626,11 +626,12 @@ fn a_consumer_group_shares_partitions_rebalances_and_resumes_after_a_restart() {
     println!("{first}{second}");
 }
 
-/// With `--auth-tokens`, Kafka clients authenticate with SASL/PLAIN, the token as the password,
-/// and get what its grants allow: nothing before authenticating, nothing with a token the star
-/// does not know, and no produce with a token that may only read.
+/// With `--tls-cert` and `--auth-tokens`, Kafka clients connect over TLS and authenticate with
+/// SASL/PLAIN, the token as the password, and get what its grants allow: nothing before
+/// authenticating, nothing with a token the star does not know, and no produce with a token
+/// that may only read.
 #[test]
-fn sasl_plain_carries_the_tokens_and_their_grants() {
+fn sasl_plain_over_tls_carries_the_tokens_and_their_grants() {
     use nova_server::net::auth::{Grant, Scope, file_line};
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
@@ -660,11 +661,23 @@ fn sasl_plain_carries_the_tokens_and_their_grants() {
         ),
     ];
     std::fs::write(&tokens, lines.join("\n") + "\n").unwrap();
-    let (_novad, bootstrap) = kafka_star(&["--auth-tokens", tokens.to_str().unwrap()]);
+    let certs = nova_testkit::certs::Certs::new();
+    let server = certs.server();
+    let (_novad, bootstrap) = kafka_star(&[
+        "--auth-tokens",
+        tokens.to_str().unwrap(),
+        "--tls-cert",
+        server.cert.to_str().unwrap(),
+        "--tls-key",
+        server.key.to_str().unwrap(),
+    ]);
+    let ca = format!("ssl.ca.location={}", certs.ca().display());
     let sasl = |token: &'static str| -> Vec<String> {
         [
             "-X",
-            "security.protocol=SASL_PLAINTEXT",
+            ca.as_str(),
+            "-X",
+            "security.protocol=SASL_SSL",
             "-X",
             "sasl.mechanisms=PLAIN",
             "-X",
@@ -730,8 +743,21 @@ fn sasl_plain_carries_the_tokens_and_their_grants() {
     );
     let unknown = run(with("not-a-token-0123456789abcdef", &["-L"]), b"");
     assert!(!unknown.status.success());
-    let plain = kcat_may_fail(&bootstrap, &["-L", "-m", "5"], b"");
-    assert!(!plain.status.success());
+    // TLS without SASL: the connection is closed at its first request past ApiVersions.
+    let tls_only = kcat_may_fail(
+        &bootstrap,
+        &[
+            "-X",
+            ca.as_str(),
+            "-X",
+            "security.protocol=SSL",
+            "-L",
+            "-m",
+            "5",
+        ],
+        b"",
+    );
+    assert!(!tls_only.status.success());
     let read = run(
         with(
             "ops-token-0123456789abcdef",
