@@ -171,9 +171,10 @@ pub const KAFKA_MAX_LISTED_PARTITIONS: u32 = 10_000;
 /// own five (a producer has at most five requests in flight per connection).
 pub const KAFKA_PRODUCER_BATCHES: usize = 5;
 
-/// Records of a partition read for an idempotent producer's marks when a star first sees a
-/// batch from a producer an earlier start issued (after a restart or takeover).
-pub const KAFKA_PRODUCER_SCAN_RECORDS: u64 = 16_384;
+/// Records of a partition read for an idempotent producer's marks when a star has no state
+/// for it there (after a restart or takeover, or once forgotten): as many as the largest batch
+/// holds by default, so the batch a producer is retrying is within them.
+pub const KAFKA_PRODUCER_SCAN_RECORDS: u64 = 65_536;
 
 /// Idempotent producers' states (one per producer and partition) a star keeps; past it the
 /// least recently made is forgotten, and read back from the partition when it next writes.

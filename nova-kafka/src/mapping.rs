@@ -15,7 +15,7 @@
 //!   empty name (which would otherwise read back as the key);
 //! - `0xFF kafka:null-value`, last: the value is null (a tombstone), not empty;
 //! - `0xFF kafka:null:NAME`: a Kafka header `NAME` whose value is null;
-//! - `0xFF kafka:producer`, on the first record of a batch an idempotent producer sent: its
+//! - `0xFF kafka:producer`, on the last record of a batch an idempotent producer sent: its
 //!   producer id, epoch, first sequence number and record count (`ProducerMark`), from which a
 //!   restarted star learns what that producer already wrote. Kafka clients do not see it.
 //!

@@ -47,7 +47,7 @@ mod retention;
 #[cfg(test)]
 mod tests;
 pub use audit::{Dropping, Garbage, Liveness, QueuedGarbage, SettleCursor, VersionedCursor};
-pub use offsets::{CommittedOffset, MAX_OFFSET_METADATA};
+pub use offsets::{CommittedOffset, MAX_GROUP_BYTES, MAX_OFFSET_METADATA};
 pub use retention::Trim;
 
 /// Reads back whether a transaction whose answer was lost landed: a read can fail too.

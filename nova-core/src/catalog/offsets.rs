@@ -22,17 +22,26 @@ pub struct CommittedOffset {
     pub committed_at_ms: u64,
 }
 
-fn group_prefix(group: &str) -> Vec<u8> {
+/// The longest group name kept (the key holds its length in two bytes).
+pub const MAX_GROUP_BYTES: usize = u16::MAX as usize;
+
+fn group_prefix(group: &str) -> Result<Vec<u8>, CatalogError> {
+    if group.len() > MAX_GROUP_BYTES {
+        return Err(CatalogError::Corrupt(format!(
+            "group name of {} bytes is over {MAX_GROUP_BYTES}",
+            group.len()
+        )));
+    }
     let mut key = OFFSET_PREFIX.to_vec();
     key.put_u16(group.len() as u16);
     key.extend_from_slice(group.as_bytes());
-    key
+    Ok(key)
 }
 
-fn offset_key(group: &str, stream: &str) -> Vec<u8> {
-    let mut key = group_prefix(group);
+fn offset_key(group: &str, stream: &str) -> Result<Vec<u8>, CatalogError> {
+    let mut key = group_prefix(group)?;
     key.extend_from_slice(stream.as_bytes());
-    key
+    Ok(key)
 }
 
 fn encode_offset(offset: &CommittedOffset) -> Vec<u8> {
@@ -64,12 +73,7 @@ impl Catalog {
         group: &str,
         offsets: &[CommittedOffset],
     ) -> Result<(), CatalogError> {
-        if group.len() > u16::MAX as usize {
-            return Err(CatalogError::Corrupt(format!(
-                "group name of {} bytes is over 65,535",
-                group.len()
-            )));
-        }
+        group_prefix(group)?;
         if let Some(long) = offsets
             .iter()
             .find(|o| o.metadata.len() > MAX_OFFSET_METADATA)
@@ -81,9 +85,10 @@ impl Catalog {
             )));
         }
         for chunk in offsets.chunks(OFFSETS_PER_TXN) {
-            let txn = chunk.iter().fold(Txn::new(), |txn, offset| {
-                txn.put(offset_key(group, &offset.stream), encode_offset(offset))
-            });
+            let mut txn = Txn::new();
+            for offset in chunk {
+                txn = txn.put(offset_key(group, &offset.stream)?, encode_offset(offset));
+            }
             self.store.commit(txn).await?;
         }
         Ok(())
@@ -94,7 +99,7 @@ impl Catalog {
         &self,
         group: &str,
     ) -> Result<Vec<CommittedOffset>, CatalogError> {
-        let prefix = group_prefix(group);
+        let prefix = group_prefix(group)?;
         self.scan_all(&prefix)
             .await?
             .into_iter()
@@ -113,11 +118,14 @@ impl Catalog {
     ) -> Result<Vec<String>, CatalogError> {
         let mut groups = Vec::new();
         // Past every key of `start_after`'s group: its prefix followed by the largest bytes.
-        let mut after = start_after.map(|g| {
-            let mut key = group_prefix(g);
-            key.extend_from_slice(&[0xff; 8]);
-            key
-        });
+        let mut after = match start_after {
+            Some(g) => {
+                let mut key = group_prefix(g)?;
+                key.extend_from_slice(&[0xff; 8]);
+                Some(key)
+            }
+            None => None,
+        };
         while groups.len() < limit {
             let page = self.store.scan(OFFSET_PREFIX, after.as_deref(), 1).await?;
             let Some(kv) = page.first() else { break };
@@ -130,7 +138,7 @@ impl Catalog {
                 return Err(CatalogError::Corrupt("a committed offset's key".into()));
             };
             let group = String::from_utf8_lossy(name).into_owned();
-            let mut next = group_prefix(&group);
+            let mut next = group_prefix(&group)?;
             next.extend_from_slice(&[0xff; 8]);
             after = Some(next);
             groups.push(group);
@@ -141,7 +149,7 @@ impl Catalog {
     /// Forgets `group`'s committed offsets.
     pub async fn delete_offsets(&self, group: &str) -> Result<(), CatalogError> {
         let keys: Vec<Vec<u8>> = self
-            .scan_all(&group_prefix(group))
+            .scan_all(&group_prefix(group)?)
             .await?
             .into_iter()
             .map(|kv| kv.key)

@@ -37,6 +37,16 @@ fn text(value: impl Into<String>) -> StrBytes {
     StrBytes::from_string(value.into())
 }
 
+/// The longest group id served.
+const MAX_GROUP_ID: usize = 1024;
+
+fn valid_group(group: &str) -> Result<(), ResponseError> {
+    if group.is_empty() || group.len() > MAX_GROUP_ID {
+        return Err(ResponseError::InvalidGroupId);
+    }
+    Ok(())
+}
+
 /// Taking part in groups takes a token that may read something.
 fn may_join(principal: Option<&Principal>) -> Result<(), ResponseError> {
     match principal {
@@ -87,7 +97,7 @@ pub async fn join(
     if version >= 7 {
         response.protocol_type = Some(request.protocol_type.clone());
     }
-    if let Err(error) = may_join(principal) {
+    if let Err(error) = may_join(principal).and_then(|()| valid_group(&group)) {
         response.error_code = error.code();
         return ResponseKind::JoinGroup(response);
     }
@@ -251,11 +261,13 @@ pub async fn commit(
     request: OffsetCommitRequest,
 ) -> ResponseKind {
     let group = request.group_id.0.to_string();
-    let allowed = kafka.groups.may_commit(
-        &group,
-        request.generation_id_or_member_epoch,
-        &request.member_id,
-    );
+    let allowed = valid_group(&group).and_then(|()| {
+        kafka.groups.may_commit(
+            &group,
+            request.generation_id_or_member_epoch,
+            &request.member_id,
+        )
+    });
     let now = kafka.ctx.star.config().clock.unix_ms();
     let mut offsets = Vec::new();
     // Each topic's partitions, and what refused each (none: committed with the rest).
@@ -345,7 +357,7 @@ pub async fn fetch_offsets(
 ) -> ResponseKind {
     let group = request.group_id.0.to_string();
     let mut response = OffsetFetchResponse::default();
-    if let Err(error) = may_join(principal) {
+    if let Err(error) = may_join(principal).and_then(|()| valid_group(&group)) {
         if version >= 2 {
             response.error_code = error.code();
         }
@@ -362,9 +374,32 @@ pub async fn fetch_offsets(
         Ok(committed) => committed,
         Err(error) => {
             tracing::warn!(group, "reading Kafka committed offsets failed: {error}");
+            let unavailable = ResponseError::CoordinatorNotAvailable.code();
             if version >= 2 {
-                response.error_code = ResponseError::CoordinatorNotAvailable.code();
+                response.error_code = unavailable;
             }
+            // Each partition asked for says so too (version 1 has no other place): an empty
+            // answer would read as "nothing committed", and the consumer would reset.
+            response.topics = request
+                .topics
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| {
+                    let partitions = t
+                        .partition_indexes
+                        .iter()
+                        .map(|&i| {
+                            OffsetFetchResponsePartition::default()
+                                .with_partition_index(i)
+                                .with_committed_offset(-1)
+                                .with_error_code(unavailable)
+                        })
+                        .collect();
+                    OffsetFetchResponseTopic::default()
+                        .with_name(t.name)
+                        .with_partitions(partitions)
+                })
+                .collect();
             return ResponseKind::OffsetFetch(response);
         }
     };
@@ -378,7 +413,18 @@ pub async fn fetch_offsets(
                 .with_committed_offset(-1)
                 .with_error_code(refusal.code());
         }
-        let found = by_stream.get(stream.as_str()).copied();
+        // An offset committed before the stream was made belongs to a deleted topic of the
+        // same name: the new one starts afresh.
+        let created = kafka
+            .ctx
+            .star
+            .streams()
+            .get(&stream)
+            .map(|s| s.meta.created_at_ms);
+        let found = by_stream
+            .get(stream.as_str())
+            .copied()
+            .filter(|c| created.is_some_and(|at| c.committed_at_ms >= at));
         OffsetFetchResponsePartition::default()
             .with_partition_index(index)
             .with_committed_offset(found.map_or(-1, |c| c.offset))

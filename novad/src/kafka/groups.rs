@@ -28,6 +28,9 @@ use nova_core::limits::{
 /// completes (Kafka's `group.initial.rebalance.delay.ms`, shorter).
 const INITIAL_REBALANCE_DELAY: Duration = Duration::from_millis(500);
 
+/// The longest member id, client id and protocol type, together, a member may have.
+const MAX_NAME_BYTES: usize = 1024;
+
 /// Session timeouts a member may ask for (Kafka's defaults for the broker's bounds).
 const MIN_SESSION: Duration = Duration::from_secs(6);
 const MAX_SESSION: Duration = Duration::from_secs(1800);
@@ -98,8 +101,12 @@ struct Member {
 impl Member {
     fn bytes(&self) -> u64 {
         let protocols: usize = self.protocols.iter().map(|(n, m)| n.len() + m.len()).sum();
-        (protocols + self.assignment.len() + self.client_id.len() + self.client_host.len() + 256)
-            as u64
+        (protocols
+            + self.assignment.len()
+            + self.client_id.len()
+            + self.client_host.len()
+            + MAX_NAME_BYTES
+            + 256) as u64
     }
 }
 
@@ -161,7 +168,8 @@ impl Coordinator {
                 return Err(ResponseError::InconsistentGroupProtocol);
             }
             let metadata: usize = join.protocols.iter().map(|(n, m)| n.len() + m.len()).sum();
-            if metadata as u64 > KAFKA_MAX_MEMBER_METADATA_BYTES {
+            let names = join.member_id.len() + join.client_id.len() + join.protocol_type.len();
+            if metadata as u64 > KAFKA_MAX_MEMBER_METADATA_BYTES || names > MAX_NAME_BYTES {
                 return Err(ResponseError::InvalidRequest);
             }
             if !groups.by_name.contains_key(group) && groups.by_name.len() >= KAFKA_MAX_GROUPS {
@@ -269,8 +277,25 @@ impl Coordinator {
                 let over = given
                     .values()
                     .any(|a| a.len() as u64 > KAFKA_MAX_MEMBER_METADATA_BYTES);
-                if over {
-                    return Err(ResponseError::InvalidRequest);
+                let replaced: u64 = state
+                    .members
+                    .values()
+                    .map(|m| m.assignment.len() as u64)
+                    .sum();
+                let added: u64 = state
+                    .members
+                    .keys()
+                    .filter_map(|id| given.get(id))
+                    .map(|a| a.len() as u64)
+                    .sum();
+                if over || *bytes - replaced.min(*bytes) + added > KAFKA_GROUP_MEMORY_BYTES {
+                    // The assignment cannot be held: the group starts over.
+                    start_rebalance(state, self.clock.now(), None);
+                    return Err(if over {
+                        ResponseError::InvalidRequest
+                    } else {
+                        ResponseError::CoordinatorNotAvailable
+                    });
                 }
                 for (id, member) in state.members.iter_mut() {
                     let assignment = given.get(id).cloned().unwrap_or_default();
@@ -384,6 +409,11 @@ impl Coordinator {
                 }
                 tracing::info!(group = %name, expired = ?expired, "Kafka consumer group members' sessions expired");
                 rebalance_without(state, now, bytes);
+            }
+            if state.state == State::CompletingRebalance && state.deadline.is_some_and(|d| now >= d)
+            {
+                tracing::info!(group = %name, "Kafka consumer group's leader sent no assignment in time; rebalancing");
+                start_rebalance(state, now, None);
             }
             complete_if_ready(state, now, bytes);
         }
@@ -504,8 +534,10 @@ fn complete_if_ready(state: &mut Group, now: Instant, bytes: &mut u64) {
     if !(past_deadline || (all_in && !first)) {
         return;
     }
+    // Members whose join's connection is gone (nobody waits for the answer) are not in the
+    // next generation either.
     state.members.retain(|_, m| {
-        let keep = m.joining.is_some();
+        let keep = m.joining.as_ref().is_some_and(|waiter| !waiter.is_closed());
         if !keep {
             *bytes -= m.bytes().min(*bytes);
         }
@@ -513,6 +545,7 @@ fn complete_if_ready(state: &mut Group, now: Instant, bytes: &mut u64) {
     });
     if state.members.is_empty() {
         state.state = State::Empty;
+        state.leader.clear();
         state.deadline = None;
         return;
     }
@@ -536,6 +569,7 @@ fn complete_if_ready(state: &mut Group, now: Instant, bytes: &mut u64) {
         }
         state.members.clear();
         state.state = State::Empty;
+        state.leader.clear();
         return;
     };
     state.generation += 1;
@@ -544,7 +578,15 @@ fn complete_if_ready(state: &mut Group, now: Instant, bytes: &mut u64) {
         state.leader = state.members.keys().next().cloned().unwrap_or_default();
     }
     state.state = State::CompletingRebalance;
-    state.deadline = None;
+    // The leader's assignment must come within the rebalance timeout, or the group starts
+    // over (see `tick`).
+    let longest = state
+        .members
+        .values()
+        .map(|m| m.rebalance_timeout)
+        .max()
+        .unwrap_or_default();
+    state.deadline = Some(now + longest);
     let everyone: Vec<(String, Bytes)> = state
         .members
         .iter()
@@ -560,6 +602,7 @@ fn complete_if_ready(state: &mut Group, now: Instant, bytes: &mut u64) {
         .collect();
     for (id, member) in state.members.iter_mut() {
         member.last_heard = now;
+        *bytes -= (member.assignment.len() as u64).min(*bytes);
         member.assignment = Bytes::new();
         if let Some(waiter) = member.joining.take() {
             let _ = waiter.send(Ok(Joined {

@@ -4,10 +4,11 @@
 //! first outcome instead of being written again.
 //!
 //! Across a restart or takeover the state is rebuilt from the stream itself: every batch an
-//! idempotent producer writes carries a mark on its first record (`ProducerMark`). A producer
-//! id says which start of the star issued it (`star epoch << 32 | counter`); the first batch
-//! from a producer issued by an earlier start, on a partition this start has no state for,
-//! reads the partition's last `KAFKA_PRODUCER_SCAN_RECORDS` records for its marks first.
+//! idempotent producer writes carries a mark on its last record (`ProducerMark`). A producer
+//! id says which start of the star issued it (`star epoch << 32 | counter`); a batch on a
+//! partition this start has no state for (other than the very first batch of a producer it
+//! issued) reads the partition's last `KAFKA_PRODUCER_SCAN_RECORDS` records for the
+//! producer's marks first.
 //!
 //! A batch is reserved in the state before it is submitted, with its outcome still to come,
 //! so a retry arriving on another connection while the first attempt is in flight waits for
@@ -112,10 +113,14 @@ impl Producers {
             response.error_code = ResponseError::TransactionalIdAuthorizationFailed.code();
             return ResponseKind::InitProducerId(response);
         }
-        if request.producer_id.0 >= 0 && request.producer_epoch >= 0 {
-            // KIP-360: a producer that lost track of a batch bumps its epoch and carries on.
+        if request.producer_id.0 >= 0
+            && request.producer_epoch >= 0
+            && request.producer_epoch < i16::MAX
+        {
+            // KIP-360: a producer that lost track of a batch bumps its epoch and carries on
+            // (at the last epoch it gets a new id instead, as Kafka does).
             response.producer_id = request.producer_id;
-            response.producer_epoch = request.producer_epoch.checked_add(1).unwrap_or(0);
+            response.producer_epoch = request.producer_epoch + 1;
         } else {
             let counter = self.next.fetch_add(1, Ordering::Relaxed);
             response.producer_id = ProducerId(((self.epoch << 32) | u64::from(counter)) as i64);
@@ -124,22 +129,37 @@ impl Producers {
         ResponseKind::InitProducerId(response)
     }
 
-    /// Reads the marks of `mark`'s producer in `stream`'s last records when this start knows
-    /// nothing of it there yet.
-    pub async fn learn(&self, kafka: &Kafka, stream: &StreamState, mark: &ProducerMark) {
+    /// Reads the marks of `mark`'s producer in `stream`'s last records when this start has
+    /// no state for it there, so its retries of batches written before a restart (or before
+    /// its state was forgotten) are recognised. Not needed for the first batch of a producer
+    /// this start issued. A read that fails is a refusal: going on without the marks could
+    /// write a retried batch twice.
+    pub async fn learn(
+        &self,
+        kafka: &Kafka,
+        stream: &StreamState,
+        mark: &ProducerMark,
+    ) -> Result<(), KafkaRefusal> {
         let key = (stream.id(), mark.producer_id);
-        if self.issued_here(mark.producer_id) || self.states.lock().by_key.contains_key(&key) {
-            return;
+        let brand_new =
+            self.issued_here(mark.producer_id) && mark.epoch == 0 && mark.base_sequence == 0;
+        if brand_new || self.states.lock().by_key.contains_key(&key) {
+            return Ok(());
         }
+        let unreadable = |e: nova_proto::RequestError| {
+            KafkaRefusal::from(&nova_proto::RequestError::Unavailable(format!(
+                "the partition's recent records could not be read for producer {}'s batches \
+                 ({e}); retry",
+                mark.producer_id
+            )))
+        };
         let star = &kafka.ctx.star;
         let tail = stream.tail();
-        let Ok(first) = star.first_seq(stream).await else {
-            return;
-        };
+        let first = star.first_seq(stream).await.map_err(unreadable)?;
         let mut seq = tail.saturating_sub(KAFKA_PRODUCER_SCAN_RECORDS).max(first);
         let mut found = Vec::new();
         while seq < tail {
-            let Ok(page) = star
+            let page = star
                 .read(
                     stream,
                     seq,
@@ -147,14 +167,14 @@ impl Producers {
                     kafka.ctx.max_read_bytes,
                 )
                 .await
-            else {
-                return;
-            };
+                .map_err(unreadable)?;
             for record in &page.records {
                 if let Some(seen) = ProducerMark::of(&record.record)
                     && seen.producer_id == mark.producer_id
                 {
-                    found.push((seen, record.seq));
+                    // The mark is on a batch's last record: its first offset is before it.
+                    let base = record.seq + 1 - (seen.records.max(1) as u64).min(record.seq + 1);
+                    found.push((seen, base));
                 }
             }
             if page.next_seq <= seq {
@@ -163,12 +183,16 @@ impl Producers {
             seq = page.next_seq;
         }
         let mut states = self.states.lock();
+        // Another connection of the producer may have learnt (and reserved) meanwhile: its
+        // state stands.
+        if states.by_key.contains_key(&key) {
+            return Ok(());
+        }
         let state = states.entry(key);
-        for (seen, offset) in found {
-            if seen.epoch > state.epoch {
-                state.epoch = seen.epoch;
-                state.batches.clear();
-            }
+        // Only the latest epoch's batches count.
+        let epoch = found.iter().map(|(seen, _)| seen.epoch).max().unwrap_or(0);
+        state.epoch = epoch;
+        for (seen, offset) in found.into_iter().filter(|(seen, _)| seen.epoch == epoch) {
             state.batches.push_back(Batch {
                 base_sequence: seen.base_sequence,
                 records: seen.records,
@@ -178,6 +202,7 @@ impl Producers {
                 state.batches.pop_front();
             }
         }
+        Ok(())
     }
 
     /// Decides on a batch, reserving it when it is new.
@@ -202,7 +227,13 @@ impl Producers {
             .iter()
             .position(|b| b.base_sequence == mark.base_sequence)
         {
-            let failed = matches!(state.batches[at].outcome.peek(), Some(Err(_)));
+            // Not written for sure: refused, or lost with the star. An outcome left unknown
+            // (REQUEST_TIMED_OUT: the batch may still land) is answered again as it was,
+            // never written a second time.
+            let failed = matches!(
+                state.batches[at].outcome.peek(),
+                Some(Err(refusal)) if refusal.error != ResponseError::RequestTimedOut
+            );
             if !failed {
                 return Verdict::Duplicate(state.batches[at].outcome.clone());
             }

@@ -179,7 +179,7 @@ async fn append(
     let mark = producer_mark(&batches).map_err(refuse)?;
     let reservation = match &mark {
         Some(mark) => {
-            kafka.producers.learn(kafka, &target, mark).await;
+            kafka.producers.learn(kafka, &target, mark).await?;
             match kafka.producers.check(target.id(), mark) {
                 Verdict::Duplicate(outcome) => return Ok(outcome.boxed()),
                 Verdict::Refused(refusal) => return Err(refusal),
@@ -244,8 +244,8 @@ async fn append(
         records(plain, header, &mut out).map_err(|e| refuse_batch(ctx, peer, stream, &e))?;
     }
     drop(decoded);
-    if let (Some(mark), Some(first)) = (&mark, out.first_mut()) {
-        first.headers.push(mark.header());
+    if let (Some(mark), Some(last)) = (&mark, out.last_mut()) {
+        last.headers.push(mark.header());
     }
     let now = ctx.star.config().clock.unix_ms();
     for record in &mut out {
