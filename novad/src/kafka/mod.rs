@@ -149,6 +149,11 @@ pub struct KafkaMetrics {
     pub errors: IntCounterVec,
     /// Connections closed by the listener for what they sent, by reason.
     pub closed: IntCounterVec,
+    /// Records each group with members has yet to consume: the partitions' tails less the
+    /// group's committed offsets, summed (refreshed every `LAG_EVERY`).
+    pub group_lag: prometheus::IntGaugeVec,
+    /// Groups with members.
+    pub groups: prometheus::IntGauge,
 }
 
 impl KafkaMetrics {
@@ -176,6 +181,26 @@ impl KafkaMetrics {
                  request, an unknown API), by reason.",
                 &["reason"],
             )?,
+            group_lag: {
+                let gauge = prometheus::IntGaugeVec::new(
+                    prometheus::Opts::new(
+                        "nova_kafka_group_lag_records",
+                        "Records a Kafka consumer group with members has yet to consume, over \
+                         the partitions it committed offsets for.",
+                    ),
+                    &["group"],
+                )?;
+                registry.register(Box::new(gauge.clone()))?;
+                gauge
+            },
+            groups: {
+                let gauge = prometheus::IntGauge::new(
+                    "nova_kafka_groups",
+                    "Kafka consumer groups with members.",
+                )?;
+                registry.register(Box::new(gauge.clone()))?;
+                gauge
+            },
         })
     }
 }
@@ -221,11 +246,61 @@ pub async fn serve(
             }
         }
     };
+    // Each group's lag, every LAG_EVERY: one metastore scan per group with members (at most
+    // KAFKA_MAX_GROUPS series).
+    let lagging = {
+        let kafka = kafka.clone();
+        let stopping = stopping.clone();
+        async move {
+            let mut ticker = tokio::time::interval(LAG_EVERY);
+            let mut shown: Vec<String> = Vec::new();
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => shown = refresh_lag(&kafka, shown).await,
+                    _ = stopping.cancelled() => return,
+                }
+            }
+        }
+    };
     let accepting = async {
         while let Some(conn) = incoming.next().await {
             let Ok(conn) = conn else { continue };
             tokio::spawn(conn::serve(kafka.clone(), conn));
         }
     };
-    tokio::join!(ticking, accepting);
+    tokio::join!(ticking, lagging, accepting);
+}
+
+/// How often groups' lag is computed.
+const LAG_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Sets each group's lag; forgets the series of groups gone since `shown`.
+async fn refresh_lag(kafka: &Kafka, shown: Vec<String>) -> Vec<String> {
+    let groups = kafka.groups.list();
+    kafka.metrics.groups.set(groups.len() as i64);
+    let streams = kafka.ctx.star.streams();
+    let mut now = Vec::with_capacity(groups.len());
+    for (group, _, _) in groups {
+        let Ok(committed) = streams.catalog().committed_offsets(&group).await else {
+            continue;
+        };
+        let lag: u64 = committed
+            .iter()
+            .filter_map(|c| {
+                let tail = streams.get(&c.stream)?.tail();
+                Some(tail.saturating_sub(u64::try_from(c.offset).unwrap_or(0)))
+            })
+            .sum();
+        kafka
+            .metrics
+            .group_lag
+            .with_label_values(&[group.as_str()])
+            .set(lag.min(i64::MAX as u64) as i64);
+        now.push(group);
+    }
+    let current: std::collections::HashSet<&String> = now.iter().collect();
+    for gone in shown.iter().filter(|g| !current.contains(g)) {
+        let _ = kafka.metrics.group_lag.remove_label_values(&[gone.as_str()]);
+    }
+    now
 }
