@@ -63,6 +63,7 @@ const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 5),
+    (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::InitProducerId, 0, 4),
     (ApiKey::FindCoordinator, 0, 3),
     (ApiKey::JoinGroup, 0, 7),
@@ -438,6 +439,9 @@ async fn answer(kafka: Arc<Kafka>, who: Who, request: RequestKind, version: i16)
         }
         RequestKind::InitProducerId(request) => {
             return now(kafka.producers.init(principal, request));
+        }
+        RequestKind::CreatePartitions(request) => {
+            return now(super::topics::grow(&kafka, principal, request).await);
         }
         RequestKind::FindCoordinator(request) => {
             return now(super::group_api::find_coordinator(&kafka, request, version));

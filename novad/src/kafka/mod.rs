@@ -300,7 +300,10 @@ async fn refresh_lag(kafka: &Kafka, shown: Vec<String>) -> Vec<String> {
     }
     let current: std::collections::HashSet<&String> = now.iter().collect();
     for gone in shown.iter().filter(|g| !current.contains(g)) {
-        let _ = kafka.metrics.group_lag.remove_label_values(&[gone.as_str()]);
+        let _ = kafka
+            .metrics
+            .group_lag
+            .remove_label_values(&[gone.as_str()]);
     }
     now
 }

@@ -408,3 +408,66 @@ pub async fn delete(
     }
     ResponseKind::DeleteTopics(DeleteTopicsResponse::default().with_responses(results))
 }
+
+/// `CreatePartitions`: a topic grows to `count` partitions (new streams for the new ones); it
+/// never shrinks.
+pub async fn grow(
+    kafka: &Kafka,
+    principal: Option<&Principal>,
+    request: kafka_protocol::messages::CreatePartitionsRequest,
+) -> ResponseKind {
+    use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
+    let mut results = Vec::with_capacity(request.topics.len());
+    for topic in request.topics {
+        let name = topic.name.0.to_string();
+        let outcome = async {
+            let have = partitions(kafka, &name);
+            let Some((&last, _)) = have.last_key_value() else {
+                return Err(KafkaRefusal::new(
+                    ResponseError::UnknownTopicOrPartition,
+                    format!("no topic {name:?}"),
+                ));
+            };
+            let from = last + 1;
+            if topic.count <= from || topic.count as u32 > KAFKA_MAX_PARTITIONS {
+                return Err(KafkaRefusal::new(
+                    ResponseError::InvalidPartitions,
+                    format!(
+                        "topic {name:?} has {from} partitions; it can grow to at most \
+                         {KAFKA_MAX_PARTITIONS}, never shrink"
+                    ),
+                ));
+            }
+            for partition in from..topic.count {
+                super::allowed(kafka, principal, Scope::Admin, &stream_of(&name, partition))?;
+            }
+            if request.validate_only {
+                return Ok(());
+            }
+            // New partitions keep the topic's retention (its first partition's).
+            let retention = have
+                .values()
+                .next()
+                .map(|s| s.retention())
+                .unwrap_or_default();
+            create_partitions(kafka, &name, from, topic.count, retention)
+                .await
+                .map_err(|e| KafkaRefusal::from(&e))
+        }
+        .await;
+        let mut result = CreatePartitionsTopicResult::default().with_name(topic.name);
+        if let Err(refusal) = outcome {
+            kafka
+                .metrics
+                .errors
+                .with_label_values(&["CreatePartitions", refusal.error.to_string().as_str()])
+                .inc();
+            result.error_code = refusal.code();
+            result.error_message = Some(StrBytes::from_string(refusal.message));
+        }
+        results.push(result);
+    }
+    ResponseKind::CreatePartitions(
+        kafka_protocol::messages::CreatePartitionsResponse::default().with_results(results),
+    )
+}

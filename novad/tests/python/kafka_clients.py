@@ -119,6 +119,18 @@ assert late[partitions[0]] is None, late
 consumer.close()
 print("offsets ok")
 
+# Growing the topic adds partitions; shrinking it is refused.
+from confluent_kafka.admin import NewPartitions
+
+admin.create_partitions([NewPartitions("orders", 5)])["orders"].result(timeout=30)
+assert sorted(admin.list_topics(timeout=10).topics["orders"].partitions) == [0, 1, 2, 3, 4]
+try:
+    admin.create_partitions([NewPartitions("orders", 2)])["orders"].result(timeout=30)
+    raise SystemExit("shrinking a topic should have failed")
+except Exception as e:
+    assert "INVALID_PARTITIONS" in str(e), e
+print("partitions ok")
+
 # Deleting the topic deletes its partitions.
 admin.delete_topics(["orders"], operation_timeout=10)["orders"].result(timeout=30)
 assert "orders" not in admin.list_topics(timeout=10).topics
