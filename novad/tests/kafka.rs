@@ -767,3 +767,87 @@ fn sasl_plain_over_tls_carries_the_tokens_and_their_grants() {
     );
     assert_eq!(String::from_utf8_lossy(&read.stdout), "first\nsecond\n");
 }
+
+/// Kafka producers flooding a star whose object store has stopped answering are held inside
+/// the admission buffer (their connections stop being read), nothing is lost, and once the
+/// store is back every record lands; the star's peak memory stays within the formula.
+#[test]
+fn a_flood_of_kafka_producers_waits_inside_the_admission_buffer_through_an_outage() {
+    const PRODUCERS: usize = 4;
+    const RECORDS: usize = 1500;
+    let moto = nova_testkit::Moto::start();
+    let port = free_port();
+    let bootstrap = format!("127.0.0.1:{port}");
+    let novad = novad_on_s3(&moto, "flood")
+        .args(["--kafka-listen", bootstrap.as_str()])
+        .args(["--kafka-auto-create-partitions", "4"])
+        .args(["--s3-memory-buffer-mib", "8", "--flight-linger-ms", "5"])
+        .start();
+    nova_testkit::wait_for_port(port, Duration::from_secs(10), "the Kafka listener");
+    kcat(&bootstrap, &["-P", "-t", "flood", "-p", "0"], b"warm\n");
+    moto.pause();
+    let line = "x".repeat(16 * 1024);
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let bootstrap = bootstrap.clone();
+            let input: String = (0..RECORDS).map(|_| format!("{line}\n")).collect();
+            std::thread::spawn(move || {
+                kcat(
+                    &bootstrap,
+                    &[
+                        "-P",
+                        "-t",
+                        "flood",
+                        "-p",
+                        &p.to_string(),
+                        "-X",
+                        "message.timeout.ms=180000",
+                    ],
+                    input.as_bytes(),
+                )
+            })
+        })
+        .collect();
+    // 4 × 1,500 × 16 KiB is about 94 MiB against an 8 MiB buffer.
+    std::thread::sleep(Duration::from_secs(6));
+    let used = novad.metric("nova_admission_buffer_used_bytes").unwrap();
+    let capacity = novad
+        .metric("nova_admission_buffer_capacity_bytes")
+        .unwrap();
+    assert!(
+        used <= capacity,
+        "admission never passes its budget: {used} > {capacity}"
+    );
+    assert!(
+        used > capacity / 2.0,
+        "the buffer filled up: {used} of {capacity}"
+    );
+    assert!(
+        novad.metric("nova_oldest_admitted_age_seconds").unwrap() >= 2.0,
+        "the oldest admitted batch ages while the store is down"
+    );
+    moto.resume();
+    for producer in producers {
+        producer
+            .join()
+            .expect("every producer's records were delivered");
+    }
+    let counts = kcat(
+        &bootstrap,
+        &[
+            "-C",
+            "-t",
+            "flood",
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+            "-f",
+            "%p\n",
+        ],
+        b"",
+    );
+    let total = String::from_utf8_lossy(&counts.stdout).lines().count();
+    assert_eq!(total, PRODUCERS * RECORDS + 1);
+    assert_peak_rss_within_formula(&novad, PRODUCERS as u64);
+}
