@@ -135,7 +135,7 @@ pub fn split_batches(mut data: Bytes) -> Result<Vec<RawBatch>, BatchError> {
         }
         let batch = data.split_to(end);
         let stored = u32::from_be_bytes(batch[17..21].try_into().unwrap_or_default());
-        let computed = nova_core::flight::crc::crc32c(&batch[CRC_FROM..]);
+        let computed = crc_fast::crc32_iscsi(&batch[CRC_FROM..]);
         if stored != computed {
             return Err(BatchError::Checksum { stored, computed });
         }

@@ -64,7 +64,7 @@ pub fn encode_batch(records: &[SequencedRecord]) -> Bytes {
             put_nullable(&mut out, value.as_deref());
         }
     }
-    let crc = nova_core::flight::crc::crc32c(&out[crc_at + 4..]);
+    let crc = crc_fast::crc32_iscsi(&out[crc_at + 4..]);
     out[crc_at..crc_at + 4].copy_from_slice(&crc.to_be_bytes());
     out.freeze()
 }

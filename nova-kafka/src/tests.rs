@@ -183,7 +183,7 @@ proptest! {
 
 /// Re-signs a batch after its fields were changed, so the parse gets past the checksum.
 fn resign(data: &mut [u8]) {
-    let crc = nova_core::flight::crc::crc32c(&data[21..]);
+    let crc = crc_fast::crc32_iscsi(&data[21..]);
     data[17..21].copy_from_slice(&crc.to_be_bytes());
 }
 
