@@ -192,6 +192,11 @@ async fn read_one(
     match read {
         Ok(page) if page.records.is_empty() => {}
         Ok(page) => {
+            // Counted as any read's records are.
+            ctx.metrics.read_records.inc_by(page.records.len() as u64);
+            ctx.metrics
+                .read_bytes
+                .inc_by(page.records.iter().map(|r| r.record.content_bytes()).sum());
             found.records = encode_batch(&page.records);
             *budget -= found.records.len() as i64;
             holds.push(page.charge);
