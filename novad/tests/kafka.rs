@@ -851,3 +851,47 @@ fn a_flood_of_kafka_producers_waits_inside_the_admission_buffer_through_an_outag
     assert_eq!(total, PRODUCERS * RECORDS + 1);
     assert_peak_rss_within_formula(&novad, PRODUCERS as u64);
 }
+
+/// Before authenticating, a client of a star that checks tokens may send only small
+/// ApiVersions and SASL requests: anything else closes its connection at the length prefix,
+/// before a byte of it is charged or read.
+#[test]
+fn an_unauthenticated_kafka_client_gets_nothing_but_the_handshake() {
+    use nova_server::net::auth::{Grant, Scope, file_line};
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let grants = [Grant {
+        scope: Scope::Read,
+        prefix: String::new(),
+    }];
+    std::fs::write(
+        &tokens,
+        file_line("reader", &grants, "reader-token-0123456789abcdef") + "\n",
+    )
+    .unwrap();
+    let (novad, bootstrap) = kafka_star(&["--auth-tokens", tokens.to_str().unwrap()]);
+    let header = |api: i16, version: i16| {
+        let mut h = Vec::new();
+        h.extend_from_slice(&api.to_be_bytes());
+        h.extend_from_slice(&version.to_be_bytes());
+        h.extend_from_slice(&7i32.to_be_bytes());
+        h.extend_from_slice(&(-1i16).to_be_bytes());
+        h
+    };
+    // ApiVersions is answered...
+    assert!(raw::send(&bootstrap, &[header(18, 0)].concat(), None).is_some());
+    // ...a Metadata request is not, nor a 100 MB produce request (closed at its prefix).
+    assert_eq!(
+        raw::send(&bootstrap, &[header(3, 1), vec![0, 0, 0, 0]].concat(), None),
+        None
+    );
+    assert_eq!(
+        raw::send(&bootstrap, &header(0, 3), Some(100_000_000)),
+        None
+    );
+    assert_eq!(
+        novad.metric("nova_kafka_connections_closed_total{reason=\"unauthenticated\"}"),
+        Some(2.0)
+    );
+    assert_eq!(novad.metric("nova_admission_buffer_used_bytes"), Some(0.0));
+}

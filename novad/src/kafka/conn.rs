@@ -174,6 +174,8 @@ async fn read_requests(
     let ctx = &kafka.ctx;
     // Who the connection authenticated as; with no tokens to check, anyone, from the start.
     let mut principal: Option<Arc<nova_server::net::Principal>> = None;
+    // The token it authenticated with, to check again on every request.
+    let mut token: Option<bytes::Bytes> = None;
     let mut mechanism_agreed = false;
     loop {
         let mut prefix = [0u8; 8];
@@ -203,6 +205,25 @@ async fn read_requests(
                 detail: format!("API key {key}, which Kafka does not define"),
             });
         };
+        // Before a client with tokens to show has shown one, it may send only small requests
+        // of the kinds that get it authenticated: nothing is charged to the buffers every
+        // producer shares, and none of it counts as activity that keeps its connection open.
+        let anonymous = kafka.tokens.is_some() && principal.is_none();
+        if anonymous
+            && (len > KAFKA_SMALL_REQUEST_BYTES
+                || !matches!(
+                    api,
+                    ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate
+                ))
+        {
+            return Err(Close {
+                reason: "unauthenticated",
+                detail: format!(
+                    "a {api:?} request of {len} bytes before authenticating (SASL/PLAIN with a \
+                     token, --auth-tokens)"
+                ),
+            });
+        }
         let produce = api == ApiKey::Produce;
         let cap = if produce {
             kafka.max_produce_bytes
@@ -243,7 +264,11 @@ async fn read_requests(
         if let Some(charge) = &charge {
             charge.received();
         }
-        let call = marks.begin();
+        let call = if anonymous {
+            CallMark::none()
+        } else {
+            marks.begin()
+        };
         let mut frame = frame.freeze();
         let Some((min, max)) = versions(api) else {
             return Err(Close {
@@ -306,11 +331,20 @@ async fn read_requests(
         let request = match (&kafka.tokens, request) {
             (_, RequestKind::SaslHandshake(request)) => {
                 let (response, agreed) = super::sasl::handshake(&request);
-                mechanism_agreed = agreed;
+                mechanism_agreed = agreed && version >= 1;
+                if version == 0 {
+                    // The exchange would follow outside Kafka's framing: not served.
+                    close_after = Some(Close {
+                        reason: "unauthenticated",
+                        detail: "a version-0 SASL handshake (use SaslAuthenticate)".into(),
+                    });
+                }
                 Err(response)
             }
             (Some(tokens), RequestKind::SaslAuthenticate(request)) if mechanism_agreed => {
                 let (response, authenticated) = super::sasl::authenticate(tokens, &request);
+                token = authenticated.as_ref().map(|(_, token)| token.clone());
+                let authenticated = authenticated.map(|(principal, _)| principal);
                 if authenticated.is_none() {
                     close_after = Some(Close {
                         reason: "sasl_authentication_failed",
@@ -330,6 +364,18 @@ async fn read_requests(
                 return Err(Close {
                     reason: "unauthenticated",
                     detail: "SaslAuthenticate before a SaslHandshake for PLAIN".into(),
+                });
+            }
+            // The token is checked again on every request, as a gRPC call's is: one revoked
+            // (or narrowed) since the connection authenticated stops working at once.
+            (Some(tokens), request)
+                if principal.is_some()
+                    && !reauthenticate(tokens, token.as_ref(), &mut principal) =>
+            {
+                let _ = request;
+                return Err(Close {
+                    reason: "unauthenticated",
+                    detail: "its token is no longer one this server knows".into(),
                 });
             }
             (Some(_), request)
@@ -390,6 +436,29 @@ async fn read_requests(
         }
         if let Some(close) = close_after {
             return Err(close);
+        }
+    }
+}
+
+/// Checks `token` again; keeps `principal` current (its grants may have changed on reload).
+fn reauthenticate(
+    tokens: &nova_server::net::Tokens,
+    token: Option<&bytes::Bytes>,
+    principal: &mut Option<Arc<nova_server::net::Principal>>,
+) -> bool {
+    let Some(token) = token else { return false };
+    let mut bearer = b"Bearer ".to_vec();
+    bearer.extend_from_slice(token);
+    match tokens.authenticate(Some(&bearer)) {
+        Ok(current) => {
+            if principal.as_deref() != Some(&current) {
+                *principal = Some(Arc::new(current));
+            }
+            true
+        }
+        Err(_) => {
+            *principal = None;
+            false
         }
     }
 }

@@ -47,6 +47,19 @@ fn valid_group(group: &str) -> Result<(), ResponseError> {
     Ok(())
 }
 
+/// The name a member's token gives it ("" when the star checks no tokens).
+fn owner(principal: Option<&Principal>) -> String {
+    principal.map(|p| p.name.clone()).unwrap_or_default()
+}
+
+/// Seeing every group (ListGroups, DescribeGroups) takes an operator's token.
+fn may_see_groups(principal: Option<&Principal>) -> Result<(), ResponseError> {
+    match principal {
+        Some(p) if !p.has(Scope::Admin) => Err(ResponseError::GroupAuthorizationFailed),
+        _ => Ok(()),
+    }
+}
+
 /// Taking part in groups takes a token that may read something.
 fn may_join(principal: Option<&Principal>) -> Result<(), ResponseError> {
     match principal {
@@ -118,6 +131,7 @@ pub async fn join(
         .join(
             &group,
             Join {
+                owner: owner(principal),
                 member_id: request.member_id.to_string(),
                 client_id,
                 client_host: peer.ip().to_string(),
@@ -174,6 +188,7 @@ pub async fn sync(
     let synced = kafka
         .groups
         .sync(
+            &owner(principal),
             &request.group_id.0,
             request.generation_id,
             &request.member_id,
@@ -204,6 +219,7 @@ pub fn heartbeat(
     let mut response = HeartbeatResponse::default();
     let beat = may_join(principal).and_then(|()| {
         kafka.groups.heartbeat(
+            &owner(principal),
             &request.group_id.0,
             request.generation_id,
             &request.member_id,
@@ -238,7 +254,9 @@ pub fn leave(
     } else {
         vec![request.member_id.to_string()]
     };
-    let outcomes = kafka.groups.leave(&request.group_id.0, &ids);
+    let outcomes = kafka
+        .groups
+        .leave(&owner(principal), &request.group_id.0, &ids);
     let mut response = LeaveGroupResponse::default();
     if version >= 3 {
         response.members = outcomes
@@ -261,13 +279,22 @@ pub async fn commit(
     request: OffsetCommitRequest,
 ) -> ResponseKind {
     let group = request.group_id.0.to_string();
-    let allowed = valid_group(&group).and_then(|()| {
-        kafka.groups.may_commit(
-            &group,
-            request.generation_id_or_member_epoch,
-            &request.member_id,
-        )
-    });
+    // A commit from outside any group (generation -1) writes a group's offsets with no member
+    // to vouch for it: with tokens, only an operator's may.
+    let outside = request.generation_id_or_member_epoch < 0 && request.member_id.is_empty();
+    let allowed = valid_group(&group)
+        .and_then(|()| match outside {
+            true => may_see_groups(principal),
+            false => Ok(()),
+        })
+        .and_then(|()| {
+            kafka.groups.may_commit(
+                &owner(principal),
+                &group,
+                request.generation_id_or_member_epoch,
+                &request.member_id,
+            )
+        });
     let now = kafka.ctx.star.config().clock.unix_ms();
     let mut offsets = Vec::new();
     // Each topic's partitions, and what refused each (none: committed with the rest).
@@ -450,6 +477,9 @@ pub async fn fetch_offsets(
         None => {
             let mut topics: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
             for c in &committed {
+                if super::allowed(kafka, principal, Scope::Read, &c.stream).is_err() {
+                    continue;
+                }
                 if let Some((topic, index)) = topic_of(&c.stream) {
                     topics.entry(topic.to_owned()).or_default().push(index);
                 }
@@ -469,7 +499,7 @@ pub async fn fetch_offsets(
 }
 
 pub async fn list(kafka: &Kafka, principal: Option<&Principal>, version: i16) -> ResponseKind {
-    if let Err(error) = may_join(principal) {
+    if let Err(error) = may_see_groups(principal) {
         return ResponseKind::ListGroups(
             ListGroupsResponse::default().with_error_code(error.code()),
         );
@@ -515,7 +545,7 @@ pub fn describe(
     principal: Option<&Principal>,
     request: DescribeGroupsRequest,
 ) -> ResponseKind {
-    if let Err(error) = may_join(principal) {
+    if let Err(error) = may_see_groups(principal) {
         let groups = request
             .groups
             .into_iter()

@@ -56,6 +56,9 @@ impl State {
 
 /// What a join asks for.
 pub struct Join {
+    /// The token's name the member joins with ("" when the star checks no tokens): a member
+    /// id answers only to it.
+    pub owner: String,
     pub member_id: String,
     pub client_id: String,
     pub client_host: String,
@@ -86,6 +89,7 @@ pub struct Described {
 }
 
 struct Member {
+    owner: String,
     client_id: String,
     client_host: String,
     session_timeout: Duration,
@@ -199,7 +203,15 @@ impl Coordinator {
                 return Err(ResponseError::GroupMaxSizeReached);
             }
             let (tx, rx) = oneshot::channel();
+            if state
+                .members
+                .get(&member_id)
+                .is_some_and(|m| m.owner != join.owner)
+            {
+                return Err(ResponseError::UnknownMemberId);
+            }
             let member = Member {
+                owner: join.owner,
                 client_id: join.client_id,
                 client_host: join.client_host,
                 session_timeout: session,
@@ -246,6 +258,7 @@ impl Coordinator {
     /// The leader hands out the assignment; the others wait for it.
     pub async fn sync(
         &self,
+        owner: &str,
         group: &str,
         generation: i32,
         member_id: &str,
@@ -260,6 +273,7 @@ impl Coordinator {
             let member = state
                 .members
                 .get_mut(member_id)
+                .filter(|m| m.owner == owner)
                 .ok_or(ResponseError::UnknownMemberId)?;
             member.last_heard = self.clock.now();
             if generation != state.generation {
@@ -325,6 +339,7 @@ impl Coordinator {
 
     pub fn heartbeat(
         &self,
+        owner: &str,
         group: &str,
         generation: i32,
         member_id: &str,
@@ -337,6 +352,7 @@ impl Coordinator {
         let member = state
             .members
             .get_mut(member_id)
+            .filter(|m| m.owner == owner)
             .ok_or(ResponseError::UnknownMemberId)?;
         member.last_heard = self.clock.now();
         if generation != state.generation {
@@ -351,6 +367,7 @@ impl Coordinator {
     /// Removes members; the others rebalance.
     pub fn leave(
         &self,
+        owner: &str,
         group: &str,
         member_ids: &[String],
     ) -> Vec<(String, Result<(), ResponseError>)> {
@@ -366,7 +383,12 @@ impl Coordinator {
         let mut out = Vec::with_capacity(member_ids.len());
         let mut left = false;
         for id in member_ids {
-            match state.members.remove(id) {
+            // Only the token a member joined with may take it out.
+            let removed = match state.members.get(id) {
+                Some(member) if member.owner == owner => state.members.remove(id),
+                _ => None,
+            };
+            match removed {
                 Some(member) => {
                     *bytes -= member.bytes().min(*bytes);
                     if let Some(waiter) = member.joining {
@@ -465,6 +487,7 @@ impl Coordinator {
     /// no members.
     pub fn may_commit(
         &self,
+        owner: &str,
         group: &str,
         generation: i32,
         member_id: &str,
@@ -478,7 +501,11 @@ impl Coordinator {
             };
         }
         let state = state.ok_or(ResponseError::UnknownMemberId)?;
-        if !state.members.contains_key(member_id) {
+        if !state
+            .members
+            .get(member_id)
+            .is_some_and(|m| m.owner == owner)
+        {
             return Err(ResponseError::UnknownMemberId);
         }
         if generation != state.generation {

@@ -47,6 +47,9 @@ struct Batch {
 
 #[derive(Default)]
 struct ProducerState {
+    /// The token's name its batches come with ("" when the star checks no tokens): another
+    /// token's batches under the same producer id are refused.
+    owner: Option<String>,
     epoch: i16,
     batches: VecDeque<Batch>,
 }
@@ -113,19 +116,12 @@ impl Producers {
             response.error_code = ResponseError::TransactionalIdAuthorizationFailed.code();
             return ResponseKind::InitProducerId(response);
         }
-        if request.producer_id.0 >= 0
-            && request.producer_epoch >= 0
-            && request.producer_epoch < i16::MAX
-        {
-            // KIP-360: a producer that lost track of a batch bumps its epoch and carries on
-            // (at the last epoch it gets a new id instead, as Kafka does).
-            response.producer_id = request.producer_id;
-            response.producer_epoch = request.producer_epoch + 1;
-        } else {
-            let counter = self.next.fetch_add(1, Ordering::Relaxed);
-            response.producer_id = ProducerId(((self.epoch << 32) | u64::from(counter)) as i64);
-            response.producer_epoch = 0;
-        }
+        // Every call gets a new id, also one that names its old id and epoch to bump
+        // (KIP-360, which allows either answer): bumping an id on request would let anyone
+        // fence another token's producer.
+        let counter = self.next.fetch_add(1, Ordering::Relaxed);
+        response.producer_id = ProducerId(((self.epoch << 32) | u64::from(counter)) as i64);
+        response.producer_epoch = 0;
         ResponseKind::InitProducerId(response)
     }
 
@@ -206,9 +202,19 @@ impl Producers {
     }
 
     /// Decides on a batch, reserving it when it is new.
-    pub fn check(&self, stream: u64, mark: &ProducerMark) -> Verdict {
+    pub fn check(&self, stream: u64, mark: &ProducerMark, owner: &str) -> Verdict {
         let mut states = self.states.lock();
         let state = states.entry((stream, mark.producer_id));
+        match &state.owner {
+            Some(known) if known != owner => {
+                return Verdict::Refused(KafkaRefusal::new(
+                    ResponseError::UnknownProducerId,
+                    format!("producer {} is another token's", mark.producer_id),
+                ));
+            }
+            Some(_) => {}
+            None => state.owner = Some(owner.to_owned()),
+        }
         if mark.epoch < state.epoch {
             return Verdict::Refused(KafkaRefusal::new(
                 ResponseError::InvalidProducerEpoch,
@@ -250,7 +256,7 @@ impl Producers {
             return Verdict::Refused(KafkaRefusal::new(
                 ResponseError::OutOfOrderSequenceNumber,
                 format!(
-                    "producer {} sent sequence {} where {expected} was next",
+                    "producer {} sent sequence {}, which does not follow its last batch",
                     mark.producer_id, mark.base_sequence
                 ),
             ));

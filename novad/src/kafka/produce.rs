@@ -180,7 +180,8 @@ async fn append(
     let reservation = match &mark {
         Some(mark) => {
             kafka.producers.learn(kafka, &target, mark).await?;
-            match kafka.producers.check(target.id(), mark) {
+            let owner = principal.map(|p| p.name.as_str()).unwrap_or_default();
+            match kafka.producers.check(target.id(), mark, owner) {
                 Verdict::Duplicate(outcome) => return Ok(outcome.boxed()),
                 Verdict::Refused(refusal) => return Err(refusal),
                 Verdict::New(reservation, outcome) => Some((reservation, outcome)),

@@ -33,7 +33,7 @@ pub fn handshake(request: &SaslHandshakeRequest) -> (ResponseKind, bool) {
 pub fn authenticate(
     tokens: &Tokens,
     request: &SaslAuthenticateRequest,
-) -> (ResponseKind, Option<Arc<Principal>>) {
+) -> (ResponseKind, Option<(Arc<Principal>, Bytes)>) {
     let mut parts = request.auth_bytes.splitn(3, |b| *b == 0);
     let (_authzid, _user, password) = (parts.next(), parts.next(), parts.next());
     let outcome = match password {
@@ -42,15 +42,16 @@ pub fn authenticate(
             bearer.extend_from_slice(token);
             tokens
                 .authenticate(Some(&bearer))
+                .map(|principal| (principal, Bytes::copy_from_slice(token)))
                 .map_err(|refusal| refusal.to_string())
         }
         None => Err("a PLAIN exchange is authzid NUL user NUL password".to_owned()),
     };
     let mut response = SaslAuthenticateResponse::default().with_auth_bytes(Bytes::new());
     match outcome {
-        Ok(principal) => (
+        Ok((principal, token)) => (
             ResponseKind::SaslAuthenticate(response),
-            Some(Arc::new(principal)),
+            Some((Arc::new(principal), token)),
         ),
         Err(why) => {
             response.error_code = ResponseError::SaslAuthenticationFailed.code();

@@ -368,10 +368,18 @@ pub async fn delete(
     let mut results = Vec::with_capacity(request.topic_names.len());
     for name in request.topic_names {
         let topic = name.0.to_string();
-        let found = partitions(kafka, &topic);
-        let allowed = found
-            .values()
-            .try_for_each(|stream| super::allowed(kafka, principal, Scope::Admin, stream.name()));
+        // Checked before anything is looked up, so the answer says nothing of a topic the
+        // token may not manage.
+        let allowed = super::allowed(kafka, principal, Scope::Admin, &stream_of(&topic, 0));
+        let found = match allowed {
+            Ok(()) => partitions(kafka, &topic),
+            Err(_) => BTreeMap::new(),
+        };
+        let allowed = allowed.and_then(|()| {
+            found.values().try_for_each(|stream| {
+                super::allowed(kafka, principal, Scope::Admin, stream.name())
+            })
+        });
         let outcome = if let Err(refusal) = allowed {
             Err(refusal)
         } else if found.is_empty() {
@@ -421,6 +429,12 @@ pub async fn grow(
     for topic in request.topics {
         let name = topic.name.0.to_string();
         let outcome = async {
+            // Admin on every partition the topic would have, checked before anything is
+            // looked up (an answer must not say how many partitions a topic the token may not
+            // manage has).
+            for partition in 0..topic.count.clamp(1, KAFKA_MAX_PARTITIONS as i32) {
+                super::allowed(kafka, principal, Scope::Admin, &stream_of(&name, partition))?;
+            }
             let have = partitions(kafka, &name);
             let Some((&last, _)) = have.last_key_value() else {
                 return Err(KafkaRefusal::new(
@@ -437,9 +451,6 @@ pub async fn grow(
                          {KAFKA_MAX_PARTITIONS}, never shrink"
                     ),
                 ));
-            }
-            for partition in from..topic.count {
-                super::allowed(kafka, principal, Scope::Admin, &stream_of(&name, partition))?;
             }
             if request.validate_only {
                 return Ok(());
