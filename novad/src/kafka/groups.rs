@@ -501,10 +501,10 @@ impl Coordinator {
             };
         }
         let state = state.ok_or(ResponseError::UnknownMemberId)?;
-        if !state
+        if state
             .members
             .get(member_id)
-            .is_some_and(|m| m.owner == owner)
+            .is_none_or(|m| m.owner != owner)
         {
             return Err(ResponseError::UnknownMemberId);
         }
