@@ -404,6 +404,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let max_message = config.max_message_bytes();
     let (access, shed_log) = (ctx.access.clone(), ctx.sheds.clone());
     let kafka_ctx = ctx.clone();
+    // Each token's share of the admission buffer while its requests arrive, for gRPC appends
+    // and Kafka requests alike.
+    let receiving = nova_server::net::shares::Shares::of(
+        star.admission().budget().capacity(),
+        config.listener.max_client_share_percent,
+    );
     let nova = NovaServer::new(NovaService::new(ctx))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message.max(config.max_read_bytes.bytes() as usize * 2));
@@ -464,7 +470,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // A read's charge is held until its response is sent.
         .layer(nova_server::net::hold::HoldLayer::new(connections.clone()))
         // Appends are charged from their length prefix, before tonic buffers them.
-        .layer(ChargeLayer::new(
+        .layer(ChargeLayer::sharing(
             star.admission().clone(),
             TransportLimits {
                 max_message: config.max_message_bytes() as u64,
@@ -479,7 +485,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 config.listener.max_client_share_percent,
                 security.tokens.is_some(),
             ),
-            config.listener.max_client_share_percent,
+            receiving.clone(),
         ))
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -508,6 +514,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             max_produce_bytes: config.max_message_bytes() as u64,
             metrics: crate::kafka::KafkaMetrics::register(&metrics.registry)?,
             producers: crate::kafka::Producers::new(star.epoch()),
+            receiving,
             groups: crate::kafka::Coordinator::new(Clock::system()),
             tokens: security.tokens.clone(),
         });

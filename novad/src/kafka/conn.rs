@@ -248,13 +248,28 @@ async fn read_requests(
             } else {
                 PER_BATCH_OVERHEAD + len * KAFKA_DECODED_PER_WIRE_BYTE
             };
+            // The token's share first, then the buffer, as a gRPC append's: a token whose
+            // requests hold its share waits on its own, holding nothing of the buffer.
+            let holder = nova_server::net::shares::holder(principal.as_deref());
             tokio::select! {
                 biased;
                 _ = ctx.shutdown.cancelled() => return Ok(()),
-                admitted = ctx.star.admission().admit(bytes) => Some(admitted),
+                admitted = async {
+                    let share = match &holder {
+                        Some(holder) => Some(kafka.receiving.take_waiting(holder, bytes).await),
+                        None => None,
+                    };
+                    (share, ctx.star.admission().admit(bytes).await)
+                } => Some(admitted),
             }
         } else {
             None
+        };
+        // The share is held while the request is read and handed on (until this iteration
+        // ends); the charge, as long as the request's work needs it.
+        let (_receiving, charge) = match charge {
+            Some((share, admitted)) => (share, Some(admitted)),
+            None => (None, None),
         };
         let mut frame = BytesMut::zeroed(len as usize);
         frame[..4].copy_from_slice(&prefix[4..]);

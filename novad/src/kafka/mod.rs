@@ -138,6 +138,9 @@ pub struct Kafka {
     pub groups: groups::Coordinator,
     /// `--auth-tokens`: when given, clients authenticate with SASL/PLAIN first.
     pub tokens: Option<nova_server::net::Tokens>,
+    /// Each token's share of the admission buffer while its requests arrive
+    /// (`--max-client-share-percent`), shared with gRPC appends.
+    pub receiving: std::sync::Arc<nova_server::net::shares::Shares>,
 }
 
 /// The listener's own series, beside the star's (sheds and refusals count there too).

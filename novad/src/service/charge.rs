@@ -512,16 +512,17 @@ pub struct ChargeLayer {
 }
 
 impl ChargeLayer {
-    /// A token may hold `share_percent` of the buffer in messages still arriving.
-    pub fn new(
+    /// A token may hold its share (`receiving`, of `--max-client-share-percent`) of the
+    /// buffer in messages still arriving; the Kafka listener's requests take from the same.
+    pub fn sharing(
         admission: AdmissionBuffer,
         limits: TransportLimits,
         access: Access,
         small: SmallMessages,
-        share_percent: u8,
+        receiving: Arc<Shares>,
     ) -> Self {
         Self {
-            receiving: Shares::of(admission.budget().capacity(), share_percent),
+            receiving,
             admission,
             limits,
             access,
