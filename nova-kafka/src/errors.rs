@@ -8,6 +8,7 @@ use kafka_protocol::error::ResponseError;
 use nova_proto::RequestError;
 
 use crate::batch::BatchError;
+#[cfg(feature = "codecs")]
 use crate::decompress::DecompressError;
 
 /// A refusal of one partition's records or reads, as the response carries it.
@@ -93,6 +94,7 @@ impl From<&BatchError> for KafkaRefusal {
     }
 }
 
+#[cfg(feature = "codecs")]
 impl From<&DecompressError> for KafkaRefusal {
     fn from(error: &DecompressError) -> Self {
         match error {

@@ -5,6 +5,7 @@
 //! messages are kafka-protocol's.
 
 pub mod batch;
+#[cfg(feature = "codecs")]
 pub mod decompress;
 pub mod encode;
 pub mod errors;
