@@ -895,3 +895,76 @@ fn an_unauthenticated_kafka_client_gets_nothing_but_the_handshake() {
     );
     assert_eq!(novad.metric("nova_admission_buffer_used_bytes"), Some(0.0));
 }
+
+/// A token removed from the file stops working on the Kafka connections already open with it,
+/// at their next request (as on gRPC, where every call carries its token).
+#[test]
+fn a_revoked_token_stops_working_on_an_open_kafka_connection() {
+    use nova_server::net::auth::{Grant, Scope, file_line};
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let all = |scope| Grant {
+        scope,
+        prefix: String::new(),
+    };
+    let line = |name: &str, token: &str| {
+        file_line(
+            name,
+            &[all(Scope::Admin), all(Scope::Append), all(Scope::Read)],
+            token,
+        )
+    };
+    std::fs::write(
+        &tokens,
+        format!(
+            "{}\n{}\n",
+            line("ops", "ops-token-0123456789abcdef"),
+            line("leaving", "leaving-token-0123456789abcdef")
+        ),
+    )
+    .unwrap();
+    let (novad, bootstrap) = kafka_star(&["--auth-tokens", tokens.to_str().unwrap()]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/kafka_revoke.py");
+    let mut producer = Command::new(python())
+        .arg(&script)
+        .args([bootstrap.as_str(), "leaving-token-0123456789abcdef"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run confluent-kafka (scripts/test installs it)");
+    let mut out = BufReader::new(producer.stdout.take().unwrap());
+    let mut said = String::new();
+    out.read_line(&mut said).unwrap();
+    assert_eq!(
+        said.trim(),
+        "ready",
+        "the token worked before it was revoked"
+    );
+    // The token goes; the star reads the file again on SIGHUP.
+    std::fs::write(&tokens, line("ops", "ops-token-0123456789abcdef") + "\n").unwrap();
+    let pid = novad.pid().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    for _ in 0..100 {
+        if novad.log().contains("--auth-tokens reloaded") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    producer.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    said.clear();
+    out.read_line(&mut said).unwrap();
+    let output = producer.wait_with_output().unwrap();
+    assert!(
+        said.starts_with("after: failed"),
+        "{said}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
