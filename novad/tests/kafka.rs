@@ -632,35 +632,30 @@ fn a_consumer_group_shares_partitions_rebalances_and_resumes_after_a_restart() {
 /// that may only read.
 #[test]
 fn sasl_plain_over_tls_carries_the_tokens_and_their_grants() {
-    use nova_server::net::auth::{Grant, Scope, file_line};
+    use nova_server::net::auth::Scope;
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
-    let grant = |scope, prefix: &str| Grant {
-        scope,
-        prefix: prefix.into(),
-    };
-    let lines = [
-        file_line(
-            "ops",
-            &[
-                grant(Scope::Admin, ""),
-                grant(Scope::Append, ""),
-                grant(Scope::Read, ""),
-            ],
-            "ops-token-0123456789abcdef",
-        ),
-        file_line(
-            "ingest",
-            &[grant(Scope::Append, "logs/"), grant(Scope::Read, "logs/")],
-            "ingest-token-0123456789abcdef",
-        ),
-        file_line(
-            "reader",
-            &[grant(Scope::Read, "")],
-            "reader-token-0123456789abcdef",
-        ),
+    let everything = [
+        grant(Scope::Admin, ""),
+        grant(Scope::Append, ""),
+        grant(Scope::Read, ""),
     ];
-    std::fs::write(&tokens, lines.join("\n") + "\n").unwrap();
+    write_tokens(
+        &tokens,
+        &[
+            ("ops", &everything, "ops-token-0123456789abcdef"),
+            (
+                "ingest",
+                &[grant(Scope::Append, "logs/"), grant(Scope::Read, "logs/")],
+                "ingest-token-0123456789abcdef",
+            ),
+            (
+                "reader",
+                &[grant(Scope::Read, "")],
+                "reader-token-0123456789abcdef",
+            ),
+        ],
+    );
     let certs = nova_testkit::certs::Certs::new();
     let server = certs.server();
     let (_novad, bootstrap) = kafka_star(&[
@@ -857,18 +852,14 @@ fn a_flood_of_kafka_producers_waits_inside_the_admission_buffer_through_an_outag
 /// before a byte of it is charged or read.
 #[test]
 fn an_unauthenticated_kafka_client_gets_nothing_but_the_handshake() {
-    use nova_server::net::auth::{Grant, Scope, file_line};
+    use nova_server::net::auth::Scope;
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
-    let grants = [Grant {
-        scope: Scope::Read,
-        prefix: String::new(),
-    }];
-    std::fs::write(
+    let read = [grant(Scope::Read, "")];
+    write_tokens(
         &tokens,
-        file_line("reader", &grants, "reader-token-0123456789abcdef") + "\n",
-    )
-    .unwrap();
+        &[("reader", &read, "reader-token-0123456789abcdef")],
+    );
     let (novad, bootstrap) = kafka_star(&["--auth-tokens", tokens.to_str().unwrap()]);
     let header = |api: i16, version: i16| {
         let mut h = Vec::new();
@@ -900,30 +891,22 @@ fn an_unauthenticated_kafka_client_gets_nothing_but_the_handshake() {
 /// at their next request (as on gRPC, where every call carries its token).
 #[test]
 fn a_revoked_token_stops_working_on_an_open_kafka_connection() {
-    use nova_server::net::auth::{Grant, Scope, file_line};
+    use nova_server::net::auth::Scope;
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
-    let all = |scope| Grant {
-        scope,
-        prefix: String::new(),
-    };
-    let line = |name: &str, token: &str| {
-        file_line(
-            name,
-            &[all(Scope::Admin), all(Scope::Append), all(Scope::Read)],
-            token,
-        )
-    };
-    std::fs::write(
+    let everything = [
+        grant(Scope::Admin, ""),
+        grant(Scope::Append, ""),
+        grant(Scope::Read, ""),
+    ];
+    write_tokens(
         &tokens,
-        format!(
-            "{}\n{}\n",
-            line("ops", "ops-token-0123456789abcdef"),
-            line("leaving", "leaving-token-0123456789abcdef")
-        ),
-    )
-    .unwrap();
+        &[
+            ("ops", &everything, "ops-token-0123456789abcdef"),
+            ("leaving", &everything, "leaving-token-0123456789abcdef"),
+        ],
+    );
     let (novad, bootstrap) = kafka_star(&["--auth-tokens", tokens.to_str().unwrap()]);
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/kafka_revoke.py");
     let mut producer = Command::new(python())
@@ -943,7 +926,10 @@ fn a_revoked_token_stops_working_on_an_open_kafka_connection() {
         "the token worked before it was revoked"
     );
     // The token goes; the star reads the file again on SIGHUP.
-    std::fs::write(&tokens, line("ops", "ops-token-0123456789abcdef") + "\n").unwrap();
+    write_tokens(
+        &tokens,
+        &[("ops", &everything, "ops-token-0123456789abcdef")],
+    );
     let pid = novad.pid().unwrap().to_string();
     assert!(
         Command::new("kill")

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use nova_client::{Client, ClientConfig, ClientTls, ErrorCode, Record, RetryPolicy};
-use nova_server::net::auth::{Grant, Scope, file_line};
+use nova_server::net::auth::{Scope, file_line};
 use nova_testkit::certs::{Certs, Identity};
 use nova_testkit::{Novad, python, run_nova, run_nova_as, workspace_binary};
 
@@ -153,21 +153,6 @@ async fn mutual_tls_refuses_a_client_without_a_certificate() {
 struct TokenFile {
     path: PathBuf,
     _dir: tempfile::TempDir,
-}
-
-fn grant(scope: Scope, prefix: &str) -> Grant {
-    Grant {
-        scope,
-        prefix: prefix.into(),
-    }
-}
-
-fn write_tokens(path: &Path, tokens: &[(&str, &[Grant], &str)]) {
-    let text: String = tokens
-        .iter()
-        .map(|(name, grants, token)| format!("{}\n", file_line(name, grants, token)))
-        .collect();
-    std::fs::write(path, text).unwrap();
 }
 
 const ADMIN: &str = "admin-token-0123456789abcdef";

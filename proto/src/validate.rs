@@ -48,6 +48,41 @@ pub struct ValidAppend {
     pub header_count: u64,
 }
 
+/// A batch's record count against the caps: at least one, at most `max_batch_records`.
+pub fn check_record_count(records: u64, caps: &AppendCaps) -> Result<(), RequestError> {
+    if records == 0 {
+        return Err(RequestError::EmptyBatch);
+    }
+    if records > caps.max_batch_records as u64 {
+        return Err(RequestError::TooManyRecords {
+            records,
+            cap: caps.max_batch_records,
+        });
+    }
+    Ok(())
+}
+
+/// A batch's headers (at most as many as records may be) and content bytes against the caps.
+pub fn check_batch_size(
+    headers: u64,
+    content_bytes: u64,
+    caps: &AppendCaps,
+) -> Result<(), RequestError> {
+    if headers > caps.max_batch_records as u64 {
+        return Err(RequestError::TooManyHeaders {
+            headers,
+            cap: caps.max_batch_records,
+        });
+    }
+    if content_bytes > caps.max_batch_bytes {
+        return Err(RequestError::BatchTooLarge {
+            bytes: content_bytes,
+            cap: caps.max_batch_bytes,
+        });
+    }
+    Ok(())
+}
+
 /// Checks an append against the caps. Records without a timestamp get `now_ms`.
 pub fn validate_append(
     request: v1::AppendRequest,
@@ -55,16 +90,7 @@ pub fn validate_append(
     now_ms: u64,
 ) -> Result<ValidAppend, RequestError> {
     validate_stream_name(&request.stream)?;
-    let count = request.records.len();
-    if count == 0 {
-        return Err(RequestError::EmptyBatch);
-    }
-    if count as u64 > caps.max_batch_records as u64 {
-        return Err(RequestError::TooManyRecords {
-            records: count as u64,
-            cap: caps.max_batch_records,
-        });
-    }
+    check_record_count(request.records.len() as u64, caps)?;
     let mut content_bytes = 0u64;
     let mut header_count = 0u64;
     for (index, record) in request.records.iter().enumerate() {
@@ -84,18 +110,7 @@ pub fn validate_append(
         content_bytes += bytes;
         header_count += record.headers.len() as u64;
     }
-    if header_count > caps.max_batch_records as u64 {
-        return Err(RequestError::TooManyHeaders {
-            headers: header_count,
-            cap: caps.max_batch_records,
-        });
-    }
-    if content_bytes > caps.max_batch_bytes {
-        return Err(RequestError::BatchTooLarge {
-            bytes: content_bytes,
-            cap: caps.max_batch_bytes,
-        });
-    }
+    check_batch_size(header_count, content_bytes, caps)?;
     let records = request
         .records
         .into_iter()
@@ -131,16 +146,7 @@ pub fn validate_wire<'a>(
         }
     })?;
     validate_stream_name(stream)?;
-    let count = request.record_count();
-    if count == 0 {
-        return Err(RequestError::EmptyBatch);
-    }
-    if count > caps.max_batch_records as u64 {
-        return Err(RequestError::TooManyRecords {
-            records: count,
-            cap: caps.max_batch_records,
-        });
-    }
+    check_record_count(request.record_count(), caps)?;
     // Headers are capped like records: each costs stored framing, and the cap keeps a batch's
     // encoded size within what its admission charge was sized for.
     if request.header_count() > caps.max_batch_records as u64 {

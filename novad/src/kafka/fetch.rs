@@ -23,7 +23,6 @@ use nova_chain::streams::StreamState;
 use nova_core::limits::MAX_READ_WAIT_MS;
 use nova_kafka::encode::encode_batch;
 use nova_kafka::errors::KafkaRefusal;
-use nova_proto::RequestError;
 
 use nova_server::net::{Principal, Scope};
 
@@ -201,9 +200,7 @@ async fn read_one(
             *budget -= found.records.len() as i64;
             holds.push(page.charge);
         }
-        Err(error @ RequestError::Trimmed { .. }) => {
-            found.error = Some(KafkaRefusal::from(&error));
-        }
+        // Trimmed away: OFFSET_OUT_OF_RANGE, and the consumer resets.
         Err(error) => found.error = Some(KafkaRefusal::from(&error)),
     }
     found
@@ -232,11 +229,7 @@ fn respond(
                         data.log_start_offset = found.log_start;
                     }
                     if let Some(refusal) = found.error {
-                        kafka
-                            .metrics
-                            .errors
-                            .with_label_values(&["Fetch", refusal.error.to_string().as_str()])
-                            .inc();
+                        kafka.metrics.answered("Fetch", refusal.error);
                         throttle = throttle.max(refusal.throttle_ms());
                         data.error_code = refusal.code();
                     }

@@ -68,14 +68,6 @@ fn may_join(principal: Option<&Principal>) -> Result<(), ResponseError> {
     }
 }
 
-fn count(kafka: &Kafka, api: &str, error: ResponseError) {
-    kafka
-        .metrics
-        .errors
-        .with_label_values(&[api, error.to_string().as_str()])
-        .inc();
-}
-
 pub fn find_coordinator(
     kafka: &Kafka,
     request: FindCoordinatorRequest,
@@ -163,7 +155,7 @@ pub async fn join(
                 .collect();
         }
         Err(error) => {
-            count(kafka, "JoinGroup", error);
+            kafka.metrics.answered("JoinGroup", error);
             response.error_code = error.code();
             response.member_id = request.member_id;
         }
@@ -203,7 +195,7 @@ pub async fn sync(
     match synced {
         Ok(assignment) => response.assignment = assignment,
         Err(error) => {
-            count(kafka, "SyncGroup", error);
+            kafka.metrics.answered("SyncGroup", error);
             response.error_code = error.code();
             response.assignment = Bytes::new();
         }
@@ -227,7 +219,7 @@ pub fn heartbeat(
     });
     if let Err(error) = beat {
         if error != ResponseError::RebalanceInProgress {
-            count(kafka, "Heartbeat", error);
+            kafka.metrics.answered("Heartbeat", error);
         }
         response.error_code = error.code();
     }
@@ -361,7 +353,7 @@ pub async fn commit(
                             .map(|_| ResponseError::CoordinatorNotAvailable)
                     });
                     if let Some(error) = error {
-                        count(kafka, "OffsetCommit", error);
+                        kafka.metrics.answered("OffsetCommit", error);
                     }
                     OffsetCommitResponsePartition::default()
                         .with_partition_index(index)

@@ -126,6 +126,27 @@ struct Group {
 }
 
 impl Group {
+    /// A request from member `member_id`, sent with `owner`'s token, in `generation`: the
+    /// member is heard from (its session goes on) and must be of the current generation.
+    fn heard_from(
+        &mut self,
+        owner: &str,
+        member_id: &str,
+        generation: i32,
+        now: Instant,
+    ) -> Result<(), ResponseError> {
+        let member = self
+            .members
+            .get_mut(member_id)
+            .filter(|m| m.owner == owner)
+            .ok_or(ResponseError::UnknownMemberId)?;
+        member.last_heard = now;
+        if generation != self.generation {
+            return Err(ResponseError::IllegalGeneration);
+        }
+        Ok(())
+    }
+
     fn new() -> Self {
         Self {
             state: State::Empty,
@@ -270,17 +291,15 @@ impl Coordinator {
             let state = by_name
                 .get_mut(group)
                 .ok_or(ResponseError::UnknownMemberId)?;
-            let member = state
-                .members
-                .get_mut(member_id)
-                .filter(|m| m.owner == owner)
-                .ok_or(ResponseError::UnknownMemberId)?;
-            member.last_heard = self.clock.now();
-            if generation != state.generation {
-                return Err(ResponseError::IllegalGeneration);
-            }
+            state.heard_from(owner, member_id, generation, self.clock.now())?;
             match state.state {
-                State::Stable => return Ok(member.assignment.clone()),
+                State::Stable => {
+                    return Ok(state
+                        .members
+                        .get(member_id)
+                        .map(|m| m.assignment.clone())
+                        .unwrap_or_default());
+                }
                 State::PreparingRebalance | State::Empty => {
                     return Err(ResponseError::RebalanceInProgress);
                 }
@@ -328,7 +347,9 @@ impl Coordinator {
                     .unwrap_or_default());
             }
             let (tx, rx) = oneshot::channel();
-            member.syncing = Some(tx);
+            if let Some(member) = state.members.get_mut(member_id) {
+                member.syncing = Some(tx);
+            }
             rx
         };
         match waiting.await {
@@ -349,15 +370,7 @@ impl Coordinator {
             .by_name
             .get_mut(group)
             .ok_or(ResponseError::UnknownMemberId)?;
-        let member = state
-            .members
-            .get_mut(member_id)
-            .filter(|m| m.owner == owner)
-            .ok_or(ResponseError::UnknownMemberId)?;
-        member.last_heard = self.clock.now();
-        if generation != state.generation {
-            return Err(ResponseError::IllegalGeneration);
-        }
+        state.heard_from(owner, member_id, generation, self.clock.now())?;
         match state.state {
             State::PreparingRebalance => Err(ResponseError::RebalanceInProgress),
             _ => Ok(()),

@@ -160,6 +160,13 @@ pub struct KafkaMetrics {
 }
 
 impl KafkaMetrics {
+    /// Counts one error code answered by `api`.
+    pub fn answered(&self, api: &str, error: kafka_protocol::error::ResponseError) {
+        self.errors
+            .with_label_values(&[api, error.to_string().as_str()])
+            .inc();
+    }
+
     pub fn register(registry: &prometheus::Registry) -> prometheus::Result<Self> {
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let counter = IntCounterVec::new(prometheus::Opts::new(name, help), labels)?;

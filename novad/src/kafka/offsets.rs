@@ -57,11 +57,7 @@ pub async fn list_offsets(
                     }
                 }
                 Err(refusal) => {
-                    kafka
-                        .metrics
-                        .errors
-                        .with_label_values(&["ListOffsets", refusal.error.to_string().as_str()])
-                        .inc();
+                    kafka.metrics.answered("ListOffsets", refusal.error);
                     answer.error_code = refusal.code();
                 }
             }

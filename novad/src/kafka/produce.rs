@@ -115,10 +115,7 @@ pub async fn produce(
                 match result {
                     Ok(base_offset) => answer.base_offset = base_offset as i64,
                     Err(refusal) => {
-                        metrics
-                            .errors
-                            .with_label_values(&["Produce", refusal.error.to_string().as_str()])
-                            .inc();
+                        metrics.answered("Produce", refusal.error);
                         throttle = throttle.max(refusal.throttle_ms());
                         answer.error_code = refusal.code();
                         if version >= 8 {
@@ -319,23 +316,10 @@ fn room(kafka: &Kafka, charge: &mut Admitted, needed: u64) -> bool {
     needed <= held || charge.try_grow(kafka.ctx.star.admission(), needed - held)
 }
 
-/// The caps, judged on the decompressed records as on an append's.
+/// The caps, judged on the decompressed records as on an append's (the same checks, in the
+/// same order).
 fn check_caps(total: &Measure, caps: nova_proto::validate::AppendCaps) -> Result<(), RequestError> {
-    if total.records == 0 {
-        return Err(RequestError::EmptyBatch);
-    }
-    if total.records > caps.max_batch_records as u64 {
-        return Err(RequestError::TooManyRecords {
-            records: total.records,
-            cap: caps.max_batch_records,
-        });
-    }
-    if total.headers > caps.max_batch_records as u64 {
-        return Err(RequestError::TooManyHeaders {
-            headers: total.headers,
-            cap: caps.max_batch_records,
-        });
-    }
+    nova_proto::validate::check_record_count(total.records, &caps)?;
     if total.largest_record > caps.max_record_bytes {
         return Err(RequestError::RecordTooLarge {
             index: total.largest_at,
@@ -343,13 +327,7 @@ fn check_caps(total: &Measure, caps: nova_proto::validate::AppendCaps) -> Result
             cap: caps.max_record_bytes,
         });
     }
-    if total.content_bytes > caps.max_batch_bytes {
-        return Err(RequestError::BatchTooLarge {
-            bytes: total.content_bytes,
-            cap: caps.max_batch_bytes,
-        });
-    }
-    Ok(())
+    nova_proto::validate::check_batch_size(total.headers, total.content_bytes, &caps)
 }
 
 fn refuse_batch(

@@ -180,11 +180,7 @@ pub async fn metadata(
                     .collect();
             }
             Err(refusal) => {
-                kafka
-                    .metrics
-                    .errors
-                    .with_label_values(&["Metadata", refusal.error.to_string().as_str()])
-                    .inc();
+                kafka.metrics.answered("Metadata", refusal.error);
                 entry.error_code = refusal.code();
             }
         }
@@ -306,11 +302,7 @@ pub async fn create(
             result.replication_factor = 1;
         }
         if let Err(refusal) = outcome {
-            kafka
-                .metrics
-                .errors
-                .with_label_values(&["CreateTopics", refusal.error.to_string().as_str()])
-                .inc();
+            kafka.metrics.answered("CreateTopics", refusal.error);
             result.error_code = refusal.code();
             result.error_message = Some(StrBytes::from_string(refusal.message));
             if version >= 5 {
@@ -402,11 +394,7 @@ pub async fn delete(
         };
         let mut result = DeletableTopicResult::default().with_name(Some(name));
         if let Err(refusal) = outcome {
-            kafka
-                .metrics
-                .errors
-                .with_label_values(&["DeleteTopics", refusal.error.to_string().as_str()])
-                .inc();
+            kafka.metrics.answered("DeleteTopics", refusal.error);
             result.error_code = refusal.code();
             if version >= 5 {
                 result.error_message = Some(StrBytes::from_string(refusal.message));
@@ -468,11 +456,7 @@ pub async fn grow(
         .await;
         let mut result = CreatePartitionsTopicResult::default().with_name(topic.name);
         if let Err(refusal) = outcome {
-            kafka
-                .metrics
-                .errors
-                .with_label_values(&["CreatePartitions", refusal.error.to_string().as_str()])
-                .inc();
+            kafka.metrics.answered("CreatePartitions", refusal.error);
             result.error_code = refusal.code();
             result.error_message = Some(StrBytes::from_string(refusal.message));
         }

@@ -199,3 +199,28 @@ pub async fn kill_9_rounds(
         assert!(novad.log().contains("star ready"), "{}", novad.log());
     }
 }
+
+/// A grant of `scope` on the streams under `prefix`.
+pub fn grant(scope: nova_server::net::auth::Scope, prefix: &str) -> nova_server::net::auth::Grant {
+    nova_server::net::auth::Grant {
+        scope,
+        prefix: prefix.into(),
+    }
+}
+
+/// Writes an `--auth-tokens` file of `(name, grants, token)` lines.
+pub fn write_tokens(
+    path: &std::path::Path,
+    tokens: &[(&str, &[nova_server::net::auth::Grant], &str)],
+) {
+    let text: String = tokens
+        .iter()
+        .map(|(name, grants, token)| {
+            format!(
+                "{}\n",
+                nova_server::net::auth::file_line(name, grants, token)
+            )
+        })
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
