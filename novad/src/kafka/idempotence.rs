@@ -47,6 +47,9 @@ struct Batch {
 
 #[derive(Default)]
 struct ProducerState {
+    /// The sequence number the next batch must have when the window's last batches were
+    /// found not written and dropped from it (the first of them).
+    next: Option<i32>,
     /// The token's name its batches come with ("" when the star checks no tokens): another
     /// token's batches under the same producer id are refused.
     owner: Option<String>,
@@ -227,6 +230,18 @@ impl Producers {
         if mark.epoch > state.epoch {
             state.epoch = mark.epoch;
             state.batches.clear();
+            state.next = None;
+        }
+        // Batches at the window's end that were not written (refused after their
+        // reservation, or never submitted: their reservation dropped) leave it, so the next
+        // batch must take their place rather than follow them.
+        while let Some(last) = state.batches.back() {
+            // Polled once here: a dropped reservation resolves its outcome at once.
+            let _ = last.outcome.clone().now_or_never();
+            if !not_written(&last.outcome) {
+                break;
+            }
+            state.next = state.batches.pop_back().map(|b| b.base_sequence);
         }
         if let Some(at) = state
             .batches
@@ -236,11 +251,7 @@ impl Producers {
             // Not written for sure: refused, or lost with the star. An outcome left unknown
             // (REQUEST_TIMED_OUT: the batch may still land) is answered again as it was,
             // never written a second time.
-            let failed = matches!(
-                state.batches[at].outcome.peek(),
-                Some(Err(refusal)) if refusal.error != ResponseError::RequestTimedOut
-            );
-            if !failed {
+            if !not_written(&state.batches[at].outcome) {
                 return Verdict::Duplicate(state.batches[at].outcome.clone());
             }
             // Not written: it, and whatever came after it, are written again as they come.
@@ -249,7 +260,8 @@ impl Producers {
         let expected = state
             .batches
             .back()
-            .map(|b| b.base_sequence.wrapping_add(b.records) & i32::MAX);
+            .map(|b| b.base_sequence.wrapping_add(b.records) & i32::MAX)
+            .or(state.next);
         if let Some(expected) = expected
             && expected != mark.base_sequence
         {
@@ -277,6 +289,7 @@ impl Producers {
         }
         .boxed()
         .shared();
+        state.next = None;
         state.batches.push_back(Batch {
             base_sequence: mark.base_sequence,
             records: mark.records,
@@ -287,6 +300,15 @@ impl Producers {
         }
         Verdict::New(Reservation(tx), outcome)
     }
+}
+
+/// Whether a batch's outcome says for sure that it was not written: refused, or lost with the
+/// star. One left unknown (REQUEST_TIMED_OUT: it may still land) is never written again.
+fn not_written(outcome: &Outcome) -> bool {
+    matches!(
+        outcome.peek(),
+        Some(Err(refusal)) if refusal.error != ResponseError::RequestTimedOut
+    )
 }
 
 impl States {
