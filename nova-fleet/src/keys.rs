@@ -2,7 +2,8 @@
 //! its own: a star's registration.
 //!
 //! ```text
-//! fleet/stars/{star id}        leased: advertise address, start time, load (one line each)
+//! fleet/stars/{star id}        leased: advertise address, start time, load, Kafka address
+//!                              (one line each)
 //! fleet/leaders/{stream name}  the id of the star leading the stream
 //! fleet/chains/{star id}       the star has a chain that may hold acknowledged records
 //! fleet/takeover/{star id}     leased by the survivor taking that star's chain over
@@ -85,19 +86,23 @@ pub struct Member {
     pub full: bool,
     /// Registered and still recovering its chain: not serving yet, so nothing is placed here.
     pub starting: bool,
+    /// HOST:PORT its Kafka listener is reached at (`--kafka-advertise-addr`); empty when it
+    /// serves no Kafka clients.
+    pub kafka: String,
 }
 
 impl Member {
     pub fn encode(&self) -> Vec<u8> {
         format!(
-            "{}\n{}\n{}\n{}\n{}\n{}\n{}",
+            "{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
             self.advertise,
             self.started_ms,
             u8::from(self.saturated),
             u8::from(self.draining),
             self.streams_led,
             u8::from(self.full),
-            u8::from(self.starting)
+            u8::from(self.starting),
+            self.kafka
         )
         .into_bytes()
     }
@@ -116,6 +121,8 @@ impl Member {
             // Added later: a registration without them is neither full nor starting.
             full: lines.next() == Some("1"),
             starting: lines.next() == Some("1"),
+            // Added later still: a star registered without it serves no Kafka clients.
+            kafka: lines.next().unwrap_or_default().to_owned(),
         })
     }
 
@@ -141,12 +148,13 @@ mod tests {
             streams_led: 3,
             full: true,
             starting: false,
+            kafka: "127.0.0.1:9092".into(),
         };
         assert_eq!(Member::decode("a", &member.encode()), Some(member));
         assert_eq!(Member::decode("a", b"garbage"), None);
         // A registration written before `full` and `starting` existed reads as neither.
         let older = Member::decode("a", b"http://x:1\n17\n0\n0\n3").unwrap();
-        assert!(!older.full && !older.starting && older.open());
+        assert!(!older.full && !older.starting && older.open() && older.kafka.is_empty());
     }
 
     #[test]
@@ -168,6 +176,7 @@ mod tests {
             streams_led in any::<u64>(),
             full in any::<bool>(),
             starting in any::<bool>(),
+            kafka in "[a-z0-9:.\\[\\]-]{0,40}",
         ) {
             let member = Member {
                 id: "s".into(),
@@ -178,6 +187,7 @@ mod tests {
                 streams_led,
                 full,
                 starting,
+                kafka,
             };
             prop_assert_eq!(Member::decode("s", &member.encode()), Some(member));
         }

@@ -24,6 +24,9 @@ use nova_core::supervisor::Supervisor;
 pub struct FleetConfig {
     pub star_id: String,
     pub advertise: String,
+    /// HOST:PORT of its Kafka listener (`--kafka-advertise-addr`), published with its
+    /// registration so every star's Metadata answers name it; empty for none.
+    pub kafka_advertise: String,
     pub lease_ttl: Duration,
     /// Watches the fleet's loops (renewal, view, trust, takeovers, balancing): one that stops
     /// while the lease is still held fails it, naming the loop.
@@ -154,6 +157,19 @@ impl Fleet {
         self.members.read().len()
     }
 
+    /// The stars registered in the fleet as last read, this one as it is now.
+    pub fn stars(&self) -> Vec<Member> {
+        let mut stars: Vec<Member> = self
+            .members
+            .read()
+            .values()
+            .filter(|m| m.id != self.config.star_id)
+            .cloned()
+            .collect();
+        stars.push(self.me());
+        stars
+    }
+
     /// The URL redirects to this star carry.
     pub fn advertise(&self) -> &str {
         &self.config.advertise
@@ -208,6 +224,7 @@ impl Fleet {
             streams_led: self.led.read().len() as u64,
             full: self.full.load(Ordering::Relaxed),
             starting: self.starting.load(Ordering::Relaxed),
+            kafka: self.config.kafka_advertise.clone(),
         }
     }
 

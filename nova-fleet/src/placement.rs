@@ -131,6 +131,44 @@ impl Fleet {
         }
     }
 
+    /// The leaders of the streams named `{prefix}…`, by stream, as the leader records name
+    /// them (the first `limit`); streams without a leader are not in it, and a leader that
+    /// is not registered (departed, not yet taken over) shows as `None`.
+    pub async fn leaders_under(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<std::collections::BTreeMap<String, Option<Member>>, RequestError> {
+        let records = self
+            .metastore
+            .scan(&leader_key(prefix), None, limit)
+            .await
+            .map_err(metastore_failed)?;
+        let mut stars: std::collections::HashMap<String, Option<Member>> = self
+            .stars()
+            .into_iter()
+            .map(|m| (m.id.clone(), Some(m)))
+            .collect();
+        let mut leaders = std::collections::BTreeMap::new();
+        for kv in records {
+            let stream = crate::keys::id_under(crate::keys::LEADERS, &kv.key);
+            let leader = if self.leads(&stream) {
+                Some(self.me())
+            } else {
+                let id = String::from_utf8_lossy(&kv.value).into_owned();
+                // A star this view has not seen yet (it joined since the last refresh) is
+                // read from its registration.
+                if !stars.contains_key(&id) {
+                    let found = self.member(&id).await?;
+                    stars.insert(id.clone(), found);
+                }
+                stars.get(&id).cloned().flatten()
+            };
+            leaders.insert(stream, leader);
+        }
+        Ok(leaders)
+    }
+
     /// The stream, when this star leads it (placing it here or elsewhere if it has no leader);
     /// otherwise a redirect to its leader.
     pub async fn route(&self, star: &Star, stream: &str) -> Result<Arc<StreamState>, RequestError> {

@@ -46,6 +46,7 @@ impl World {
         let config = FleetConfig {
             star_id: id.into(),
             advertise: format!("sim://{id}"),
+            kafka_advertise: String::new(),
             lease_ttl: TTL,
             supervisor: nova_core::supervisor::Supervisor::new(),
         };
@@ -363,6 +364,7 @@ fn a_registration_answered_past_the_lease_is_a_failed_join() {
         let config = FleetConfig {
             star_id: "p".into(),
             advertise: "sim://p".into(),
+            kafka_advertise: String::new(),
             lease_ttl: TTL,
             supervisor: nova_core::supervisor::Supervisor::new(),
         };

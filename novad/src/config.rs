@@ -480,14 +480,6 @@ impl Config {
     pub fn check(&self) -> Result<(), String> {
         self.check_advertise()?;
         self.kafka.check()?;
-        if self.kafka.kafka_listen.is_some() {
-            // Not yet: see docs/kafka.md. Refused rather than served half-way: in a fleet,
-            // Metadata would name this star as every partition's leader.
-            if self.metastore != "embedded" {
-                return Err("--kafka-listen in a fleet (--metastore etcd://…) is not supported                             yet: run the Kafka listener on a single star"
-                    .into());
-            }
-        }
         if self.grpc_stream_window_kib < 64 {
             return Err("--grpc-stream-window-kib must be at least 64 (the HTTP/2 floor)".into());
         }

@@ -238,6 +238,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let fleet_config = nova_fleet::FleetConfig {
             star_id: config.star_id.clone(),
             advertise: config.advertise(),
+            // Checked at start-up (`KafkaArgs::check`).
+            kafka_advertise: match config.kafka.advertised() {
+                Ok(Some((host, port))) => format!("{host}:{port}"),
+                _ => String::new(),
+            },
             lease_ttl: Duration::from_secs(config.lease_ttl_secs),
             supervisor: supervisor.clone(),
         };
@@ -507,13 +512,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let (Some(listener), Ok(Some((host, port)))) = (kafka_listener, config.kafka.advertised()) {
         let kafka = Arc::new(crate::kafka::Kafka {
             ctx: kafka_ctx,
-            node_id: 0,
+            node_id: crate::kafka::node_id_of(&config.star_id),
             host,
             port,
             auto_create_partitions: config.kafka.kafka_auto_create_partitions,
             max_produce_bytes: config.max_message_bytes() as u64,
             metrics: crate::kafka::KafkaMetrics::register(&metrics.registry)?,
-            producers: crate::kafka::Producers::new(star.epoch()),
+            producers: crate::kafka::Producers::default(),
             receiving,
             groups: crate::kafka::Coordinator::new(Clock::system()),
             tokens: security.tokens.clone(),

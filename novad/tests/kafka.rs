@@ -2,13 +2,15 @@
 //! Debian, and confluent-kafka and kafka-python from PyPI (scripts/test installs all three).
 
 mod common;
+mod kafka_common;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use kafka_common::*;
 use nova_client::Record;
 use nova_testkit::{Novad, free_port, python};
 
@@ -22,66 +24,6 @@ fn kafka_star(extra: &[&str]) -> (Novad, String) {
         .start();
     nova_testkit::wait_for_port(port, Duration::from_secs(10), "the Kafka listener");
     (novad, bootstrap)
-}
-
-fn kcat_binary() -> PathBuf {
-    std::env::var_os("NOVA_KCAT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("kcat"))
-}
-
-/// Runs kcat with `args`, feeding it `input`; it must succeed.
-fn kcat(bootstrap: &str, args: &[&str], input: &[u8]) -> Output {
-    let output = kcat_may_fail(bootstrap, args, input);
-    assert!(
-        output.status.success(),
-        "kcat {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
-}
-
-/// Runs kcat with `args`, feeding it `input`.
-fn kcat_may_fail(bootstrap: &str, args: &[&str], input: &[u8]) -> Output {
-    let mut child = Command::new(kcat_binary())
-        .args(["-b", bootstrap])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot run kcat ({e}); the README's test command (scripts/test) installs it")
-        });
-    child
-        .stdin
-        .take()
-        .expect("kcat's stdin")
-        .write_all(input)
-        .expect("feed kcat");
-    child.wait_with_output().expect("kcat ran")
-}
-
-/// Everything in `topic` partition 0 from the start, in kcat's `format`.
-fn consume(bootstrap: &str, topic: &str, format: &str) -> String {
-    let output = kcat(
-        bootstrap,
-        &[
-            "-C",
-            "-t",
-            topic,
-            "-p",
-            "0",
-            "-o",
-            "beginning",
-            "-e",
-            "-q",
-            "-f",
-            format,
-        ],
-        b"",
-    );
-    String::from_utf8(output.stdout).expect("UTF-8 from kcat")
 }
 
 #[test]

@@ -7,6 +7,7 @@
 //! i/{id:be64}{end_seq:be64}       index entry: a run of the stream's records in an object
 //! c/{star}                        chain state: current epoch and the last absorbed slot
 //! m/next_stream_id                the next stream id to hand out
+//! m/next_producer_id              the next Kafka producer id to hand out
 //! m/manifests                     set once every stream has a manifest in the object store
 //! m/restoring                     set while a rebuild from the object store is under way
 //! d/{id:be64}                     a deleted stream whose manifest is not yet marked deleted
@@ -41,6 +42,7 @@ mod codec;
 #[cfg(test)]
 mod codec_tests;
 mod offsets;
+mod producer_ids;
 mod restore;
 use restore::MAX_RESTORE_TXN;
 mod retention;

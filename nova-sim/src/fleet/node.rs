@@ -221,6 +221,7 @@ async fn join_and_open(world: &Arc<World>, node: &Arc<Node>) -> Started {
     let config = FleetConfig {
         star_id: node.id.clone(),
         advertise: format!("sim://{}", node.id),
+        kafka_advertise: String::new(),
         lease_ttl: world.plan.lease_ttl,
         supervisor: Supervisor::new(),
     };

@@ -522,7 +522,7 @@ async fn answer(kafka: Arc<Kafka>, who: Who, request: RequestKind, version: i16)
             return now(super::topics::delete(&kafka, principal, request, version).await);
         }
         RequestKind::InitProducerId(request) => {
-            return now(kafka.producers.init(principal, request));
+            return now(kafka.producers.init(&kafka, principal, request).await);
         }
         RequestKind::CreatePartitions(request) => {
             return now(super::topics::grow(&kafka, principal, request).await);

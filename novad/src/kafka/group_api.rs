@@ -83,9 +83,10 @@ pub fn find_coordinator(
         }
         return ResponseKind::FindCoordinator(response);
     }
-    response.node_id = BrokerId(kafka.node_id);
-    response.host = text(kafka.host.clone());
-    response.port = kafka.port;
+    let coordinator = kafka.coordinator(&request.key);
+    response.node_id = BrokerId(coordinator.node_id);
+    response.host = text(coordinator.host);
+    response.port = coordinator.port;
     ResponseKind::FindCoordinator(response)
 }
 
@@ -102,7 +103,10 @@ pub async fn join(
     if version >= 7 {
         response.protocol_type = Some(request.protocol_type.clone());
     }
-    if let Err(error) = may_join(principal).and_then(|()| valid_group(&group)) {
+    if let Err(error) = may_join(principal)
+        .and_then(|()| valid_group(&group))
+        .and_then(|()| kafka.coordinates(&group))
+    {
         response.error_code = error.code();
         return ResponseKind::JoinGroup(response);
     }
@@ -169,7 +173,7 @@ pub async fn sync(
     request: SyncGroupRequest,
     version: i16,
 ) -> ResponseKind {
-    if let Err(error) = may_join(principal) {
+    if let Err(error) = may_join(principal).and_then(|()| kafka.coordinates(&request.group_id.0)) {
         return ResponseKind::SyncGroup(SyncGroupResponse::default().with_error_code(error.code()));
     }
     let assignments = request
@@ -209,14 +213,16 @@ pub fn heartbeat(
     request: HeartbeatRequest,
 ) -> ResponseKind {
     let mut response = HeartbeatResponse::default();
-    let beat = may_join(principal).and_then(|()| {
-        kafka.groups.heartbeat(
-            &owner(principal),
-            &request.group_id.0,
-            request.generation_id,
-            &request.member_id,
-        )
-    });
+    let beat = may_join(principal)
+        .and_then(|()| kafka.coordinates(&request.group_id.0))
+        .and_then(|()| {
+            kafka.groups.heartbeat(
+                &owner(principal),
+                &request.group_id.0,
+                request.generation_id,
+                &request.member_id,
+            )
+        });
     if let Err(error) = beat {
         if error != ResponseError::RebalanceInProgress {
             kafka.metrics.answered("Heartbeat", error);
@@ -232,7 +238,7 @@ pub fn leave(
     request: LeaveGroupRequest,
     version: i16,
 ) -> ResponseKind {
-    if let Err(error) = may_join(principal) {
+    if let Err(error) = may_join(principal).and_then(|()| kafka.coordinates(&request.group_id.0)) {
         return ResponseKind::LeaveGroup(
             LeaveGroupResponse::default().with_error_code(error.code()),
         );
@@ -275,6 +281,7 @@ pub async fn commit(
     // to vouch for it: with tokens, only an operator's may.
     let outside = request.generation_id_or_member_epoch < 0 && request.member_id.is_empty();
     let allowed = valid_group(&group)
+        .and_then(|()| kafka.coordinates(&group))
         .and_then(|()| match outside {
             true => may_see_groups(principal),
             false => Ok(()),
@@ -368,6 +375,45 @@ pub async fn commit(
     ResponseKind::OffsetCommit(OffsetCommitResponse::default().with_topics(topics))
 }
 
+/// When each stream `committed` names was created (streams that do not exist are left out):
+/// this star's own streams, and in a fleet the others' from the catalog, a topic at a time.
+async fn created_at(
+    kafka: &Kafka,
+    committed: &[CommittedOffset],
+) -> Result<std::collections::HashMap<String, u64>, nova_proto::RequestError> {
+    let streams = kafka.ctx.star.streams();
+    let mut created = std::collections::HashMap::new();
+    let mut topics = std::collections::BTreeSet::new();
+    for c in committed {
+        match streams.get(&c.stream) {
+            Some(state) => {
+                created.insert(c.stream.clone(), state.meta.created_at_ms);
+            }
+            None => {
+                if let Some((topic, _)) = topic_of(&c.stream) {
+                    topics.insert(topic);
+                }
+            }
+        }
+    }
+    if kafka.ctx.fleet.is_some() {
+        for topic in topics {
+            let metas = streams
+                .catalog()
+                .streams_with_prefix(
+                    &format!("{topic}/"),
+                    "",
+                    nova_core::limits::KAFKA_MAX_PARTITIONS as usize + 1,
+                )
+                .await?;
+            for meta in metas {
+                created.entry(meta.name).or_insert(meta.created_at_ms);
+            }
+        }
+    }
+    Ok(created)
+}
+
 pub async fn fetch_offsets(
     kafka: &Kafka,
     principal: Option<&Principal>,
@@ -376,11 +422,41 @@ pub async fn fetch_offsets(
 ) -> ResponseKind {
     let group = request.group_id.0.to_string();
     let mut response = OffsetFetchResponse::default();
-    if let Err(error) = may_join(principal).and_then(|()| valid_group(&group)) {
+    // Refused as a whole: each partition asked for says so too (version 1 has no other
+    // place), as an empty answer would read as "nothing committed" and the consumer would
+    // reset.
+    let refused = |mut response: OffsetFetchResponse, error: ResponseError| {
         if version >= 2 {
             response.error_code = error.code();
         }
-        return ResponseKind::OffsetFetch(response);
+        response.topics = request
+            .topics
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| {
+                let partitions = t
+                    .partition_indexes
+                    .iter()
+                    .map(|&i| {
+                        OffsetFetchResponsePartition::default()
+                            .with_partition_index(i)
+                            .with_committed_offset(-1)
+                            .with_error_code(error.code())
+                    })
+                    .collect();
+                OffsetFetchResponseTopic::default()
+                    .with_name(t.name)
+                    .with_partitions(partitions)
+            })
+            .collect();
+        ResponseKind::OffsetFetch(response)
+    };
+    if let Err(error) = may_join(principal)
+        .and_then(|()| valid_group(&group))
+        .and_then(|()| kafka.coordinates(&group))
+    {
+        return refused(response, error);
     }
     let committed = match kafka
         .ctx
@@ -393,37 +469,18 @@ pub async fn fetch_offsets(
         Ok(committed) => committed,
         Err(error) => {
             tracing::warn!(group, "reading Kafka committed offsets failed: {error}");
-            let unavailable = ResponseError::CoordinatorNotAvailable.code();
-            if version >= 2 {
-                response.error_code = unavailable;
-            }
-            // Each partition asked for says so too (version 1 has no other place): an empty
-            // answer would read as "nothing committed", and the consumer would reset.
-            response.topics = request
-                .topics
-                .unwrap_or_default()
-                .into_iter()
-                .map(|t| {
-                    let partitions = t
-                        .partition_indexes
-                        .iter()
-                        .map(|&i| {
-                            OffsetFetchResponsePartition::default()
-                                .with_partition_index(i)
-                                .with_committed_offset(-1)
-                                .with_error_code(unavailable)
-                        })
-                        .collect();
-                    OffsetFetchResponseTopic::default()
-                        .with_name(t.name)
-                        .with_partitions(partitions)
-                })
-                .collect();
-            return ResponseKind::OffsetFetch(response);
+            return refused(response, ResponseError::CoordinatorNotAvailable);
         }
     };
     let by_stream: std::collections::HashMap<&str, &CommittedOffset> =
         committed.iter().map(|c| (c.stream.as_str(), c)).collect();
+    let created = match created_at(kafka, &committed).await {
+        Ok(created) => created,
+        Err(error) => {
+            tracing::warn!(group, "reading Kafka topics' partitions failed: {error}");
+            return refused(response, ResponseError::CoordinatorNotAvailable);
+        }
+    };
     let partition = |topic: &str, index: i32| {
         let stream = nova_kafka::mapping::stream_of(topic, index);
         if let Err(refusal) = super::allowed(kafka, principal, Scope::Read, &stream) {
@@ -434,12 +491,7 @@ pub async fn fetch_offsets(
         }
         // An offset committed before the stream was made belongs to a deleted topic of the
         // same name: the new one starts afresh.
-        let created = kafka
-            .ctx
-            .star
-            .streams()
-            .get(&stream)
-            .map(|s| s.meta.created_at_ms);
+        let created = created.get(&stream).copied();
         let found = by_stream
             .get(stream.as_str())
             .copied()
@@ -554,6 +606,9 @@ pub fn describe(
         .into_iter()
         .map(|group| {
             let described = DescribedGroup::default().with_group_id(group.clone());
+            if let Err(error) = kafka.coordinates(&group.0) {
+                return described.with_error_code(error.code());
+            }
             match kafka.groups.describe(&group.0) {
                 Some((state, protocol_type, protocol, members)) => described
                     .with_group_state(text(state.name()))

@@ -455,6 +455,22 @@ impl Coordinator {
         by_name.retain(|_, g| g.state != State::Empty || !g.members.is_empty());
     }
 
+    /// Drops the groups `gone` names (another star coordinates them now); their members'
+    /// joins in progress are answered REBALANCE_IN_PROGRESS and join again.
+    pub fn forget_where(&self, gone: impl Fn(&str) -> bool) {
+        let mut groups = self.groups.lock();
+        let Groups { by_name, bytes, .. } = &mut *groups;
+        by_name.retain(|name, group| {
+            if !gone(name) {
+                return true;
+            }
+            let held: u64 = group.members.values().map(Member::bytes).sum();
+            *bytes -= held.min(*bytes);
+            tracing::info!(group = %name, "another star coordinates this Kafka consumer group now");
+            false
+        });
+    }
+
     /// A group's state, its protocol and its members, if the coordinator knows it.
     pub fn describe(&self, group: &str) -> Option<(State, String, String, Vec<Described>)> {
         let groups = self.groups.lock();

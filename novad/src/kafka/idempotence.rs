@@ -3,19 +3,18 @@
 //! count, and the offset each got or is getting), so a retried batch is answered with its
 //! first outcome instead of being written again.
 //!
-//! Across a restart or takeover the state is rebuilt from the stream itself: every batch an
-//! idempotent producer writes carries a mark on its last record (`ProducerMark`). A producer
-//! id says which start of the star issued it (`star epoch << 32 | counter`); a batch on a
-//! partition this start has no state for (other than the very first batch of a producer it
-//! issued) reads the partition's last `KAFKA_PRODUCER_SCAN_RECORDS` records for the
-//! producer's marks first.
+//! Across a restart, takeover or handoff the state is rebuilt from the stream itself: every
+//! batch an idempotent producer writes carries a mark on its last record (`ProducerMark`).
+//! Producer ids come in blocks from a counter in the catalog, unique across the fleet and
+//! across restarts; a batch on a partition this star has no state for (other than the very
+//! first batch of a producer this start issued) reads the partition's last
+//! `KAFKA_PRODUCER_SCAN_RECORDS` records for the producer's marks first.
 //!
 //! A batch is reserved in the state before it is submitted, with its outcome still to come,
 //! so a retry arriving on another connection while the first attempt is in flight waits for
 //! that attempt's answer rather than writing the batch a second time.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
@@ -77,36 +76,100 @@ impl Reservation {
     }
 }
 
-/// Every partition's producers, by (stream id, producer id); at most `KAFKA_PRODUCER_STATES`,
-/// the oldest forgotten first (a forgotten producer's next batch reads its marks again).
+/// Every partition's producers, by (stream id, leadership epoch, producer id); at most
+/// `KAFKA_PRODUCER_STATES`, the oldest forgotten first (a forgotten producer's next batch reads
+/// its marks again). The leadership epoch (0 on a single star) keeps a state from a time this
+/// star led the stream before from being used once it leads it again: batches written
+/// elsewhere meanwhile are not in it, so the stream is read afresh.
 pub struct Producers {
-    epoch: u64,
-    next: AtomicU32,
+    ids: Mutex<Ids>,
+    /// One block taken from the catalog at a time.
+    reserving: tokio::sync::Mutex<()>,
     states: Mutex<States>,
 }
 
+/// The producer ids this start of the star has taken from the catalog.
 #[derive(Default)]
-struct States {
-    by_key: HashMap<(u64, i64), ProducerState>,
-    order: VecDeque<(u64, i64)>,
+struct Ids {
+    /// What is left of the current block.
+    left: std::ops::Range<u64>,
+    /// The blocks handed out from, latest last (at most `ISSUED_BLOCKS_KEPT`).
+    issued: VecDeque<std::ops::Range<u64>>,
 }
 
-impl Producers {
-    /// For the star's current start, whose chain epoch makes its producer ids its own.
-    pub fn new(star_epoch: u64) -> Self {
+/// Producer ids taken from the catalog at a time.
+const PRODUCER_ID_BLOCK: u64 = 1024;
+
+/// Blocks remembered as this start's: an id from an older block counts as another star's
+/// (its first batch on a partition reads the partition's marks, which is only slower).
+const ISSUED_BLOCKS_KEPT: usize = 64;
+
+type Key = (u64, u64, i64);
+
+#[derive(Default)]
+struct States {
+    by_key: HashMap<Key, ProducerState>,
+    order: VecDeque<Key>,
+}
+
+/// The version of the leader record `stream` is led under here (0 on a single star).
+fn lead_epoch(stream: &StreamState) -> u64 {
+    match stream.leadership() {
+        Some(nova_core::metastore::Compare::Version(_, version)) => version,
+        _ => 0,
+    }
+}
+
+impl Default for Producers {
+    fn default() -> Self {
         Self {
-            epoch: star_epoch,
-            next: AtomicU32::new(0),
+            ids: Mutex::default(),
+            reserving: tokio::sync::Mutex::new(()),
             states: Mutex::default(),
         }
     }
+}
 
+impl Producers {
     fn issued_here(&self, producer_id: i64) -> bool {
-        (producer_id as u64) >> 32 == self.epoch
+        let id = producer_id as u64;
+        self.ids
+            .lock()
+            .issued
+            .iter()
+            .any(|block| block.contains(&id))
     }
 
-    pub fn init(
+    /// A producer id no producer has had, fleet-wide.
+    async fn next_id(&self, kafka: &Kafka) -> Result<i64, nova_core::catalog::CatalogError> {
+        let take = || self.ids.lock().left.next().map(|id| id as i64);
+        if let Some(id) = take() {
+            return Ok(id);
+        }
+        let _reserving = self.reserving.lock().await;
+        if let Some(id) = take() {
+            return Ok(id);
+        }
+        let now_ms = nova_core::clock::Clock::system().unix_ms();
+        let block = kafka
+            .ctx
+            .star
+            .streams()
+            .catalog()
+            .reserve_producer_ids(PRODUCER_ID_BLOCK, now_ms)
+            .await?;
+        let mut ids = self.ids.lock();
+        ids.issued.push_back(block.clone());
+        if ids.issued.len() > ISSUED_BLOCKS_KEPT {
+            ids.issued.pop_front();
+        }
+        ids.left = block;
+        Ok(ids.left.next().map_or(-1, |id| id as i64))
+    }
+
+    pub async fn init(
         &self,
+        kafka: &Kafka,
         principal: Option<&nova_server::net::Principal>,
         request: InitProducerIdRequest,
     ) -> ResponseKind {
@@ -122,9 +185,20 @@ impl Producers {
         // Every call gets a new id, also one that names its old id and epoch to bump
         // (KIP-360, which allows either answer): bumping an id on request would let anyone
         // fence another token's producer.
-        let counter = self.next.fetch_add(1, Ordering::Relaxed);
-        response.producer_id = ProducerId(((self.epoch << 32) | u64::from(counter)) as i64);
-        response.producer_epoch = 0;
+        match self.next_id(kafka).await {
+            Ok(id) => {
+                response.producer_id = ProducerId(id);
+                response.producer_epoch = 0;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "no Kafka producer id could be taken from the catalog");
+                kafka
+                    .metrics
+                    .answered("InitProducerId", ResponseError::CoordinatorNotAvailable);
+                response.producer_id = ProducerId(-1);
+                response.error_code = ResponseError::CoordinatorNotAvailable.code();
+            }
+        }
         ResponseKind::InitProducerId(response)
     }
 
@@ -139,7 +213,7 @@ impl Producers {
         stream: &StreamState,
         mark: &ProducerMark,
     ) -> Result<(), KafkaRefusal> {
-        let key = (stream.id(), mark.producer_id);
+        let key = (stream.id(), lead_epoch(stream), mark.producer_id);
         let brand_new =
             self.issued_here(mark.producer_id) && mark.epoch == 0 && mark.base_sequence == 0;
         if brand_new || self.states.lock().by_key.contains_key(&key) {
@@ -205,9 +279,9 @@ impl Producers {
     }
 
     /// Decides on a batch, reserving it when it is new.
-    pub fn check(&self, stream: u64, mark: &ProducerMark, owner: &str) -> Verdict {
+    pub fn check(&self, stream: &StreamState, mark: &ProducerMark, owner: &str) -> Verdict {
         let mut states = self.states.lock();
-        let state = states.entry((stream, mark.producer_id));
+        let state = states.entry((stream.id(), lead_epoch(stream), mark.producer_id));
         match &state.owner {
             Some(known) if known != owner => {
                 return Verdict::Refused(KafkaRefusal::new(
@@ -313,7 +387,7 @@ fn not_written(outcome: &Outcome) -> bool {
 
 impl States {
     /// The state of `key`, made (forgetting the oldest past the cap) if there is none.
-    fn entry(&mut self, key: (u64, i64)) -> &mut ProducerState {
+    fn entry(&mut self, key: Key) -> &mut ProducerState {
         if !self.by_key.contains_key(&key) {
             while self.by_key.len() >= KAFKA_PRODUCER_STATES {
                 let Some(oldest) = self.order.pop_front() else {

@@ -121,6 +121,39 @@ pub fn allowed(
         .map_err(|e| nova_kafka::errors::KafkaRefusal::from(&e))
 }
 
+/// A star's broker id in Metadata answers: a hash of its star id, so every star of a fleet
+/// gives every other the same id without asking (two of a few stars share one with odds of
+/// about one in a billion).
+pub fn node_id_of(star_id: &str) -> i32 {
+    (fnv1a(star_id.as_bytes()) & 0x7fff_ffff) as i32
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// A star as Kafka clients see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broker {
+    pub node_id: i32,
+    pub host: String,
+    pub port: i32,
+}
+
+impl Broker {
+    /// The broker a fleet member is, when it serves Kafka clients.
+    fn of(member: &nova_fleet::Member) -> Option<Self> {
+        let (host, port) = member.kafka.rsplit_once(':')?;
+        Some(Self {
+            node_id: node_id_of(&member.id),
+            host: host.to_owned(),
+            port: port.parse().ok()?,
+        })
+    }
+}
+
 /// What every Kafka connection shares.
 pub struct Kafka {
     pub ctx: Arc<Context>,
@@ -141,6 +174,63 @@ pub struct Kafka {
     /// Each token's share of the admission buffer while its requests arrive
     /// (`--max-client-share-percent`), shared with gRPC appends.
     pub receiving: std::sync::Arc<nova_server::net::shares::Shares>,
+}
+
+impl Kafka {
+    /// This star as a broker.
+    pub fn me(&self) -> Broker {
+        Broker {
+            node_id: self.node_id,
+            host: self.host.clone(),
+            port: self.port,
+        }
+    }
+
+    /// Every star serving Kafka clients: this one alone, or in a fleet every registered star
+    /// with a Kafka listener.
+    pub fn brokers(&self) -> Vec<Broker> {
+        let Some(fleet) = &self.ctx.fleet else {
+            return vec![self.me()];
+        };
+        fleet.stars().iter().filter_map(Broker::of).collect()
+    }
+
+    /// The broker leading `member`'s streams, when it serves Kafka clients.
+    pub fn broker(member: &nova_fleet::Member) -> Option<Broker> {
+        Broker::of(member)
+    }
+
+    /// The star coordinating `group`: in a fleet, of the stars serving Kafka clients and open
+    /// to work (not starting, not draining), the one whose hash with the group is highest, so
+    /// every star names the same one and a departed star's groups spread over the rest.
+    pub fn coordinator(&self, group: &str) -> Broker {
+        let Some(fleet) = &self.ctx.fleet else {
+            return self.me();
+        };
+        let score = |id: &str| {
+            let mut key = Vec::with_capacity(id.len() + group.len() + 1);
+            key.extend_from_slice(id.as_bytes());
+            key.push(0);
+            key.extend_from_slice(group.as_bytes());
+            fnv1a(&key)
+        };
+        fleet
+            .stars()
+            .iter()
+            .filter(|m| !m.starting && !m.draining)
+            .filter_map(|m| Some((score(&m.id), Broker::of(m)?)))
+            .max_by_key(|(score, broker)| (*score, broker.node_id))
+            .map_or_else(|| self.me(), |(_, broker)| broker)
+    }
+
+    /// `Err(NOT_COORDINATOR)` when another star coordinates `group`: the client asks
+    /// FindCoordinator again.
+    pub fn coordinates(&self, group: &str) -> Result<(), kafka_protocol::error::ResponseError> {
+        if self.ctx.fleet.is_some() && self.coordinator(group).node_id != self.node_id {
+            return Err(kafka_protocol::error::ResponseError::NotCoordinator);
+        }
+        Ok(())
+    }
 }
 
 /// The listener's own series, beside the star's (sheds and refusals count there too).
@@ -250,7 +340,14 @@ pub async fn serve(
             let mut ticker = tokio::time::interval(std::time::Duration::from_millis(500));
             loop {
                 tokio::select! {
-                    _ = ticker.tick() => kafka.groups.tick(),
+                    _ = ticker.tick() => {
+                        kafka.groups.tick();
+                        // Groups another star coordinates now (the fleet changed): their
+                        // members hear NOT_COORDINATOR and find the new one.
+                        if kafka.ctx.fleet.is_some() {
+                            kafka.groups.forget_where(|group| kafka.coordinates(group).is_err());
+                        }
+                    }
                     _ = stopping.cancelled() => return,
                 }
             }
@@ -284,20 +381,71 @@ pub async fn serve(
 /// How often groups' lag is computed.
 const LAG_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
 
+/// The tails of `names`: this star's streams' as they are, and in a fleet the others' as
+/// absorbed (from the catalog, a topic at a time). Streams that do not exist are left out.
+async fn tails<'a>(
+    kafka: &Kafka,
+    names: impl Iterator<Item = &'a str>,
+) -> Result<std::collections::HashMap<String, u64>, nova_core::catalog::CatalogError> {
+    let streams = kafka.ctx.star.streams();
+    let mut tails = std::collections::HashMap::new();
+    let mut topics = std::collections::BTreeSet::new();
+    for name in names {
+        match streams.get(name) {
+            Some(state) => {
+                tails.insert(name.to_owned(), state.tail());
+            }
+            None => {
+                if let Some((topic, _)) = nova_kafka::mapping::topic_of(name) {
+                    topics.insert(topic.to_owned());
+                }
+            }
+        }
+    }
+    if kafka.ctx.fleet.is_none() {
+        return Ok(tails);
+    }
+    let catalog = streams.catalog();
+    for topic in topics {
+        let metas = catalog
+            .streams_with_prefix(
+                &format!("{topic}/"),
+                "",
+                nova_core::limits::KAFKA_MAX_PARTITIONS as usize + 1,
+            )
+            .await?;
+        let ids: Vec<u64> = metas.iter().map(|m| m.id).collect();
+        let absorbed = catalog.stream_tails(&ids).await?;
+        for (meta, tail) in metas.into_iter().zip(absorbed) {
+            tails.entry(meta.name).or_insert(tail.tail_seq);
+        }
+    }
+    Ok(tails)
+}
+
 /// Sets each group's lag; forgets the series of groups gone since `shown`.
 async fn refresh_lag(kafka: &Kafka, shown: Vec<String>) -> Vec<String> {
     let groups = kafka.groups.list();
     kafka.metrics.groups.set(groups.len() as i64);
-    let streams = kafka.ctx.star.streams();
     let mut now = Vec::with_capacity(groups.len());
     for (group, _, _) in groups {
-        let Ok(committed) = streams.catalog().committed_offsets(&group).await else {
+        let Ok(committed) = kafka
+            .ctx
+            .star
+            .streams()
+            .catalog()
+            .committed_offsets(&group)
+            .await
+        else {
+            continue;
+        };
+        let Ok(tails) = tails(kafka, committed.iter().map(|c| c.stream.as_str())).await else {
             continue;
         };
         let lag: u64 = committed
             .iter()
             .filter_map(|c| {
-                let tail = streams.get(&c.stream)?.tail();
+                let tail = tails.get(&c.stream)?;
                 Some(tail.saturating_sub(u64::try_from(c.offset).unwrap_or(0)))
             })
             .sum();

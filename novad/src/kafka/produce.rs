@@ -178,7 +178,7 @@ async fn append(
         Some(mark) => {
             kafka.producers.learn(kafka, &target, mark).await?;
             let owner = principal.map(|p| p.name.as_str()).unwrap_or_default();
-            match kafka.producers.check(target.id(), mark, owner) {
+            match kafka.producers.check(&target, mark, owner) {
                 Verdict::Duplicate(outcome) => return Ok(outcome.boxed()),
                 Verdict::Refused(refusal) => return Err(refusal),
                 Verdict::New(reservation, outcome) => Some((reservation, outcome)),

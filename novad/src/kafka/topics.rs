@@ -3,7 +3,6 @@
 //! deletes its partitions' streams.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
@@ -17,7 +16,6 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
-use nova_chain::streams::StreamState;
 use nova_core::catalog::{Retention, StorageClass};
 use nova_core::limits::{KAFKA_MAX_LISTED_PARTITIONS, KAFKA_MAX_PARTITIONS, LIST_STREAMS_MAX};
 use nova_kafka::errors::KafkaRefusal;
@@ -31,34 +29,59 @@ use super::Kafka;
 /// Seeing a topic in Metadata takes any scope on its first partition's stream.
 const ANY_SCOPE: [Scope; 3] = [Scope::Read, Scope::Append, Scope::Admin];
 
-/// The partitions of `topic` this star has, by partition number.
-pub fn partitions(kafka: &Kafka, topic: &str) -> BTreeMap<i32, Arc<StreamState>> {
+/// Streams named `{prefix}…` after `after` (at most `limit`), with their retention: in a
+/// fleet every star's, from the shared catalog; on a single star, its own.
+async fn streams_named(
+    kafka: &Kafka,
+    prefix: &str,
+    after: &str,
+    limit: usize,
+) -> Result<Vec<(String, Retention)>, KafkaRefusal> {
+    let streams = kafka.ctx.star.streams();
+    if kafka.ctx.fleet.is_none() {
+        return Ok(streams
+            .list(prefix, after, limit)
+            .into_iter()
+            .map(|s| (s.name().to_owned(), s.retention()))
+            .collect());
+    }
+    let metas = streams
+        .catalog()
+        .streams_with_prefix(prefix, after, limit)
+        .await
+        .map_err(|e| KafkaRefusal::from(&RequestError::from(e)))?;
+    Ok(metas.into_iter().map(|m| (m.name, m.retention)).collect())
+}
+
+/// The partitions of `topic`, by partition number, with their retention.
+pub async fn partitions(
+    kafka: &Kafka,
+    topic: &str,
+) -> Result<BTreeMap<i32, Retention>, KafkaRefusal> {
     let prefix = format!("{topic}/");
-    kafka
-        .ctx
-        .star
-        .streams()
-        .list(&prefix, "", KAFKA_MAX_PARTITIONS as usize + 1)
-        .into_iter()
-        .filter_map(|stream| {
-            let (of, partition) = topic_of(stream.name())?;
-            (of == topic).then_some((partition, stream.clone()))
-        })
-        .collect()
+    Ok(
+        streams_named(kafka, &prefix, "", KAFKA_MAX_PARTITIONS as usize + 1)
+            .await?
+            .into_iter()
+            .filter_map(|(stream, retention)| {
+                let (of, partition) = topic_of(&stream)?;
+                (of == topic).then_some((partition, retention))
+            })
+            .collect(),
+    )
 }
 
 /// Every topic, with its partitions, up to `KAFKA_MAX_LISTED_PARTITIONS` in all.
-fn all_topics(kafka: &Kafka) -> BTreeMap<String, Vec<i32>> {
-    let streams = kafka.ctx.star.streams();
+async fn all_topics(kafka: &Kafka) -> Result<BTreeMap<String, Vec<i32>>, KafkaRefusal> {
     let mut topics: BTreeMap<String, Vec<i32>> = BTreeMap::new();
     let mut listed = 0u32;
     let mut after = String::new();
     loop {
-        let page = streams.list("", &after, LIST_STREAMS_MAX as usize);
-        let Some(last) = page.last() else { break };
-        after = last.name().to_owned();
-        for stream in &page {
-            if let Some((topic, partition)) = topic_of(stream.name()) {
+        let page = streams_named(kafka, "", &after, LIST_STREAMS_MAX as usize).await?;
+        let Some((last, _)) = page.last() else { break };
+        after = last.clone();
+        for (stream, _) in &page {
+            if let Some((topic, partition)) = topic_of(stream) {
                 topics.entry(topic.to_owned()).or_default().push(partition);
                 listed += 1;
             }
@@ -79,10 +102,39 @@ fn all_topics(kafka: &Kafka) -> BTreeMap<String, Vec<i32>> {
     for partitions in topics.values_mut() {
         partitions.sort_unstable();
     }
-    topics
+    Ok(topics)
 }
 
-/// Creates partitions `from..to` of `topic` (those missing), unlimited retention unless given.
+/// Who leads each partition of `topic`, as a broker id, or LEADER_NOT_AVAILABLE (its leader
+/// departed and is not yet taken over, or serves no Kafka clients). A partition without a
+/// leader yet names this star: a produce to it places it, here or on another star, whose
+/// NOT_LEADER_OR_FOLLOWER sends the client back for Metadata.
+async fn leaders(
+    kafka: &Kafka,
+    topic: &str,
+) -> Result<std::collections::HashMap<i32, Result<super::Broker, ResponseError>>, KafkaRefusal> {
+    let Some(fleet) = &kafka.ctx.fleet else {
+        return Ok(Default::default());
+    };
+    let records = fleet
+        .leaders_under(&format!("{topic}/"), KAFKA_MAX_PARTITIONS as usize + 1)
+        .await
+        .map_err(|e| KafkaRefusal::from(&e))?;
+    Ok(records
+        .into_iter()
+        .filter_map(|(stream, leader)| {
+            let (of, partition) = topic_of(&stream)?;
+            let node = leader
+                .as_ref()
+                .and_then(Kafka::broker)
+                .ok_or(ResponseError::LeaderNotAvailable);
+            (of == topic).then_some((partition, node))
+        })
+        .collect())
+}
+
+/// Creates partitions `from..to` of `topic` (those missing), unlimited retention unless given;
+/// in a fleet each is placed on the least-loaded star.
 async fn create_partitions(
     kafka: &Kafka,
     topic: &str,
@@ -90,14 +142,25 @@ async fn create_partitions(
     to: i32,
     retention: Retention,
 ) -> Result<(), RequestError> {
-    let streams = kafka.ctx.star.streams();
+    let star = &kafka.ctx.star;
     for partition in from..to {
         let name = stream_of(topic, partition);
-        match streams
-            .create_with(&name, StorageClass::Standard, retention)
-            .await
-        {
-            Ok(_) | Err(RequestError::StreamExists(_)) => {}
+        let created = match &kafka.ctx.fleet {
+            Some(fleet) => {
+                let created = fleet
+                    .create_stream(star, &name, StorageClass::Standard, retention)
+                    .await;
+                kafka.ctx.count_fleet_shed(&created, &name, None);
+                created.map(|_| ())
+            }
+            None => star
+                .streams()
+                .create_with(&name, StorageClass::Standard, retention)
+                .await
+                .map(|_| ()),
+        };
+        match created {
+            Ok(()) | Err(RequestError::StreamExists(_)) => {}
             Err(error) => return Err(error),
         }
     }
@@ -124,9 +187,15 @@ pub async fn metadata(
     let auto_create =
         kafka.auto_create_partitions > 0 && (version < 4 || request.allow_auto_topic_creation);
     let mut topics = Vec::new();
+    let mut brokers = kafka.brokers();
     let listed: Vec<(String, Result<Vec<i32>, KafkaRefusal>)> = match asked {
         // Every topic the token may see anything of.
         None => all_topics(kafka)
+            .await
+            .unwrap_or_else(|refusal| {
+                tracing::warn!("listing Kafka topics failed: {}", refusal.message);
+                BTreeMap::new()
+            })
             .into_iter()
             .filter(|(topic, _)| {
                 principal.is_none_or(|p| p.allows_any(&ANY_SCOPE, &stream_of(topic, 0)).is_ok())
@@ -160,18 +229,43 @@ pub async fn metadata(
         }
     };
     for (topic, found) in listed {
+        let found = match found {
+            Ok(partitions) => leaders(kafka, &topic).await.map(|led| (partitions, led)),
+            Err(refusal) => Err(refusal),
+        };
         let mut entry = MetadataResponseTopic::default()
             .with_name(Some(TopicName(StrBytes::from_string(topic))));
         match found {
-            Ok(partitions) => {
+            Ok((partitions, led)) => {
+                // A leader this star's view of the fleet has not seen yet is named too.
+                for broker in led.values().flatten() {
+                    if !brokers.contains(broker) {
+                        brokers.push(broker.clone());
+                    }
+                }
                 entry.partitions = partitions
                     .into_iter()
                     .map(|partition| {
-                        let mut p = MetadataResponsePartition::default()
-                            .with_partition_index(partition)
-                            .with_leader_id(node)
-                            .with_replica_nodes(vec![node])
-                            .with_isr_nodes(vec![node]);
+                        let leader = match led.get(&partition) {
+                            Some(Ok(broker)) => Ok(broker.node_id),
+                            Some(Err(error)) => Err(*error),
+                            None => Ok(node.0),
+                        };
+                        let mut p =
+                            MetadataResponsePartition::default().with_partition_index(partition);
+                        match leader {
+                            Ok(leader) => {
+                                let leader = BrokerId(leader);
+                                p = p
+                                    .with_leader_id(leader)
+                                    .with_replica_nodes(vec![leader])
+                                    .with_isr_nodes(vec![leader]);
+                            }
+                            Err(error) => {
+                                kafka.metrics.answered("Metadata", error);
+                                p = p.with_error_code(error.code()).with_leader_id(BrokerId(-1));
+                            }
+                        }
                         if version >= 7 {
                             p.leader_epoch = 0;
                         }
@@ -186,22 +280,27 @@ pub async fn metadata(
         }
         topics.push(entry);
     }
-    let mut response = MetadataResponse::default()
-        .with_brokers(vec![
+    let brokers = brokers
+        .into_iter()
+        .map(|b| {
             MetadataResponseBroker::default()
-                .with_node_id(node)
-                .with_host(StrBytes::from_string(kafka.host.clone()))
-                .with_port(kafka.port),
-        ])
+                .with_node_id(BrokerId(b.node_id))
+                .with_host(StrBytes::from_string(b.host))
+                .with_port(b.port)
+        })
+        .collect();
+    let mut response = MetadataResponse::default()
+        .with_brokers(brokers)
         .with_topics(topics);
     if version >= 1 {
         response.controller_id = node;
     }
     if version >= 2 {
-        response.cluster_id = Some(StrBytes::from_string(format!(
-            "nova-{}",
-            kafka.ctx.star.config().star
-        )));
+        // One id for the whole fleet: clients warn when it changes between brokers.
+        response.cluster_id = Some(StrBytes::from_string(match &kafka.ctx.fleet {
+            Some(_) => "nova-fleet".to_owned(),
+            None => format!("nova-{}", kafka.ctx.star.config().star),
+        }));
     }
     ResponseKind::Metadata(response)
 }
@@ -225,7 +324,7 @@ async fn lookup(
         .access
         .check_any(principal, &ANY_SCOPE, &stream_of(topic, 0))
         .map_err(|e| KafkaRefusal::from(&e))?;
-    let found = partitions(kafka, topic);
+    let found = partitions(kafka, topic).await?;
     if !found.is_empty() {
         return Ok(found.into_keys().collect());
     }
@@ -282,7 +381,7 @@ pub async fn create(
                 super::allowed(kafka, principal, Scope::Admin, &stream_of(&name, partition))?;
             }
             let retention = retention_of(&topic.configs)?;
-            if !self::partitions(kafka, &name).is_empty() {
+            if !self::partitions(kafka, &name).await?.is_empty() {
                 return Err(KafkaRefusal::new(
                     ResponseError::TopicAlreadyExists,
                     format!("topic {name:?} already exists"),
@@ -364,33 +463,25 @@ pub async fn delete(
         // token may not manage.
         let allowed = super::allowed(kafka, principal, Scope::Admin, &stream_of(&topic, 0));
         let found = match allowed {
-            Ok(()) => partitions(kafka, &topic),
-            Err(_) => BTreeMap::new(),
+            Ok(()) => partitions(kafka, &topic).await,
+            Err(refusal) => Err(refusal),
         };
-        let allowed = allowed.and_then(|()| {
-            found.values().try_for_each(|stream| {
-                super::allowed(kafka, principal, Scope::Admin, stream.name())
-            })
-        });
-        let outcome = if let Err(refusal) = allowed {
-            Err(refusal)
-        } else if found.is_empty() {
-            Err(KafkaRefusal::new(
+        let outcome = match found {
+            Err(refusal) => Err(refusal),
+            Ok(found) if found.is_empty() => Err(KafkaRefusal::new(
                 ResponseError::UnknownTopicOrPartition,
                 format!("no topic {topic:?}"),
-            ))
-        } else {
-            let mut outcome = Ok(());
-            for stream in found.values() {
-                if let Err(error) = kafka.ctx.star.streams().delete(stream.name()).await {
-                    outcome = Err(KafkaRefusal::from(&error));
-                    break;
+            )),
+            Ok(found) => {
+                let streams: Vec<String> = found.keys().map(|p| stream_of(&topic, *p)).collect();
+                match streams
+                    .iter()
+                    .try_for_each(|s| super::allowed(kafka, principal, Scope::Admin, s))
+                {
+                    Err(refusal) => Err(refusal),
+                    Ok(()) => delete_streams(kafka, &topic, &streams).await,
                 }
             }
-            if outcome.is_ok() {
-                tracing::info!(topic, partitions = found.len(), "Kafka topic deleted");
-            }
-            outcome
         };
         let mut result = DeletableTopicResult::default().with_name(Some(name));
         if let Err(refusal) = outcome {
@@ -403,6 +494,44 @@ pub async fn delete(
         results.push(result);
     }
     ResponseKind::DeleteTopics(DeleteTopicsResponse::default().with_responses(results))
+}
+
+/// Deletes a topic's streams. In a fleet each is deleted by its leader: a topic with a
+/// partition led by another star is refused before any is deleted, naming it.
+async fn delete_streams(
+    kafka: &Kafka,
+    topic: &str,
+    streams: &[String],
+) -> Result<(), KafkaRefusal> {
+    let star = &kafka.ctx.star;
+    if let Some(fleet) = &kafka.ctx.fleet {
+        for stream in streams {
+            let leader = fleet
+                .leader_of(stream)
+                .await
+                .map_err(|e| KafkaRefusal::from(&e))?;
+            if let Some(leader) = leader.filter(|l| l.id != fleet.id()) {
+                return Err(KafkaRefusal::new(
+                    ResponseError::PolicyViolation,
+                    format!(
+                        "partition stream {stream:?} is led by star {} ({}): in a fleet, a \
+                         topic is deleted through a star leading all its partitions, or with \
+                         `nova delete` of each partition's stream",
+                        leader.id, leader.advertise
+                    ),
+                ));
+            }
+        }
+    }
+    for stream in streams {
+        match &kafka.ctx.fleet {
+            Some(fleet) => fleet.delete_stream(star, stream).await,
+            None => star.streams().delete(stream).await,
+        }
+        .map_err(|e| KafkaRefusal::from(&e))?;
+    }
+    tracing::info!(topic, partitions = streams.len(), "Kafka topic deleted");
+    Ok(())
 }
 
 /// `CreatePartitions`: a topic grows to `count` partitions (new streams for the new ones); it
@@ -423,7 +552,7 @@ pub async fn grow(
             for partition in 0..topic.count.clamp(1, KAFKA_MAX_PARTITIONS as i32) {
                 super::allowed(kafka, principal, Scope::Admin, &stream_of(&name, partition))?;
             }
-            let have = partitions(kafka, &name);
+            let have = partitions(kafka, &name).await?;
             let Some((&last, _)) = have.last_key_value() else {
                 return Err(KafkaRefusal::new(
                     ResponseError::UnknownTopicOrPartition,
@@ -444,11 +573,7 @@ pub async fn grow(
                 return Ok(());
             }
             // New partitions keep the topic's retention (its first partition's).
-            let retention = have
-                .values()
-                .next()
-                .map(|s| s.retention())
-                .unwrap_or_default();
+            let retention = have.values().next().copied().unwrap_or_default();
             create_partitions(kafka, &name, from, topic.count, retention)
                 .await
                 .map_err(|e| KafkaRefusal::from(&e))

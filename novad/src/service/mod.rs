@@ -118,7 +118,7 @@ impl Context {
 
     /// A fleet in which no star is open to a stream's leadership refused it (placing a new
     /// stream, or one left without a leader): a shed like any other, counted and logged.
-    fn count_fleet_shed<T>(
+    pub(crate) fn count_fleet_shed<T>(
         &self,
         result: &Result<T, RequestError>,
         stream: &str,
