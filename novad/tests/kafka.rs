@@ -576,6 +576,47 @@ fn a_consumer_group_shares_partitions_rebalances_and_resumes_after_a_restart() {
     println!("{first}{second}");
 }
 
+/// A group's lag is the records its partitions hold past its committed offsets:
+/// `nova_kafka_group_lag_records` shows 40 once a member that committed all of 100 records
+/// stops fetching and 40 more arrive.
+#[test]
+fn a_groups_lag_is_the_records_past_its_committed_offsets() {
+    use std::io::BufRead;
+    let (novad, bootstrap) = kafka_star(&[]);
+    let lines: String = (0..100).map(|i| format!("first {i}\n")).collect();
+    kcat(
+        &bootstrap,
+        &["-P", "-t", "lagging", "-p", "0"],
+        lines.as_bytes(),
+    );
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/kafka_lag.py");
+    let mut member = Command::new(python())
+        .arg(&script)
+        .args([bootstrap.as_str(), "lagging"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run confluent-kafka (scripts/test installs it)");
+    let mut stdout = std::io::BufReader::new(member.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "produced", "the member did not get as far");
+    // The lag is refreshed every 15 s.
+    let series = r#"nova_kafka_group_lag_records{group="lag"}"#;
+    let deadline = std::time::Instant::now() + Duration::from_secs(45);
+    while novad.metric(series) != Some(40.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{series} is {:?}, not 40",
+            novad.metric(series)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(novad.metric("nova_kafka_groups"), Some(1.0));
+    drop(member.stdin.take());
+    assert!(member.wait().unwrap().success());
+}
+
 /// With `--tls-cert` and `--auth-tokens`, Kafka clients connect over TLS and authenticate with
 /// SASL/PLAIN, the token as the password, and get what its grants allow: nothing before
 /// authenticating, nothing with a token the star does not know, and no produce with a token

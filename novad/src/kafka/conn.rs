@@ -64,6 +64,9 @@ const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 5),
     (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::AlterConfigs, 0, 2),
+    (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::InitProducerId, 0, 4),
     (ApiKey::FindCoordinator, 0, 3),
     (ApiKey::JoinGroup, 0, 7),
@@ -526,6 +529,15 @@ async fn answer(kafka: Arc<Kafka>, who: Who, request: RequestKind, version: i16)
         }
         RequestKind::CreatePartitions(request) => {
             return now(super::topics::grow(&kafka, principal, request).await);
+        }
+        RequestKind::DescribeConfigs(request) => {
+            return now(super::configs::describe(&kafka, principal, request, version).await);
+        }
+        RequestKind::AlterConfigs(request) => {
+            return now(super::configs::alter(&kafka, principal, request).await);
+        }
+        RequestKind::IncrementalAlterConfigs(request) => {
+            return now(super::configs::alter_incrementally(&kafka, principal, request).await);
         }
         RequestKind::FindCoordinator(request) => {
             return now(super::group_api::find_coordinator(&kafka, request, version));

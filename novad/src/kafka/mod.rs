@@ -5,6 +5,7 @@
 //! `topics`. Kafka's formats and the mapping onto streams and records are in the
 //! `nova-kafka` crate; what is supported, and what is refused and why, in docs/kafka.md.
 
+mod configs;
 mod conn;
 mod fetch;
 mod group_api;

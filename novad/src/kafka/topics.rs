@@ -27,7 +27,7 @@ use nova_server::net::{Principal, Scope};
 use super::Kafka;
 
 /// Seeing a topic in Metadata takes any scope on its first partition's stream.
-const ANY_SCOPE: [Scope; 3] = [Scope::Read, Scope::Append, Scope::Admin];
+pub(super) const ANY_SCOPE: [Scope; 3] = [Scope::Read, Scope::Append, Scope::Admin];
 
 /// Streams named `{prefix}…` after `after` (at most `limit`), with their retention: in a
 /// fleet every star's, from the shared catalog; on a single star, its own.

@@ -133,6 +133,57 @@ except Exception as e:
     assert "INVALID_PARTITIONS" in str(e), e
 print("partitions ok")
 
+# Configs: what admin tools show of a topic and a broker, and changing a topic's retention,
+# incrementally (confluent-kafka) and whole (kafka-python's AlterConfigs).
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+from kafka.admin import ConfigResource as PyConfigResource, ConfigResourceType, KafkaAdminClient
+
+
+def topic_configs():
+    resource = ConfigResource("topic", "orders")
+    return {k: v.value for k, v in admin.describe_configs([resource])[resource].result(30).items()}
+
+
+shown = topic_configs()
+assert shown["retention.ms"] == "3600000", shown
+assert shown["retention.bytes"] == "-1", shown
+assert shown["cleanup.policy"] == "delete", shown
+broker = ConfigResource("broker", str(next(iter(admin.list_topics(timeout=10).brokers))))
+assert admin.describe_configs([broker])[broker].result(30)["auto.create.topics.enable"].value == "false"
+change = ConfigResource(
+    "topic",
+    "orders",
+    incremental_configs=[
+        ConfigEntry("retention.bytes", "1048576000", incremental_operation=AlterConfigOpType.SET)
+    ],
+)
+admin.incremental_alter_configs([change])[change].result(30)
+shown = topic_configs()
+assert (shown["retention.ms"], shown["retention.bytes"]) == ("3600000", "1048576000"), shown
+refused = ConfigResource(
+    "topic",
+    "orders",
+    incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)
+    ],
+)
+try:
+    admin.incremental_alter_configs([refused])[refused].result(30)
+    raise SystemExit("changing cleanup.policy should have been refused")
+except Exception as e:
+    assert "INVALID_CONFIG" in str(e), e
+# AlterConfigs replaces a topic's configs; kafka-python sends the other changed ones along
+# (it reads them with DescribeConfigs first), so they stay.
+py_admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+py_admin.alter_configs(
+    [PyConfigResource(ConfigResourceType.TOPIC, "orders", configs={"retention.ms": "7200000"})],
+    incremental=False,
+)
+shown = topic_configs()
+assert (shown["retention.ms"], shown["retention.bytes"]) == ("7200000", "1048576000"), shown
+py_admin.close()
+print("configs ok")
+
 # Deleting the topic deletes its partitions.
 admin.delete_topics(["orders"], operation_timeout=10)["orders"].result(timeout=30)
 assert "orders" not in admin.list_topics(timeout=10).topics
