@@ -13,6 +13,9 @@ use nova_proto::RequestError;
 /// The retry hint of an append refused while its stream is handed to another star.
 const HANDOFF_RETRY_AFTER: Duration = Duration::from_millis(100);
 
+/// Terms of leadership handed out in this process (`StreamState::term`).
+static TERMS: AtomicU64 = AtomicU64::new(0);
+
 #[derive(Debug)]
 pub struct StreamState {
     pub meta: StreamMeta,
@@ -30,6 +33,8 @@ pub struct StreamState {
     /// it, and the absorb of the batch's records compares it, so a star whose leadership moved
     /// on can commit neither index entries nor a tail. `None` outside a fleet.
     leadership: parking_lot::Mutex<Option<Compare>>,
+    /// See `term`.
+    term: AtomicU64,
     /// An absorb found the leadership moved while this star held records of the stream: its
     /// appends are refused, and those not yet answered are not acknowledged.
     deposed: AtomicBool,
@@ -73,6 +78,7 @@ impl StreamState {
             deleted: AtomicBool::new(false),
             released: AtomicBool::new(false),
             leadership: parking_lot::Mutex::new(None),
+            term: AtomicU64::new(0),
             deposed: AtomicBool::new(false),
             admitting: parking_lot::Mutex::new(()),
             in_doubt: AtomicBool::new(false),
@@ -225,6 +231,14 @@ impl StreamState {
     /// Like `set_released`, returns once no batch is between its refusal check and its
     /// sequence assignment: every batch sequenced after it carries the new guard.
     pub fn lead_under(&self, guard: Option<Compare>) {
+        self.term
+            .store(TERMS.fetch_add(1, Ordering::Relaxed) + 1, Ordering::Release);
+        self.keep_leading_under(guard);
+    }
+
+    /// Goes on leading under another guard, in the same term: a handoff that could not tell
+    /// whether its move applied took the record back, and this star never stopped leading.
+    pub fn keep_leading_under(&self, guard: Option<Compare>) {
         let _admitting = self.admitting.lock();
         *self.leadership.lock() = guard;
         self.deposed.store(false, Ordering::Release);
@@ -232,6 +246,14 @@ impl StreamState {
     }
 
     /// The guard batches are sequenced under now.
+    /// This process's term of leading the stream: a number no other term of any stream here
+    /// has had, new each time the stream is taken up (0 while it never was, as on a single
+    /// star). What a term learned of the stream (a Kafka producer's recent batches) holds only
+    /// within it: in between, another star may have written it.
+    pub fn term(&self) -> u64 {
+        self.term.load(Ordering::Acquire)
+    }
+
     pub fn leadership(&self) -> Option<Compare> {
         self.leadership.lock().clone()
     }

@@ -432,6 +432,40 @@ impl Client {
         Ok((response.streams.into_iter().map(Into::into).collect(), next))
     }
 
+    /// A page of the Kafka consumer groups the star knows (those with committed offsets or
+    /// members), after `start_after`; with where the next page starts.
+    pub async fn list_groups(
+        &self,
+        start_after: &str,
+        limit: u32,
+    ) -> Result<(Vec<crate::GroupSummary>, Option<String>), Error> {
+        let response = self
+            .idempotent("", |mut star| async move {
+                star.list_groups(v1::ListGroupsRequest {
+                    start_after: start_after.to_owned(),
+                    limit,
+                })
+                .await
+            })
+            .await?
+            .into_inner();
+        let next = (!response.next_start_after.is_empty()).then_some(response.next_start_after);
+        Ok((response.groups.into_iter().map(Into::into).collect(), next))
+    }
+
+    /// A Kafka consumer group's committed offsets, lag and (from its coordinator) members.
+    pub async fn describe_group(&self, group: &str) -> Result<crate::GroupDescription, Error> {
+        let response = self
+            .idempotent("", |mut star| async move {
+                star.describe_group(v1::DescribeGroupRequest {
+                    group: group.to_owned(),
+                })
+                .await
+            })
+            .await?;
+        Ok(response.into_inner().into())
+    }
+
     /// Replaces a stream's retention (`Retention::default()`: keep everything); its storage
     /// class stays.
     pub async fn reconfigure_stream(

@@ -30,6 +30,7 @@ mod client;
 mod config;
 mod consumer;
 mod error;
+mod groups;
 mod info;
 mod jitter;
 mod producer;
@@ -41,6 +42,7 @@ pub use client::{
 pub use config::{ClientConfig, RetryObserver, RetryPolicy, Retrying, TOKEN_ENV};
 pub use consumer::Consumer;
 pub use error::{Error, ErrorCode};
+pub use groups::{GroupDescription, GroupMember, GroupOffset, GroupSummary};
 pub use info::{FleetView, ServerInfo, ServerLimits, ServerRole};
 pub use nova_proto::domain::{Header, Record, SequencedRecord};
 pub use nova_proto::route::{ClientTls, InvalidToken};

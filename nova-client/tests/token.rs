@@ -106,6 +106,18 @@ impl Nova for Recorder {
     ) -> Result<Response<v1::ReconfigureStreamResponse>, Status> {
         Err(Status::unimplemented("not in this test"))
     }
+    async fn list_groups(
+        &self,
+        _: Request<v1::ListGroupsRequest>,
+    ) -> Result<Response<v1::ListGroupsResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn describe_group(
+        &self,
+        _: Request<v1::DescribeGroupRequest>,
+    ) -> Result<Response<v1::DescribeGroupResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
     async fn get_server_info(
         &self,
         _: Request<v1::GetServerInfoRequest>,

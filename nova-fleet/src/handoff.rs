@@ -113,7 +113,7 @@ impl Fleet {
                 // its answer lost, and a read may not show it yet. Only a compare that fails
                 // if it applied, and keeps it from ever applying, tells.
                 match self.take_back(stream, epoch).await {
-                    Some(epoch) => state.lead_under(Some(Compare::Version(key, epoch))),
+                    Some(epoch) => state.keep_leading_under(Some(Compare::Version(key, epoch))),
                     None => self.stop_leading(stream),
                 }
                 return Err(HandoffError::Move {

@@ -170,6 +170,12 @@ impl Fleet {
         stars
     }
 
+    /// The stars' registrations as last read, this one's as published (not as it is now):
+    /// what every star decides from alike, a refresh apart.
+    pub fn stars_as_read(&self) -> Vec<Member> {
+        self.members.read().values().cloned().collect()
+    }
+
     /// The URL redirects to this star carry.
     pub fn advertise(&self) -> &str {
         &self.config.advertise

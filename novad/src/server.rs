@@ -375,6 +375,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         sheds,
         shutdown: stopping.clone(),
         access: nova_server::net::Access::new(&security_metrics),
+        kafka: std::sync::OnceLock::new(),
         identity: crate::service::info::Identity {
             version: env!("CARGO_PKG_VERSION"),
             started_at_ms,
@@ -523,6 +524,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             groups: crate::kafka::Coordinator::new(Clock::system()),
             tokens: security.tokens.clone(),
         });
+        let _ = kafka.ctx.kafka.set(Arc::downgrade(&kafka));
         let kafka_addr = listener.local_addr().ok();
         supervisor.watch(
             "kafka listener",

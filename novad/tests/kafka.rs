@@ -613,6 +613,33 @@ fn a_groups_lag_is_the_records_past_its_committed_offsets() {
         std::thread::sleep(Duration::from_millis(250));
     }
     assert_eq!(novad.metric("nova_kafka_groups"), Some(1.0));
+    // `nova group` shows the same.
+    let nova = |args: &[&str]| {
+        let output = Command::new(nova_testkit::workspace_binary("nova"))
+            .args(["--server", &novad.url()])
+            .args(args)
+            .output()
+            .expect("run nova");
+        assert!(output.status.success(), "nova {args:?}: {output:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    assert_eq!(nova(&["group", "list"]), "lag\tstate=Stable\tmembers=1\n");
+    let described = nova(&["group", "describe", "lag"]);
+    for line in [
+        "state:        Stable",
+        "lag:          40 records",
+        "members:      1",
+    ] {
+        assert!(described.contains(line), "{line:?} in:\n{described}");
+    }
+    assert!(
+        described.contains("  lagging/0\t100\t140\t40\t"),
+        "the partition's row in:\n{described}"
+    );
+    let json = nova(&["--output", "json", "group", "describe", "lag"]);
+    let json: serde_json::Value = serde_json::from_str(&json).expect("one JSON object");
+    assert_eq!(json["lag"], 40);
+    assert_eq!(json["offsets"][0]["committed"], 100);
     drop(member.stdin.take());
     assert!(member.wait().unwrap().success());
 }

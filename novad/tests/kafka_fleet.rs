@@ -312,5 +312,21 @@ fn a_consumer_group_survives_the_loss_of_its_coordinator_star() {
     let second = run_python("kafka_group.py", &[&rest.join(","), "second"]);
     let (_, moved) = metadata(&rest[0], "shared", "g");
     assert_ne!(moved, coordinator, "another star coordinates the group now");
+    // Any star tells the group's committed offsets (kept in etcd): all 900 records consumed.
+    let survivor = (0..3).find(|i| *i != lost).unwrap();
+    let output = Command::new(nova_testkit::workspace_binary("nova"))
+        .args(["--server", &stars[survivor].url(), "--output", "json"])
+        .args(["group", "describe", "g"])
+        .output()
+        .expect("run nova");
+    assert!(output.status.success(), "{output:?}");
+    let described: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let offsets = described["offsets"].as_array().expect("offsets");
+    let committed: i64 = offsets
+        .iter()
+        .map(|o| o["committed"].as_i64().unwrap())
+        .sum();
+    assert_eq!((offsets.len(), committed), (6, 900), "{described}");
+    assert_eq!(described["lag"], 0, "{described}");
     println!("{first}{second}");
 }

@@ -79,6 +79,14 @@ impl GatewayService {
         }
     }
 
+    fn groups_are_the_stars(&self) -> Status {
+        RequestError::Unimplemented(format!(
+            "Kafka consumer groups are kept by the stars; ask the star at {}",
+            self.star_url
+        ))
+        .into()
+    }
+
     fn writes_go_to_the_star(&self) -> Status {
         RequestError::Unimplemented(format!(
             "novagateway serves reads; append and manage streams on the star at {}",
@@ -178,6 +186,20 @@ impl Nova for GatewayService {
         self.access
             .check(principal.as_deref(), Scope::Read, &request.prefix)?;
         self.reader.star.seed().list_streams(request).await
+    }
+
+    async fn list_groups(
+        &self,
+        _request: Request<v1::ListGroupsRequest>,
+    ) -> Result<Response<v1::ListGroupsResponse>, Status> {
+        Err(self.groups_are_the_stars())
+    }
+
+    async fn describe_group(
+        &self,
+        _request: Request<v1::DescribeGroupRequest>,
+    ) -> Result<Response<v1::DescribeGroupResponse>, Status> {
+        Err(self.groups_are_the_stars())
     }
 
     async fn delete_stream(

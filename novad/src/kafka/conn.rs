@@ -41,6 +41,9 @@ pub type Answer = Pin<Box<dyn Future<Output = Option<Reply>> + Send>>;
 pub struct Reply {
     pub response: ResponseKind,
     pub hold: Option<Box<dyn std::any::Any + Send>>,
+    /// Instead of answering, close the connection, for this reason: where the API has no way
+    /// to say a retriable failure (an all-topics Metadata), a client reconnects and asks again.
+    pub close: Option<String>,
 }
 
 impl Reply {
@@ -48,6 +51,14 @@ impl Reply {
         Self {
             response,
             hold: None,
+            close: None,
+        }
+    }
+
+    pub fn closing(response: ResponseKind, why: String) -> Self {
+        Self {
+            close: Some(why),
+            ..Self::new(response)
         }
     }
 }
@@ -516,7 +527,15 @@ async fn answer(kafka: Arc<Kafka>, who: Who, request: RequestKind, version: i16)
             ));
         }
         RequestKind::Metadata(request) => {
-            return now(super::topics::metadata(&kafka, principal, request, version).await);
+            let answer = super::topics::metadata(&kafka, principal, request, version).await;
+            return Box::pin(async move {
+                Some(match answer {
+                    Ok(response) => Reply::new(response),
+                    Err(why) => {
+                        Reply::closing(ResponseKind::Metadata(Default::default()), why.message)
+                    }
+                })
+            });
         }
         RequestKind::CreateTopics(request) => {
             return now(super::topics::create(&kafka, principal, request, version).await);
@@ -599,6 +618,10 @@ async fn write_answers(
         let Some(reply) = next.answer.await else {
             continue;
         };
+        if let Some(why) = reply.close {
+            tracing::warn!(api = ?next.api, "closing a Kafka connection instead of answering: {why}");
+            return;
+        }
         // An answer holding a charge (a fetch's pages) must be taken within --send-timeout.
         let _sending = reply.hold.is_some().then(|| marks.begin_send());
         let mut out = BytesMut::new();

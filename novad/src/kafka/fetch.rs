@@ -248,5 +248,6 @@ fn respond(
                 .with_responses(responses),
         ),
         hold: Some(Box::new(holds)),
+        close: None,
     }
 }

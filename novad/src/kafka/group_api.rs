@@ -83,10 +83,24 @@ pub fn find_coordinator(
         }
         return ResponseKind::FindCoordinator(response);
     }
-    let coordinator = kafka.coordinator(&request.key);
-    response.node_id = BrokerId(coordinator.node_id);
-    response.host = text(coordinator.host);
-    response.port = coordinator.port;
+    match kafka.coordinator(&request.key) {
+        Some(coordinator) => {
+            response.node_id = BrokerId(coordinator.node_id);
+            response.host = text(coordinator.host);
+            response.port = coordinator.port;
+        }
+        None => {
+            let error = ResponseError::CoordinatorNotAvailable;
+            kafka.metrics.answered("FindCoordinator", error);
+            response.node_id = BrokerId(-1);
+            response.error_code = error.code();
+            if version >= 1 {
+                response.error_message = Some(text(
+                    "no star of the fleet serving Kafka clients is open to work yet; retry",
+                ));
+            }
+        }
+    }
     ResponseKind::FindCoordinator(response)
 }
 

@@ -76,11 +76,11 @@ impl Reservation {
     }
 }
 
-/// Every partition's producers, by (stream id, leadership epoch, producer id); at most
+/// Every partition's producers, by (stream id, term, producer id); at most
 /// `KAFKA_PRODUCER_STATES`, the oldest forgotten first (a forgotten producer's next batch reads
-/// its marks again). The leadership epoch (0 on a single star) keeps a state from a time this
-/// star led the stream before from being used once it leads it again: batches written
-/// elsewhere meanwhile are not in it, so the stream is read afresh.
+/// its marks again). The term of leadership (`StreamState::term`, 0 on a single star) keeps a
+/// state from a time this star led the stream before from being used once it leads it again:
+/// batches written elsewhere meanwhile are not in it, so the stream is read afresh.
 pub struct Producers {
     ids: Mutex<Ids>,
     /// One block taken from the catalog at a time.
@@ -95,6 +95,9 @@ struct Ids {
     left: std::ops::Range<u64>,
     /// The blocks handed out from, latest last (at most `ISSUED_BLOCKS_KEPT`).
     issued: VecDeque<std::ops::Range<u64>>,
+    /// Ids below it were handed out before a state was forgotten: theirs may have been, so
+    /// their first batch is not taken for one never written before.
+    forgotten_below: u64,
 }
 
 /// Producer ids taken from the catalog at a time.
@@ -112,12 +115,9 @@ struct States {
     order: VecDeque<Key>,
 }
 
-/// The version of the leader record `stream` is led under here (0 on a single star).
+/// This star's term of leading `stream` (0 on a single star).
 fn lead_epoch(stream: &StreamState) -> u64 {
-    match stream.leadership() {
-        Some(nova_core::metastore::Compare::Version(_, version)) => version,
-        _ => 0,
-    }
+    stream.term()
 }
 
 impl Default for Producers {
@@ -131,13 +131,22 @@ impl Default for Producers {
 }
 
 impl Producers {
-    fn issued_here(&self, producer_id: i64) -> bool {
+    /// Whether `producer_id`'s first batch (epoch 0, sequence 0) needs no reading of the
+    /// partition's marks: only when this start handed the id out and no state has been
+    /// forgotten since. Never in a fleet: the batch may have been written by another star, or
+    /// by this one in an earlier term, with its answer lost.
+    fn surely_new(&self, kafka: &Kafka, producer_id: i64) -> bool {
         let id = producer_id as u64;
-        self.ids
-            .lock()
-            .issued
-            .iter()
-            .any(|block| block.contains(&id))
+        let ids = self.ids.lock();
+        kafka.ctx.fleet.is_none()
+            && id >= ids.forgotten_below
+            && ids.issued.iter().any(|block| block.contains(&id))
+    }
+
+    /// A state was forgotten: no id handed out so far is taken for new again.
+    fn forgot(&self) {
+        let mut ids = self.ids.lock();
+        ids.forgotten_below = ids.left.start;
     }
 
     /// A producer id no producer has had, fleet-wide.
@@ -215,7 +224,7 @@ impl Producers {
     ) -> Result<(), KafkaRefusal> {
         let key = (stream.id(), lead_epoch(stream), mark.producer_id);
         let brand_new =
-            self.issued_here(mark.producer_id) && mark.epoch == 0 && mark.base_sequence == 0;
+            mark.epoch == 0 && mark.base_sequence == 0 && self.surely_new(kafka, mark.producer_id);
         if brand_new || self.states.lock().by_key.contains_key(&key) {
             return Ok(());
         }
@@ -261,6 +270,9 @@ impl Producers {
         if states.by_key.contains_key(&key) {
             return Ok(());
         }
+        if states.make_room(key) {
+            self.forgot();
+        }
         let state = states.entry(key);
         // Only the latest epoch's batches count.
         let epoch = found.iter().map(|(seen, _)| seen.epoch).max().unwrap_or(0);
@@ -281,7 +293,11 @@ impl Producers {
     /// Decides on a batch, reserving it when it is new.
     pub fn check(&self, stream: &StreamState, mark: &ProducerMark, owner: &str) -> Verdict {
         let mut states = self.states.lock();
-        let state = states.entry((stream.id(), lead_epoch(stream), mark.producer_id));
+        let key = (stream.id(), lead_epoch(stream), mark.producer_id);
+        if states.make_room(key) {
+            self.forgot();
+        }
+        let state = states.entry(key);
         match &state.owner {
             Some(known) if known != owner => {
                 return Verdict::Refused(KafkaRefusal::new(
@@ -386,17 +402,22 @@ fn not_written(outcome: &Outcome) -> bool {
 }
 
 impl States {
-    /// The state of `key`, made (forgetting the oldest past the cap) if there is none.
-    fn entry(&mut self, key: Key) -> &mut ProducerState {
+    /// Makes room for `key`'s state, forgetting the oldest past the cap; whether any was.
+    fn make_room(&mut self, key: Key) -> bool {
+        let mut forgot = false;
         if !self.by_key.contains_key(&key) {
             while self.by_key.len() >= KAFKA_PRODUCER_STATES {
                 let Some(oldest) = self.order.pop_front() else {
                     break;
                 };
-                self.by_key.remove(&oldest);
+                forgot |= self.by_key.remove(&oldest).is_some();
             }
             self.order.push_back(key);
         }
+        forgot
+    }
+
+    fn entry(&mut self, key: Key) -> &mut ProducerState {
         self.by_key.entry(key).or_default()
     }
 }

@@ -202,36 +202,64 @@ impl Kafka {
     }
 
     /// The star coordinating `group`: in a fleet, of the stars serving Kafka clients and open
-    /// to work (not starting, not draining), the one whose hash with the group is highest, so
-    /// every star names the same one and a departed star's groups spread over the rest.
-    pub fn coordinator(&self, group: &str) -> Broker {
-        let Some(fleet) = &self.ctx.fleet else {
-            return self.me();
-        };
-        let score = |id: &str| {
-            let mut key = Vec::with_capacity(id.len() + group.len() + 1);
-            key.extend_from_slice(id.as_bytes());
-            key.push(0);
-            key.extend_from_slice(group.as_bytes());
-            fnv1a(&key)
-        };
-        fleet
-            .stars()
-            .iter()
-            .filter(|m| !m.starting && !m.draining)
-            .filter_map(|m| Some((score(&m.id), Broker::of(m)?)))
-            .max_by_key(|(score, broker)| (*score, broker.node_id))
-            .map_or_else(|| self.me(), |(_, broker)| broker)
+    /// to work (not starting, not draining) as their registrations were last read (this
+    /// star's too, as published, so every star decides from the same view a refresh apart),
+    /// the one whose hash with the group is highest; a departed star's groups spread over the
+    /// rest. `None` while no star qualifies.
+    pub fn coordinator(&self, group: &str) -> Option<Broker> {
+        match &self.ctx.fleet {
+            None => Some(self.me()),
+            Some(fleet) => coordinator_among(&fleet.stars_as_read(), group).map(|(_, b)| b),
+        }
     }
 
-    /// `Err(NOT_COORDINATOR)` when another star coordinates `group`: the client asks
-    /// FindCoordinator again.
-    pub fn coordinates(&self, group: &str) -> Result<(), kafka_protocol::error::ResponseError> {
-        if self.ctx.fleet.is_some() && self.coordinator(group).node_id != self.node_id {
-            return Err(kafka_protocol::error::ResponseError::NotCoordinator);
-        }
-        Ok(())
+    /// The fleet member coordinating `group` (`None` on a single star, or while none does).
+    pub fn coordinating_star(&self, group: &str) -> Option<nova_fleet::Member> {
+        let fleet = self.ctx.fleet.as_ref()?;
+        coordinator_among(&fleet.stars_as_read(), group).map(|(m, _)| m)
     }
+
+    /// `Err(NOT_COORDINATOR)` when another star coordinates `group` (the client asks
+    /// FindCoordinator again), `Err(COORDINATOR_NOT_AVAILABLE)` while none does.
+    pub fn coordinates(&self, group: &str) -> Result<(), kafka_protocol::error::ResponseError> {
+        let Some(fleet) = &self.ctx.fleet else {
+            return Ok(());
+        };
+        self.coordinates_among(&fleet.stars_as_read(), group)
+    }
+
+    fn coordinates_among(
+        &self,
+        stars: &[nova_fleet::Member],
+        group: &str,
+    ) -> Result<(), kafka_protocol::error::ResponseError> {
+        use kafka_protocol::error::ResponseError;
+        match coordinator_among(stars, group).map(|(_, b)| b) {
+            Some(broker) if broker.node_id == self.node_id => Ok(()),
+            Some(_) => Err(ResponseError::NotCoordinator),
+            None => Err(ResponseError::CoordinatorNotAvailable),
+        }
+    }
+}
+
+/// Of `stars`, the coordinator of `group` (see `Kafka::coordinator`).
+fn coordinator_among(
+    stars: &[nova_fleet::Member],
+    group: &str,
+) -> Option<(nova_fleet::Member, Broker)> {
+    let score = |id: &str| {
+        let mut key = Vec::with_capacity(id.len() + group.len() + 1);
+        key.extend_from_slice(id.as_bytes());
+        key.push(0);
+        key.extend_from_slice(group.as_bytes());
+        fnv1a(&key)
+    };
+    stars
+        .iter()
+        .filter(|m| !m.starting && !m.draining)
+        .filter_map(|m| Some((score(&m.id), m, Broker::of(m)?)))
+        .max_by_key(|(score, _, broker)| (*score, broker.node_id))
+        .map(|(_, member, broker)| (member.clone(), broker))
 }
 
 /// The listener's own series, beside the star's (sheds and refusals count there too).
@@ -345,8 +373,11 @@ pub async fn serve(
                         kafka.groups.tick();
                         // Groups another star coordinates now (the fleet changed): their
                         // members hear NOT_COORDINATOR and find the new one.
-                        if kafka.ctx.fleet.is_some() {
-                            kafka.groups.forget_where(|group| kafka.coordinates(group).is_err());
+                        if let Some(fleet) = &kafka.ctx.fleet {
+                            let stars = fleet.stars_as_read();
+                            kafka
+                                .groups
+                                .forget_where(|group| kafka.coordinates_among(&stars, group).is_err());
                         }
                     }
                     _ = stopping.cancelled() => return,
@@ -384,11 +415,11 @@ const LAG_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// The tails of `names`: this star's streams' as they are, and in a fleet the others' as
 /// absorbed (from the catalog, a topic at a time). Streams that do not exist are left out.
-async fn tails<'a>(
-    kafka: &Kafka,
+pub async fn tails<'a>(
+    ctx: &Context,
     names: impl Iterator<Item = &'a str>,
 ) -> Result<std::collections::HashMap<String, u64>, nova_core::catalog::CatalogError> {
-    let streams = kafka.ctx.star.streams();
+    let streams = ctx.star.streams();
     let mut tails = std::collections::HashMap::new();
     let mut topics = std::collections::BTreeSet::new();
     for name in names {
@@ -403,7 +434,7 @@ async fn tails<'a>(
             }
         }
     }
-    if kafka.ctx.fleet.is_none() {
+    if ctx.fleet.is_none() {
         return Ok(tails);
     }
     let catalog = streams.catalog();
@@ -440,7 +471,7 @@ async fn refresh_lag(kafka: &Kafka, shown: Vec<String>) -> Vec<String> {
         else {
             continue;
         };
-        let Ok(tails) = tails(kafka, committed.iter().map(|c| c.stream.as_str())).await else {
+        let Ok(tails) = tails(&kafka.ctx, committed.iter().map(|c| c.stream.as_str())).await else {
             continue;
         };
         let lag: u64 = committed

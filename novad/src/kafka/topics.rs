@@ -173,7 +173,7 @@ pub async fn metadata(
     principal: Option<&Principal>,
     request: MetadataRequest,
     version: i16,
-) -> ResponseKind {
+) -> Result<ResponseKind, KafkaRefusal> {
     let node = BrokerId(kafka.node_id);
     let asked: Option<Vec<String>> = match request.topics {
         Some(topics) if !(version == 0 && topics.is_empty()) => Some(
@@ -190,12 +190,10 @@ pub async fn metadata(
     let mut brokers = kafka.brokers();
     let listed: Vec<(String, Result<Vec<i32>, KafkaRefusal>)> = match asked {
         // Every topic the token may see anything of.
+        // A listing that fails is not answered as no topics: a client subscribed by pattern
+        // would drop every partition.
         None => all_topics(kafka)
-            .await
-            .unwrap_or_else(|refusal| {
-                tracing::warn!("listing Kafka topics failed: {}", refusal.message);
-                BTreeMap::new()
-            })
+            .await?
             .into_iter()
             .filter(|(topic, _)| {
                 principal.is_none_or(|p| p.allows_any(&ANY_SCOPE, &stream_of(topic, 0)).is_ok())
@@ -302,7 +300,7 @@ pub async fn metadata(
             None => format!("nova-{}", kafka.ctx.star.config().star),
         }));
     }
-    ResponseKind::Metadata(response)
+    Ok(ResponseKind::Metadata(response))
 }
 
 /// The partitions of one topic a client asked about, created first when it has none and

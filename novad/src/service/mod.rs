@@ -5,6 +5,7 @@ mod append;
 pub use append::reject_append;
 pub mod caps;
 pub mod charge;
+mod groups;
 pub mod info;
 
 use std::net::SocketAddr;
@@ -58,6 +59,8 @@ pub struct Context {
     pub identity: info::Identity,
     /// What each call's token may do (`--auth-tokens`).
     pub access: nova_server::net::Access,
+    /// The Kafka listener, once it serves (`--kafka-listen`): `nova group` asks its groups.
+    pub kafka: std::sync::OnceLock<std::sync::Weak<crate::kafka::Kafka>>,
 }
 
 impl Context {
@@ -608,6 +611,25 @@ impl Nova for NovaService {
         Ok(Response::new(v1::ReconfigureStreamResponse {
             info: Some(info(&stream, first_seq)),
         }))
+    }
+
+    async fn list_groups(
+        &self,
+        request: Request<v1::ListGroupsRequest>,
+    ) -> Result<Response<v1::ListGroupsResponse>, Status> {
+        let principal = nova_server::net::principal(&request);
+        let listed = groups::list(&self.ctx, principal.as_deref(), request.into_inner()).await?;
+        Ok(Response::new(listed))
+    }
+
+    async fn describe_group(
+        &self,
+        request: Request<v1::DescribeGroupRequest>,
+    ) -> Result<Response<v1::DescribeGroupResponse>, Status> {
+        let principal = nova_server::net::principal(&request);
+        let described =
+            groups::describe(&self.ctx, principal.as_deref(), request.into_inner()).await?;
+        Ok(Response::new(described))
     }
 
     async fn get_server_info(

@@ -8,6 +8,7 @@
 mod append;
 mod bench;
 mod framing;
+mod group;
 mod output;
 mod read;
 mod report;
@@ -107,6 +108,11 @@ enum Command {
     Stream {
         #[command(subcommand)]
         command: stream::StreamCommand,
+    },
+    /// List and describe Kafka consumer groups: committed offsets, lag and members.
+    Group {
+        #[command(subcommand)]
+        command: group::GroupCommand,
     },
     /// Append records from stdin (or files) to a stream, exactly once.
     ///
@@ -230,6 +236,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let client = Client::connect_with(config).await?;
     match cli.command {
         Command::Stream { command } => stream::run(&client, command, cli.output).await,
+        Command::Group { command } => group::run(&client, command, cli.output).await,
         Command::Append(args) => append::run(&client, args, cli.output).await,
         Command::Read(args) => read::read(&client, args, cli.output).await,
         Command::Tail(args) => read::tail(&client, args, cli.output).await,
