@@ -524,7 +524,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             groups: crate::kafka::Coordinator::new(Clock::system()),
             tokens: security.tokens.clone(),
         });
-        let _ = kafka.ctx.kafka.set(Arc::downgrade(&kafka));
+        let groups: Arc<dyn crate::service::groups::KafkaGroups> = kafka.clone();
+        let _ = kafka.ctx.kafka.set(Arc::downgrade(&groups));
         let kafka_addr = listener.local_addr().ok();
         supervisor.watch(
             "kafka listener",

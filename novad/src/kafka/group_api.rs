@@ -488,7 +488,21 @@ pub async fn fetch_offsets(
     };
     let by_stream: std::collections::HashMap<&str, &CommittedOffset> =
         committed.iter().map(|c| (c.stream.as_str(), c)).collect();
-    let created = match created_at(kafka, &committed).await {
+    // Only the topics asked about are looked up (all the group committed for when none are).
+    let asked: Option<std::collections::HashSet<&str>> = request
+        .topics
+        .as_ref()
+        .map(|topics| topics.iter().map(|t| &*t.name.0).collect());
+    let wanted: Vec<CommittedOffset> = committed
+        .iter()
+        .filter(|c| {
+            asked.as_ref().is_none_or(|asked| {
+                topic_of(&c.stream).is_some_and(|(topic, _)| asked.contains(topic))
+            })
+        })
+        .cloned()
+        .collect();
+    let created = match created_at(kafka, &wanted).await {
         Ok(created) => created,
         Err(error) => {
             tracing::warn!(group, "reading Kafka topics' partitions failed: {error}");

@@ -242,6 +242,52 @@ impl Kafka {
     }
 }
 
+impl crate::service::groups::KafkaGroups for Kafka {
+    fn groups(&self) -> Vec<(String, String, u32)> {
+        self.groups
+            .list()
+            .into_iter()
+            .map(|(group, state, _)| {
+                let members = self
+                    .groups
+                    .describe(&group)
+                    .map_or(0, |(_, _, _, members)| members.len() as u32);
+                (group, state.name().to_owned(), members)
+            })
+            .collect()
+    }
+
+    fn coordinator(&self, group: &str) -> crate::service::groups::Coordinated {
+        use crate::service::groups::Coordinated;
+        if self.ctx.fleet.is_none() {
+            return Coordinated::Here;
+        }
+        match self.coordinating_star(group) {
+            Some(star) if node_id_of(&star.id) == self.node_id => Coordinated::Here,
+            Some(star) => Coordinated::Elsewhere {
+                id: star.id,
+                addr: star.advertise,
+            },
+            None => Coordinated::Nowhere,
+        }
+    }
+
+    fn members(&self, group: &str) -> Option<(String, Vec<nova_proto::v1::GroupMember>)> {
+        let (state, _, _, members) = self.groups.describe(group)?;
+        Some((
+            state.name().to_owned(),
+            members
+                .into_iter()
+                .map(|m| nova_proto::v1::GroupMember {
+                    member_id: m.member_id,
+                    client_id: m.client_id,
+                    client_host: m.client_host,
+                })
+                .collect(),
+        ))
+    }
+}
+
 /// Of `stars`, the coordinator of `group` (see `Kafka::coordinator`).
 fn coordinator_among(
     stars: &[nova_fleet::Member],
@@ -413,48 +459,6 @@ pub async fn serve(
 /// How often groups' lag is computed.
 const LAG_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// The tails of `names`: this star's streams' as they are, and in a fleet the others' as
-/// absorbed (from the catalog, a topic at a time). Streams that do not exist are left out.
-pub async fn tails<'a>(
-    ctx: &Context,
-    names: impl Iterator<Item = &'a str>,
-) -> Result<std::collections::HashMap<String, u64>, nova_core::catalog::CatalogError> {
-    let streams = ctx.star.streams();
-    let mut tails = std::collections::HashMap::new();
-    let mut topics = std::collections::BTreeSet::new();
-    for name in names {
-        match streams.get(name) {
-            Some(state) => {
-                tails.insert(name.to_owned(), state.tail());
-            }
-            None => {
-                if let Some((topic, _)) = nova_kafka::mapping::topic_of(name) {
-                    topics.insert(topic.to_owned());
-                }
-            }
-        }
-    }
-    if ctx.fleet.is_none() {
-        return Ok(tails);
-    }
-    let catalog = streams.catalog();
-    for topic in topics {
-        let metas = catalog
-            .streams_with_prefix(
-                &format!("{topic}/"),
-                "",
-                nova_core::limits::KAFKA_MAX_PARTITIONS as usize + 1,
-            )
-            .await?;
-        let ids: Vec<u64> = metas.iter().map(|m| m.id).collect();
-        let absorbed = catalog.stream_tails(&ids).await?;
-        for (meta, tail) in metas.into_iter().zip(absorbed) {
-            tails.entry(meta.name).or_insert(tail.tail_seq);
-        }
-    }
-    Ok(tails)
-}
-
 /// Sets each group's lag; forgets the series of groups gone since `shown`.
 async fn refresh_lag(kafka: &Kafka, shown: Vec<String>) -> Vec<String> {
     let groups = kafka.groups.list();
@@ -471,7 +475,10 @@ async fn refresh_lag(kafka: &Kafka, shown: Vec<String>) -> Vec<String> {
         else {
             continue;
         };
-        let Ok(tails) = tails(&kafka.ctx, committed.iter().map(|c| c.stream.as_str())).await else {
+        let Ok(tails) =
+            crate::service::groups::tails(&kafka.ctx, committed.iter().map(|c| c.stream.as_str()))
+                .await
+        else {
             continue;
         };
         let lag: u64 = committed

@@ -71,15 +71,22 @@ pub async fn partitions(
     )
 }
 
-/// Every topic, with its partitions, up to `KAFKA_MAX_LISTED_PARTITIONS` in all.
+/// Streams an all-topics listing reads at most (in a fleet, etcd scans of a page each):
+/// topics among the streams past it, by name, are not listed.
+const MAX_SCANNED_FOR_TOPICS: usize = 4 * KAFKA_MAX_LISTED_PARTITIONS as usize;
+
+/// Every topic, with its partitions, up to `KAFKA_MAX_LISTED_PARTITIONS` in all, among the
+/// first `MAX_SCANNED_FOR_TOPICS` streams by name.
 async fn all_topics(kafka: &Kafka) -> Result<BTreeMap<String, Vec<i32>>, KafkaRefusal> {
     let mut topics: BTreeMap<String, Vec<i32>> = BTreeMap::new();
     let mut listed = 0u32;
+    let mut scanned = 0usize;
     let mut after = String::new();
     loop {
         let page = streams_named(kafka, "", &after, LIST_STREAMS_MAX as usize).await?;
         let Some((last, _)) = page.last() else { break };
         after = last.clone();
+        scanned += page.len();
         for (stream, _) in &page {
             if let Some((topic, partition)) = topic_of(stream) {
                 topics.entry(topic.to_owned()).or_default().push(partition);
@@ -89,7 +96,7 @@ async fn all_topics(kafka: &Kafka) -> Result<BTreeMap<String, Vec<i32>>, KafkaRe
         if page.len() < LIST_STREAMS_MAX as usize {
             break;
         }
-        if listed >= KAFKA_MAX_LISTED_PARTITIONS {
+        if listed >= KAFKA_MAX_LISTED_PARTITIONS || scanned >= MAX_SCANNED_FOR_TOPICS {
             // The last topic may be cut short: leave it out rather than show it with fewer
             // partitions than it has (clients would hash keys onto the wrong ones).
             let last = topics.keys().next_back().cloned();

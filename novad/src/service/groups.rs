@@ -24,7 +24,28 @@ fn may_see_groups(principal: Option<&Principal>) -> Result<(), RequestError> {
     }
 }
 
-fn kafka(ctx: &Context) -> Option<std::sync::Arc<crate::kafka::Kafka>> {
+/// What the Kafka listener (`--kafka-listen`) tells of the groups it coordinates.
+pub trait KafkaGroups: Send + Sync {
+    /// The groups with members here: name, state, member count.
+    fn groups(&self) -> Vec<(String, String, u32)>;
+    /// Which star coordinates `group`.
+    fn coordinator(&self, group: &str) -> Coordinated;
+    /// `group`'s state and members here, if it has any.
+    fn members(&self, group: &str) -> Option<(String, Vec<v1::GroupMember>)>;
+}
+
+/// Where a group is coordinated.
+pub enum Coordinated {
+    Here,
+    Elsewhere {
+        id: String,
+        addr: String,
+    },
+    /// No star of the fleet serving Kafka clients is open to work.
+    Nowhere,
+}
+
+fn kafka(ctx: &Context) -> Option<std::sync::Arc<dyn KafkaGroups>> {
     ctx.kafka.get().and_then(std::sync::Weak::upgrade)
 }
 
@@ -57,19 +78,15 @@ pub async fn list(
         })
         .collect();
     if let Some(kafka) = kafka(ctx) {
-        for (group, state, _) in kafka.groups.list() {
+        for (group, state, members) in kafka.groups() {
             if after.is_some_and(|after| group.as_str() <= after) {
                 continue;
             }
-            let members = kafka
-                .groups
-                .describe(&group)
-                .map_or(0, |(_, _, _, members)| members.len() as u32);
             groups.insert(
                 group.clone(),
                 v1::GroupSummary {
                     group,
-                    state: state.name().to_owned(),
+                    state,
                     members,
                 },
             );
@@ -100,7 +117,7 @@ pub async fn describe(
         .catalog()
         .committed_offsets(&group)
         .await?;
-    let tails = crate::kafka::tails(ctx, committed.iter().map(|c| c.stream.as_str())).await?;
+    let tails = tails(ctx, committed.iter().map(|c| c.stream.as_str())).await?;
     let offsets = committed
         .into_iter()
         .map(|c| {
@@ -124,33 +141,61 @@ pub async fn describe(
         // No Kafka listener here: the offsets are all there is to tell.
         return Ok(described);
     };
-    match kafka.coordinating_star(&described.group) {
-        Some(star) => {
-            described.coordinated_here = kafka.coordinates(&described.group).is_ok();
-            described.coordinator_id = star.id;
-            described.coordinator_addr = star.advertise;
-        }
-        None if ctx.fleet.is_none() => {
+    match kafka.coordinator(&described.group) {
+        Coordinated::Here => {
             described.coordinated_here = true;
             described.coordinator_id = ctx.star.config().star.clone();
+            (described.state, described.members) = kafka
+                .members(&described.group)
+                .unwrap_or_else(|| ("Dead".to_owned(), Vec::new()));
         }
-        None => {}
-    }
-    if described.coordinated_here {
-        match kafka.groups.describe(&described.group) {
-            Some((state, _, _, members)) => {
-                described.state = state.name().to_owned();
-                described.members = members
-                    .into_iter()
-                    .map(|m| v1::GroupMember {
-                        member_id: m.member_id,
-                        client_id: m.client_id,
-                        client_host: m.client_host,
-                    })
-                    .collect();
-            }
-            None => described.state = "Dead".to_owned(),
+        Coordinated::Elsewhere { id, addr } => {
+            described.coordinator_id = id;
+            described.coordinator_addr = addr;
         }
+        Coordinated::Nowhere => {}
     }
     Ok(described)
+}
+
+/// The tails of `names`: this star's streams' as they are, and in a fleet the others' as
+/// absorbed (from the catalog, a topic at a time). Streams that do not exist are left out.
+pub async fn tails<'a>(
+    ctx: &Context,
+    names: impl Iterator<Item = &'a str>,
+) -> Result<std::collections::HashMap<String, u64>, nova_core::catalog::CatalogError> {
+    let streams = ctx.star.streams();
+    let mut tails = std::collections::HashMap::new();
+    let mut topics = std::collections::BTreeSet::new();
+    for name in names {
+        match streams.get(name) {
+            Some(state) => {
+                tails.insert(name.to_owned(), state.tail());
+            }
+            None => {
+                if let Some((topic, _)) = nova_kafka::mapping::topic_of(name) {
+                    topics.insert(topic.to_owned());
+                }
+            }
+        }
+    }
+    if ctx.fleet.is_none() {
+        return Ok(tails);
+    }
+    let catalog = streams.catalog();
+    for topic in topics {
+        let metas = catalog
+            .streams_with_prefix(
+                &format!("{topic}/"),
+                "",
+                nova_core::limits::KAFKA_MAX_PARTITIONS as usize + 1,
+            )
+            .await?;
+        let ids: Vec<u64> = metas.iter().map(|m| m.id).collect();
+        let absorbed = catalog.stream_tails(&ids).await?;
+        for (meta, tail) in metas.into_iter().zip(absorbed) {
+            tails.entry(meta.name).or_insert(tail.tail_seq);
+        }
+    }
+    Ok(tails)
 }

@@ -5,7 +5,7 @@ mod append;
 pub use append::reject_append;
 pub mod caps;
 pub mod charge;
-mod groups;
+pub mod groups;
 pub mod info;
 
 use std::net::SocketAddr;
@@ -60,7 +60,7 @@ pub struct Context {
     /// What each call's token may do (`--auth-tokens`).
     pub access: nova_server::net::Access,
     /// The Kafka listener, once it serves (`--kafka-listen`): `nova group` asks its groups.
-    pub kafka: std::sync::OnceLock<std::sync::Weak<crate::kafka::Kafka>>,
+    pub kafka: std::sync::OnceLock<std::sync::Weak<dyn groups::KafkaGroups>>,
 }
 
 impl Context {

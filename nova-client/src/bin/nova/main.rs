@@ -28,8 +28,8 @@ use nova_client::{Client, ClientConfig, ClientTls, RetryPolicy};
 #[command(
     name = "nova",
     version,
-    about = "Talk to a Nova star or gateway: manage streams, append, read, follow, check status, \
-             benchmark.",
+    about = "Talk to a Nova star or gateway: manage streams, append, read, follow, show Kafka \
+             consumer groups, check status, benchmark.",
     after_help = "Every flag can also be set from the environment (NOVA_SERVER, NOVA_TOKEN). \
                   Errors go to stderr, with a hint where there is one; with --output json, as \
                   one JSON object carrying the gRPC code.\n\n\
