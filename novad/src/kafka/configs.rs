@@ -38,6 +38,16 @@ const STRING: i8 = 2;
 const INT: i8 = 3;
 const LONG: i8 = 5;
 
+/// Resources one request may name; the rest are refused (each costs a catalog read).
+const MAX_RESOURCES: usize = 64;
+
+fn too_many() -> KafkaRefusal {
+    KafkaRefusal::new(
+        ResponseError::InvalidRequest,
+        format!("at most {MAX_RESOURCES} resources are served per request"),
+    )
+}
+
 /// The configs that may be changed.
 const RETENTION_MS: &str = "retention.ms";
 const RETENTION_BYTES: &str = "retention.bytes";
@@ -200,11 +210,12 @@ pub async fn describe(
     version: i16,
 ) -> ResponseKind {
     let mut results = Vec::with_capacity(request.resources.len());
-    for resource in request.resources {
+    for (at, resource) in request.resources.into_iter().enumerate() {
         let mut result = DescribeConfigsResult::default()
             .with_resource_type(resource.resource_type)
             .with_resource_name(resource.resource_name.clone());
         let configs = match resource.resource_type {
+            _ if at >= MAX_RESOURCES => Err(too_many()),
             TOPIC => topic_retention(kafka, principal, &resource.resource_name, &ANY_SCOPE)
                 .await
                 .map(|(_, retention)| topic_configs(kafka, retention)),
@@ -272,7 +283,16 @@ async fn alter_topic(
     if replace {
         retention = Retention::default();
     }
+    let fixed = topic_configs(kafka, retention);
     for (name, change) in changes {
+        // A read-only config sent back as it is (tools send every config they described).
+        if let Change::Set(value) = &change
+            && fixed
+                .iter()
+                .any(|c| c.read_only && c.name == name && c.value == *value)
+        {
+            continue;
+        }
         let limit = match change {
             Change::Default => None,
             Change::Set(value) => match value.parse::<i64>() {
@@ -303,12 +323,10 @@ async fn alter_topic(
     for stream in &streams {
         super::allowed(kafka, principal, Scope::Admin, stream)?;
     }
-    if validate_only {
-        return Ok(());
-    }
-    for stream in &streams {
-        // In a fleet, each stream's retention is changed by its leader, which trims it.
-        if kafka.ctx.fleet.is_some() {
+    // In a fleet, each stream's retention is changed by its leader, which trims it: every
+    // partition is checked to be led here before any is changed (and when only validating).
+    if kafka.ctx.fleet.is_some() {
+        for stream in &streams {
             kafka
                 .ctx
                 .route(stream, None, principal)
@@ -323,13 +341,18 @@ async fn alter_topic(
                         format!(
                             "partition stream {stream:?} is led by star {leader_id} \
                              ({leader_addr}): in a fleet, a topic's configs are changed through \
-                             a star leading all its partitions, or with `nova reconfigure` of \
-                             each partition's stream"
+                             a star leading all its partitions, or with `nova stream \
+                             reconfigure` of each partition's stream"
                         ),
                     ),
                     other => KafkaRefusal::from(&other),
                 })?;
         }
+    }
+    if validate_only {
+        return Ok(());
+    }
+    for stream in &streams {
         kafka
             .ctx
             .star
@@ -358,8 +381,9 @@ pub async fn alter(
     request: AlterConfigsRequest,
 ) -> ResponseKind {
     let mut responses = Vec::with_capacity(request.resources.len());
-    for resource in request.resources {
+    for (at, resource) in request.resources.into_iter().enumerate() {
         let outcome = match resource.resource_type {
+            _ if at >= MAX_RESOURCES => Err(too_many()),
             TOPIC => {
                 let changes = resource
                     .configs
@@ -402,8 +426,9 @@ pub async fn alter_incrementally(
     request: IncrementalAlterConfigsRequest,
 ) -> ResponseKind {
     let mut responses = Vec::with_capacity(request.resources.len());
-    for resource in request.resources {
+    for (at, resource) in request.resources.into_iter().enumerate() {
         let outcome = match resource.resource_type {
+            _ if at >= MAX_RESOURCES => Err(too_many()),
             TOPIC => {
                 let changes: Result<Vec<_>, KafkaRefusal> = resource
                     .configs

@@ -56,6 +56,31 @@ struct ProducerState {
     batches: VecDeque<Batch>,
 }
 
+/// What `learn` found: the term of leadership the producer's state belongs to, and whether
+/// the batch is surely new (a producer's first, from an id this start handed out).
+#[derive(Debug, Clone, Copy)]
+pub struct Learned {
+    term: u64,
+    fresh: bool,
+}
+
+/// The refusal when every producer state has a batch in flight.
+fn full() -> KafkaRefusal {
+    KafkaRefusal::from(&nova_proto::RequestError::Unavailable(format!(
+        "all {KAFKA_PRODUCER_STATES} idempotent producer states here have a batch in flight; \
+         retry"
+    )))
+}
+
+impl ProducerState {
+    /// Whether a batch of it is still to be answered.
+    fn in_flight(&self) -> bool {
+        self.batches
+            .iter()
+            .any(|b| b.outcome.peek().is_none() && b.outcome.clone().now_or_never().is_none())
+    }
+}
+
 /// What to do with a batch.
 pub enum Verdict {
     /// Write it; hand the append's reply to the reservation once submitted. The outcome is
@@ -200,12 +225,13 @@ impl Producers {
                 response.producer_epoch = 0;
             }
             Err(error) => {
+                // Retried by clients as it is (COORDINATOR_NOT_AVAILABLE would send Java's
+                // producer looking for a transaction coordinator).
                 tracing::warn!(%error, "no Kafka producer id could be taken from the catalog");
-                kafka
-                    .metrics
-                    .answered("InitProducerId", ResponseError::CoordinatorNotAvailable);
+                let error = ResponseError::CoordinatorLoadInProgress;
+                kafka.metrics.answered("InitProducerId", error);
                 response.producer_id = ProducerId(-1);
-                response.error_code = ResponseError::CoordinatorNotAvailable.code();
+                response.error_code = error.code();
             }
         }
         ResponseKind::InitProducerId(response)
@@ -221,12 +247,14 @@ impl Producers {
         kafka: &Kafka,
         stream: &StreamState,
         mark: &ProducerMark,
-    ) -> Result<(), KafkaRefusal> {
-        let key = (stream.id(), lead_epoch(stream), mark.producer_id);
-        let brand_new =
+    ) -> Result<Learned, KafkaRefusal> {
+        let term = lead_epoch(stream);
+        let key = (stream.id(), term, mark.producer_id);
+        let fresh =
             mark.epoch == 0 && mark.base_sequence == 0 && self.surely_new(kafka, mark.producer_id);
-        if brand_new || self.states.lock().by_key.contains_key(&key) {
-            return Ok(());
+        let learned = Learned { term, fresh };
+        if fresh || self.states.lock().by_key.contains_key(&key) {
+            return Ok(learned);
         }
         let unreadable = |e: nova_proto::RequestError| {
             KafkaRefusal::from(&nova_proto::RequestError::Unavailable(format!(
@@ -268,10 +296,12 @@ impl Producers {
         // Another connection of the producer may have learnt (and reserved) meanwhile: its
         // state stands.
         if states.by_key.contains_key(&key) {
-            return Ok(());
+            return Ok(learned);
         }
-        if states.make_room(key) {
-            self.forgot();
+        match states.make_room(key) {
+            Some(true) => self.forgot(),
+            Some(false) => {}
+            None => return Err(full()),
         }
         let state = states.entry(key);
         // Only the latest epoch's batches count.
@@ -287,15 +317,41 @@ impl Producers {
                 state.batches.pop_front();
             }
         }
-        Ok(())
+        Ok(learned)
     }
 
-    /// Decides on a batch, reserving it when it is new.
-    pub fn check(&self, stream: &StreamState, mark: &ProducerMark, owner: &str) -> Verdict {
+    /// Decides on a batch, reserving it when it is new; `learned` is what `learn` found.
+    pub fn check(
+        &self,
+        stream: &StreamState,
+        mark: &ProducerMark,
+        owner: &str,
+        learned: Learned,
+    ) -> Verdict {
+        // The state learnt holds within the term it was learnt in: the partition was led
+        // elsewhere since, and may hold batches it does not know.
+        if lead_epoch(stream) != learned.term {
+            return Verdict::Refused(KafkaRefusal::new(
+                ResponseError::NotLeaderOrFollower,
+                "the partition's leadership changed while the batch was checked; retry",
+            ));
+        }
+        let key = (stream.id(), learned.term, mark.producer_id);
         let mut states = self.states.lock();
-        let key = (stream.id(), lead_epoch(stream), mark.producer_id);
-        if states.make_room(key) {
-            self.forgot();
+        // Forgotten since it was learnt (other producers' states took its place): without it
+        // the batch could be taken for new when it was written before.
+        if !learned.fresh && !states.by_key.contains_key(&key) {
+            return Verdict::Refused(KafkaRefusal::from(&nova_proto::RequestError::Unavailable(
+                format!(
+                    "producer {}'s recent batches were forgotten while they were read; retry",
+                    mark.producer_id
+                ),
+            )));
+        }
+        match states.make_room(key) {
+            Some(true) => self.forgot(),
+            Some(false) => {}
+            None => return Verdict::Refused(full()),
         }
         let state = states.entry(key);
         match &state.owner {
@@ -402,19 +458,33 @@ fn not_written(outcome: &Outcome) -> bool {
 }
 
 impl States {
-    /// Makes room for `key`'s state, forgetting the oldest past the cap; whether any was.
-    fn make_room(&mut self, key: Key) -> bool {
-        let mut forgot = false;
-        if !self.by_key.contains_key(&key) {
-            while self.by_key.len() >= KAFKA_PRODUCER_STATES {
-                let Some(oldest) = self.order.pop_front() else {
-                    break;
-                };
-                forgot |= self.by_key.remove(&oldest).is_some();
-            }
-            self.order.push_back(key);
+    /// Makes room for `key`'s state past the cap by forgetting the oldest states with no
+    /// batch in flight (a state whose batch is still landing cannot be read back from the
+    /// partition yet, so it is kept); whether any was forgotten. `None` when every state has
+    /// a batch in flight.
+    fn make_room(&mut self, key: Key) -> Option<bool> {
+        if self.by_key.contains_key(&key) {
+            return Some(false);
         }
-        forgot
+        let mut forgot = false;
+        let mut looked = 0;
+        while self.by_key.len() >= KAFKA_PRODUCER_STATES {
+            if looked > self.order.len() {
+                return None;
+            }
+            let oldest = self.order.pop_front()?;
+            looked += 1;
+            match self.by_key.get(&oldest) {
+                Some(state) if state.in_flight() => self.order.push_back(oldest),
+                Some(_) => {
+                    self.by_key.remove(&oldest);
+                    forgot = true;
+                }
+                None => {}
+            }
+        }
+        self.order.push_back(key);
+        Some(forgot)
     }
 
     fn entry(&mut self, key: Key) -> &mut ProducerState {

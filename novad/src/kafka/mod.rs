@@ -419,8 +419,14 @@ pub async fn serve(
                         kafka.groups.tick();
                         // Groups another star coordinates now (the fleet changed): their
                         // members hear NOT_COORDINATOR and find the new one.
-                        if let Some(fleet) = &kafka.ctx.fleet {
-                            let stars = fleet.stars_as_read();
+                        // Not while no star qualifies (a fleet starting up): every group would
+                        // be dropped, to come back once one does.
+                        if let Some(fleet) = &kafka.ctx.fleet
+                            && let stars = fleet.stars_as_read()
+                            && stars.iter().any(|m| {
+                                !m.starting && !m.draining && Broker::of(m).is_some()
+                            })
+                        {
                             kafka
                                 .groups
                                 .forget_where(|group| kafka.coordinates_among(&stars, group).is_err());

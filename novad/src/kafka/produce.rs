@@ -176,9 +176,9 @@ async fn append(
     let mark = producer_mark(&batches).map_err(refuse)?;
     let reservation = match &mark {
         Some(mark) => {
-            kafka.producers.learn(kafka, &target, mark).await?;
+            let learned = kafka.producers.learn(kafka, &target, mark).await?;
             let owner = principal.map(|p| p.name.as_str()).unwrap_or_default();
-            match kafka.producers.check(&target, mark, owner) {
+            match kafka.producers.check(&target, mark, owner, learned) {
                 Verdict::Duplicate(outcome) => return Ok(outcome.boxed()),
                 Verdict::Refused(refusal) => return Err(refusal),
                 Verdict::New(reservation, outcome) => Some((reservation, outcome)),

@@ -97,11 +97,12 @@ async fn all_topics(kafka: &Kafka) -> Result<BTreeMap<String, Vec<i32>>, KafkaRe
             break;
         }
         if listed >= KAFKA_MAX_LISTED_PARTITIONS || scanned >= MAX_SCANNED_FOR_TOPICS {
-            // The last topic may be cut short: leave it out rather than show it with fewer
-            // partitions than it has (clients would hash keys onto the wrong ones).
-            let last = topics.keys().next_back().cloned();
-            if let Some(last) = last {
-                topics.remove(&last);
+            // The topic of the last stream read may be cut short: leave it out rather than
+            // show it with fewer partitions than it has (clients would hash keys onto the
+            // wrong ones). Streams sort by name, so it is that stream's topic, which need not
+            // be the last topic by name ("a.b/0" sorts before "a/0").
+            if let Some((topic, _)) = topic_of(&after) {
+                topics.remove(topic);
             }
             break;
         }

@@ -13,15 +13,15 @@ use super::Context;
 const LIST_GROUPS_DEFAULT: u32 = 100;
 const LIST_GROUPS_MAX: u32 = 1000;
 
-/// Groups span streams: seeing them takes an operator's token (as Kafka's ListGroups does).
-fn may_see_groups(principal: Option<&Principal>) -> Result<(), RequestError> {
-    match principal {
-        Some(p) if !p.has(Scope::Admin) => Err(RequestError::PermissionDenied(format!(
-            "token {:?} may not see consumer groups: that takes the admin scope",
-            p.name
-        ))),
-        _ => Ok(()),
-    }
+/// Groups span streams, any of them: seeing them takes the admin scope over every stream.
+fn may_see_groups(ctx: &Context, principal: Option<&Principal>) -> Result<(), RequestError> {
+    ctx.access.check(principal, Scope::Admin, "")
+}
+
+/// The order groups are listed in: the catalog keeps committed offsets by the group name's
+/// length first, then the name.
+fn listing_order(group: &str) -> (usize, &str) {
+    (group.len(), group)
 }
 
 /// What the Kafka listener (`--kafka-listen`) tells of the groups it coordinates.
@@ -54,7 +54,7 @@ pub async fn list(
     principal: Option<&Principal>,
     request: v1::ListGroupsRequest,
 ) -> Result<v1::ListGroupsResponse, RequestError> {
-    may_see_groups(principal)?;
+    may_see_groups(ctx, principal)?;
     let limit = match request.limit {
         0 => LIST_GROUPS_DEFAULT,
         n => n.min(LIST_GROUPS_MAX),
@@ -67,23 +67,23 @@ pub async fn list(
         .catalog()
         .offset_groups(after, limit + 1)
         .await?;
-    let mut groups: BTreeMap<String, v1::GroupSummary> = committed
+    let mut groups: BTreeMap<(usize, String), v1::GroupSummary> = committed
         .into_iter()
         .map(|group| {
             let summary = v1::GroupSummary {
                 group: group.clone(),
                 ..Default::default()
             };
-            (group, summary)
+            ((group.len(), group), summary)
         })
         .collect();
     if let Some(kafka) = kafka(ctx) {
         for (group, state, members) in kafka.groups() {
-            if after.is_some_and(|after| group.as_str() <= after) {
+            if after.is_some_and(|after| listing_order(&group) <= listing_order(after)) {
                 continue;
             }
             groups.insert(
-                group.clone(),
+                (group.len(), group.clone()),
                 v1::GroupSummary {
                     group,
                     state,
@@ -109,7 +109,7 @@ pub async fn describe(
     principal: Option<&Principal>,
     request: v1::DescribeGroupRequest,
 ) -> Result<v1::DescribeGroupResponse, RequestError> {
-    may_see_groups(principal)?;
+    may_see_groups(ctx, principal)?;
     let group = request.group;
     let committed = ctx
         .star
