@@ -154,6 +154,7 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 /// after it starts, so a test can check that the process notices and says which. Release
 /// builds carry no hook.
 mod fault {
+    #[cfg(debug_assertions)]
     use std::future::Future;
 
     #[cfg(debug_assertions)]

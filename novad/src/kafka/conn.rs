@@ -624,7 +624,13 @@ async fn write_answers(
         }
         // An answer holding a charge (a fetch's pages) must be taken within --send-timeout.
         let _sending = reply.hold.is_some().then(|| marks.begin_send());
-        let mut out = BytesMut::new();
+        // Sized up front: a fetch's answer (megabytes of batches) would otherwise grow by
+        // doubling, copying itself into fresh memory each time.
+        let size = match &reply.response {
+            ResponseKind::Fetch(fetched) => fetched.compute_size(next.version).unwrap_or(0),
+            _ => 0,
+        };
+        let mut out = BytesMut::with_capacity(size + 64);
         out.put_i32(0);
         let encoded = ResponseHeader::default()
             .with_correlation_id(next.correlation_id)
