@@ -9,6 +9,7 @@ pub mod batch;
 pub mod decompress;
 pub mod encode;
 pub mod errors;
+pub mod fetch_frame;
 pub mod mapping;
 
 pub use kafka_protocol;

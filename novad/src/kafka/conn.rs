@@ -609,6 +609,38 @@ async fn answer(kafka: Arc<Kafka>, who: Who, request: RequestKind, version: i16)
     })
 }
 
+/// An answer as the pieces to write, its length prefix and header first. A fetch's record
+/// batches are pieces of their own, written as they were made rather than copied into the
+/// frame; any other answer is one piece.
+fn encode_answer(
+    api: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    response: ResponseKind,
+) -> Result<Vec<Bytes>, String> {
+    let header_version = api.response_header_version(version);
+    let header = ResponseHeader::default().with_correlation_id(correlation_id);
+    if let ResponseKind::Fetch(fetched) = &response
+        && nova_kafka::fetch_frame::VERSIONS.contains(&version)
+    {
+        let mut encoded = BytesMut::new();
+        header
+            .encode(&mut encoded, header_version)
+            .map_err(|e| format!("{e:#}"))?;
+        return nova_kafka::fetch_frame::fetch_frame(&encoded, fetched, version)
+            .map_err(|e| e.to_string());
+    }
+    let mut out = BytesMut::new();
+    out.put_i32(0);
+    header
+        .encode(&mut out, header_version)
+        .and_then(|()| response.encode(&mut out, version))
+        .map_err(|e| format!("{e:#}"))?;
+    let len = (out.len() - 4) as i32;
+    out[..4].copy_from_slice(&len.to_be_bytes());
+    Ok(vec![out.freeze()])
+}
+
 async fn write_answers(
     mut pending: mpsc::Receiver<Pending>,
     mut write: tokio::io::WriteHalf<Conn>,
@@ -624,33 +656,23 @@ async fn write_answers(
         }
         // An answer holding a charge (a fetch's pages) must be taken within --send-timeout.
         let _sending = reply.hold.is_some().then(|| marks.begin_send());
-        // Sized up front: a fetch's answer (megabytes of batches) would otherwise grow by
-        // doubling, copying itself into fresh memory each time.
-        let size = match &reply.response {
-            ResponseKind::Fetch(fetched) => fetched.compute_size(next.version).unwrap_or(0),
-            _ => 0,
+        let pieces = encode_answer(next.api, next.version, next.correlation_id, reply.response);
+        let pieces = match pieces {
+            Ok(pieces) => pieces,
+            Err(error) => {
+                // A field set that the client's version lacks: Nova's bug, not the client's.
+                tracing::error!(
+                    api = ?next.api,
+                    version = next.version,
+                    "a Kafka answer could not be encoded; closing the connection: {error}"
+                );
+                return;
+            }
         };
-        let mut out = BytesMut::with_capacity(size + 64);
-        out.put_i32(0);
-        let encoded = ResponseHeader::default()
-            .with_correlation_id(next.correlation_id)
-            .encode(&mut out, next.api.response_header_version(next.version))
-            .and_then(|()| reply.response.encode(&mut out, next.version));
-        // The answer's own buffers (a fetch's encoded batches) go before it is written.
-        drop(reply.response);
-        if let Err(error) = encoded {
-            // A field set that the client's version lacks: Nova's bug, not the client's.
-            tracing::error!(
-                api = ?next.api,
-                version = next.version,
-                "a Kafka answer could not be encoded; closing the connection: {error:#}"
-            );
-            return;
-        }
-        let len = (out.len() - 4) as i32;
-        out[..4].copy_from_slice(&len.to_be_bytes());
-        if write.write_all(&out).await.is_err() {
-            return;
+        for piece in pieces {
+            if write.write_all(&piece).await.is_err() {
+                return;
+            }
         }
         drop(reply.hold);
     }
