@@ -158,7 +158,10 @@ mod tests {
     use kafka_protocol::protocol::StrBytes;
     use proptest::prelude::*;
 
-    fn response(topics: Vec<(String, Vec<(i32, Option<Vec<u8>>)>)>) -> FetchResponse {
+    /// A topic's name and its partitions: index and records.
+    type Topic = (String, Vec<(i32, Option<Vec<u8>>)>);
+
+    fn response(topics: Vec<Topic>) -> FetchResponse {
         FetchResponse::default()
             .with_throttle_time_ms(7)
             .with_responses(
