@@ -44,6 +44,10 @@ pub fn fetch_frame(
     if version >= 7 {
         glue.put_i16(response.error_code);
         glue.put_i32(response.session_id);
+    } else if response.session_id != 0 {
+        return Err(FetchFrameError::Encode(
+            "a fetch session id set at a version without sessions".into(),
+        ));
     }
     put_len(&mut glue, response.responses.len(), flexible);
     for topic in &response.responses {
@@ -88,9 +92,14 @@ fn put_partition(
         .encode(&mut encoded, version)
         .map_err(encode_failed)?;
     let tail = if flexible {
-        // The compact length of empty bytes (1), then no tagged fields (0); a partition with
-        // tagged fields set is written whole.
-        if !partition.unknown_tagged_fields.is_empty() || !encoded.ends_with(&[1, 0]) {
+        // With no tagged field set, a version-12 partition ends in the compact length of empty
+        // bytes (1) and its tagged fields' count (0). One with a tagged field set is written
+        // whole (its records copied), so nothing is cut from the wrong place.
+        let tagged = !partition.unknown_tagged_fields.is_empty()
+            || partition.diverging_epoch != Default::default()
+            || partition.current_leader != Default::default()
+            || partition.snapshot_id != Default::default();
+        if tagged || !encoded.ends_with(&[1, 0]) {
             partition.encode(glue, version).map_err(encode_failed)?;
             return Ok(());
         }
@@ -174,11 +183,20 @@ mod tests {
                                 partitions
                                     .into_iter()
                                     .map(|(index, records)| {
-                                        PartitionData::default()
+                                        let mut p = PartitionData::default()
                                             .with_partition_index(index)
+                                            .with_error_code((index % 3) as i16)
                                             .with_high_watermark(i64::from(index) * 3)
                                             .with_last_stable_offset(9)
-                                            .with_records(records.map(Bytes::from))
+                                            .with_log_start_offset(i64::from(index) % 5)
+                                            .with_records(records.map(Bytes::from));
+                                        if index % 7 == 1 {
+                                            // A tagged field (version 12 only) ending in 1.
+                                            p.current_leader.leader_epoch = 1;
+                                            p.current_leader.leader_id =
+                                                kafka_protocol::messages::BrokerId(1);
+                                        }
+                                        p
                                     })
                                     .collect(),
                             )
@@ -205,7 +223,13 @@ mod tests {
                 0..3,
             ),
         ) {
-            let answer = response(topics);
+            let mut answer = response(topics);
+            if version < 12 {
+                // Tagged fields exist from version 12 on; kafka-protocol refuses them before.
+                for p in answer.responses.iter_mut().flat_map(|t| t.partitions.iter_mut()) {
+                    p.current_leader = Default::default();
+                }
+            }
             let header = [0, 0, 0, 42];
             let pieces = fetch_frame(&header, &answer, version).unwrap();
             let mut expected = BytesMut::new();
@@ -220,6 +244,7 @@ mod tests {
                 .responses
                 .iter()
                 .flat_map(|t| &t.partitions)
+                .filter(|p| p.current_leader == Default::default())
                 .filter_map(|p| p.records.as_ref())
                 .filter(|r| !r.is_empty())
             {

@@ -641,6 +641,42 @@ fn encode_answer(
     Ok(vec![out.freeze()])
 }
 
+/// Writes `pieces` in order, several to a write where the connection takes them (a fetch's
+/// small pieces between its batches would otherwise each be a segment of their own); each is
+/// dropped once written.
+async fn write_pieces(
+    write: &mut tokio::io::WriteHalf<Conn>,
+    pieces: Vec<Bytes>,
+) -> std::io::Result<()> {
+    use bytes::Buf;
+    let mut pieces: std::collections::VecDeque<Bytes> = pieces.into();
+    while !pieces.is_empty() {
+        let slices: Vec<std::io::IoSlice<'_>> = pieces
+            .iter()
+            .take(64)
+            .map(|p| std::io::IoSlice::new(p))
+            .collect();
+        let mut written = write.write_vectored(&slices).await?;
+        drop(slices);
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while written > 0 {
+            let Some(front) = pieces.front_mut() else {
+                break;
+            };
+            if written >= front.len() {
+                written -= front.len();
+                pieces.pop_front();
+            } else {
+                front.advance(written);
+                written = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn write_answers(
     mut pending: mpsc::Receiver<Pending>,
     mut write: tokio::io::WriteHalf<Conn>,
@@ -669,10 +705,8 @@ async fn write_answers(
                 return;
             }
         };
-        for piece in pieces {
-            if write.write_all(&piece).await.is_err() {
-                return;
-            }
+        if write_pieces(&mut write, pieces).await.is_err() {
+            return;
         }
         drop(reply.hold);
     }
