@@ -159,15 +159,19 @@ impl Fleet {
 
     /// The stars registered in the fleet as last read, this one as it is now.
     pub fn stars(&self) -> Vec<Member> {
-        let mut stars: Vec<Member> = self
-            .members
+        let mut stars = self.others();
+        stars.push(self.me());
+        stars
+    }
+
+    /// The other stars' registrations, as last read.
+    pub(crate) fn others(&self) -> Vec<Member> {
+        self.members
             .read()
             .values()
             .filter(|m| m.id != self.config.star_id)
             .cloned()
-            .collect();
-        stars.push(self.me());
-        stars
+            .collect()
     }
 
     /// The stars' registrations as last read, this one's as published (not as it is now):

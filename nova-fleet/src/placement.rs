@@ -51,13 +51,7 @@ impl Fleet {
 
     /// The least-loaded star open to new leadership, this one included or not.
     pub(crate) fn pick_among(&self, me_too: bool) -> Result<Member, RequestError> {
-        let mut candidates: Vec<Member> = self
-            .members
-            .read()
-            .values()
-            .filter(|m| m.id != self.config.star_id)
-            .cloned()
-            .collect();
+        let mut candidates = self.others();
         let mut me = self.me();
         if let Some(seen) = self.members.read().get(&self.config.star_id) {
             me.streams_led = me.streams_led.max(seen.streams_led);

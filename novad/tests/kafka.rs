@@ -473,40 +473,10 @@ fn an_idempotent_producer_writes_each_delivered_record_once_across_cuts_and_kill
         blows.peek().is_none(),
         "not every cut and kill happened: {summary}"
     );
-    // What the client was told: record i at offset o.
-    let delivered: Vec<(usize, u64)> = std::fs::read_to_string(&delivered_file)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (i, o) = l.split_once(' ').unwrap();
-            (i.parse().unwrap(), o.parse().unwrap())
-        })
-        .collect();
-    assert!(delivered.len() * 10 >= RECORDS * 9, "{summary}");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let stored = rt.block_on(async { read_all(&client(&novad).await, "idem/0").await });
-    let ids: Vec<usize> = stored
-        .iter()
-        .map(|body| body.split(' ').nth(1).unwrap().parse().unwrap())
-        .collect();
-    let mut seen = std::collections::HashMap::new();
-    for (offset, id) in ids.iter().enumerate() {
-        seen.entry(*id).or_insert_with(Vec::new).push(offset as u64);
-    }
-    for (id, offset) in &delivered {
-        let at = seen.get(id).map(Vec::as_slice).unwrap_or_default();
-        assert_eq!(
-            at,
-            [*offset],
-            "record {id}, reported at offset {offset}: stored at {at:?}"
-        );
-    }
-    // In order: the stream holds every record once, in the order they were produced.
-    assert!(
-        ids.windows(2).all(|w| w[0] < w[1]),
-        "records out of order or repeated"
-    );
-    println!("{summary}; {} stored", ids.len());
+    let stored = assert_delivered_once_in_order(&delivered_file, &stored, RECORDS, &summary);
+    println!("{summary}; {stored} stored");
 }
 
 /// An idempotent producer's batch sent again is answered with its first offset and not

@@ -17,7 +17,7 @@ use nova_testkit::{Etcd, Moto, Novad, free_port, python};
 
 use common::{client, read_all};
 use fleet_common::{BUCKET, leaders, star};
-use kafka_common::kcat;
+use kafka_common::{assert_delivered_once_in_order, kcat};
 
 /// A fleet of `n` stars, each serving Kafka on a port of its own; with each star its Kafka
 /// address.
@@ -254,37 +254,9 @@ fn an_idempotent_producer_follows_a_handoff_and_a_takeover_and_writes_each_recor
     let after = leader_of(&stars, survivor);
     assert_ne!(after, killed, "the killed star's partition was taken over");
     println!("led by star-{stopped}, then star-{killed}, then star-{after}");
-    let delivered: Vec<(usize, u64)> = std::fs::read_to_string(&delivered_file)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (i, o) = l.split_once(' ').unwrap();
-            (i.parse().unwrap(), o.parse().unwrap())
-        })
-        .collect();
-    assert!(delivered.len() * 10 >= RECORDS * 9, "{summary}");
     let stored = rt.block_on(async { read_all(&client(&stars[survivor]).await, "moving/0").await });
-    let ids: Vec<usize> = stored
-        .iter()
-        .map(|body| body.split(' ').nth(1).unwrap().parse().unwrap())
-        .collect();
-    let mut seen = std::collections::HashMap::new();
-    for (offset, id) in ids.iter().enumerate() {
-        seen.entry(*id).or_insert_with(Vec::new).push(offset as u64);
-    }
-    for (id, offset) in &delivered {
-        let at = seen.get(id).map(Vec::as_slice).unwrap_or_default();
-        assert_eq!(
-            at,
-            [*offset],
-            "record {id}, reported at offset {offset}: stored at {at:?}"
-        );
-    }
-    assert!(
-        ids.windows(2).all(|w| w[0] < w[1]),
-        "records out of order or repeated"
-    );
-    println!("{summary}; {} stored", ids.len());
+    let stored = assert_delivered_once_in_order(&delivered_file, &stored, RECORDS, &summary);
+    println!("{summary}; {stored} stored");
 }
 
 /// Three kafka-python consumers of one group share a six-partition topic spread over the

@@ -17,11 +17,11 @@ use kafka_protocol::protocol::StrBytes;
 
 use nova_core::catalog::Retention;
 use nova_kafka::errors::KafkaRefusal;
-use nova_kafka::mapping::{invalid_topic, stream_of};
+use nova_kafka::mapping::stream_of;
 use nova_server::net::{Principal, Scope};
 
 use super::Kafka;
-use super::topics::{ANY_SCOPE, partitions};
+use super::topics::{ANY_SCOPE, check_topic, partitions};
 
 /// Kafka's resource types.
 const TOPIC: i8 = 2;
@@ -182,17 +182,7 @@ async fn topic_retention(
     topic: &str,
     scope: &[Scope],
 ) -> Result<(Vec<i32>, Retention), KafkaRefusal> {
-    if let Some(why) = invalid_topic(topic) {
-        return Err(KafkaRefusal::new(
-            ResponseError::InvalidTopicException,
-            format!("topic name {topic:?} {why}"),
-        ));
-    }
-    kafka
-        .ctx
-        .access
-        .check_any(principal, scope, &stream_of(topic, 0))
-        .map_err(|e| KafkaRefusal::from(&e))?;
+    check_topic(kafka, principal, topic, scope)?;
     let found = partitions(kafka, topic).await?;
     let retention = found.values().next().copied().ok_or_else(|| {
         KafkaRefusal::new(
@@ -375,6 +365,54 @@ fn not_a_topic(resource_type: i8) -> KafkaRefusal {
     )
 }
 
+/// What a request asked of one resource.
+struct Asked<'a> {
+    /// Its place in the request (past `MAX_RESOURCES`, refused).
+    at: usize,
+    resource_type: i8,
+    name: &'a str,
+    /// The changes, or why they cannot be made.
+    changes: Result<Vec<(String, Change)>, KafkaRefusal>,
+}
+
+/// Applies one resource's changes (only a topic's may change); its answer's error code and
+/// message, the refusal counted under `api`.
+async fn alter_resource(
+    kafka: &Kafka,
+    principal: Option<&Principal>,
+    asked: Asked<'_>,
+    replace: bool,
+    validate_only: bool,
+    api: &str,
+) -> (i16, Option<StrBytes>) {
+    let outcome = match asked.resource_type {
+        _ if asked.at >= MAX_RESOURCES => Err(too_many()),
+        TOPIC => match asked.changes {
+            Ok(changes) => {
+                alter_topic(
+                    kafka,
+                    principal,
+                    asked.name,
+                    changes,
+                    replace,
+                    validate_only,
+                )
+                .await
+            }
+            Err(refusal) => Err(refusal),
+        },
+        other => Err(not_a_topic(other)),
+    };
+    match outcome {
+        Ok(()) => (0, None),
+        Err(refusal) => {
+            kafka.metrics.answered(api, refusal.error);
+            (refusal.code(), Some(text(refusal.message)))
+        }
+    }
+}
+
+/// AlterConfigs: each topic's configs replaced by those named (a value of none: the default).
 pub async fn alter(
     kafka: &Kafka,
     principal: Option<&Principal>,
@@ -382,44 +420,43 @@ pub async fn alter(
 ) -> ResponseKind {
     let mut responses = Vec::with_capacity(request.resources.len());
     for (at, resource) in request.resources.into_iter().enumerate() {
-        let outcome = match resource.resource_type {
-            _ if at >= MAX_RESOURCES => Err(too_many()),
-            TOPIC => {
-                let changes = resource
-                    .configs
-                    .into_iter()
-                    .map(|c| {
-                        let change = c
-                            .value
-                            .map_or(Change::Default, |v| Change::Set(v.to_string()));
-                        (c.name.to_string(), change)
-                    })
-                    .collect();
-                alter_topic(
-                    kafka,
-                    principal,
-                    &resource.resource_name,
-                    changes,
-                    true,
-                    request.validate_only,
-                )
-                .await
-            }
-            other => Err(not_a_topic(other)),
+        let changes = resource
+            .configs
+            .into_iter()
+            .map(|c| {
+                let change = c
+                    .value
+                    .map_or(Change::Default, |v| Change::Set(v.to_string()));
+                (c.name.to_string(), change)
+            })
+            .collect();
+        let asked = Asked {
+            at,
+            resource_type: resource.resource_type,
+            name: &resource.resource_name,
+            changes: Ok(changes),
         };
-        let mut response = LegacyAltered::default()
-            .with_resource_type(resource.resource_type)
-            .with_resource_name(resource.resource_name);
-        if let Err(refusal) = outcome {
-            kafka.metrics.answered("AlterConfigs", refusal.error);
-            response.error_code = refusal.code();
-            response.error_message = Some(text(refusal.message));
-        }
-        responses.push(response);
+        let (error_code, error_message) = alter_resource(
+            kafka,
+            principal,
+            asked,
+            true,
+            request.validate_only,
+            "AlterConfigs",
+        )
+        .await;
+        responses.push(
+            LegacyAltered::default()
+                .with_resource_type(resource.resource_type)
+                .with_resource_name(resource.resource_name)
+                .with_error_code(error_code)
+                .with_error_message(error_message),
+        );
     }
     ResponseKind::AlterConfigs(AlterConfigsResponse::default().with_responses(responses))
 }
 
+/// IncrementalAlterConfigs: SET and DELETE of a topic's configs.
 pub async fn alter_incrementally(
     kafka: &Kafka,
     principal: Option<&Principal>,
@@ -427,57 +464,48 @@ pub async fn alter_incrementally(
 ) -> ResponseKind {
     let mut responses = Vec::with_capacity(request.resources.len());
     for (at, resource) in request.resources.into_iter().enumerate() {
-        let outcome = match resource.resource_type {
-            _ if at >= MAX_RESOURCES => Err(too_many()),
-            TOPIC => {
-                let changes: Result<Vec<_>, KafkaRefusal> = resource
-                    .configs
-                    .into_iter()
-                    .map(|c| {
-                        let change = match (c.config_operation, c.value) {
-                            (0, Some(value)) => Change::Set(value.to_string()),
-                            (1, _) => Change::Default,
-                            _ => {
-                                return Err(KafkaRefusal::new(
-                                    ResponseError::InvalidConfig,
-                                    format!(
-                                        "{}: only SET (with a value) and DELETE are served",
-                                        &*c.name
-                                    ),
-                                ));
-                            }
-                        };
-                        Ok((c.name.to_string(), change))
-                    })
-                    .collect();
-                match changes {
-                    Ok(changes) => {
-                        alter_topic(
-                            kafka,
-                            principal,
-                            &resource.resource_name,
-                            changes,
-                            false,
-                            request.validate_only,
-                        )
-                        .await
+        let changes = resource
+            .configs
+            .into_iter()
+            .map(|c| {
+                let change = match (c.config_operation, c.value) {
+                    (0, Some(value)) => Change::Set(value.to_string()),
+                    (1, _) => Change::Default,
+                    _ => {
+                        return Err(KafkaRefusal::new(
+                            ResponseError::InvalidConfig,
+                            format!(
+                                "{}: only SET (with a value) and DELETE are served",
+                                &*c.name
+                            ),
+                        ));
                     }
-                    Err(refusal) => Err(refusal),
-                }
-            }
-            other => Err(not_a_topic(other)),
+                };
+                Ok((c.name.to_string(), change))
+            })
+            .collect();
+        let asked = Asked {
+            at,
+            resource_type: resource.resource_type,
+            name: &resource.resource_name,
+            changes,
         };
-        let mut response = AlterConfigsResourceResponse::default()
-            .with_resource_type(resource.resource_type)
-            .with_resource_name(resource.resource_name);
-        if let Err(refusal) = outcome {
-            kafka
-                .metrics
-                .answered("IncrementalAlterConfigs", refusal.error);
-            response.error_code = refusal.code();
-            response.error_message = Some(text(refusal.message));
-        }
-        responses.push(response);
+        let (error_code, error_message) = alter_resource(
+            kafka,
+            principal,
+            asked,
+            false,
+            request.validate_only,
+            "IncrementalAlterConfigs",
+        )
+        .await;
+        responses.push(
+            AlterConfigsResourceResponse::default()
+                .with_resource_type(resource.resource_type)
+                .with_resource_name(resource.resource_name)
+                .with_error_code(error_code)
+                .with_error_message(error_message),
+        );
     }
     ResponseKind::IncrementalAlterConfigs(
         IncrementalAlterConfigsResponse::default().with_responses(responses),

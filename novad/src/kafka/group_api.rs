@@ -394,38 +394,19 @@ pub async fn commit(
 async fn created_at(
     kafka: &Kafka,
     committed: &[CommittedOffset],
-) -> Result<std::collections::HashMap<String, u64>, nova_proto::RequestError> {
-    let streams = kafka.ctx.star.streams();
-    let mut created = std::collections::HashMap::new();
-    let mut topics = std::collections::BTreeSet::new();
-    for c in committed {
-        match streams.get(&c.stream) {
-            Some(state) => {
-                created.insert(c.stream.clone(), state.meta.created_at_ms);
-            }
-            None => {
-                if let Some((topic, _)) = topic_of(&c.stream) {
-                    topics.insert(topic);
-                }
-            }
-        }
-    }
-    if kafka.ctx.fleet.is_some() {
-        for topic in topics {
-            let metas = streams
-                .catalog()
-                .streams_with_prefix(
-                    &format!("{topic}/"),
-                    "",
-                    nova_core::limits::KAFKA_MAX_PARTITIONS as usize + 1,
-                )
-                .await?;
-            for meta in metas {
-                created.entry(meta.name).or_insert(meta.created_at_ms);
-            }
-        }
-    }
-    Ok(created)
+) -> Result<std::collections::HashMap<String, u64>, nova_core::catalog::CatalogError> {
+    let found =
+        crate::service::groups::partitions(&kafka.ctx, committed.iter().map(|c| c.stream.as_str()))
+            .await?;
+    let here = found
+        .here
+        .iter()
+        .map(|state| (state.name().to_owned(), state.meta.created_at_ms));
+    let elsewhere = found
+        .elsewhere
+        .into_iter()
+        .map(|meta| (meta.name, meta.created_at_ms));
+    Ok(here.chain(elsewhere).collect())
 }
 
 pub async fn fetch_offsets(

@@ -140,11 +140,6 @@ struct States {
     order: VecDeque<Key>,
 }
 
-/// This star's term of leading `stream` (0 on a single star).
-fn lead_epoch(stream: &StreamState) -> u64 {
-    stream.term()
-}
-
 impl Default for Producers {
     fn default() -> Self {
         Self {
@@ -248,7 +243,7 @@ impl Producers {
         stream: &StreamState,
         mark: &ProducerMark,
     ) -> Result<Learned, KafkaRefusal> {
-        let term = lead_epoch(stream);
+        let term = stream.term();
         let key = (stream.id(), term, mark.producer_id);
         let fresh =
             mark.epoch == 0 && mark.base_sequence == 0 && self.surely_new(kafka, mark.producer_id);
@@ -330,7 +325,7 @@ impl Producers {
     ) -> Verdict {
         // The state learnt holds within the term it was learnt in: the partition was led
         // elsewhere since, and may hold batches it does not know.
-        if lead_epoch(stream) != learned.term {
+        if stream.term() != learned.term {
             return Verdict::Refused(KafkaRefusal::new(
                 ResponseError::NotLeaderOrFollower,
                 "the partition's leadership changed while the batch was checked; retry",

@@ -145,7 +145,7 @@ pub struct Broker {
 
 impl Broker {
     /// The broker a fleet member is, when it serves Kafka clients.
-    fn of(member: &nova_fleet::Member) -> Option<Self> {
+    pub fn of(member: &nova_fleet::Member) -> Option<Self> {
         let (host, port) = member.kafka.rsplit_once(':')?;
         Some(Self {
             node_id: node_id_of(&member.id),
@@ -194,11 +194,6 @@ impl Kafka {
             return vec![self.me()];
         };
         fleet.stars().iter().filter_map(Broker::of).collect()
-    }
-
-    /// The broker leading `member`'s streams, when it serves Kafka clients.
-    pub fn broker(member: &nova_fleet::Member) -> Option<Broker> {
-        Broker::of(member)
     }
 
     /// The star coordinating `group`: in a fleet, of the stars serving Kafka clients and open

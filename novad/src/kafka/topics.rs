@@ -134,7 +134,7 @@ async fn leaders(
             let (of, partition) = topic_of(&stream)?;
             let node = leader
                 .as_ref()
-                .and_then(Kafka::broker)
+                .and_then(super::Broker::of)
                 .ok_or(ResponseError::LeaderNotAvailable);
             (of == topic).then_some((partition, node))
         })
@@ -311,6 +311,34 @@ pub async fn metadata(
     Ok(ResponseKind::Metadata(response))
 }
 
+/// Refuses a name no topic can have.
+fn valid_topic(topic: &str) -> Result<(), KafkaRefusal> {
+    match invalid_topic(topic) {
+        Some(why) => Err(KafkaRefusal::new(
+            ResponseError::InvalidTopicException,
+            format!("topic name {topic:?} {why}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Refuses a name no topic can have, then a token with none of `scopes` on the topic (its
+/// first partition's stream), before anything is looked up: an answer says nothing of a topic
+/// the token may not see.
+pub(super) fn check_topic(
+    kafka: &Kafka,
+    principal: Option<&Principal>,
+    topic: &str,
+    scopes: &[Scope],
+) -> Result<(), KafkaRefusal> {
+    valid_topic(topic)?;
+    kafka
+        .ctx
+        .access
+        .check_any(principal, scopes, &stream_of(topic, 0))
+        .map_err(|e| KafkaRefusal::from(&e))
+}
+
 /// The partitions of one topic a client asked about, created first when it has none and
 /// auto-creation is on.
 async fn lookup(
@@ -319,17 +347,7 @@ async fn lookup(
     topic: &str,
     auto_create: bool,
 ) -> Result<Vec<i32>, KafkaRefusal> {
-    if let Some(why) = invalid_topic(topic) {
-        return Err(KafkaRefusal::new(
-            ResponseError::InvalidTopicException,
-            format!("topic name {topic:?} {why}"),
-        ));
-    }
-    kafka
-        .ctx
-        .access
-        .check_any(principal, &ANY_SCOPE, &stream_of(topic, 0))
-        .map_err(|e| KafkaRefusal::from(&e))?;
+    check_topic(kafka, principal, topic, &ANY_SCOPE)?;
     let found = partitions(kafka, topic).await?;
     if !found.is_empty() {
         return Ok(found.into_keys().collect());
@@ -364,12 +382,7 @@ pub async fn create(
             n => n,
         };
         let outcome = async {
-            if let Some(why) = invalid_topic(&name) {
-                return Err(KafkaRefusal::new(
-                    ResponseError::InvalidTopicException,
-                    format!("topic name {name:?} {why}"),
-                ));
-            }
+            valid_topic(&name)?;
             if partitions < 1 || partitions as u32 > KAFKA_MAX_PARTITIONS {
                 return Err(KafkaRefusal::new(
                     ResponseError::InvalidPartitions,

@@ -158,44 +158,64 @@ pub async fn describe(
     Ok(described)
 }
 
-/// The tails of `names`: this star's streams' as they are, and in a fleet the others' as
-/// absorbed (from the catalog, a topic at a time). Streams that do not exist are left out.
-pub async fn tails<'a>(
+/// The Kafka partitions' streams `names` names: those this star has, and in a fleet the
+/// others' as the catalog has them, read a topic at a time. Streams that do not exist are in
+/// neither.
+pub struct Partitions {
+    pub here: Vec<std::sync::Arc<nova_chain::streams::StreamState>>,
+    pub elsewhere: Vec<nova_core::catalog::StreamMeta>,
+}
+
+pub async fn partitions<'a>(
     ctx: &Context,
     names: impl Iterator<Item = &'a str>,
-) -> Result<std::collections::HashMap<String, u64>, nova_core::catalog::CatalogError> {
+) -> Result<Partitions, nova_core::catalog::CatalogError> {
     let streams = ctx.star.streams();
-    let mut tails = std::collections::HashMap::new();
+    let mut here = Vec::new();
     let mut topics = std::collections::BTreeSet::new();
+    let mut wanted = std::collections::HashSet::new();
     for name in names {
         match streams.get(name) {
-            Some(state) => {
-                tails.insert(name.to_owned(), state.tail());
-            }
+            Some(state) => here.push(state),
             None => {
                 if let Some((topic, _)) = nova_kafka::mapping::topic_of(name) {
                     topics.insert(topic.to_owned());
+                    wanted.insert(name.to_owned());
                 }
             }
         }
     }
-    if ctx.fleet.is_none() {
-        return Ok(tails);
-    }
-    let catalog = streams.catalog();
-    for topic in topics {
-        let metas = catalog
-            .streams_with_prefix(
-                &format!("{topic}/"),
-                "",
-                nova_core::limits::KAFKA_MAX_PARTITIONS as usize + 1,
-            )
-            .await?;
-        let ids: Vec<u64> = metas.iter().map(|m| m.id).collect();
-        let absorbed = catalog.stream_tails(&ids).await?;
-        for (meta, tail) in metas.into_iter().zip(absorbed) {
-            tails.entry(meta.name).or_insert(tail.tail_seq);
+    let mut elsewhere = Vec::new();
+    if ctx.fleet.is_some() {
+        for topic in topics {
+            let metas = streams
+                .catalog()
+                .streams_with_prefix(
+                    &format!("{topic}/"),
+                    "",
+                    nova_core::limits::KAFKA_MAX_PARTITIONS as usize + 1,
+                )
+                .await?;
+            elsewhere.extend(metas.into_iter().filter(|m| wanted.contains(&m.name)));
         }
+    }
+    Ok(Partitions { here, elsewhere })
+}
+
+/// The tails of `names`: this star's streams' as they are, the others' as absorbed.
+pub async fn tails<'a>(
+    ctx: &Context,
+    names: impl Iterator<Item = &'a str>,
+) -> Result<std::collections::HashMap<String, u64>, nova_core::catalog::CatalogError> {
+    let Partitions { here, elsewhere } = partitions(ctx, names).await?;
+    let mut tails: std::collections::HashMap<String, u64> = here
+        .iter()
+        .map(|state| (state.name().to_owned(), state.tail()))
+        .collect();
+    let ids: Vec<u64> = elsewhere.iter().map(|m| m.id).collect();
+    let absorbed = ctx.star.streams().catalog().stream_tails(&ids).await?;
+    for (meta, tail) in elsewhere.into_iter().zip(absorbed) {
+        tails.insert(meta.name, tail.tail_seq);
     }
     Ok(tails)
 }

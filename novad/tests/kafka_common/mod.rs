@@ -64,3 +64,45 @@ pub fn consume(bootstrap: &str, topic: &str, format: &str) -> String {
     );
     String::from_utf8(output.stdout).expect("UTF-8 from kcat")
 }
+
+/// Checks an idempotent producer's run (`python/kafka_idempotent.py`): it was told of at least
+/// nine in ten of its `records` delivered (lines "i offset" in `delivered_file`), each of those
+/// is stored exactly once, at the offset it was told, and `stored` (the partition's bodies,
+/// "record i …") holds every record once, in the order produced. How many are stored.
+pub fn assert_delivered_once_in_order(
+    delivered_file: &std::path::Path,
+    stored: &[String],
+    records: usize,
+    summary: &str,
+) -> usize {
+    let delivered: Vec<(usize, u64)> = std::fs::read_to_string(delivered_file)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (i, o) = l.split_once(' ').unwrap();
+            (i.parse().unwrap(), o.parse().unwrap())
+        })
+        .collect();
+    assert!(delivered.len() * 10 >= records * 9, "{summary}");
+    let ids: Vec<usize> = stored
+        .iter()
+        .map(|body| body.split(' ').nth(1).unwrap().parse().unwrap())
+        .collect();
+    let mut seen = std::collections::HashMap::new();
+    for (offset, id) in ids.iter().enumerate() {
+        seen.entry(*id).or_insert_with(Vec::new).push(offset as u64);
+    }
+    for (id, offset) in &delivered {
+        let at = seen.get(id).map(Vec::as_slice).unwrap_or_default();
+        assert_eq!(
+            at,
+            [*offset],
+            "record {id}, reported at offset {offset}: stored at {at:?}"
+        );
+    }
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "records out of order or repeated"
+    );
+    ids.len()
+}
