@@ -726,6 +726,43 @@ fn bench_uses_fresh_streams_cleans_them_up_and_says_when_it_falls_short() {
     assert_eq!(ok(nova(&url, &["stream", "list"], b"")).lines().count(), 1);
 }
 
+/// Values `nova bench` cannot pace or run are refused with a message naming the flag, never
+/// a panic (a rate of `inf`, or batches of no records with a rate, once panicked in a timer).
+#[test]
+fn bench_refuses_rates_and_counts_it_cannot_run() {
+    let novad = star();
+    let url = novad.url();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--rate", "inf"], "--rate"),
+        (&["--rate", "NaN"], "--rate"),
+        (&["--rate=-5"], "--rate"),
+        (
+            &["--batch-records", "0", "--rate", "100"],
+            "--batch-records",
+        ),
+        (&["--sessions", "0"], "--sessions"),
+        (&["--pipeline", "0"], "--pipeline"),
+        (
+            &["--rate", "1e300", "--duration", "1s"],
+            "which a timer cannot pace",
+        ),
+    ];
+    for (flags, named) in cases {
+        let mut args = vec!["bench", "--quiet"];
+        args.extend_from_slice(flags);
+        let output = nova(&url, &args, b"");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flags:?} ran");
+        assert!(stderr.contains(named), "{flags:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{flags:?}: {stderr}");
+    }
+    assert_eq!(
+        ok(nova(&url, &["stream", "list"], b"")),
+        "",
+        "a refused run leaves no streams behind"
+    );
+}
+
 /// docs/cli.md holds every command's `--help`, as the binary prints it now.
 #[test]
 fn the_cli_reference_is_the_help_the_binary_prints() {

@@ -753,3 +753,45 @@ async fn a_cli_follower_is_redirected_and_survives_its_leaders_takeover() {
     let _ = follower.kill();
     let _ = follower.wait();
 }
+
+/// `nova bench` through one star of a fleet sends each session to the star leading its
+/// streams, so a load over many streams runs without a single refusal (it used to send every
+/// session to its first stream's star, and the rest of its streams died on `not_leader`).
+#[tokio::test(flavor = "multi_thread")]
+async fn bench_routes_each_session_to_its_streams_leader() {
+    let (_etcd, _moto, stars) = fleet(2);
+    let output = std::process::Command::new(nova_testkit::workspace_binary("nova"))
+        .args([
+            "--server",
+            &stars[0].url(),
+            "--output",
+            "json",
+            "bench",
+            "--sessions",
+            "4",
+            "--streams",
+            "24",
+            "--record-bytes",
+            "1KiB",
+            "--batch-records",
+            "16",
+            "--duration",
+            "3s",
+        ])
+        .output()
+        .expect("run nova bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).expect("a JSON report");
+    assert_eq!(report["errors"], serde_json::json!({}), "{report}");
+    assert_eq!(
+        report["leaders"], 2,
+        "placement spread 24 streams: {report}"
+    );
+    assert!(report["sessions"].as_u64().unwrap() >= 4, "{report}");
+    assert!(report["records"].as_u64().unwrap() > 0, "{report}");
+}

@@ -27,14 +27,14 @@ use crate::stream::Class;
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Producer sessions.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     sessions: usize,
     /// Streams the sessions spread over (default: one per session). With more streams than
     /// sessions, each session appends to its share of them in turn, a batch to each (shares
-    /// differ by one stream when they do not divide evenly). A session goes to its first
-    /// stream's star: in a fleet, give sessions several streams only when one star leads them
-    /// all.
-    #[arg(long)]
+    /// differ by one stream when they do not divide evenly). In a fleet each session goes to
+    /// one star and carries only streams that star leads: the sessions are split over the
+    /// leaders in proportion to their streams, at least one each.
+    #[arg(long, value_parser = at_least_one)]
     streams: Option<usize>,
     /// Stream names start with this. Each run makes fresh streams, <prefix>-<run>-<n>, and
     /// deletes them at the end (see --keep-streams, --reuse-streams).
@@ -55,13 +55,13 @@ pub struct BenchArgs {
     #[arg(long, default_value = "1KiB", value_parser = parse_bytes)]
     record_bytes: u64,
     /// Records per append batch.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     batch_records: usize,
     /// Target records per second over all sessions; 0 means as fast as the star acks.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = parse_rate)]
     rate: f64,
     /// Batches each session keeps sent but unacknowledged.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     pipeline: usize,
     /// How long to run (default 30s unless --bytes is given).
     #[arg(long, value_parser = parse_duration)]
@@ -81,6 +81,45 @@ pub struct BenchArgs {
     /// No live progress bar.
     #[arg(long)]
     quiet: bool,
+}
+
+/// A count that must be at least one.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{text:?} is not a whole number")),
+    }
+}
+
+/// Records per second: a finite number, zero or more (0: as fast as the star acks).
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate >= 0.0 => Ok(rate),
+        Ok(_) => Err(format!(
+            "{text} is not a rate: give records per second as a finite number, or 0 for as fast \
+             as the star acknowledges"
+        )),
+        Err(_) => Err(format!("{text:?} is not a number")),
+    }
+}
+
+/// The time between one session's batches at `rate` records per second over all sessions, or
+/// an error when a timer cannot pace it (a period that rounds to nothing, or that no clock can
+/// hold).
+fn pacing(rate: f64, batch_records: usize, sessions: usize) -> anyhow::Result<Option<Duration>> {
+    if rate <= 0.0 {
+        return Ok(None);
+    }
+    let every = batch_records as f64 * sessions as f64 / rate;
+    match Duration::try_from_secs_f64(every) {
+        Ok(period) if !period.is_zero() => Ok(Some(period)),
+        _ => anyhow::bail!(
+            "--rate {rate} asks each of {sessions} sessions for a batch of {batch_records} \
+             every {every:e} s, which a timer cannot pace; use --rate 0 for as fast as the star \
+             acknowledges"
+        ),
+    }
 }
 
 /// Stream creations or deletions in flight at once.
@@ -130,6 +169,52 @@ fn share_of(names: &[String], n: usize, sessions: usize) -> Vec<String> {
         .collect()
 }
 
+/// The run's streams grouped by the star leading each (in the order leaders first appear).
+/// Describing a stream finds its leader, following redirects, so the client then routes its
+/// calls there.
+async fn by_leader(client: &Client, names: &[String]) -> anyhow::Result<Vec<Vec<String>>> {
+    let leaders: Vec<(String, Result<String, Error>)> = futures::stream::iter(names)
+        .map(|name| async move {
+            let leader = client
+                .describe_stream(name)
+                .await
+                .map(|info| info.leader_addr);
+            (name.clone(), leader)
+        })
+        .buffered(STREAM_CALLS_AT_ONCE)
+        .collect()
+        .await;
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for (name, leader) in leaders {
+        let leader = leader.map_err(|error| {
+            anyhow::Error::new(error).context(format!("finding the leader of bench stream {name}"))
+        })?;
+        match groups.iter_mut().find(|(star, _)| *star == leader) {
+            Some((_, group)) => group.push(name),
+            None => groups.push((leader, vec![name])),
+        }
+    }
+    Ok(groups.into_iter().map(|(_, group)| group).collect())
+}
+
+/// Splits `sessions` over the leaders' groups of streams in proportion to their sizes, at least
+/// one session each (so there may be more sessions than asked when there are more leaders),
+/// and gives each session its share of its group's streams.
+fn plan(groups: &[Vec<String>], sessions: usize) -> Vec<Vec<String>> {
+    let total: usize = groups.iter().map(Vec::len).sum::<usize>().max(1);
+    let mut shares = Vec::new();
+    let (mut given, mut streams_before) = (0, 0);
+    for group in groups {
+        // Rounding the running total keeps the sum at `sessions` when every group gets one.
+        streams_before += group.len();
+        let upto = ((sessions * streams_before + total / 2) / total).max(given + 1);
+        let n = upto - given;
+        given = upto;
+        shares.extend((0..n).map(|k| share_of(group, k, n)));
+    }
+    shares
+}
+
 /// Latency histograms in microseconds, 1 µs to 100 s, 3 significant figures.
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 100_000_000, 3).expect("valid histogram bounds")
@@ -141,6 +226,8 @@ struct Shared {
     errors: Mutex<BTreeMap<String, u64>>,
     /// Latencies since the progress bar last looked.
     recent: Mutex<Histogram<u64>>,
+    /// Sessions that followed their streams to a new leader mid-run.
+    redirects: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -159,41 +246,78 @@ impl Shared {
     }
 }
 
+/// How many times one session follows its streams to a new leader before it gives up.
+const MAX_REDIRECTS: u32 = 16;
+
+/// One producer session: appends to `streams` (all led by one star when the run started) until
+/// told to stop. When leadership moves mid-run the star refuses with the new leader's address;
+/// the session then opens a new append session there (counted as a redirect; the batches that
+/// were in flight on the old one are neither acknowledged nor counted).
 async fn session(
     client: Client,
     streams: Vec<String>,
     args: Arc<BenchArgs>,
+    interval: Option<Duration>,
     shared: Arc<Shared>,
 ) -> Histogram<u64> {
     let mut latencies = histogram();
-    let body = Bytes::from(vec![b'n'; args.record_bytes as usize]);
-    let batch_bytes = args.record_bytes * args.batch_records as u64;
     let Some(first) = streams.first().cloned() else {
         return latencies;
     };
-    // In a fleet the session goes to its first stream's leader (describing it finds the
-    // leader); a session spread over several streams assumes one star leads them all.
-    if let Err(error) = client.describe_stream(&first).await {
-        shared.error(&error);
-        return latencies;
-    }
-    let (sender, mut receiver) = match client.append_session_for(&first).await {
-        Ok(session) => session.split(),
-        Err(error) => {
+    let mut redirects = 0;
+    loop {
+        let outcome = append_until_stopped(
+            &client,
+            &first,
+            &streams,
+            &args,
+            interval,
+            &shared,
+            &mut latencies,
+        )
+        .await;
+        let Err(error) = outcome else {
+            return latencies;
+        };
+        if error.leader().is_none()
+            || redirects >= MAX_REDIRECTS
+            || shared.stop.load(Ordering::Relaxed)
+        {
             shared.error(&error);
             return latencies;
         }
-    };
-    let window = Arc::new(Semaphore::new(args.pipeline.max(1)));
+        redirects += 1;
+        shared.redirects.fetch_add(1, Ordering::Relaxed);
+        // Describing the stream through the star that refused follows its redirect, and the
+        // client routes the stream's calls to the new leader from then on.
+        if let Err(error) = client.describe_stream(&first).await {
+            shared.error(&error);
+            return latencies;
+        }
+    }
+}
+
+/// Runs one append session on `first`'s leader until the run stops (Ok) or the session fails.
+async fn append_until_stopped(
+    client: &Client,
+    first: &str,
+    streams: &[String],
+    args: &Arc<BenchArgs>,
+    interval: Option<Duration>,
+    shared: &Arc<Shared>,
+    latencies: &mut Histogram<u64>,
+) -> Result<(), Error> {
+    let body = Bytes::from(vec![b'n'; args.record_bytes as usize]);
+    let batch_bytes = args.record_bytes * args.batch_records as u64;
+    let (sender, mut receiver) = client.append_session_for(first).await?.split();
+    let window = Arc::new(Semaphore::new(args.pipeline));
     let delivery_timeout = args.delivery_timeout;
     let (sent, mut to_ack) =
-        mpsc::channel::<(Instant, tokio::sync::OwnedSemaphorePermit)>(args.pipeline.max(1));
-    // Each session sends an equal share of the target rate.
-    let interval = (args.rate > 0.0).then(|| {
-        Duration::from_secs_f64(args.batch_records as f64 * args.sessions as f64 / args.rate)
-    });
+        mpsc::channel::<(Instant, tokio::sync::OwnedSemaphorePermit)>(args.pipeline);
     let sending = {
         let shared = shared.clone();
+        let args = args.clone();
+        let streams = streams.to_vec();
         tokio::spawn(async move {
             let mut ticker = interval.map(|every| {
                 let mut ticker = tokio::time::interval(every);
@@ -214,16 +338,15 @@ async fn session(
                     .map(|_| Record::new(body.clone()))
                     .collect();
                 let started = Instant::now();
-                if let Err(error) = sender.send(stream, records, None).await {
-                    shared.error(&error);
-                    break;
-                }
+                sender.send(stream, records, None).await?;
                 if sent.send((started, permit)).await.is_err() {
                     break;
                 }
             }
+            Ok::<(), Error>(())
         })
     };
+    let mut failed = None;
     while let Some((started, permit)) = to_ack.recv().await {
         let ack = tokio::time::timeout_at((started + delivery_timeout).into(), receiver.next_ack())
             .await
@@ -254,14 +377,20 @@ async fn session(
                 shared.bytes.fetch_add(batch_bytes, Ordering::Relaxed);
             }
             Err(error) => {
-                shared.error(&error);
+                failed = Some(error);
                 break;
             }
         }
         drop(permit);
     }
     sending.abort();
-    latencies
+    if let Some(error) = failed {
+        return Err(error);
+    }
+    match sending.await {
+        Ok(Err(error)) => Err(error),
+        _ => Ok(()),
+    }
 }
 
 /// A few series from the star's metrics page.
@@ -311,6 +440,10 @@ async fn fetch(url: &str) -> anyhow::Result<String> {
 struct Report {
     sessions: usize,
     streams: usize,
+    /// Stars leading the streams when the run started (each session appends to one).
+    leaders: usize,
+    /// Times a session followed its streams to a new leader mid-run.
+    redirects: u64,
     record_bytes: u64,
     batch_records: usize,
     target_records_per_sec: f64,
@@ -367,6 +500,8 @@ fn ms(micros: u64) -> f64 {
 }
 
 pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Result<()> {
+    // A rate no timer can pace is refused before any stream is made.
+    pacing(args.rate, args.batch_records, args.sessions)?;
     let streams = args.streams.unwrap_or(args.sessions).max(1);
     let duration = match (args.duration, args.bytes) {
         (Some(duration), _) => Some(duration),
@@ -446,6 +581,7 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
             return Err(anyhow::Error::new(error).context(format!("creating bench stream {name}")));
         }
     }
+    let groups = or_clean_up(by_leader(client, &names).await, client, &names, keep).await?;
     let before = match &args.metrics_url {
         Some(url) => Some(or_clean_up(sample_star(url).await, client, &names, keep).await?),
         None => None,
@@ -455,20 +591,26 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
         bytes: AtomicU64::new(0),
         errors: Mutex::new(BTreeMap::new()),
         recent: Mutex::new(histogram()),
+        redirects: AtomicU64::new(0),
         stop: AtomicBool::new(false),
     });
     let args = Arc::new(args);
+    let shares = plan(&groups, args.sessions);
+    let interval = pacing(args.rate, args.batch_records, shares.len())?;
     let started = Instant::now();
-    let sessions: Vec<_> = (0..args.sessions)
-        .map(|n| {
+    let sessions: Vec<_> = shares
+        .into_iter()
+        .map(|share| {
             tokio::spawn(session(
                 client.clone(),
-                share_of(&names, n, args.sessions),
+                share,
                 args.clone(),
+                interval,
                 shared.clone(),
             ))
         })
         .collect();
+    let session_count = sessions.len();
 
     let progress = (format == Format::Text && !args.quiet).then(|| {
         let bar = ProgressBar::new_spinner();
@@ -550,8 +692,10 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
     let records_per_sec = records as f64 / seconds;
     let rate_achieved = (args.rate > 0.0).then(|| records_per_sec / args.rate);
     let report = Report {
-        sessions: args.sessions,
+        sessions: session_count,
         streams,
+        leaders: groups.len(),
+        redirects: shared.redirects.load(Ordering::Relaxed),
         record_bytes: args.record_bytes,
         batch_records: args.batch_records,
         target_records_per_sec: args.rate,
@@ -588,9 +732,14 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
 fn print_report(out: &mut impl Write, r: &Report) -> anyhow::Result<()> {
     writeln!(
         out,
-        "{} sessions over {} streams, {} B records in batches of {}, {}",
+        "{} sessions over {} streams{}, {} B records in batches of {}, {}",
         r.sessions,
         r.streams,
+        if r.leaders > 1 {
+            format!(" led by {} stars", r.leaders)
+        } else {
+            String::new()
+        },
         r.record_bytes,
         r.batch_records,
         if r.target_records_per_sec > 0.0 {
@@ -620,6 +769,14 @@ fn print_report(out: &mut impl Write, r: &Report) -> anyhow::Result<()> {
             .collect();
         writeln!(out, "errors       {}", list.join(", "))?;
     }
+    if r.redirects > 0 {
+        writeln!(
+            out,
+            "redirects    {} (sessions that followed their streams to a new leader; the batches \
+             in flight on the old one are not counted)",
+            r.redirects
+        )?;
+    }
     if r.rate_shortfall {
         writeln!(
             out,
@@ -645,7 +802,7 @@ fn print_report(out: &mut impl Write, r: &Report) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::share_of;
+    use super::{pacing, plan, share_of};
 
     fn names(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("s{i}")).collect()
@@ -667,5 +824,41 @@ mod tests {
         let names = names(2);
         let shares: Vec<Vec<String>> = (0..5).map(|n| share_of(&names, n, 5)).collect();
         assert_eq!(shares, [["s0"], ["s1"], ["s0"], ["s1"], ["s0"]]);
+    }
+
+    #[test]
+    fn sessions_split_over_leaders_in_proportion_and_never_cross_them() {
+        let a = names(6);
+        let b: Vec<String> = (6..8).map(|i| format!("s{i}")).collect();
+        let shares = plan(&[a.clone(), b.clone()], 4);
+        assert_eq!(shares.len(), 4);
+        // Six streams to two get three sessions to one.
+        assert_eq!(shares[..3].concat().len(), 6);
+        assert!(shares[..3].iter().flatten().all(|s| a.contains(s)));
+        assert_eq!(shares[3], ["s6", "s7"]);
+        // More leaders than sessions: one session each all the same.
+        let one_each = plan(&[a, b], 1);
+        assert_eq!(one_each.len(), 2);
+        // One star: the same shares as without leaders.
+        let names = names(10);
+        let single = plan(std::slice::from_ref(&names), 3);
+        let plain: Vec<Vec<String>> = (0..3).map(|n| share_of(&names, n, 3)).collect();
+        assert_eq!(single, plain);
+    }
+
+    #[test]
+    fn rates_a_timer_cannot_pace_are_refused_not_panicked_on() {
+        assert_eq!(pacing(0.0, 64, 16).unwrap(), None);
+        assert_eq!(
+            pacing(1024.0, 64, 16).unwrap(),
+            Some(std::time::Duration::from_secs(1))
+        );
+        let refused = pacing(1e300, 64, 16).unwrap_err().to_string();
+        assert!(refused.contains("--rate 0"), "{refused}");
+        assert!(pacing(1e-300, 64, 16).is_err(), "a period no clock holds");
+        assert!(super::parse_rate("inf").is_err());
+        assert!(super::parse_rate("NaN").is_err());
+        assert!(super::parse_rate("-1").is_err());
+        assert!(super::at_least_one("0").is_err());
     }
 }
