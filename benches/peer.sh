@@ -5,8 +5,8 @@
 # throughput, ack latency, the server process's CPU per MiB and its peak RSS, and prints the
 # ratio of each figure (Nova ÷ s2-lite).
 #
-# s2-lite comes with the s2 CLI (crates.io `s2-cli`), installed into .nova-test/s2 on first use:
-# a long build, once. Not part of the test suite. With --update-docs the peer table in
+# s2-lite is installed into .nova-test/s2 on first use (benches/s2.sh): a long build, once. Not
+# part of the test suite. With --update-docs the peer table in
 # docs/performance.md is rewritten.
 #
 #   benches/peer.sh [--duration 15s] [--sessions 1] [--target-mibps 1000] [--update-docs]
@@ -14,12 +14,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 source benches/lib.sh
+source benches/s2.sh
 
 DURATION=15s
 SESSIONS=1
 TARGET_MIBPS=1000
 UPDATE_DOCS=0
-S2_VERSION=0.43.4
 while [ $# -gt 0 ]; do
     case "$1" in
         --duration) DURATION=$2; shift ;;
@@ -31,11 +31,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-S2=$ROOT/.nova-test/s2/bin/s2
-if [ ! -x "$S2" ]; then
-    say "installing s2-cli $S2_VERSION (with s2-lite) into .nova-test/s2: a long build, once"
-    cargo install -q "s2-cli@$S2_VERSION" --locked --root "$ROOT/.nova-test/s2"
-fi
+s2_install
 
 WORK=$(mktemp -d)
 PIDS=()
@@ -60,71 +56,20 @@ wait_port "$NOVA_PORT" || { cat "$WORK/novad.log" >&2; exit 1; }
     --metrics-url "http://127.0.0.1:$METRICS_PORT/metrics" --quiet >"$WORK/nova.json"
 stop_pid "$NOVAD"
 
-say "s2-lite $S2_VERSION on bucket s2lite, s2 bench of 8 KiB records for $DURATION"
-# (Bucket names need at least three characters.)
-"$BIN/raw-put" --endpoint "$ENDPOINT" --bucket s2lite --create-bucket --duration 0s
-S2_PORT=$(free_port)
-AWS_ENDPOINT_URL_S3=$ENDPOINT S2LITE_NO_DASHBOARD=1 \
-    "$S2" lite --bucket s2lite --port "$S2_PORT" >"$WORK/s2-lite.log" 2>&1 &
-LITE=$!
-PIDS+=("$LITE")
-wait_port "$S2_PORT" || { cat "$WORK/s2-lite.log" >&2; exit 1; }
-export S2_ACCOUNT_ENDPOINT=http://127.0.0.1:$S2_PORT S2_BASIN_ENDPOINT=http://127.0.0.1:$S2_PORT
-export S2_ACCESS_TOKEN=unused-by-lite NO_COLOR=1
-"$S2" create-basin s2://nova-peer >"$WORK/s2-basin.log" 2>&1 || {
-    cat "$WORK/s2-basin.log" >&2
-    exit 1
-}
-CPU_BEFORE=$(cpu_of "$LITE")
-# s2 bench writes (with a live tail read beside it), then waits and reads everything back: the
-# server's CPU and peak RSS are taken when it starts waiting, so the catch-up read is not
-# counted.
-"$S2" bench s2://nova-peer --record-size 8192 --target-mibps "$TARGET_MIBPS" \
-    --duration "$DURATION" --catchup-delay 5s >"$WORK/s2.out" 2>&1 &
-S2_BENCH=$!
-CPU_AFTER=""
-while kill -0 "$S2_BENCH" 2>/dev/null; do
-    if [ -z "$CPU_AFTER" ] && grep -q "before catchup read" "$WORK/s2.out"; then
-        CPU_AFTER=$(cpu_of "$LITE")
-        LITE_RSS=$(peak_rss_of "$LITE")
-    fi
-    sleep 0.2
-done
-wait "$S2_BENCH" || { cat "$WORK/s2.out" >&2; exit 1; }
-if [ -z "$CPU_AFTER" ]; then
-    echo "s2 bench never said it was waiting before its catch-up read: its output changed, and" \
-        "the write phase cannot be told apart" >&2
-    exit 1
-fi
-stop_pid "$LITE"
+say "s2-lite $S2_VERSION, s2 bench of 8 KiB records for $DURATION"
+s2_bench "$DURATION" "$TARGET_MIBPS"
 
-python3 - "$WORK" "$DURATION" "$SESSIONS" "$S2_VERSION" "$CPU_BEFORE" "$CPU_AFTER" \
-    "$LITE_RSS" "$(machine_line)" <<'PY'
-import datetime, json, re, sys
-work, duration, sessions, version, cpu_before, cpu_after, lite_rss, machine = sys.argv[1:]
+python3 - "$WORK" "$DURATION" "$SESSIONS" "$S2_VERSION" "$(machine_line)" <<'PY'
+import datetime, json, sys
+work, duration, sessions, version, machine = sys.argv[1:]
 nova = json.load(open(f"{work}/nova.json"))
-out = re.sub(r"\x1b\[[0-9;]*m", "", open(f"{work}/s2.out").read())
-
-write = re.search(r"Write: ([0-9.]+) MiB/s, [0-9.]+ records/s \(([0-9]+) bytes", out)
-if not write:
-    sys.exit(f"no write figures in s2 bench's output:\n{out}")
-s2_mib, s2_bytes = float(write.group(1)), int(write.group(2))
-
-def latency(name):
-    """The ack latency table's row, in ms (the first table s2 bench prints is ack latency)."""
-    section = out.split("Ack Latency Statistics", 1)[1]
-    match = re.search(rf"{name}\s*:\s*([0-9.]+)\s*(ns|µs|us|ms|s)\b", section)
-    if not match:
-        sys.exit(f"no ack {name} in s2 bench's output:\n{out}")
-    value, unit = float(match.group(1)), match.group(2)
-    return value * {"ns": 1e-6, "µs": 0.001, "us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
-
+lite = json.load(open(f"{work}/s2.json"))
 s2 = {
-    "mib": s2_mib,
-    "p50": latency("p50"),
-    "p99": latency("p99"),
-    "cpu": (float(cpu_after) - float(cpu_before)) * 1000 / (s2_bytes / (1 << 20)),
-    "rss": int(lite_rss) / (1 << 20),
+    "mib": lite["mib_per_sec"],
+    "p50": lite["p50_ms"],
+    "p99": lite["p99_ms"],
+    "cpu": lite["cpu_ms_per_mib"],
+    "rss": lite["peak_rss_mib"],
 }
 star = nova["star"]
 ours = {

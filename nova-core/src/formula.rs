@@ -4,7 +4,7 @@
 //! memory is at most
 //!
 //! ```text
-//! admission buffer + express buffer + read budget + tail window cache
+//! admission buffer + express buffer + read budget + tail window cache + recycled buffers
 //!   + open sessions × stream window + the auditor's working memory
 //! ```
 //!
@@ -26,8 +26,8 @@ use prometheus::{Gauge, IntGauge, Opts};
 #[derive(Debug, Clone)]
 pub struct MemoryMetrics {
     pub ceiling: IntGauge,
-    /// One series per term of the formula: admission, express, read, tail_cache, transport,
-    /// auditor.
+    /// One series per term of the formula: admission, express, read, tail_cache, recycle,
+    /// transport, auditor.
     pub formula: prometheus::IntGaugeVec,
     pub saturation: Gauge,
     pub saturated: IntGauge,
@@ -49,7 +49,7 @@ impl MemoryMetrics {
                     Opts::new(
                         "nova_memory_formula_bytes",
                         "Terms of the closed memory formula: admission, express, read, tail_cache, \
-                         transport (open sessions × stream window).",
+                         recycle, transport (open sessions × stream window), auditor.",
                     ),
                     &["term"],
                 )
@@ -73,11 +73,12 @@ impl MemoryMetrics {
 }
 
 /// The formula's terms as `nova_memory_formula_bytes{term}` names them.
-pub const TERMS: [&str; 6] = [
+pub const TERMS: [&str; 7] = [
     "admission",
     "express",
     "read",
     "tail_cache",
+    "recycle",
     "transport",
     "auditor",
 ];
@@ -112,6 +113,8 @@ pub struct Budgets {
     /// What reads hold beyond the tail cache (`--read-memory-mib`).
     pub read: u64,
     pub tail_cache: u64,
+    /// Append buffers kept for reuse (`--recycle-buffer-mib`).
+    pub recycle: u64,
     /// Each session's pinned stream window (`--grpc-stream-window-kib`).
     pub stream_window: u64,
     /// `--max-producer-sessions`.
@@ -127,6 +130,7 @@ pub struct Formula {
     pub express: u64,
     pub read: u64,
     pub tail_cache: u64,
+    pub recycle: u64,
     /// Open sessions × the pinned stream window.
     pub transport: u64,
     pub auditor: u64,
@@ -134,7 +138,13 @@ pub struct Formula {
 
 impl Formula {
     pub fn total(&self) -> u64 {
-        self.admission + self.express + self.read + self.tail_cache + self.transport + self.auditor
+        self.admission
+            + self.express
+            + self.read
+            + self.tail_cache
+            + self.recycle
+            + self.transport
+            + self.auditor
     }
 }
 
@@ -151,6 +161,7 @@ impl Budgets {
             express: self.express,
             read: self.read,
             tail_cache: self.tail_cache,
+            recycle: self.recycle,
             transport: open_sessions * self.stream_window,
             auditor: self.auditor,
         }
@@ -259,7 +270,8 @@ impl MemoryModel {
         Err(format!(
             "the budgets do not fit under the memory ceiling of {} ({}): \
              admission buffer {} (--s3-memory-buffer-mib) + express buffer {} + read budget {} \
-             (--read-memory-mib) + tail window cache {} (--tail-window-cache-mib) + {} sessions × {} \
+             (--read-memory-mib) + tail window cache {} (--tail-window-cache-mib) + recycled \
+             buffers {} (--recycle-buffer-mib) + {} sessions × {} \
              stream window (--max-producer-sessions × --grpc-stream-window-kib) + auditor {} \
              (--auditor) + fixed overhead {} (48 MiB, 8 MiB of request messages, and 64 KiB \
              per session place) = {} = {} \
@@ -271,6 +283,7 @@ impl MemoryModel {
             mib(worst.express),
             mib(worst.read),
             mib(worst.tail_cache),
+            mib(worst.recycle),
             self.budgets.max_sessions,
             mib(self.budgets.stream_window),
             mib(worst.auditor),
@@ -293,6 +306,7 @@ impl MemoryModel {
             ("express", formula.express),
             ("read", formula.read),
             ("tail_cache", formula.tail_cache),
+            ("recycle", formula.recycle),
             ("transport", formula.transport),
             ("auditor", formula.auditor),
         ];
@@ -343,6 +357,7 @@ mod tests {
             express: 0,
             read: 4 * MIB,
             tail_cache: 20 * MIB,
+            recycle: 0,
             stream_window: 64 * 1024,
             max_sessions: 4096,
             auditor: 0,

@@ -10,6 +10,15 @@ pub const ADMISSION_BUFFER_MIB: u64 = 256;
 pub const CHAIN_BACKLOG_FLIGHTS: u32 = 1024;
 /// `--tail-window-cache-mib`: acknowledged payloads kept in memory for hot reads.
 pub const TAIL_WINDOW_CACHE_MIB: u64 = 128;
+/// `--recycle-buffer-mib` when not given: this share of the admission buffer (64 MiB at the
+/// default 256) of append buffers whose records have left memory, kept (already resident) for
+/// the next appends of their size.
+pub const RECYCLE_BUFFER_SHARE: u64 = 4;
+
+/// The default `--recycle-buffer-mib` for an admission buffer of `admission_mib`.
+pub fn recycle_buffer_mib(admission_mib: u64) -> u64 {
+    admission_mib / RECYCLE_BUFFER_SHARE
+}
 /// `--max-producer-sessions`: concurrent producer sessions per star.
 pub const MAX_PRODUCER_SESSIONS: u32 = 4096;
 /// `--max-subscriptions`: reads in progress at once, every read counted (those waiting at a

@@ -112,6 +112,14 @@ pub struct Config {
     #[arg(long, env = "NOVA_S3_CHAIN_BACKLOG_FLIGHTS", default_value_t = limits::CHAIN_BACKLOG_FLIGHTS, help_heading = "Budgets")]
     pub s3_chain_backlog_flights: u32,
 
+    /// Recycled append buffers, MiB: buffers of appends whose records have left memory (their
+    /// flight landed and the tail window cache let it go), kept resident so that the next
+    /// append of about their size is copied into one instead of into fresh pages, which cost a
+    /// page fault each. Past this, buffers are freed. Default: a quarter of
+    /// --s3-memory-buffer-mib. 0 keeps none.
+    #[arg(long, env = "NOVA_RECYCLE_BUFFER_MIB", help_heading = "Budgets")]
+    pub recycle_buffer_mib: Option<u64>,
+
     /// Tail window cache, MiB: acknowledged records kept in memory for hot reads. The oldest
     /// flights are evicted first; a flight larger than the whole cache is not cached (logged).
     #[arg(long, env = "NOVA_TAIL_WINDOW_CACHE_MIB", default_value_t = limits::TAIL_WINDOW_CACHE_MIB, help_heading = "Budgets")]
@@ -343,6 +351,13 @@ impl nova_server::process::ServerFlags for Config {
 }
 
 impl Config {
+    /// What `--recycle-buffer-mib` keeps, in bytes (its default follows the admission buffer).
+    pub fn recycle_buffer_bytes(&self) -> u64 {
+        self.recycle_buffer_mib
+            .unwrap_or_else(|| limits::recycle_buffer_mib(self.s3_memory_buffer_mib))
+            * limits::MIB
+    }
+
     pub fn chain(&self) -> ChainConfig {
         ChainConfig {
             star: self.star_id.clone(),

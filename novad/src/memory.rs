@@ -23,6 +23,7 @@ pub fn budgets(config: &Config) -> Budgets {
         },
         read: config.read_memory_mib * MIB,
         tail_cache: config.tail_window_cache_mib * MIB,
+        recycle: config.recycle_buffer_bytes(),
         stream_window: config.grpc_stream_window_kib as u64 * KIB,
         max_sessions: config.max_producer_sessions as u64,
         auditor: if config.auditor {
@@ -82,7 +83,20 @@ mod tests {
         // The settle: three 8 MiB flights, one 8 MiB settled object and a 2 MiB section past
         // it, 4 MiB of footers. The rewrite: 8 MiB sent through the star twice over and 1 MiB.
         assert_eq!(f.auditor, 55 * MIB + 64 * KIB);
-        assert_eq!(f.total(), 503 * MIB + 704 * KIB);
+        // A quarter of the admission buffer unless given.
+        assert_eq!(f.recycle, 64 * MIB);
+        assert_eq!(f.total(), 567 * MIB + 704 * KIB);
+        let given = model(
+            &["--s3-memory-buffer-mib", "32", "--recycle-buffer-mib", "20"],
+            10 << 30,
+        );
+        assert_eq!(given.formula(0).recycle, 20 * MIB);
+        assert_eq!(
+            model(&["--s3-memory-buffer-mib", "32"], 10 << 30)
+                .formula(0)
+                .recycle,
+            8 * MIB
+        );
         assert_eq!(
             model(&["--auditor", "false"], 10 << 30).formula(0).auditor,
             0
@@ -121,6 +135,7 @@ mod tests {
             "--s3-memory-buffer-mib",
             "--read-memory-mib",
             "--tail-window-cache-mib",
+            "--recycle-buffer-mib",
             "4096 sessions",
             "--auditor",
             "--allow-memory-overcommit",
@@ -143,6 +158,8 @@ mod tests {
                 "1MiB",
                 "--tail-window-cache-mib",
                 "20",
+                "--recycle-buffer-mib",
+                "0",
                 "--saturation-threshold",
                 "0.9",
                 "--saturation-clear-margin",

@@ -492,6 +492,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 security.tokens.is_some(),
             ),
             receiving.clone(),
+            nova_server::net::recycle::Recycler::new(
+                config.recycle_buffer_bytes() as usize,
+                nova_server::net::recycle::RecycleMetrics::register(&metrics.registry),
+            ),
         ))
         .add_service(health_service)
         .add_service(reflection_v1)

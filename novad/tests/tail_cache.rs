@@ -73,3 +73,63 @@ async fn evicted_and_skipped_flights_are_read_from_the_object_store() {
         .map(str::to_owned);
     assert!(gets.is_some(), "ranged GETs served the misses");
 }
+
+/// Once a flight has landed and the cache lets it go, its append buffers are kept (within
+/// `--recycle-buffer-mib`) and the next appends of their size are copied into them: every
+/// record still reads back as it was written, from the cache and from the object store, and
+/// resident memory stays within the formula, which counts what is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_buffers_are_reused_after_their_records_leave_memory() {
+    let novad = novad()
+        .args([
+            "--tail-window-cache-mib",
+            "1",
+            "--flight-linger-ms",
+            "1",
+            "--recycle-buffer-mib",
+            "2",
+        ])
+        .start();
+    let client = client(&novad).await;
+    client.create_stream("r").await.unwrap();
+    let mut session = client.append_session().await.unwrap();
+    // Batches of the same size (about 200 KiB each), each with its own content.
+    let mut expected = Vec::new();
+    for batch in 0..40 {
+        let records: Vec<_> = (0..4)
+            .map(|i| {
+                Record::new(format!(
+                    "{batch:02}-{i}-{}",
+                    char::from(b'a' + (batch % 26) as u8)
+                        .to_string()
+                        .repeat(50_000)
+                ))
+            })
+            .collect();
+        expected.extend(
+            records
+                .iter()
+                .map(|r| String::from_utf8(r.body.to_vec()).unwrap()),
+        );
+        session.append("r", records, None).await.unwrap();
+    }
+    let reused = novad
+        .metric("nova_recycle_buffers_total{source=\"reused\"}")
+        .unwrap_or(0.0);
+    assert!(reused >= 10.0, "buffers were reused: {reused}");
+    let kept = novad.metric("nova_recycle_buffer_bytes").unwrap();
+    assert!(
+        kept <= (2 << 20) as f64,
+        "what is kept stays in its budget: {kept}"
+    );
+    assert_eq!(
+        novad.metric("nova_memory_formula_bytes{term=\"recycle\"}"),
+        Some((2 << 20) as f64)
+    );
+    assert_eq!(
+        read_all(&client, "r").await,
+        expected,
+        "every record as written"
+    );
+    assert_peak_rss_within_formula(&novad, 1);
+}

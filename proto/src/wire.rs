@@ -252,6 +252,11 @@ impl WireAppend {
         self.message.len() as u64
     }
 
+    /// The whole received message, shared rather than copied.
+    pub fn message(&self) -> Bytes {
+        self.message.clone()
+    }
+
     /// A slice of the message, shared rather than copied: `part` must be a field this request
     /// handed out (a record's body), which lies within the message.
     pub fn share(&self, part: &[u8]) -> Bytes {

@@ -100,6 +100,7 @@ pub fn star_budgets(
         express: 0,
         read: read_mib << 20,
         tail_cache: tail_mib << 20,
+        recycle: nova_core::limits::recycle_buffer_mib(admission_mib) << 20,
         stream_window: 64 * 1024,
         max_sessions: sessions,
         auditor: auditor_memory(),

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use nova_core::object_store::{ObjectStore, PutPayload, S3Config, S3Store};
 use nova_proto::units::{parse_bytes, parse_duration};
-use nova_server::memory::cpu_seconds;
+use nova_server::memory::{cpu_seconds, resident_bytes};
 
 fn args() -> Vec<String> {
     std::env::args().collect()
@@ -150,6 +150,8 @@ fn main() -> Result<(), String> {
             "quorum": quorum,
             "cpu_seconds": cpu,
             "cpu_ms_per_mib": cpu * 1000.0 / mib.max(f64::MIN_POSITIVE),
+            "peak_rss_mib": resident_bytes(std::process::id())
+                .map_or(0.0, |(_, peak)| peak as f64 / (1 << 20) as f64),
         });
         println!("{report}");
         Ok(())

@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod conn;
 pub mod hold;
+pub mod recycle;
 pub mod shares;
 pub mod small;
 pub mod tls;

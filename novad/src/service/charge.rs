@@ -37,6 +37,7 @@ use parking_lot::Mutex;
 use nova_chain::admission::{AdmissionBuffer, Admitted, received_charge_within};
 use nova_core::limits::MAX_STREAM_NAME_BYTES;
 use nova_proto::RequestError;
+use nova_server::net::recycle::{Buffer, Recycler};
 use nova_server::net::shares::{Share, Shares, holder};
 use nova_server::net::small::{PREFIX_LEN, SmallMessages, ended_inside_a_message};
 use nova_server::net::{Access, Principal, Scope};
@@ -90,8 +91,8 @@ enum Framing {
     Charging { len: u64, peek: Vec<u8> },
     /// Skipping the rest of a refused message.
     Skipping { remaining: u64 },
-    /// Copying a charged append message into a buffer of exactly its size.
-    Assembling { remaining: u64, buf: BytesMut },
+    /// Copying a charged append message into a buffer of its size (recycled when one fits).
+    Assembling { remaining: u64, buf: Buffer },
     /// Passing a message through to tonic untouched (other calls; messages over the limit,
     /// which tonic refuses at their prefix).
     Passing { remaining: u64 },
@@ -111,6 +112,7 @@ struct Session {
     holder: Option<String>,
     principal: Option<Arc<Principal>>,
     access: Access,
+    recycler: Recycler,
 }
 
 /// The sizes the charging layer works with, from the batch caps.
@@ -361,7 +363,7 @@ impl ChargedBody {
             return;
         };
         self.granted = Some(admitted);
-        let mut buf = BytesMut::with_capacity(len as usize);
+        let mut buf = self.session.recycler.buffer(len as usize);
         buf.extend_from_slice(&peek);
         let remaining = len - peek.len() as u64;
         self.framing = Framing::Assembling { remaining, buf };
@@ -509,17 +511,20 @@ pub struct ChargeLayer {
     receiving: Arc<Shares>,
     access: Access,
     small: SmallMessages,
+    recycler: Recycler,
 }
 
 impl ChargeLayer {
     /// A token may hold its share (`receiving`, of `--max-client-share-percent`) of the
     /// buffer in messages still arriving; the Kafka listener's requests take from the same.
+    /// Messages are copied into buffers from `recycler` when one fits.
     pub fn sharing(
         admission: AdmissionBuffer,
         limits: TransportLimits,
         access: Access,
         small: SmallMessages,
         receiving: Arc<Shares>,
+        recycler: Recycler,
     ) -> Self {
         Self {
             receiving,
@@ -527,6 +532,7 @@ impl ChargeLayer {
             limits,
             access,
             small,
+            recycler,
         }
     }
 }
@@ -584,6 +590,7 @@ where
                     holder: holder(principal.as_deref()),
                     principal,
                     access: layer.access.clone(),
+                    recycler: layer.recycler.clone(),
                 },
             ))
         } else {

@@ -103,10 +103,17 @@ pub fn assert_peak_rss_within_formula(novad: &Novad, sessions: u64) {
         )
         .unwrap_or(0.0) as u64
     };
-    let formula: u64 = ["admission", "express", "read", "tail_cache", "auditor"]
-        .iter()
-        .map(|t| term(t))
-        .sum::<u64>()
+    let formula: u64 = [
+        "admission",
+        "express",
+        "read",
+        "tail_cache",
+        "recycle",
+        "auditor",
+    ]
+    .iter()
+    .map(|t| term(t))
+    .sum::<u64>()
         + sessions * 64 * 1024;
     let bound = formula + nova_testkit::outage::star_overhead_bytes(sessions);
     let peak = nova_testkit::series(&metrics, "nova_process_peak_resident_bytes")

@@ -19,6 +19,10 @@ fn session(admission: AdmissionBuffer, charges: Arc<Charges>) -> Session {
         holder: Some("test".into()),
         principal: None,
         access: Access::new(&metrics),
+        recycler: Recycler::new(
+            4 << 20,
+            nova_server::net::recycle::RecycleMetrics::register(&prometheus::Registry::new()),
+        ),
     }
 }
 

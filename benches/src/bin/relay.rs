@@ -1,0 +1,307 @@
+//! The relay floor: the least a process can do to relay Nova's appends into the object store on
+//! this machine, for measuring the star against.
+//!
+//! It speaks the star's gRPC append sessions (the same messages, the same HTTP/2 windows, so
+//! `nova bench` drives it unchanged; tonic assembles each message and the star's own decoder,
+//! `WireAppend`, reads it), and PUTs the received messages of many sessions together, as they
+//! are, in objects of `--object-bytes`, `--concurrency` at a time, answering each request once
+//! the object holding it is written. It does no admission, no framing, no checksums, no index
+//! and no metastore, and it bounds nothing: what it costs is receiving the bytes and sending
+//! them on.
+//!
+//! relay --endpoint URL --bucket NAME --listen ADDR [--object-bytes 8MiB] [--concurrency 8]
+//!       [--linger-ms 50] [--window-kib 64]
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use nova_core::object_store::{ObjectStore, PutPayload, S3Config, S3Store};
+use nova_proto::server::nova_server::{Nova, NovaServer};
+use nova_proto::units::parse_bytes;
+use nova_proto::v1;
+use nova_proto::wire::WireAppend;
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn number(name: &str, default: u64) -> Result<u64, String> {
+    arg(name).map_or(Ok(default), |v| {
+        v.parse().map_err(|_| format!("{name} takes a number"))
+    })
+}
+
+/// Whether a request's object was written.
+type Written = Result<(), String>;
+
+/// Bodies waiting for their object, and who waits on it.
+#[derive(Default)]
+struct Pending {
+    parts: Vec<Bytes>,
+    bytes: u64,
+    waiters: Vec<oneshot::Sender<Written>>,
+    since: Option<Instant>,
+}
+
+struct Relay {
+    store: Arc<S3Store>,
+    pending: Mutex<Pending>,
+    writers: Arc<Semaphore>,
+    object_bytes: u64,
+    next_key: AtomicU64,
+}
+
+impl Relay {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds one request; PUTs the object once it is full, waiting for a writer first (so a
+    /// relay whose writers are all busy stops reading, as the transport pushes back).
+    async fn add(self: &Arc<Self>, message: Bytes, waiter: oneshot::Sender<Written>) {
+        let full = {
+            let mut pending = self.lock();
+            pending.bytes += message.len() as u64;
+            pending.parts.push(message);
+            pending.waiters.push(waiter);
+            pending.since.get_or_insert_with(Instant::now);
+            (pending.bytes >= self.object_bytes).then(|| std::mem::take(&mut *pending))
+        };
+        if let Some(object) = full {
+            self.put(object).await;
+        }
+    }
+
+    /// PUTs what waits once it has waited `linger`, so a slow trickle is written too.
+    async fn linger(self: Arc<Self>, linger: Duration) {
+        let mut ticker = tokio::time::interval(linger / 5);
+        loop {
+            ticker.tick().await;
+            let due = {
+                let mut pending = self.lock();
+                let due = pending.since.is_some_and(|since| since.elapsed() >= linger);
+                due.then(|| std::mem::take(&mut *pending))
+            };
+            if let Some(object) = due {
+                self.put(object).await;
+            }
+        }
+    }
+
+    async fn put(self: &Arc<Self>, object: Pending) {
+        let Ok(permit) = self.writers.clone().acquire_owned().await else {
+            return;
+        };
+        let relay = self.clone();
+        tokio::spawn(async move {
+            let key = format!(
+                "relay/{:020}",
+                relay.next_key.fetch_add(1, Ordering::Relaxed)
+            );
+            let written = relay
+                .store
+                .put_if_absent(&key, PutPayload::from_parts(object.parts))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            drop(permit);
+            for waiter in object.waiters {
+                let _ = waiter.send(written.clone());
+            }
+        });
+    }
+}
+
+#[derive(Clone)]
+struct Service(Arc<Relay>);
+
+type Acks = Pin<Box<dyn Stream<Item = Result<v1::AppendAck, Status>> + Send>>;
+
+/// Requests a session may have read but not yet answered.
+const SESSION_PIPELINE: usize = 256;
+
+fn info(name: String) -> Option<v1::StreamInfo> {
+    Some(v1::StreamInfo {
+        name,
+        ..Default::default()
+    })
+}
+
+#[tonic::async_trait]
+impl Nova for Service {
+    type AppendStream = Acks;
+
+    async fn append(
+        &self,
+        request: Request<Streaming<WireAppend>>,
+    ) -> Result<Response<Acks>, Status> {
+        let mut inbound = request.into_inner();
+        let (order, mut owed) =
+            mpsc::channel::<(u64, oneshot::Receiver<Written>)>(SESSION_PIPELINE);
+        let relay = self.0.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(message)) = inbound.next().await {
+                let (waiter, written) = oneshot::channel();
+                relay.add(message.message(), waiter).await;
+                if order.send((message.record_count(), written)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        // Answers in request order, each once its object is written.
+        let (answer, acks) = mpsc::channel(SESSION_PIPELINE);
+        tokio::spawn(async move {
+            let mut seq = 0;
+            while let Some((records, written)) = owed.recv().await {
+                let ack = match written.await {
+                    Ok(Ok(())) => Ok(v1::AppendAck {
+                        start_seq: seq,
+                        end_seq: seq + records,
+                        error: None,
+                    }),
+                    Ok(Err(error)) => Err(Status::unavailable(error)),
+                    Err(_) => Err(Status::unavailable("the relay stopped")),
+                };
+                seq += records;
+                let failed = ack.is_err();
+                if answer.send(ack).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(acks))))
+    }
+
+    async fn read(
+        &self,
+        _: Request<v1::ReadRequest>,
+    ) -> Result<Response<v1::ReadResponse>, Status> {
+        Err(Status::unimplemented("the relay floor only takes appends"))
+    }
+
+    async fn resolve_refs(
+        &self,
+        _: Request<v1::ResolveRefsRequest>,
+    ) -> Result<Response<v1::ResolveRefsResponse>, Status> {
+        Err(Status::unimplemented("the relay floor only takes appends"))
+    }
+
+    async fn create_stream(
+        &self,
+        request: Request<v1::CreateStreamRequest>,
+    ) -> Result<Response<v1::CreateStreamResponse>, Status> {
+        Ok(Response::new(v1::CreateStreamResponse {
+            info: info(request.into_inner().stream),
+        }))
+    }
+
+    async fn describe_stream(
+        &self,
+        request: Request<v1::DescribeStreamRequest>,
+    ) -> Result<Response<v1::DescribeStreamResponse>, Status> {
+        Ok(Response::new(v1::DescribeStreamResponse {
+            info: info(request.into_inner().stream),
+        }))
+    }
+
+    async fn list_streams(
+        &self,
+        _: Request<v1::ListStreamsRequest>,
+    ) -> Result<Response<v1::ListStreamsResponse>, Status> {
+        Ok(Response::new(v1::ListStreamsResponse::default()))
+    }
+
+    async fn delete_stream(
+        &self,
+        _: Request<v1::DeleteStreamRequest>,
+    ) -> Result<Response<v1::DeleteStreamResponse>, Status> {
+        Ok(Response::new(v1::DeleteStreamResponse {}))
+    }
+
+    async fn reconfigure_stream(
+        &self,
+        _: Request<v1::ReconfigureStreamRequest>,
+    ) -> Result<Response<v1::ReconfigureStreamResponse>, Status> {
+        Err(Status::unimplemented("the relay floor only takes appends"))
+    }
+
+    async fn get_server_info(
+        &self,
+        _: Request<v1::GetServerInfoRequest>,
+    ) -> Result<Response<v1::GetServerInfoResponse>, Status> {
+        Ok(Response::new(v1::GetServerInfoResponse::default()))
+    }
+
+    async fn list_groups(
+        &self,
+        _: Request<v1::ListGroupsRequest>,
+    ) -> Result<Response<v1::ListGroupsResponse>, Status> {
+        Err(Status::unimplemented("the relay floor only takes appends"))
+    }
+
+    async fn describe_group(
+        &self,
+        _: Request<v1::DescribeGroupRequest>,
+    ) -> Result<Response<v1::DescribeGroupResponse>, Status> {
+        Err(Status::unimplemented("the relay floor only takes appends"))
+    }
+}
+
+fn main() -> Result<(), String> {
+    let endpoint = arg("--endpoint").ok_or("--endpoint is required")?;
+    let bucket = arg("--bucket").ok_or("--bucket is required")?;
+    let listen: std::net::SocketAddr = arg("--listen")
+        .ok_or("--listen is required")?
+        .parse()
+        .map_err(|_| "--listen takes HOST:PORT")?;
+    let object_bytes = parse_bytes(&arg("--object-bytes").unwrap_or_else(|| "8MiB".into()))?;
+    let concurrency = number("--concurrency", 8)? as usize;
+    let linger = Duration::from_millis(number("--linger-ms", 50)?.max(5));
+    let window = (number("--window-kib", 64)? * 1024) as u32;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        let mut config = S3Config::new(&bucket);
+        config.endpoint = Some(endpoint);
+        config.force_path_style = true;
+        config.limits.write_concurrency = concurrency;
+        let store = Arc::new(S3Store::new(config).await);
+        let _ = store.client().create_bucket().bucket(&bucket).send().await;
+        let relay = Arc::new(Relay {
+            store,
+            pending: Mutex::default(),
+            writers: Arc::new(Semaphore::new(concurrency.max(1))),
+            object_bytes,
+            next_key: AtomicU64::new(0),
+        });
+        tokio::spawn(relay.clone().linger(linger));
+        let service = NovaServer::new(Service(relay))
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        // The star's transport settings: pinned stream windows, a connection window as wide as
+        // its default session cap allows, no adaptive window.
+        tonic::transport::Server::builder()
+            .initial_stream_window_size(window)
+            .initial_connection_window_size(
+                (2 * window as u64 * 4096).clamp(1 << 20, (1 << 31) - 1) as u32,
+            )
+            .http2_adaptive_window(Some(false))
+            .add_service(service)
+            .serve(listen)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
