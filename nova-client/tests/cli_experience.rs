@@ -724,6 +724,34 @@ fn bench_uses_fresh_streams_cleans_them_up_and_says_when_it_falls_short() {
     assert!(text.contains("SHORT OF --rate"), "{text}");
     assert!(text.contains("streams kept bench-"), "{text}");
     assert_eq!(ok(nova(&url, &["stream", "list"], b"")).lines().count(), 1);
+
+    // A slow rate (a batch per session every 200 s) still ends when the duration is up: a
+    // session waiting for its next tick stops with the run.
+    let begun = std::time::Instant::now();
+    let report = ok(nova(
+        &url,
+        &[
+            "--output",
+            "json",
+            "bench",
+            "--sessions",
+            "2",
+            "--batch-records",
+            "1",
+            "--rate",
+            "0.01",
+            "--duration",
+            "1s",
+        ],
+        b"",
+    ));
+    let report: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    assert!(
+        begun.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        begun.elapsed()
+    );
+    assert_eq!(report["records"], 2, "one batch each, at once: {report}");
 }
 
 /// Values `nova bench` cannot pace or run are refused with a message naming the flag, never

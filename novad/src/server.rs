@@ -140,6 +140,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         express = %human_bytes(worst.express),
         read = %human_bytes(worst.read),
         tail_cache = %human_bytes(worst.tail_cache),
+        recycle = %human_bytes(worst.recycle),
         transport_at_session_cap = %human_bytes(worst.transport),
         auditor = %human_bytes(worst.auditor),
         "memory ceiling"

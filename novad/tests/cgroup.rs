@@ -65,9 +65,10 @@ async fn a_star_in_a_memory_limited_cgroup_blocks_and_sheds_but_is_never_killed(
             ),
         },
     };
-    // Budgets that fit the 256 MiB limit: 64 + 64 (reads) + 32 + 300 × 64 KiB ≈ 179 MiB of
-    // formula, plus 48 MiB + 300 × 64 KiB of overhead ≈ 246 MiB (the start-up check adds
-    // both; the auditor, whose 55 MiB would not fit, is off).
+    // Budgets that fit the 256 MiB limit: 64 + 48 (reads) + 32 + 16 (recycled buffers, a
+    // quarter of admission) + 300 × 64 KiB ≈ 179 MiB of formula, plus 48 + 8 MiB + 300 × 64 KiB
+    // of overhead ≈ 75 MiB: 254 MiB (the start-up check adds both; the auditor, whose 55 MiB
+    // would not fit, is off).
     let mut novad = novad()
         .cgroup(&group.0)
         .args([
@@ -75,6 +76,8 @@ async fn a_star_in_a_memory_limited_cgroup_blocks_and_sheds_but_is_never_killed(
             "64",
             "--tail-window-cache-mib",
             "32",
+            "--read-memory-mib",
+            "48",
             "--max-producer-sessions",
             "300",
             // Batches up to 8 MiB: with the default 100 MiB cap one clamped batch would be the

@@ -229,7 +229,7 @@ async fn a_star_paused_past_its_lease_is_taken_over_and_acknowledges_nothing_mor
 /// Budgets small enough that a star's saturation is set by its sessions: 48 MiB of fixed terms
 /// and 8 MiB per session under a 64 MiB ceiling reads 0.75 idle (clear: below 0.9 − 0.1),
 /// 0.875 with one session, and saturated from two.
-const SMALL_BUDGETS: [&str; 15] = [
+const SMALL_BUDGETS: [&str; 17] = [
     // The admission term is at least what the largest batch can hold.
     "--max-batch-bytes",
     "1MiB",
@@ -239,6 +239,10 @@ const SMALL_BUDGETS: [&str; 15] = [
     "16",
     "--read-memory-mib",
     "16",
+    // No recycled buffers: the saturation tests count the budgets and windows alone (48 MiB
+    // of a 64 MiB ceiling clears only with no session open).
+    "--recycle-buffer-mib",
+    "0",
     "--auditor",
     "false",
     "--grpc-stream-window-kib",

@@ -3,9 +3,10 @@
 //!
 //! It speaks the star's gRPC append sessions (the same messages, the same HTTP/2 windows, so
 //! `nova bench` drives it unchanged; tonic assembles each message and the star's own decoder,
-//! `WireAppend`, reads it), and PUTs the received messages of many sessions together, as they
-//! are, in objects of `--object-bytes`, `--concurrency` at a time, answering each request once
-//! the object holding it is written. It does no admission, no framing, no checksums, no index
+//! `WireAppend`, reads it), copies each message into a recycled buffer as the star does (so
+//! neither pays page faults for fresh memory), and PUTs the messages of many sessions
+//! together, as they are, in objects of `--object-bytes`, `--concurrency` at a time, answering
+//! each request once the object holding it is written. It does no admission, no framing, no checksums, no index
 //! and no metastore, and it bounds nothing: what it costs is receiving the bytes and sending
 //! them on.
 //!
@@ -24,10 +25,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use nova_core::object_store::{ObjectStore, PutPayload, S3Config, S3Store};
+use nova_proto::RequestError;
 use nova_proto::server::nova_server::{Nova, NovaServer};
 use nova_proto::units::parse_bytes;
 use nova_proto::v1;
 use nova_proto::wire::WireAppend;
+use nova_server::net::recycle::{RecycleMetrics, Recycler};
+use prometheus::Registry;
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
@@ -60,6 +64,7 @@ struct Relay {
     writers: Arc<Semaphore>,
     object_bytes: u64,
     next_key: AtomicU64,
+    recycler: Recycler,
 }
 
 impl Relay {
@@ -131,6 +136,12 @@ type Acks = Pin<Box<dyn Stream<Item = Result<v1::AppendAck, Status>> + Send>>;
 /// Requests a session may have read but not yet answered.
 const SESSION_PIPELINE: usize = 256;
 
+fn only_appends() -> Status {
+    Status::from(RequestError::Unimplemented(
+        "the relay floor only takes appends".into(),
+    ))
+}
+
 fn info(name: String) -> Option<v1::StreamInfo> {
     Some(v1::StreamInfo {
         name,
@@ -152,9 +163,16 @@ impl Nova for Service {
         let relay = self.0.clone();
         tokio::spawn(async move {
             while let Some(Ok(message)) = inbound.next().await {
+                // Copied out into a recycled buffer, as the star copies each message once into
+                // one: the received message is dropped at once, so tonic reuses its buffer
+                // instead of mapping fresh pages for every message.
+                let mut copy = relay.recycler.buffer(message.wire_len() as usize);
+                copy.extend_from_slice(&message.message());
+                let records = message.record_count();
+                drop(message);
                 let (waiter, written) = oneshot::channel();
-                relay.add(message.message(), waiter).await;
-                if order.send((message.record_count(), written)).await.is_err() {
+                relay.add(copy.freeze(), waiter).await;
+                if order.send((records, written)).await.is_err() {
                     return;
                 }
             }
@@ -170,8 +188,10 @@ impl Nova for Service {
                         end_seq: seq + records,
                         error: None,
                     }),
-                    Ok(Err(error)) => Err(Status::unavailable(error)),
-                    Err(_) => Err(Status::unavailable("the relay stopped")),
+                    Ok(Err(error)) => Err(Status::from(RequestError::OutcomeUnknown(error))),
+                    Err(_) => Err(Status::from(RequestError::OutcomeUnknown(
+                        "the relay stopped".into(),
+                    ))),
                 };
                 seq += records;
                 let failed = ack.is_err();
@@ -187,14 +207,14 @@ impl Nova for Service {
         &self,
         _: Request<v1::ReadRequest>,
     ) -> Result<Response<v1::ReadResponse>, Status> {
-        Err(Status::unimplemented("the relay floor only takes appends"))
+        Err(only_appends())
     }
 
     async fn resolve_refs(
         &self,
         _: Request<v1::ResolveRefsRequest>,
     ) -> Result<Response<v1::ResolveRefsResponse>, Status> {
-        Err(Status::unimplemented("the relay floor only takes appends"))
+        Err(only_appends())
     }
 
     async fn create_stream(
@@ -233,7 +253,7 @@ impl Nova for Service {
         &self,
         _: Request<v1::ReconfigureStreamRequest>,
     ) -> Result<Response<v1::ReconfigureStreamResponse>, Status> {
-        Err(Status::unimplemented("the relay floor only takes appends"))
+        Err(only_appends())
     }
 
     async fn get_server_info(
@@ -247,14 +267,14 @@ impl Nova for Service {
         &self,
         _: Request<v1::ListGroupsRequest>,
     ) -> Result<Response<v1::ListGroupsResponse>, Status> {
-        Err(Status::unimplemented("the relay floor only takes appends"))
+        Err(only_appends())
     }
 
     async fn describe_group(
         &self,
         _: Request<v1::DescribeGroupRequest>,
     ) -> Result<Response<v1::DescribeGroupResponse>, Status> {
-        Err(Status::unimplemented("the relay floor only takes appends"))
+        Err(only_appends())
     }
 }
 
@@ -286,6 +306,8 @@ fn main() -> Result<(), String> {
             writers: Arc::new(Semaphore::new(concurrency.max(1))),
             object_bytes,
             next_key: AtomicU64::new(0),
+            // As much as a star keeps by default (a quarter of its 256 MiB admission buffer).
+            recycler: Recycler::new(64 << 20, RecycleMetrics::register(&Registry::new())),
         });
         tokio::spawn(relay.clone().linger(linger));
         let service = NovaServer::new(Service(relay))

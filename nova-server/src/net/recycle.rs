@@ -1,18 +1,24 @@
 //! Recycled message buffers.
 //!
-//! A received append is copied into a buffer of exactly its size, which the batch's fragments
-//! then reference until its flight has landed and the tail cache lets it go. A fresh buffer of
-//! a few hundred KiB comes from the allocator as pages never touched, and the first write to
-//! each page faults it in and clears it: at saturation that was a fifth of the star's CPU,
-//! more than checksumming every byte. So a buffer whose last reference is dropped comes back
-//! here, already resident, and the next message of its size (within [`slack`]) is copied into
-//! it instead.
+//! A received append is copied into a buffer of its own size, which the batch's fragments then
+//! reference until its flight has landed and the tail cache lets it go. The allocator maps a
+//! buffer of [`MIN_RECYCLED`] or more on its own and unmaps it when freed
+//! (`nova_core::allocator`), so every such message is written into pages never touched, and the
+//! first write to each page faults it in and clears it: at saturation that was a fifth of the
+//! star's CPU, more than checksumming every byte. So a buffer whose last reference is dropped
+//! comes back here, already resident, and the next message that fills the same whole pages is
+//! copied into it instead.
 //!
-//! What waits here is bounded: at most `capacity` bytes; a buffer that would pass it is freed.
-//! Only buffers of at least [`MIN_RECYCLED`] bytes are kept (smaller ones come from the
-//! allocator's own free lists without faults).
+//! A buffer is sized to end where its last page ends ([`page_fit`]): the pages a fresh buffer
+//! for the message would be mapped in anyway. A message takes a kept buffer only of exactly
+//! that size, so a recycled buffer never holds more memory than a fresh one would.
+//!
+//! What waits here is bounded: at most `capacity` bytes. When a buffer comes back to a full
+//! pool, buffers of the size least recently asked for make room for it (or it is freed, when
+//! nothing else can go), so a change of message sizes does not leave the pool holding sizes
+//! nobody asks for.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -20,21 +26,70 @@ use nova_core::prom::{counter_vec, gauge};
 use parking_lot::Mutex;
 use prometheus::{IntCounterVec, IntGauge, Registry};
 
-/// Buffers smaller than this are neither kept nor looked for.
-pub const MIN_RECYCLED: usize = 32 * 1024;
+/// Buffers smaller than this are neither kept nor looked for: the allocator serves them from
+/// its arenas, whose free memory stays resident, so they do not fault.
+pub const MIN_RECYCLED: usize = nova_core::allocator::MMAP_THRESHOLD as usize;
 
-/// The most a recycled buffer's capacity may exceed the message it takes: a page, or 1/32 of
-/// the message for large ones. The charge is the message's size, so this is the most a
-/// recycled buffer holds beyond its charge (an allocator rounds fresh ones up too).
-pub fn slack(len: usize) -> usize {
-    (len / 32).max(4096)
+/// What glibc's malloc puts before a buffer it maps on its own (its chunk header).
+const CHUNK_HEADER: usize = 16;
+const PAGE: usize = 4096;
+
+/// The capacity of a buffer for a message of `len` bytes: `len`, rounded up to where the last
+/// page the allocator maps for it ends. No more memory than a buffer of exactly `len`.
+pub fn page_fit(len: usize) -> usize {
+    if len < MIN_RECYCLED {
+        return len;
+    }
+    (len + CHUNK_HEADER).div_ceil(PAGE) * PAGE - CHUNK_HEADER
+}
+
+/// Kept buffers of one capacity; there is a shelf only while it holds some.
+#[derive(Debug, Default)]
+struct Shelf {
+    buffers: Vec<Vec<u8>>,
+    /// When a buffer of this size was last asked for or given back (the pool's own clock).
+    last_used: u64,
 }
 
 #[derive(Debug, Default)]
 struct Pool {
     /// Buffers by capacity.
-    by_capacity: BTreeMap<usize, Vec<Vec<u8>>>,
+    shelves: HashMap<usize, Shelf>,
     bytes: usize,
+    clock: u64,
+}
+
+impl Pool {
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// Frees buffers of the least recently used sizes other than `keep` until `room` more
+    /// bytes fit under `capacity`; false when they cannot.
+    fn make_room(&mut self, room: usize, capacity: usize, keep: usize) -> bool {
+        while self.bytes + room > capacity {
+            let Some(oldest) = self
+                .shelves
+                .iter()
+                .filter(|(size, shelf)| **size != keep && !shelf.buffers.is_empty())
+                .min_by_key(|(_, shelf)| shelf.last_used)
+                .map(|(size, _)| *size)
+            else {
+                return false;
+            };
+            if let Some(shelf) = self.shelves.get_mut(&oldest) {
+                while self.bytes + room > capacity {
+                    let Some(freed) = shelf.buffers.pop() else {
+                        break;
+                    };
+                    self.bytes -= freed.capacity();
+                }
+            }
+        }
+        self.shelves.retain(|_, shelf| !shelf.buffers.is_empty());
+        true
+    }
 }
 
 /// What the recycler does, for operators: how much it holds, and how often a message found a
@@ -56,7 +111,7 @@ impl RecycleMetrics {
             buffers: counter_vec(
                 registry,
                 "nova_recycle_buffers_total",
-                "Append messages of 32 KiB or more by where their buffer came from: reused (kept \
+                "Append messages of 128 KiB or more by where their buffer came from: reused (kept \
                  for reuse, already resident) or fresh (new from the allocator).",
                 &["source"],
             ),
@@ -87,23 +142,33 @@ impl Recycler {
         }
     }
 
-    /// An empty buffer that holds `len` bytes: a recycled one when one fits, else a new one of
-    /// exactly `len`.
+    /// An empty buffer that holds `len` bytes: a kept one of its [`page_fit`] when there is
+    /// one, else a new one of that capacity.
     pub fn buffer(&self, len: usize) -> Buffer {
-        let recycled = (len >= MIN_RECYCLED)
-            .then(|| {
-                let mut pool = self.pool.lock();
-                let capacity = *pool.by_capacity.range(len..=len + slack(len)).next()?.0;
-                let list = pool.by_capacity.get_mut(&capacity)?;
-                let buf = list.pop()?;
-                if list.is_empty() {
-                    pool.by_capacity.remove(&capacity);
-                }
+        let capacity = page_fit(len);
+        let recycled = if len >= MIN_RECYCLED && self.capacity > 0 {
+            let mut pool = self.pool.lock();
+            let now = pool.tick();
+            // A shelf exists only while it holds buffers, so the map never outgrows the pool.
+            let buf = pool.shelves.get_mut(&capacity).and_then(|shelf| {
+                shelf.last_used = now;
+                shelf.buffers.pop()
+            });
+            if pool
+                .shelves
+                .get(&capacity)
+                .is_some_and(|s| s.buffers.is_empty())
+            {
+                pool.shelves.remove(&capacity);
+            }
+            if let Some(buf) = &buf {
                 pool.bytes -= buf.capacity();
                 self.metrics.held.set(pool.bytes as i64);
-                Some(buf)
-            })
-            .flatten();
+            }
+            buf
+        } else {
+            None
+        };
         if len >= MIN_RECYCLED {
             let source = if recycled.is_some() {
                 "reused"
@@ -113,26 +178,27 @@ impl Recycler {
             self.metrics.buffers.with_label_values(&[source]).inc();
         }
         Buffer {
-            buf: recycled.unwrap_or_else(|| Vec::with_capacity(len)),
+            buf: recycled.unwrap_or_else(|| Vec::with_capacity(capacity)),
             home: self.clone(),
         }
     }
 
     fn give_back(&self, mut buf: Vec<u8>) {
-        if buf.capacity() < MIN_RECYCLED {
+        let size = buf.capacity();
+        if size < MIN_RECYCLED || size > self.capacity {
             return;
         }
         let mut pool = self.pool.lock();
-        if pool.bytes + buf.capacity() > self.capacity {
+        if !pool.make_room(size, self.capacity, size) {
             return;
         }
+        let now = pool.tick();
         buf.clear();
-        pool.bytes += buf.capacity();
+        pool.bytes += size;
+        let shelf = pool.shelves.entry(size).or_default();
+        shelf.last_used = now;
+        shelf.buffers.push(buf);
         self.metrics.held.set(pool.bytes as i64);
-        pool.by_capacity
-            .entry(buf.capacity())
-            .or_default()
-            .push(buf);
     }
 
     /// Bytes of buffers waiting here.
@@ -187,6 +253,8 @@ impl Drop for Returning {
 mod tests {
     use super::*;
 
+    const K: usize = 1024;
+
     fn filled(recycler: &Recycler, len: usize) -> Bytes {
         let mut buffer = recycler.buffer(len);
         buffer.extend_from_slice(&vec![7; len]);
@@ -194,43 +262,61 @@ mod tests {
     }
 
     #[test]
-    fn a_dropped_buffer_is_reused_for_a_message_of_its_size_and_not_for_others() {
+    fn a_buffer_ends_where_its_last_page_would() {
+        assert_eq!(page_fit(100 * K), 100 * K, "below the threshold: exact");
+        assert_eq!(page_fit(256 * K), 260 * K - 16);
+        assert_eq!(page_fit(256 * K - 16), 256 * K - 16);
+        assert_eq!(page_fit(256 * K - 15), 260 * K - 16);
+    }
+
+    #[test]
+    fn a_dropped_buffer_is_reused_for_a_message_filling_the_same_pages_only() {
         let recycler = Recycler::new(1 << 20, RecycleMetrics::unregistered());
-        let first = filled(&recycler, 256 * 1024);
+        let first = filled(&recycler, 256 * K);
         let address = first.as_ptr();
         let slice = first.slice(10..20);
         drop(first);
         assert_eq!(recycler.held_bytes(), 0, "a slice still holds it");
         drop(slice);
-        assert_eq!(recycler.held_bytes(), 256 * 1024);
-        // Far larger or smaller messages get buffers of their own.
-        let other = filled(&recycler, 300 * 1024);
-        assert_ne!(other.as_ptr(), address);
-        let small = recycler.buffer(200 * 1024);
-        assert_eq!(small.buf.capacity(), 200 * 1024);
-        // One within the slack takes it, and reads its own bytes.
-        let mut again = recycler.buffer(256 * 1024 - 100);
+        assert_eq!(recycler.held_bytes(), page_fit(256 * K));
+        // A message a page shorter fits fewer pages: a buffer of its own.
+        let shorter = recycler.buffer(252 * K);
+        assert_eq!(shorter.buf.capacity(), page_fit(252 * K));
+        assert_eq!(recycler.held_bytes(), page_fit(256 * K));
+        // One that fills the same pages takes it, and reads its own bytes.
+        let mut again = recycler.buffer(256 * K + 100);
         assert_eq!(recycler.held_bytes(), 0);
-        again.extend_from_slice(&vec![9; 256 * 1024 - 100]);
+        again.extend_from_slice(&vec![9; 256 * K + 100]);
         let again = again.freeze();
         assert_eq!(again.as_ptr(), address);
-        assert_eq!(again.len(), 256 * 1024 - 100);
+        assert_eq!(again.len(), 256 * K + 100);
         assert!(again.iter().all(|&b| b == 9));
     }
 
     #[test]
-    fn what_waits_is_bounded_and_small_buffers_are_not_kept() {
-        let recycler = Recycler::new(300 * 1024, RecycleMetrics::unregistered());
-        let a = filled(&recycler, 128 * 1024);
-        let b = filled(&recycler, 128 * 1024);
-        let c = filled(&recycler, 128 * 1024);
-        drop((a, b, c));
-        assert_eq!(
-            recycler.held_bytes(),
-            256 * 1024,
-            "the third would pass the bound"
+    fn what_waits_is_bounded_and_sizes_nobody_asks_for_make_room() {
+        let recycler = Recycler::new(3 * page_fit(256 * K), RecycleMetrics::unregistered());
+        let big: Vec<Bytes> = (0..3).map(|_| filled(&recycler, 256 * K)).collect();
+        drop(big);
+        assert_eq!(recycler.held_bytes(), 3 * page_fit(256 * K), "full");
+        // Small buffers are not kept.
+        drop(filled(&recycler, 4 * K));
+        assert_eq!(recycler.held_bytes(), 3 * page_fit(256 * K));
+        // The workload moves to 200 KiB messages: their buffers push the old size out.
+        let smaller: Vec<Bytes> = (0..3).map(|_| filled(&recycler, 200 * K)).collect();
+        drop(smaller);
+        let held = recycler.held_bytes();
+        assert!(held <= 3 * page_fit(256 * K), "{held}");
+        assert!(
+            held >= 3 * page_fit(200 * K),
+            "the new size is kept: {held}"
         );
-        drop(filled(&recycler, 4 * 1024));
-        assert_eq!(recycler.held_bytes(), 256 * 1024);
+        let reused = recycler.buffer(200 * K);
+        assert_eq!(reused.buf.capacity(), page_fit(200 * K));
+        assert!(recycler.held_bytes() < held, "and reused");
+        // Nothing is kept with no room at all.
+        let none = Recycler::new(0, RecycleMetrics::unregistered());
+        drop(filled(&none, 256 * K));
+        assert_eq!(none.held_bytes(), 0);
     }
 }

@@ -290,7 +290,9 @@ async fn admit(
     // The message was charged from its length prefix and assembled outside tonic
     // (`charge.rs`), which saw only an empty placeholder for it. Without that layer in front (a
     // test calling the service directly) tonic's message is the request, charged now.
-    // `exact`: the message is a buffer of exactly its size, so its fragment may keep it.
+    // `exact`: the message is a buffer of its own size (rounded up to its last page when it is
+    // recycled, `nova_server::net::recycle::page_fit`: the memory an exact one takes anyway),
+    // so its fragment may keep it.
     let (mut admitted, request, exact) = match charges.map(Charges::take) {
         Some(Some(Charged::Message(admitted, message))) => {
             (admitted, WireAppend::parse(message), true)

@@ -3,7 +3,7 @@
 //! errors by code, and (from the star's metrics endpoint) PUTs per GiB, the star's CPU time per
 //! MiB and its peak resident memory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,9 +15,9 @@ use futures::StreamExt;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 
-use nova_client::{Client, Error, Record, StreamConfig};
+use nova_client::{AckReceiver, AppendSender, Client, Error, Record, StreamConfig};
 use nova_proto::units::{parse_bytes, parse_duration};
 
 use crate::Format;
@@ -172,7 +172,10 @@ fn share_of(names: &[String], n: usize, sessions: usize) -> Vec<String> {
 /// The run's streams grouped by the star leading each (in the order leaders first appear).
 /// Describing a stream finds its leader, following redirects, so the client then routes its
 /// calls there.
-async fn by_leader(client: &Client, names: &[String]) -> anyhow::Result<Vec<Vec<String>>> {
+async fn by_leader(
+    client: &Client,
+    names: &[String],
+) -> anyhow::Result<Vec<(String, Vec<String>)>> {
     let leaders: Vec<(String, Result<String, Error>)> = futures::stream::iter(names)
         .map(|name| async move {
             let leader = client
@@ -194,23 +197,32 @@ async fn by_leader(client: &Client, names: &[String]) -> anyhow::Result<Vec<Vec<
             None => groups.push((leader, vec![name])),
         }
     }
-    Ok(groups.into_iter().map(|(_, group)| group).collect())
+    Ok(groups)
 }
 
 /// Splits `sessions` over the leaders' groups of streams in proportion to their sizes, at least
 /// one session each (so there may be more sessions than asked when there are more leaders),
 /// and gives each session its share of its group's streams.
-fn plan(groups: &[Vec<String>], sessions: usize) -> Vec<Vec<String>> {
-    let total: usize = groups.iter().map(Vec::len).sum::<usize>().max(1);
+fn plan(groups: &[(String, Vec<String>)], sessions: usize) -> Vec<Vec<(String, String)>> {
+    let total: usize = groups
+        .iter()
+        .map(|(_, group)| group.len())
+        .sum::<usize>()
+        .max(1);
     let mut shares = Vec::new();
     let (mut given, mut streams_before) = (0, 0);
-    for group in groups {
+    for (leader, group) in groups {
         // Rounding the running total keeps the sum at `sessions` when every group gets one.
         streams_before += group.len();
         let upto = ((sessions * streams_before + total / 2) / total).max(given + 1);
         let n = upto - given;
         given = upto;
-        shares.extend((0..n).map(|k| share_of(group, k, n)));
+        shares.extend((0..n).map(|k| {
+            share_of(group, k, n)
+                .into_iter()
+                .map(|stream| (stream, leader.clone()))
+                .collect()
+        }));
     }
     shares
 }
@@ -226,9 +238,10 @@ struct Shared {
     errors: Mutex<BTreeMap<String, u64>>,
     /// Latencies since the progress bar last looked.
     recent: Mutex<Histogram<u64>>,
-    /// Sessions that followed their streams to a new leader mid-run.
+    /// Streams whose leader moved mid-run (each move counted once).
     redirects: AtomicU64,
-    stop: AtomicBool,
+    /// Set when the run is over: sessions send no more and collect the acks still owed.
+    stopped: watch::Sender<bool>,
 }
 
 impl Shared {
@@ -246,108 +259,74 @@ impl Shared {
     }
 }
 
-/// How many times one session follows its streams to a new leader before it gives up.
-const MAX_REDIRECTS: u32 = 16;
+/// Where each stream of a session is led, as last learned: stream → the leader's address
+/// (empty on a single star).
+type Leaders = Arc<Mutex<HashMap<String, String>>>;
 
-/// One producer session: appends to `streams` (all led by one star when the run started) until
-/// told to stop. When leadership moves mid-run the star refuses with the new leader's address;
-/// the session then opens a new append session there (counted as a redirect; the batches that
-/// were in flight on the old one are neither acknowledged nor counted).
+/// What the sending half of a session tells the half collecting acknowledgements.
+enum Sent {
+    /// An append session was opened on a leader; its acknowledgements come on this receiver.
+    Opened(String, AckReceiver),
+    /// A batch for `stream` went to `leader`.
+    Batch {
+        started: Instant,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        leader: String,
+        stream: String,
+    },
+}
+
+/// One producer session: appends to its streams in turn until the run stops, each batch to its
+/// stream's leader over an append session opened there (one per leader; at the start all of a
+/// session's streams share one). When leadership moves mid-run, the old leader refuses the
+/// stream's batches with the new leader's address; the session learns it (counted as a
+/// redirect) and sends the stream's later batches there. Refused batches are not counted.
 async fn session(
     client: Client,
-    streams: Vec<String>,
+    streams: Vec<(String, String)>,
     args: Arc<BenchArgs>,
     interval: Option<Duration>,
     shared: Arc<Shared>,
 ) -> Histogram<u64> {
     let mut latencies = histogram();
-    let Some(first) = streams.first().cloned() else {
+    if streams.is_empty() {
         return latencies;
-    };
-    let mut redirects = 0;
-    loop {
-        let outcome = append_until_stopped(
-            &client,
-            &first,
-            &streams,
-            &args,
-            interval,
-            &shared,
-            &mut latencies,
-        )
-        .await;
-        let Err(error) = outcome else {
-            return latencies;
-        };
-        if error.leader().is_none()
-            || redirects >= MAX_REDIRECTS
-            || shared.stop.load(Ordering::Relaxed)
-        {
-            shared.error(&error);
-            return latencies;
-        }
-        redirects += 1;
-        shared.redirects.fetch_add(1, Ordering::Relaxed);
-        // Describing the stream through the star that refused follows its redirect, and the
-        // client routes the stream's calls to the new leader from then on.
-        if let Err(error) = client.describe_stream(&first).await {
-            shared.error(&error);
-            return latencies;
-        }
     }
-}
-
-/// Runs one append session on `first`'s leader until the run stops (Ok) or the session fails.
-async fn append_until_stopped(
-    client: &Client,
-    first: &str,
-    streams: &[String],
-    args: &Arc<BenchArgs>,
-    interval: Option<Duration>,
-    shared: &Arc<Shared>,
-    latencies: &mut Histogram<u64>,
-) -> Result<(), Error> {
-    let body = Bytes::from(vec![b'n'; args.record_bytes as usize]);
-    let batch_bytes = args.record_bytes * args.batch_records as u64;
-    let (sender, mut receiver) = client.append_session_for(first).await?.split();
+    let names: Vec<String> = streams.iter().map(|(stream, _)| stream.clone()).collect();
+    let leaders: Leaders = Arc::new(Mutex::new(streams.into_iter().collect()));
     let window = Arc::new(Semaphore::new(args.pipeline));
+    // Batches are bounded by the window; the rest of the room is for sessions opened.
+    let (sent, mut to_ack) = mpsc::channel::<Sent>(args.pipeline + 8);
+    let sending = tokio::spawn(send_batches(
+        client.clone(),
+        names,
+        leaders.clone(),
+        args.clone(),
+        interval,
+        shared.clone(),
+        window,
+        sent,
+    ));
     let delivery_timeout = args.delivery_timeout;
-    let (sent, mut to_ack) =
-        mpsc::channel::<(Instant, tokio::sync::OwnedSemaphorePermit)>(args.pipeline);
-    let sending = {
-        let shared = shared.clone();
-        let args = args.clone();
-        let streams = streams.to_vec();
-        tokio::spawn(async move {
-            let mut ticker = interval.map(|every| {
-                let mut ticker = tokio::time::interval(every);
-                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                ticker
-            });
-            for stream in streams.iter().cycle() {
-                if shared.stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                if let Some(ticker) = ticker.as_mut() {
-                    ticker.tick().await;
-                }
-                let Ok(permit) = window.clone().acquire_owned().await else {
-                    break;
-                };
-                let records = (0..args.batch_records)
-                    .map(|_| Record::new(body.clone()))
-                    .collect();
-                let started = Instant::now();
-                sender.send(stream, records, None).await?;
-                if sent.send((started, permit)).await.is_err() {
-                    break;
-                }
-            }
-            Ok::<(), Error>(())
-        })
-    };
+    let batch_bytes = args.record_bytes * args.batch_records as u64;
+    let mut receivers: HashMap<String, AckReceiver> = HashMap::new();
     let mut failed = None;
-    while let Some((started, permit)) = to_ack.recv().await {
+    while let Some(item) = to_ack.recv().await {
+        let (started, permit, leader, stream) = match item {
+            Sent::Opened(leader, receiver) => {
+                receivers.insert(leader, receiver);
+                continue;
+            }
+            Sent::Batch {
+                started,
+                permit,
+                leader,
+                stream,
+            } => (started, permit, leader, stream),
+        };
+        let Some(receiver) = receivers.get_mut(&leader) else {
+            continue;
+        };
         let ack = tokio::time::timeout_at((started + delivery_timeout).into(), receiver.next_ack())
             .await
             .unwrap_or_else(|_| {
@@ -376,6 +355,14 @@ async fn append_until_stopped(
                     .fetch_add(ack.end_seq - ack.start_seq, Ordering::Relaxed);
                 shared.bytes.fetch_add(batch_bytes, Ordering::Relaxed);
             }
+            // This batch was refused because another star leads its stream now; the session
+            // goes on.
+            Err(error) if error.leader().is_some() => {
+                if let Err(error) = follow(&client, &stream, &leaders, &shared).await {
+                    failed = Some(error);
+                    break;
+                }
+            }
             Err(error) => {
                 failed = Some(error);
                 break;
@@ -384,13 +371,112 @@ async fn append_until_stopped(
         drop(permit);
     }
     sending.abort();
-    if let Some(error) = failed {
-        return Err(error);
+    match (failed, sending.await) {
+        (Some(error), _) | (None, Ok(Err(error))) => shared.error(&error),
+        (None, Err(join)) if join.is_panic() => shared.error(&Error::SessionClosed(
+            "the session's sending task panicked".into(),
+        )),
+        _ => {}
     }
-    match sending.await {
-        Ok(Err(error)) => Err(error),
-        _ => Ok(()),
+    latencies
+}
+
+/// Learns where `stream` is led now (describing it follows the redirect, and the client routes
+/// its calls there from then on); a move is counted once, however many batches were refused.
+async fn follow(
+    client: &Client,
+    stream: &str,
+    leaders: &Leaders,
+    shared: &Shared,
+) -> Result<(), Error> {
+    let now = client.describe_stream(stream).await?.leader_addr;
+    let before = leaders
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(stream.to_owned(), now.clone());
+    if before.as_ref() != Some(&now) {
+        shared.redirects.fetch_add(1, Ordering::Relaxed);
     }
+    Ok(())
+}
+
+/// The sending half of a session: a batch to each stream in turn, paced when asked, each on an
+/// append session at its stream's leader (opened the first time it is needed).
+#[allow(clippy::too_many_arguments)]
+async fn send_batches(
+    client: Client,
+    streams: Vec<String>,
+    leaders: Leaders,
+    args: Arc<BenchArgs>,
+    interval: Option<Duration>,
+    shared: Arc<Shared>,
+    window: Arc<Semaphore>,
+    sent: mpsc::Sender<Sent>,
+) -> Result<(), Error> {
+    let body = Bytes::from(vec![b'n'; args.record_bytes as usize]);
+    let mut stopped = shared.stopped.subscribe();
+    // The first batch goes at once; then one each period.
+    let mut ticker = interval.map(|every| {
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker
+    });
+    let mut senders: HashMap<String, AppendSender> = HashMap::new();
+    let mut first = true;
+    for stream in streams.iter().cycle() {
+        if *stopped.borrow() {
+            break;
+        }
+        if let Some(ticker) = ticker.as_mut().filter(|_| !first) {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = stopped.wait_for(|stop| *stop) => break,
+            }
+        }
+        first = false;
+        let permit = tokio::select! {
+            permit = window.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            _ = stopped.wait_for(|stop| *stop) => break,
+        };
+        let leader = leaders
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(stream)
+            .cloned()
+            .unwrap_or_default();
+        if !senders.contains_key(&leader) {
+            let (sender, receiver) = client.append_session_for(stream).await?.split();
+            senders.insert(leader.clone(), sender);
+            if sent
+                .send(Sent::Opened(leader.clone(), receiver))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        let Some(sender) = senders.get(&leader) else {
+            break;
+        };
+        let records = (0..args.batch_records)
+            .map(|_| Record::new(body.clone()))
+            .collect();
+        let started = Instant::now();
+        sender.send(stream, records, None).await?;
+        let batch = Sent::Batch {
+            started,
+            permit,
+            leader,
+            stream: stream.clone(),
+        };
+        if sent.send(batch).await.is_err() {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// A few series from the star's metrics page.
@@ -592,11 +678,17 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
         errors: Mutex::new(BTreeMap::new()),
         recent: Mutex::new(histogram()),
         redirects: AtomicU64::new(0),
-        stop: AtomicBool::new(false),
+        stopped: watch::Sender::new(false),
     });
     let args = Arc::new(args);
     let shares = plan(&groups, args.sessions);
-    let interval = pacing(args.rate, args.batch_records, shares.len())?;
+    let interval = or_clean_up(
+        pacing(args.rate, args.batch_records, shares.len()),
+        client,
+        &names,
+        keep,
+    )
+    .await?;
     let started = Instant::now();
     let sessions: Vec<_> = shares
         .into_iter()
@@ -654,7 +746,7 @@ pub async fn run(client: &Client, args: BenchArgs, format: Format) -> anyhow::Re
             break;
         }
     }
-    shared.stop.store(true, Ordering::Relaxed);
+    shared.stopped.send_replace(true);
     // Sessions stop sending and collect the acks still owed; those count too (the star wrote
     // them, and its PUTs are in the figures), and so does the time they take.
     let mut latencies = histogram();
@@ -828,22 +920,34 @@ mod tests {
 
     #[test]
     fn sessions_split_over_leaders_in_proportion_and_never_cross_them() {
+        let streams = |shares: &[Vec<(String, String)>]| -> Vec<Vec<String>> {
+            shares
+                .iter()
+                .map(|share| share.iter().map(|(s, _)| s.clone()).collect())
+                .collect()
+        };
         let a = names(6);
         let b: Vec<String> = (6..8).map(|i| format!("s{i}")).collect();
-        let shares = plan(&[a.clone(), b.clone()], 4);
+        let groups = [("star-a".to_owned(), a.clone()), ("star-b".to_owned(), b)];
+        let shares = plan(&groups, 4);
         assert_eq!(shares.len(), 4);
-        // Six streams to two get three sessions to one.
-        assert_eq!(shares[..3].concat().len(), 6);
-        assert!(shares[..3].iter().flatten().all(|s| a.contains(s)));
-        assert_eq!(shares[3], ["s6", "s7"]);
+        // Six streams to two get three sessions to one, each session on one leader.
+        assert!(
+            shares[..3]
+                .iter()
+                .flatten()
+                .all(|(s, l)| a.contains(s) && l == "star-a")
+        );
+        assert_eq!(streams(&shares[..3]).concat().len(), 6);
+        assert_eq!(streams(&shares[3..]), [["s6", "s7"]]);
+        assert!(shares[3].iter().all(|(_, l)| l == "star-b"));
         // More leaders than sessions: one session each all the same.
-        let one_each = plan(&[a, b], 1);
-        assert_eq!(one_each.len(), 2);
+        assert_eq!(plan(&groups, 1).len(), 2);
         // One star: the same shares as without leaders.
         let names = names(10);
-        let single = plan(std::slice::from_ref(&names), 3);
+        let single = plan(&[(String::new(), names.clone())], 3);
         let plain: Vec<Vec<String>> = (0..3).map(|n| share_of(&names, n, 3)).collect();
-        assert_eq!(single, plain);
+        assert_eq!(streams(&single), plain);
     }
 
     #[test]
