@@ -46,6 +46,7 @@ start_s3
 say "raw PUTs: 8 MiB objects, 8 at a time, for $DURATION ($SERVER_NOTE)"
 "$BIN/raw-put" --endpoint "$ENDPOINT" --bucket raw --create-bucket --object-bytes 8MiB \
     --concurrency 8 --duration "$DURATION" >"$WORK/raw.json"
+drop_bucket s3 raw
 
 LOADS=(
     "64 sessions, 16 KiB records|--sessions 64 --record-bytes 16KiB --batch-records 16 --pipeline 16"
@@ -71,6 +72,7 @@ for load in "${LOADS[@]}"; do
         --duration "$DURATION" --quiet >"$WORK/relay$ROW.json"
     echo "$cpu_before $(cpu_of "$pid") $(peak_rss_of "$pid")" >"$WORK/relay$ROW.proc"
     stop_pid "$pid"
+    drop_bucket s3 "relay$ROW"
 
     say "Nova: $name, for $DURATION"
     "$BIN/raw-put" --endpoint "$ENDPOINT" --bucket "star$ROW" --create-bucket --duration 0s
@@ -89,6 +91,7 @@ for load in "${LOADS[@]}"; do
     python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" \
         "http://127.0.0.1:$metrics/metrics" >"$WORK/star$ROW.metrics"
     stop_pid "$pid"
+    drop_bucket s3 "star$ROW"
     printf '%s\t%s\n' "$ROW" "$name" >>"$WORK/rows.tsv"
 done
 

@@ -78,6 +78,12 @@ start_s3() {
     ENDPOINT=http://127.0.0.1:$S3_PORT
 }
 
+# Frees the disk a bucket of the s3s-fs server uses (a row's objects are not needed after it is
+# measured, and rows of a few GiB each would fill a small disk); nothing for moto, in memory.
+drop_bucket() {
+    if [ "$SERVER" != moto ]; then rm -rf "${WORK:?}/${1:-s3}/$2"; fi
+}
+
 # The sum of every series of metric NAME (all its label sets) on the metrics page at URL.
 metric() {
     python3 -c "import urllib.request,sys; page=urllib.request.urlopen(sys.argv[1]).read().decode(); print(sum(float(l.rsplit(' ',1)[1]) for l in page.splitlines() if l.split('{')[0].split(' ')[0] == sys.argv[2]))" "$1" "$2"
