@@ -37,7 +37,7 @@ trap cleanup EXIT
 build_release
 start_s3
 
-# Starts a one-member etcd in WORK/etcdN; sets ETCD_PORT.
+# Starts a one-member etcd in WORK/etcdN; sets ETCD_PORT and ETCD_PID.
 start_etcd() {
     local n=$1 peer
     ETCD_PORT=$(free_port)
@@ -46,7 +46,8 @@ start_etcd() {
         --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
         --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
         --initial-cluster "n1=http://127.0.0.1:$peer" >"$WORK/etcd$n.log" 2>&1 &
-    PIDS+=($!)
+    ETCD_PID=$!
+    PIDS+=("$ETCD_PID")
     wait_port "$ETCD_PORT"
 }
 
@@ -81,10 +82,6 @@ for shape in "${SHAPES[@]}"; do
         for port in "${ports[@]}"; do wait_port "$port" || { cat "$WORK"/star$ROW-*.log >&2; exit 1; }; done
         # Every star in every star's view before any stream is placed.
         sleep 3
-        before_cpu=() before_bytes=()
-        for m in "${metrics[@]}"; do
-            before_cpu+=("$(metric "http://127.0.0.1:$m/metrics" nova_process_cpu_seconds_total)")
-        done
         # The streams are made (and placed) first, by a one-second run that keeps them; the
         # measured run then appends to them, so the metastore's counts are the write path's.
         begun=$(date +%s.%N)
@@ -92,6 +89,10 @@ for shape in "${SHAPES[@]}"; do
             --streams "$streams" --stream-prefix fleet --reuse-streams --record-bytes 1KiB \
             --batch-records 64 --duration 1s --quiet >"$WORK/setup$ROW.json"
         ended=$(date +%s.%N)
+        before_cpu=()
+        for m in "${metrics[@]}"; do
+            before_cpu+=("$(metric "http://127.0.0.1:$m/metrics" nova_process_cpu_seconds_total)")
+        done
         txn0=$(etcd_count etcd_mvcc_txn_total)
         put0=$(etcd_count etcd_mvcc_put_total)
         range0=$(etcd_count etcd_mvcc_range_total)
@@ -115,6 +116,7 @@ for shape in "${SHAPES[@]}"; do
             done
         } >"$WORK/row$ROW.env"
         for pid in "${pids[@]}"; do stop_pid "$pid"; done
+        stop_pid "$ETCD_PID"
         drop_bucket s3 "fleet$ROW"
     done
 done

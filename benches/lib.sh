@@ -81,7 +81,7 @@ start_s3() {
 # Frees the disk a bucket of the s3s-fs server uses (a row's objects are not needed after it is
 # measured, and rows of a few GiB each would fill a small disk); nothing for moto, in memory.
 drop_bucket() {
-    if [ "$SERVER" != moto ]; then rm -rf "${WORK:?}/${1:-s3}/$2"; fi
+    if [ "$SERVER" != moto ]; then rm -rf "${WORK:?}/${1:?}/${2:?}"; fi
 }
 
 # The sum of every series of metric NAME (all its label sets) on the metrics page at URL.

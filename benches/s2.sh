@@ -43,6 +43,7 @@ s2_bench() {
         "$S2" bench s2://nova-peer --record-size 8192 --target-mibps "$target" \
         --duration "$duration" --catchup-delay 5s >"$WORK/s2.out" 2>&1 &
     bench=$!
+    PIDS+=("$bench")
     while kill -0 "$bench" 2>/dev/null; do
         if [ -z "$cpu_after" ] && grep -q "before catchup read" "$WORK/s2.out"; then
             cpu_after=$(cpu_of "$lite")
@@ -51,6 +52,7 @@ s2_bench() {
         sleep 0.2
     done
     wait "$bench" || { cat "$WORK/s2.out" >&2; return 1; }
+    stop_pid "$bench"
     if [ -z "$cpu_after" ]; then
         echo "s2 bench never said it was waiting before its catch-up read: its output changed," \
             "and the write phase cannot be told apart" >&2

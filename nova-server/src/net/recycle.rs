@@ -30,8 +30,10 @@ use prometheus::{IntCounterVec, IntGauge, Registry};
 /// its arenas, whose free memory stays resident, so they do not fault.
 pub const MIN_RECYCLED: usize = nova_core::allocator::MMAP_THRESHOLD as usize;
 
-/// What glibc's malloc puts before a buffer it maps on its own (its chunk header).
-const CHUNK_HEADER: usize = 16;
+/// What glibc's malloc adds to a buffer it maps on its own, on 64-bit: its chunk header and the
+/// size word it rounds the request up with (a mapped chunk is `align16(len + 8) + 8` bytes,
+/// rounded up to whole pages).
+const CHUNK_HEADER: usize = 24;
 const PAGE: usize = 4096;
 
 /// The capacity of a buffer for a message of `len` bytes: `len`, rounded up to where the last
@@ -65,9 +67,20 @@ impl Pool {
         self.clock
     }
 
-    /// Frees buffers of the least recently used sizes other than `keep` until `room` more
-    /// bytes fit under `capacity`; false when they cannot.
-    fn make_room(&mut self, room: usize, capacity: usize, keep: usize) -> bool {
+    /// Takes out buffers of the least recently used sizes other than `keep` until `room` more
+    /// bytes fit under `capacity`, and hands them back to be freed (outside the lock); `None`,
+    /// taking nothing, when even all of them would not make room.
+    fn make_room(&mut self, room: usize, capacity: usize, keep: usize) -> Option<Vec<Vec<u8>>> {
+        let others: usize = self
+            .shelves
+            .iter()
+            .filter(|(size, _)| **size != keep)
+            .map(|(size, shelf)| size * shelf.buffers.len())
+            .sum();
+        if self.bytes - others + room > capacity {
+            return None;
+        }
+        let mut freed = Vec::new();
         while self.bytes + room > capacity {
             let Some(oldest) = self
                 .shelves
@@ -76,19 +89,20 @@ impl Pool {
                 .min_by_key(|(_, shelf)| shelf.last_used)
                 .map(|(size, _)| *size)
             else {
-                return false;
+                break;
             };
             if let Some(shelf) = self.shelves.get_mut(&oldest) {
                 while self.bytes + room > capacity {
-                    let Some(freed) = shelf.buffers.pop() else {
+                    let Some(buf) = shelf.buffers.pop() else {
                         break;
                     };
-                    self.bytes -= freed.capacity();
+                    self.bytes -= buf.capacity();
+                    freed.push(buf);
                 }
             }
         }
         self.shelves.retain(|_, shelf| !shelf.buffers.is_empty());
-        true
+        Some(freed)
     }
 }
 
@@ -188,17 +202,22 @@ impl Recycler {
         if size < MIN_RECYCLED || size > self.capacity {
             return;
         }
-        let mut pool = self.pool.lock();
-        if !pool.make_room(size, self.capacity, size) {
-            return;
-        }
-        let now = pool.tick();
-        buf.clear();
-        pool.bytes += size;
-        let shelf = pool.shelves.entry(size).or_default();
-        shelf.last_used = now;
-        shelf.buffers.push(buf);
-        self.metrics.held.set(pool.bytes as i64);
+        let freed = {
+            let mut pool = self.pool.lock();
+            let Some(freed) = pool.make_room(size, self.capacity, size) else {
+                return;
+            };
+            let now = pool.tick();
+            buf.clear();
+            pool.bytes += size;
+            let shelf = pool.shelves.entry(size).or_default();
+            shelf.last_used = now;
+            shelf.buffers.push(buf);
+            self.metrics.held.set(pool.bytes as i64);
+            freed
+        };
+        // Unmapped after the lock is let go.
+        drop(freed);
     }
 
     /// Bytes of buffers waiting here.
@@ -264,9 +283,9 @@ mod tests {
     #[test]
     fn a_buffer_ends_where_its_last_page_would() {
         assert_eq!(page_fit(100 * K), 100 * K, "below the threshold: exact");
-        assert_eq!(page_fit(256 * K), 260 * K - 16);
-        assert_eq!(page_fit(256 * K - 16), 256 * K - 16);
-        assert_eq!(page_fit(256 * K - 15), 260 * K - 16);
+        assert_eq!(page_fit(256 * K), 260 * K - 24);
+        assert_eq!(page_fit(256 * K - 24), 256 * K - 24);
+        assert_eq!(page_fit(256 * K - 23), 260 * K - 24);
     }
 
     #[test]
@@ -314,6 +333,26 @@ mod tests {
         let reused = recycler.buffer(200 * K);
         assert_eq!(reused.buf.capacity(), page_fit(200 * K));
         assert!(recycler.held_bytes() < held, "and reused");
+        // A buffer that cannot fit even with every other size gone frees nothing.
+        let tight = Recycler::new(
+            page_fit(256 * K) + page_fit(200 * K),
+            RecycleMetrics::unregistered(),
+        );
+        let (x1, x2, y) = (
+            filled(&tight, 256 * K),
+            filled(&tight, 256 * K),
+            filled(&tight, 200 * K),
+        );
+        drop(x1);
+        drop(y);
+        let full = tight.held_bytes();
+        assert_eq!(full, page_fit(256 * K) + page_fit(200 * K));
+        drop(x2);
+        assert_eq!(
+            tight.held_bytes(),
+            full,
+            "kept as it was, the 200 KiB one too"
+        );
         // Nothing is kept with no room at all.
         let none = Recycler::new(0, RecycleMetrics::unregistered());
         drop(filled(&none, 256 * K));

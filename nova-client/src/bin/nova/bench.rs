@@ -355,10 +355,23 @@ async fn session(
                     .fetch_add(ack.end_seq - ack.start_seq, Ordering::Relaxed);
                 shared.bytes.fetch_add(batch_bytes, Ordering::Relaxed);
             }
+            // Refused by the star this session was opened on as the stream's leader, naming
+            // that same star: the session reached another one. It would be refused forever, so
+            // it fails, counted, instead.
+            Err(error) if error.leader() == Some(leader.as_str()) => {
+                failed = Some(error);
+                break;
+            }
             // This batch was refused because another star leads its stream now; the session
-            // goes on.
+            // goes on, and learns where (once per move: later refusals of the same move find
+            // it learnt).
             Err(error) if error.leader().is_some() => {
-                if let Err(error) = follow(&client, &stream, &leaders, &shared).await {
+                let learnt = leaders
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&stream)
+                    .is_some_and(|now| *now != leader);
+                if !learnt && let Err(error) = follow(&client, &stream, &leaders, &shared).await {
                     failed = Some(error);
                     break;
                 }
@@ -448,6 +461,9 @@ async fn send_batches(
             .cloned()
             .unwrap_or_default();
         if !senders.contains_key(&leader) {
+            // Describing the stream first makes the client route it to its leader now (it may
+            // have forgotten routes learnt long ago), so the session opens there.
+            client.describe_stream(stream).await?;
             let (sender, receiver) = client.append_session_for(stream).await?.split();
             senders.insert(leader.clone(), sender);
             if sent
