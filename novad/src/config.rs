@@ -112,11 +112,11 @@ pub struct Config {
     #[arg(long, env = "NOVA_S3_CHAIN_BACKLOG_FLIGHTS", default_value_t = limits::CHAIN_BACKLOG_FLIGHTS, help_heading = "Budgets")]
     pub s3_chain_backlog_flights: u32,
 
-    /// Recycled append buffers, MiB: buffers of appends whose records have left memory (their
-    /// flight landed and the tail window cache let it go), kept resident so that the next
-    /// append of about their size is copied into one instead of into fresh pages, which cost a
-    /// page fault each. Past this, buffers are freed. Default: a quarter of
-    /// --s3-memory-buffer-mib. 0 keeps none.
+    /// Recycled append buffers, MiB: buffers (of 128 KiB or more) of appends whose records have
+    /// left memory (their flight landed and the tail window cache let it go), kept resident so
+    /// that the next append filling the same pages is copied into one instead of into fresh
+    /// pages, which cost a page fault each. When full, the sizes least recently asked for make
+    /// room. Default: a quarter of --s3-memory-buffer-mib. 0 keeps none.
     #[arg(long, env = "NOVA_RECYCLE_BUFFER_MIB", help_heading = "Budgets")]
     pub recycle_buffer_mib: Option<u64>,
 
