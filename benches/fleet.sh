@@ -51,11 +51,6 @@ start_etcd() {
     wait_port "$ETCD_PORT"
 }
 
-# etcd's count of one operation kind so far (its metrics endpoint).
-etcd_count() {
-    metric "http://127.0.0.1:$ETCD_PORT/metrics" "$1"
-}
-
 SHAPES=("64 sessions × 64 streams|64|64" "256 sessions × 2,000 streams|256|2000")
 ROW=0
 for shape in "${SHAPES[@]}"; do
@@ -89,32 +84,21 @@ for shape in "${SHAPES[@]}"; do
             --streams "$streams" --stream-prefix fleet --reuse-streams --record-bytes 1KiB \
             --batch-records 64 --duration 1s --quiet >"$WORK/setup$ROW.json"
         ended=$(date +%s.%N)
-        before_cpu=()
-        for m in "${metrics[@]}"; do
-            before_cpu+=("$(metric "http://127.0.0.1:$m/metrics" nova_process_cpu_seconds_total)")
+        # Every metrics page once before the measured run and once after; the summary reads
+        # the differences.
+        save_page "http://127.0.0.1:$ETCD_PORT/metrics" "$WORK/etcd$ROW.before"
+        for i in "${!metrics[@]}"; do
+            save_page "http://127.0.0.1:${metrics[$i]}/metrics" "$WORK/star$ROW-$i.before"
         done
-        txn0=$(etcd_count etcd_mvcc_txn_total)
-        put0=$(etcd_count etcd_mvcc_put_total)
-        range0=$(etcd_count etcd_mvcc_range_total)
         "$BIN/nova" --server "http://127.0.0.1:${ports[0]}" --output json bench --sessions "$sessions" \
             --streams "$streams" --stream-prefix fleet --reuse-streams --record-bytes 1KiB \
             --batch-records 64 --duration "$DURATION" --quiet >"$WORK/row$ROW.json"
-        {
-            echo "name=$name"
-            echo "stars=$stars"
-            echo "setup=$(python3 -c "print($ended - $begun)")"
-            echo "txn=$(python3 -c "print($(etcd_count etcd_mvcc_txn_total) - $txn0)")"
-            echo "put=$(python3 -c "print($(etcd_count etcd_mvcc_put_total) - $put0)")"
-            echo "range=$(python3 -c "print($(etcd_count etcd_mvcc_range_total) - $range0)")"
-            i=0
-            for m in "${metrics[@]}"; do
-                page=http://127.0.0.1:$m/metrics
-                echo "cpu$i=$(python3 -c "print($(metric "$page" nova_process_cpu_seconds_total) - ${before_cpu[$i]})")"
-                echo "placements$i=$(metric "$page" nova_fleet_placements_total)"
-                echo "bytes$i=$(metric "$page" nova_flight_bytes_total)"
-                i=$((i + 1))
-            done
-        } >"$WORK/row$ROW.env"
+        save_page "http://127.0.0.1:$ETCD_PORT/metrics" "$WORK/etcd$ROW.after"
+        for i in "${!metrics[@]}"; do
+            save_page "http://127.0.0.1:${metrics[$i]}/metrics" "$WORK/star$ROW-$i.after"
+        done
+        printf 'name=%s\nstars=%s\nsetup=%s\n' "$name" "$stars" \
+            "$(python3 -c "print($ended - $begun)")" >"$WORK/row$ROW.env"
         for pid in "${pids[@]}"; do stop_pid "$pid"; done
         stop_pid "$ETCD_PID"
         drop_bucket s3 "fleet$ROW"
@@ -125,6 +109,16 @@ python3 - "$WORK" "$ROW" "$DURATION" "$(machine_line)" "$(git rev-parse --short 
 import datetime, json, sys
 work, rows, duration, machine, commit = sys.argv[1:]
 GIB = 1 << 30
+
+def total(path, name):
+    """The sum of every series of metric `name` on a saved metrics page."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in open(path)
+               if line.split("{")[0].split(" ")[0] == name)
+
+def grown(prefix, name):
+    """How much `name` grew between the pages saved before and after the measured run."""
+    return total(f"{prefix}.after", name) - total(f"{prefix}.before", name)
+
 lines = [
     f"Measured {datetime.date.today()} on {machine}, commit {commit}; server s3s-fs 0.14.1, "
     f"one etcd member (Debian's etcd-server) per row; {duration} per row, fresh stars; "
@@ -141,8 +135,10 @@ for n in range(1, int(rows) + 1):
     stars = int(env["stars"])
     gib = r["bytes"] / GIB
     mib = r["bytes"] / (1 << 20)
-    cpu = sum(float(env[f"cpu{i}"]) for i in range(stars))
-    placements = sum(float(env[f"placements{i}"]) for i in range(stars))
+    cpu = sum(grown(f"{work}/star{n}-{i}", "nova_process_cpu_seconds_total") for i in range(stars))
+    placements = sum(total(f"{work}/star{n}-{i}.after", "nova_fleet_placements_total")
+                     for i in range(stars))
+    etcd = {kind: grown(f"{work}/etcd{n}", f"etcd_mvcc_{kind}_total") for kind in ("txn", "put", "range")}
     setup = float(env["setup"])
     if stars == 1:
         alone[env["name"]] = r["mib_per_sec"]
@@ -152,7 +148,7 @@ for n in range(1, int(rows) + 1):
     lines.append(
         f"| {env['name']} | {stars} | {r['mib_per_sec']:.1f} | {ratio:.2f} | {l['p50']:.0f} ms | {l['p99']:.0f} ms | "
         f"{errors} | {r['redirects']} | {cpu * 1000 / mib:.2f} ms | {placements:.0f} ({setup:.1f} s) | "
-        f"{float(env['txn']) / gib:.0f} | {float(env['put']) / gib:.0f} | {float(env['range']) / gib:.0f} |")
+        f"{etcd['txn'] / gib:.0f} | {etcd['put'] / gib:.0f} | {etcd['range'] / gib:.0f} |")
 table = "\n".join(lines)
 print(table)
 open(f"{work}/fleet.md", "w").write(table + "\n")

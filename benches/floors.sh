@@ -88,8 +88,7 @@ for load in "${LOADS[@]}"; do
     "$BIN/nova" --server "http://127.0.0.1:$port" --output json bench "${bench[@]}" \
         --duration "$DURATION" --metrics-url "http://127.0.0.1:$metrics/metrics" --quiet \
         >"$WORK/star$ROW.json"
-    python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" \
-        "http://127.0.0.1:$metrics/metrics" >"$WORK/star$ROW.metrics"
+    save_page "http://127.0.0.1:$metrics/metrics" "$WORK/star$ROW.metrics"
     stop_pid "$pid"
     drop_bucket s3 "star$ROW"
     printf '%s\t%s\n' "$ROW" "$name" >>"$WORK/rows.tsv"

@@ -89,6 +89,11 @@ metric() {
     python3 -c "import urllib.request,sys; page=urllib.request.urlopen(sys.argv[1]).read().decode(); print(sum(float(l.rsplit(' ',1)[1]) for l in page.splitlines() if l.split('{')[0].split(' ')[0] == sys.argv[2]))" "$1" "$2"
 }
 
+# Saves the metrics page at URL to FILE, to read several series from one fetch.
+save_page() {
+    python3 -c "import urllib.request,sys; open(sys.argv[2], 'w').write(urllib.request.urlopen(sys.argv[1]).read().decode())" "$1" "$2"
+}
+
 # CPU seconds (user + system) a process has used so far.
 cpu_of() { python3 -c "import os,sys; f=open(f'/proc/{sys.argv[1]}/stat').read().rsplit(')',1)[1].split(); print((int(f[11])+int(f[12]))/os.sysconf('SC_CLK_TCK'))" "$1"; }
 

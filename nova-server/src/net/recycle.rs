@@ -164,17 +164,18 @@ impl Recycler {
             let mut pool = self.pool.lock();
             let now = pool.tick();
             // A shelf exists only while it holds buffers, so the map never outgrows the pool.
-            let buf = pool.shelves.get_mut(&capacity).and_then(|shelf| {
-                shelf.last_used = now;
-                shelf.buffers.pop()
-            });
-            if pool
-                .shelves
-                .get(&capacity)
-                .is_some_and(|s| s.buffers.is_empty())
-            {
-                pool.shelves.remove(&capacity);
-            }
+            let buf = match pool.shelves.get_mut(&capacity) {
+                Some(shelf) => {
+                    let buf = shelf.buffers.pop();
+                    if shelf.buffers.is_empty() {
+                        pool.shelves.remove(&capacity);
+                    } else {
+                        shelf.last_used = now;
+                    }
+                    buf
+                }
+                None => None,
+            };
             if let Some(buf) = &buf {
                 pool.bytes -= buf.capacity();
                 self.metrics.held.set(pool.bytes as i64);
@@ -221,7 +222,8 @@ impl Recycler {
     }
 
     /// Bytes of buffers waiting here.
-    pub fn held_bytes(&self) -> usize {
+    #[cfg(test)]
+    fn held_bytes(&self) -> usize {
         self.pool.lock().bytes
     }
 }
@@ -236,14 +238,6 @@ pub struct Buffer {
 impl Buffer {
     pub fn extend_from_slice(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);
-    }
-
-    pub fn len(&self) -> usize {
-        self.buf.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
     }
 
     pub fn freeze(self) -> Bytes {
