@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Cold-read throughput through novagateway against raw ranged GETs of the same sections on
-# the same server, in one run, and the gateway's footer cache hit rate.
+# Cold-read throughput through novagateway and from the star itself, against raw ranged GETs
+# of the same sections on the same server, in one run; every process's CPU per MiB; and the
+# gateway's footer cache hit rate.
 #
 #   1. load: nova bench writes --bytes (default 256MiB) over 16 streams into a star whose tail
 #      cache is 1 MiB, so nearly everything is history in the object store;
 #   2. raw: every section of every flight fetched with ranged GETs, 64 at a time (the
 #      gateway's concurrency: 8 readers, each with up to 8 sections in flight);
-#   3. gateway: every stream read from its start through one gateway, 8 readers at a time,
-#      twice (cold caches, then warm).
+#   3. star: every stream read from its start from the star, 8 readers at a time;
+#   4. gateway: the same through one gateway, twice (cold caches, then warm).
+#
+# On two cores the S3-compatible server, the reading process and the reader share the CPU, so
+# the table gives each one's CPU per MiB beside the throughput: it says where a ratio comes from.
 #
 # With --update-docs the results in docs/performance.md are rewritten.
 #
@@ -35,6 +39,7 @@ trap cleanup EXIT
 say "building novad, novagateway, nova and cold-read (release)"
 build_release -p novagateway
 start_s3
+S3_PID=${PIDS[-1]}
 "$BIN/raw-put" --endpoint "$ENDPOINT" --bucket nova --create-bucket --duration 0s
 S3=(--s3-bucket nova --s3-endpoint "$ENDPOINT" --s3-path-style)
 
@@ -42,7 +47,8 @@ NOVA_PORT=$(free_port)
 # No auditor: the raw mode reads the flights' sections, which settling would move away.
 "$BIN/novad" --data-dir "$WORK/novad" --listen "127.0.0.1:$NOVA_PORT" --metrics-addr "127.0.0.1:$(free_port)" \
     "${S3[@]}" --tail-window-cache-mib 1 --auditor false >"$WORK/novad.log" 2>&1 &
-PIDS+=($!)
+STAR_PID=$!
+PIDS+=("$STAR_PID")
 wait_port "$NOVA_PORT"
 GW_PORT=$(free_port)
 GW_METRICS=$(free_port)
@@ -56,44 +62,62 @@ say "loading $BYTES over 16 streams"
 "$BIN/nova" --server "http://127.0.0.1:$NOVA_PORT" --output json bench --reuse-streams --sessions 16 --record-bytes 4KiB \
     --batch-records 64 --bytes "$BYTES" --quiet >"$WORK/load.json"
 
+# Runs a read pass (its JSON into WORK/NAME.json) and notes the CPU seconds the S3-compatible
+# server and the serving process PID spent on it (WORK/NAME.cpu: server, serving).
+pass_of() {
+    local name=$1 pid=$2 s0 p0
+    shift 2
+    s0=$(cpu_of "$S3_PID")
+    p0=$(cpu_of "$pid")
+    "$@" >"$WORK/$name.json"
+    echo "$(python3 -c "print($(cpu_of "$S3_PID") - $s0)") $(python3 -c "print($(cpu_of "$pid") - $p0)")" >"$WORK/$name.cpu"
+}
+
 say "raw ranged GETs of every section, 64 at a time"
-"$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64 >"$WORK/raw.json"
+pass_of raw "$STAR_PID" "$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64
+say "every stream from the star, 8 readers"
+pass_of star "$STAR_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$NOVA_PORT" --streams 16 --readers 8
 say "every stream through the gateway, 8 readers (cold caches)"
-CPU0=$(cpu_of "$GW_PID")
-"$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8 >"$WORK/cold.json"
+pass_of cold "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
 GW=http://127.0.0.1:$GW_METRICS/metrics
 HITS_COLD=$(metric "$GW" nova_gateway_footer_cache_hits_total)
 MISSES_COLD=$(metric "$GW" nova_gateway_footer_cache_misses_total)
-CPU1=$(cpu_of "$GW_PID")
 say "again (warm caches)"
-"$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8 >"$WORK/warm.json"
+pass_of warm "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
 HITS=$(metric "$GW" nova_gateway_footer_cache_hits_total)
 MISSES=$(metric "$GW" nova_gateway_footer_cache_misses_total)
 PEAK=$(metric "$GW" nova_gateway_fetch_pool_peak_bytes)
-CPU2=$(cpu_of "$GW_PID")
 
-python3 - "$WORK" "$HITS_COLD" "$MISSES_COLD" "$HITS" "$MISSES" "$PEAK" "$BYTES" "$(machine_line)" "$CPU0" "$CPU1" "$CPU2" <<'PY'
+python3 - "$WORK" "$HITS_COLD" "$MISSES_COLD" "$HITS" "$MISSES" "$PEAK" "$BYTES" "$(machine_line)" "$(git rev-parse --short HEAD)" <<'PY'
 import datetime, json, sys
-work, hits_cold, misses_cold, hits, misses, peak, loaded, machine, cpu0, cpu1, cpu2 = sys.argv[1:]
-def per_mib(seconds, run):
-    return float(seconds) * 1000 / (run["bytes"] / (1 << 20))
-raw = json.load(open(f"{work}/raw.json"))
-cold = json.load(open(f"{work}/cold.json"))
-warm = json.load(open(f"{work}/warm.json"))
+work, hits_cold, misses_cold, hits, misses, peak, loaded, machine, commit = sys.argv[1:]
+def load(name):
+    run = json.load(open(f"{work}/{name}.json"))
+    server, serving = map(float, open(f"{work}/{name}.cpu").read().split())
+    mib = run["bytes"] / (1 << 20)
+    run["server_ms"], run["serving_ms"] = server * 1000 / mib, serving * 1000 / mib
+    return run
+raw, star, cold, warm = map(load, ("raw", "star", "cold", "warm"))
+raw["serving_ms"] = 0.0
+def row(label, run, serving):
+    total = run["server_ms"] + run["serving_ms"] + run["cpu_ms_per_mib"]
+    serving_cell = f"{run['serving_ms']:.2f} ms" if serving else "—"
+    return (f"| {label} | {run['mib_per_sec']:.1f} | {run['mib_per_sec'] / raw['mib_per_sec']:.2f} | "
+            f"{run['server_ms']:.2f} ms | {serving_cell} | {run['cpu_ms_per_mib']:.2f} ms | {total:.2f} ms |")
 hc, mc, h, m = map(float, (hits_cold, misses_cold, hits, misses))
 lines = [
-    f"Measured {datetime.date.today()} on {machine}. Server: s3s-fs 0.14.1. Loaded {loaded} of 4 KiB records over 16 streams into a star with a 1 MiB tail cache.",
+    f"Measured {datetime.date.today()} on {machine}, commit {commit}. Server: s3s-fs 0.14.1. "
+    f"Loaded {loaded} of 4 KiB records over 16 streams into a star with a 1 MiB tail cache.",
     "",
-    "| measure | figures | ratio to raw ranged GETs |",
-    "|---|---|---|",
-    f"| raw ranged GETs, 64 at a time | {raw['mib_per_sec']:.1f} MiB/s ({raw['sections']} sections of {raw['objects']} objects) | 1.00 |",
-    f"| through the gateway, cold caches | {cold['mib_per_sec']:.1f} MiB/s | {cold['mib_per_sec'] / raw['mib_per_sec']:.2f} |",
-    f"| through the gateway, warm caches | {warm['mib_per_sec']:.1f} MiB/s | {warm['mib_per_sec'] / raw['mib_per_sec']:.2f} |",
+    "| reading | MiB/s | ÷ raw | S3 server CPU per MiB | star or gateway CPU per MiB | reader CPU per MiB | all three |",
+    "|---|---|---|---|---|---|---|",
+    row(f"raw ranged GETs, 64 at a time ({raw['sections']} sections of {raw['objects']} objects)", raw, False),
+    row("from the star, 8 readers", star, True),
+    row("through the gateway, cold caches", cold, True),
+    row("through the gateway, warm caches", warm, True),
     "",
     f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on the cold pass, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass. "
-    f"Fetch pool peak: {float(peak) / (1 << 20):.1f} MiB of 64 MiB. "
-    f"Gateway CPU per MiB served: {per_mib(float(cpu1) - float(cpu0), cold):.2f} ms cold, {per_mib(float(cpu2) - float(cpu1), warm):.2f} ms warm; "
-    f"the raw client's per MiB fetched: {raw['cpu_ms_per_mib']:.2f} ms.",
+    f"Fetch pool peak: {float(peak) / (1 << 20):.1f} MiB of 64 MiB.",
 ]
 table = "\n".join(lines)
 print(table)

@@ -94,6 +94,7 @@ async fn through_gateway() -> Result<serde_json::Value, String> {
     let bytes = Arc::new(AtomicU64::new(0));
     let records = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
+    let cpu_before = nova_server::memory::cpu_seconds().unwrap_or(0.0);
     futures::stream::iter((0..streams).map(|n| {
         let client = client.clone();
         let stream = format!("{prefix}-{n}");
@@ -118,9 +119,12 @@ async fn through_gateway() -> Result<serde_json::Value, String> {
     .into_iter()
     .collect::<Result<Vec<_>, _>>()?;
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = nova_server::memory::cpu_seconds().unwrap_or(0.0) - cpu_before;
     let total = bytes.load(Ordering::Relaxed);
     Ok(serde_json::json!({
         "mode": "gateway",
+        // This process's CPU (receiving and decoding the pages) per MiB read.
+        "cpu_ms_per_mib": if total > 0 { cpu * 1000.0 / (total as f64 / (1 << 20) as f64) } else { 0.0 },
         "records": records.load(Ordering::Relaxed),
         "bytes": total,
         "seconds": seconds,
