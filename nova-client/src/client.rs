@@ -237,6 +237,7 @@ impl Client {
             credentials: config.credentials.clone(),
             tls: config.tls.clone(),
             redirect_hosts: config.redirect_hosts.clone(),
+            max_received_frame: Some(nova_proto::route::READER_FRAME_BYTES),
         };
         let mut last = Error::Connect {
             url: String::new(),

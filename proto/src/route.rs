@@ -123,6 +123,11 @@ pub struct Settings {
     /// Hosts a redirect may name beyond the seeds' and their domains: exact names, or
     /// `*.domain` for every name in a domain.
     pub redirect_hosts: Vec<String>,
+    /// The largest HTTP/2 DATA frame the server may send this client; `None` keeps hyper's
+    /// 16 KiB. Applications' clients take [`READER_FRAME_BYTES`]. Servers' own channels (a
+    /// gateway's to its stars and peers) keep the default: every such connection would hold a
+    /// buffer of the frame's size for as long as it lives, outside their memory formulas.
+    pub max_received_frame: Option<u32>,
 }
 
 impl Default for Settings {
@@ -134,6 +139,7 @@ impl Default for Settings {
             credentials: Credentials::none(),
             tls: ClientTls::default(),
             redirect_hosts: Vec::new(),
+            max_received_frame: None,
         }
     }
 }
@@ -207,20 +213,23 @@ impl ClientTls {
     }
 }
 
-/// The largest HTTP/2 DATA frame a client accepts from its server (hyper's default is 16 KiB).
-/// Pages of records come back in a sixteenth as many frames, and reading them costs a reader
-/// about a third less CPU per MiB (docs/performance.md, "Reads through the gateway"). The cost is the
-/// client's own: its connection holds at most one such frame while reading it, inside the
-/// stream's window. What a server accepts stays at 16 KiB (docs/budgets.md).
-pub const MAX_RECEIVED_FRAME: u32 = 256 * 1024;
+/// The largest HTTP/2 DATA frame an application's client accepts from its server (hyper's
+/// default is 16 KiB). Pages of records come back in a sixteenth as many frames, and reading
+/// them costs a reader about a third less CPU per MiB (docs/performance.md, "Reads through the
+/// gateway"). The cost is the client's own: h2 reserves a whole frame when its header arrives and
+/// keeps the buffer for reuse, so each connection holds up to this much (docs/sdk.md). What a
+/// server accepts stays at 16 KiB (docs/budgets.md).
+pub const READER_FRAME_BYTES: u32 = 256 * 1024;
 
 impl Settings {
     /// An endpoint for `url` made with these settings: TLS for `https://`.
     pub fn endpoint(&self, url: &str) -> Result<Endpoint, tonic::transport::Error> {
         let mut endpoint = Endpoint::from_shared(url.to_owned())?
             .connect_timeout(self.connect_timeout)
-            .tcp_nodelay(true)
-            .max_frame_size(MAX_RECEIVED_FRAME);
+            .tcp_nodelay(true);
+        if let Some(frame) = self.max_received_frame {
+            endpoint = endpoint.max_frame_size(frame);
+        }
         if url.starts_with("https://") {
             endpoint = endpoint.tls_config(self.tls.config())?;
         }
