@@ -415,6 +415,9 @@ async fn a_star_waits_for_etcd_at_start_naming_it() {
     );
     proxy.set(Fault::Pass);
     novad.wait_ready(Duration::from_secs(60));
+    // Listening comes a moment before leadership may be placed here (the advertised address
+    // is checked first), and a loaded machine can stretch that moment past the first create.
+    novad.wait_accepting(Duration::from_secs(30));
     client(&novad).await.create_stream("after").await.unwrap();
 }
 
@@ -490,6 +493,9 @@ async fn a_fleet_star_whose_store_is_down_at_start_waits_for_it() {
     assert!(log.contains("waits for the object store"), "{log}");
     proxy.set(Fault::Pass);
     novad.wait_ready(Duration::from_secs(60));
+    // Listening comes a moment before leadership may be placed here (the advertised address
+    // is checked first), and a loaded machine can stretch that moment past the first create.
+    novad.wait_accepting(Duration::from_secs(30));
     client(&novad).await.create_stream("after").await.unwrap();
 }
 

@@ -265,7 +265,7 @@ impl Novad {
     /// advertised address leads to it): waits for the log line that says it serves, so a test
     /// creating a stream right away is not refused for want of a ready star. At most
     /// `timeout`, and not at all for a gateway; a log without INFO lines never says it.
-    fn wait_accepting(&mut self, timeout: Duration) {
+    pub fn wait_accepting(&mut self, timeout: Duration) {
         if self.gateway {
             return;
         }
