@@ -9,8 +9,8 @@
 # MiB, the placements made while the streams were created (by a one-second run before the
 # measured one, whose wall time includes creating, describing and that second of appends), and
 # the metastore's work per GiB appended in the measured run: etcd's own counts of
-# transactions, puts and ranges (from its metrics endpoint). With --update-docs the fleet table in docs/performance.md is
-# rewritten.
+# transactions, puts and ranges (from its metrics endpoint). With --update-docs the fleet table
+# in docs/performance.md is rewritten.
 #
 #   benches/fleet.sh [--duration 20s] [--update-docs]
 set -euo pipefail

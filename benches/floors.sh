@@ -13,8 +13,8 @@
 #
 # Each row gives MiB/s, ack p50/p99, the server process's CPU per MiB, its peak RSS and, for a
 # star, the memory formula that RSS must stay under (its budgets, sessions × the 64 KiB window,
-# and the stated overhead: 48 MiB, 8 MiB of request messages and 64 KiB per session). With --update-docs the floors table in
-# docs/performance.md is rewritten.
+# and the stated overhead: 48 MiB, 8 MiB of request messages and 64 KiB per session). With
+# --update-docs the floors table in docs/performance.md is rewritten.
 #
 #   benches/floors.sh [--duration 20s] [--no-s2] [--update-docs]
 set -euo pipefail

@@ -62,15 +62,16 @@ say "loading $BYTES over 16 streams"
 "$BIN/nova" --server "http://127.0.0.1:$NOVA_PORT" --output json bench --reuse-streams --sessions 16 --record-bytes 4KiB \
     --batch-records 64 --bytes "$BYTES" --quiet >"$WORK/load.json"
 
-# Runs a read pass (its JSON into WORK/NAME.json) and notes the CPU seconds the S3-compatible
-# server and the serving process PID spent on it (WORK/NAME.cpu: server, serving).
+# Runs a read pass (its JSON into WORK/NAME.json) and notes the CPU seconds of the
+# S3-compatible server and of the serving process PID before and after it (WORK/NAME.cpu:
+# server before, after, serving before, after).
 pass_of() {
     local name=$1 pid=$2 s0 p0
     shift 2
     s0=$(cpu_of "$S3_PID")
     p0=$(cpu_of "$pid")
     "$@" >"$WORK/$name.json"
-    echo "$(python3 -c "print($(cpu_of "$S3_PID") - $s0)") $(python3 -c "print($(cpu_of "$pid") - $p0)")" >"$WORK/$name.cpu"
+    echo "$s0 $(cpu_of "$S3_PID") $p0 $(cpu_of "$pid")" >"$WORK/$name.cpu"
 }
 
 say "raw ranged GETs of every section, 64 at a time"
@@ -79,21 +80,22 @@ say "every stream from the star, 8 readers"
 pass_of star "$STAR_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$NOVA_PORT" --streams 16 --readers 8
 say "every stream through the gateway, 8 readers (cold caches)"
 pass_of cold "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
-GW=http://127.0.0.1:$GW_METRICS/metrics
-HITS_COLD=$(metric "$GW" nova_gateway_footer_cache_hits_total)
-MISSES_COLD=$(metric "$GW" nova_gateway_footer_cache_misses_total)
+save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/cold.metrics"
 say "again (warm caches)"
 pass_of warm "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
-HITS=$(metric "$GW" nova_gateway_footer_cache_hits_total)
-MISSES=$(metric "$GW" nova_gateway_footer_cache_misses_total)
-PEAK=$(metric "$GW" nova_gateway_fetch_pool_peak_bytes)
+save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/warm.metrics"
 
-python3 - "$WORK" "$HITS_COLD" "$MISSES_COLD" "$HITS" "$MISSES" "$PEAK" "$BYTES" "$(machine_line)" "$(git rev-parse --short HEAD)" <<'PY'
+python3 - "$WORK" "$BYTES" "$(machine_line)" "$(git rev-parse --short HEAD)" <<'PY'
 import datetime, json, sys
-work, hits_cold, misses_cold, hits, misses, peak, loaded, machine, commit = sys.argv[1:]
+work, loaded, machine, commit = sys.argv[1:]
+def series(page, name):
+    """The sum of every series of metric `name` on a saved metrics page."""
+    return sum(float(l.rsplit(" ", 1)[1]) for l in open(f"{work}/{page}.metrics")
+               if l.split("{")[0].split(" ")[0] == name)
 def load(name):
     run = json.load(open(f"{work}/{name}.json"))
-    server, serving = map(float, open(f"{work}/{name}.cpu").read().split())
+    s0, s1, p0, p1 = map(float, open(f"{work}/{name}.cpu").read().split())
+    server, serving = s1 - s0, p1 - p0
     mib = run["bytes"] / (1 << 20)
     run["server_ms"], run["serving_ms"] = server * 1000 / mib, serving * 1000 / mib
     return run
@@ -104,7 +106,9 @@ def row(label, run, serving):
     serving_cell = f"{run['serving_ms']:.2f} ms" if serving else "—"
     return (f"| {label} | {run['mib_per_sec']:.1f} | {run['mib_per_sec'] / raw['mib_per_sec']:.2f} | "
             f"{run['server_ms']:.2f} ms | {serving_cell} | {run['cpu_ms_per_mib']:.2f} ms | {total:.2f} ms |")
-hc, mc, h, m = map(float, (hits_cold, misses_cold, hits, misses))
+hc, mc = (series("cold", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
+h, m = (series("warm", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
+peak = series("warm", "nova_gateway_fetch_pool_peak_bytes")
 lines = [
     f"Measured {datetime.date.today()} on {machine}, commit {commit}. Server: s3s-fs 0.14.1. "
     f"Loaded {loaded} of 4 KiB records over 16 streams into a star with a 1 MiB tail cache.",
@@ -117,7 +121,7 @@ lines = [
     row("through the gateway, warm caches", warm, True),
     "",
     f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on the cold pass, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass. "
-    f"Fetch pool peak: {float(peak) / (1 << 20):.1f} MiB of 64 MiB.",
+    f"Fetch pool peak: {peak / (1 << 20):.1f} MiB of 64 MiB.",
 ]
 table = "\n".join(lines)
 print(table)

@@ -676,16 +676,23 @@ fn reading_past_the_tail_says_so() {
     );
 }
 
+/// `nova bench` with `args`, its JSON report.
+fn bench_report(url: &str, args: &[&str]) -> serde_json::Value {
+    let args: Vec<&str> = ["--output", "json", "bench"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let report = ok(nova(url, &args, b""));
+    serde_json::from_str(report.trim()).unwrap()
+}
+
 #[test]
 fn bench_uses_fresh_streams_cleans_them_up_and_says_when_it_falls_short() {
     let novad = star();
     let url = novad.url();
-    let report = ok(nova(
+    let report = bench_report(
         &url,
         &[
-            "--output",
-            "json",
-            "bench",
             "--sessions",
             "2",
             "--duration",
@@ -695,9 +702,7 @@ fn bench_uses_fresh_streams_cleans_them_up_and_says_when_it_falls_short() {
             "--record-bytes",
             "100B",
         ],
-        b"",
-    ));
-    let report: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    );
     assert_eq!(report["rate_shortfall"], true, "{report}");
     assert!(report["rate_achieved"].as_f64().unwrap() < 0.95);
     assert!(report["records"].as_u64().unwrap() > 0);
@@ -728,12 +733,9 @@ fn bench_uses_fresh_streams_cleans_them_up_and_says_when_it_falls_short() {
     // A slow rate (a batch per session every 200 s) still ends when the duration is up: a
     // session waiting for its next tick stops with the run.
     let begun = std::time::Instant::now();
-    let report = ok(nova(
+    let report = bench_report(
         &url,
         &[
-            "--output",
-            "json",
-            "bench",
             "--sessions",
             "2",
             "--batch-records",
@@ -743,9 +745,7 @@ fn bench_uses_fresh_streams_cleans_them_up_and_says_when_it_falls_short() {
             "--duration",
             "1s",
         ],
-        b"",
-    ));
-    let report: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    );
     assert!(
         begun.elapsed() < Duration::from_secs(30),
         "{:?}",

@@ -414,10 +414,7 @@ async fn a_star_waits_for_etcd_at_start_naming_it() {
         "the log names the endpoint and what to do:\n{log}"
     );
     proxy.set(Fault::Pass);
-    novad.wait_ready(Duration::from_secs(60));
-    // Listening comes a moment before leadership may be placed here (the advertised address
-    // is checked first), and a loaded machine can stretch that moment past the first create.
-    novad.wait_accepting(Duration::from_secs(30));
+    novad.wait_serving();
     client(&novad).await.create_stream("after").await.unwrap();
 }
 
@@ -492,10 +489,7 @@ async fn a_fleet_star_whose_store_is_down_at_start_waits_for_it() {
     let log = novad.log();
     assert!(log.contains("waits for the object store"), "{log}");
     proxy.set(Fault::Pass);
-    novad.wait_ready(Duration::from_secs(60));
-    // Listening comes a moment before leadership may be placed here (the advertised address
-    // is checked first), and a loaded machine can stretch that moment past the first create.
-    novad.wait_accepting(Duration::from_secs(30));
+    novad.wait_serving();
     client(&novad).await.create_stream("after").await.unwrap();
 }
 

@@ -265,7 +265,7 @@ impl Novad {
     /// advertised address leads to it): waits for the log line that says it serves, so a test
     /// creating a stream right away is not refused for want of a ready star. At most
     /// `timeout`, and not at all for a gateway; a log without INFO lines never says it.
-    pub fn wait_accepting(&mut self, timeout: Duration) {
+    fn wait_accepting(&mut self, timeout: Duration) {
         if self.gateway {
             return;
         }
@@ -367,6 +367,15 @@ impl Novad {
         self.spawn();
         self.wait_ready(Duration::from_secs(60));
         self.wait_accepting(Duration::from_secs(10));
+    }
+
+    /// For a star started detached: waits until novad listens (up to a minute) and then, a
+    /// fleet star, until it has taken leadership (up to 30 s more), as `start` does. Listening
+    /// comes a moment before leadership, and a loaded machine can stretch that moment past a
+    /// test's first create.
+    pub fn wait_serving(&mut self) {
+        self.wait_ready(Duration::from_secs(60));
+        self.wait_accepting(Duration::from_secs(30));
     }
 
     /// Starts novad again without waiting for it to listen.

@@ -6,9 +6,9 @@
 //! `WireAppend`, reads it), copies each message into a recycled buffer as the star does (so
 //! neither pays page faults for fresh memory), and PUTs the messages of many sessions
 //! together, as they are, in objects of `--object-bytes`, `--concurrency` at a time, answering
-//! each request once the object holding it is written. It does no admission, no framing, no checksums, no index
-//! and no metastore, and it bounds nothing: what it costs is receiving the bytes and sending
-//! them on.
+//! each request once the object holding it is written. It does no admission, no framing, no
+//! checksums, no index and no metastore, and it bounds nothing: what it costs is receiving the
+//! bytes and sending them on.
 //!
 //! relay --endpoint URL --bucket NAME --listen ADDR [--object-bytes 8MiB] [--concurrency 8]
 //!       [--linger-ms 50] [--window-kib 64]

@@ -260,8 +260,30 @@ impl Shared {
 }
 
 /// Where each stream of a session is led, as last learned: stream → the leader's address
-/// (empty on a single star).
-type Leaders = Arc<Mutex<HashMap<String, String>>>;
+/// (empty on a single star). Shared by the session's two halves.
+#[derive(Clone)]
+struct Leaders(Arc<Mutex<HashMap<String, String>>>);
+
+impl Leaders {
+    fn new(streams: impl IntoIterator<Item = (String, String)>) -> Self {
+        Self(Arc::new(Mutex::new(streams.into_iter().collect())))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where `stream` is led, as last learned.
+    fn of(&self, stream: &str) -> Option<String> {
+        self.lock().get(stream).cloned()
+    }
+
+    /// Records that `leader` leads `stream` now; true when that is news.
+    fn learn(&self, stream: &str, leader: String) -> bool {
+        let before = self.lock().insert(stream.to_owned(), leader.clone());
+        before != Some(leader)
+    }
+}
 
 /// What the sending half of a session tells the half collecting acknowledgements.
 enum Sent {
@@ -293,7 +315,7 @@ async fn session(
         return latencies;
     }
     let names: Vec<String> = streams.iter().map(|(stream, _)| stream.clone()).collect();
-    let leaders: Leaders = Arc::new(Mutex::new(streams.into_iter().collect()));
+    let leaders = Leaders::new(streams);
     let window = Arc::new(Semaphore::new(args.pipeline));
     // Batches are bounded by the window; the rest of the room is for sessions opened.
     let (sent, mut to_ack) = mpsc::channel::<Sent>(args.pipeline + 8);
@@ -366,11 +388,7 @@ async fn session(
             // goes on, and learns where (once per move: later refusals of the same move find
             // it learnt).
             Err(error) if error.leader().is_some() => {
-                let learnt = leaders
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&stream)
-                    .is_some_and(|now| *now != leader);
+                let learnt = leaders.of(&stream).is_some_and(|now| now != leader);
                 if !learnt && let Err(error) = follow(&client, &stream, &leaders, &shared).await {
                     failed = Some(error);
                     break;
@@ -403,11 +421,7 @@ async fn follow(
     shared: &Shared,
 ) -> Result<(), Error> {
     let now = client.describe_stream(stream).await?.leader_addr;
-    let before = leaders
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(stream.to_owned(), now.clone());
-    if before.as_ref() != Some(&now) {
+    if leaders.learn(stream, now) {
         shared.redirects.fetch_add(1, Ordering::Relaxed);
     }
     Ok(())
@@ -454,12 +468,7 @@ async fn send_batches(
             },
             _ = stopped.wait_for(|stop| *stop) => break,
         };
-        let leader = leaders
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(stream)
-            .cloned()
-            .unwrap_or_default();
+        let leader = leaders.of(stream).unwrap_or_default();
         if !senders.contains_key(&leader) {
             // Describing the stream first makes the client route it to its leader now (it may
             // have forgotten routes learnt long ago), so the session opens there.
