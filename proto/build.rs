@@ -5,7 +5,8 @@
 //! The servers are generated apart from the types, with one difference: a server receives
 //! `AppendRequest` as `wire::WireAppend` (the received bytes, read without allocating per
 //! record), so that what decoding holds is bounded by the message's length. Clients send the
-//! generated `AppendRequest`; both are the same bytes on the wire.
+//! generated `AppendRequest`; both are the same bytes on the wire. And a server encodes its
+//! responses with `codec::ExactCodec`, into a buffer reserved at the response's length.
 
 use std::path::PathBuf;
 
@@ -36,6 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(false)
         .out_dir(&server_dir)
+        .codec_path("crate::codec::ExactCodec")
         .extern_path(".nova.v1", "crate::v1")
         .extern_path(".nova.v1.AppendRequest", "crate::wire::WireAppend")
         .compile_with_config(config, &protos, &["proto"])?;

@@ -10,6 +10,10 @@ use nova_core::limits;
 use nova_proto::units::parse_bytes;
 use nova_server::StoreArgs;
 
+/// `--recycle-buffer-mib`'s default: room for a dozen encoded pages of the common size (the
+/// kept set only bridges a buffer's free and the next allocation, not what reads hold).
+pub const RECYCLE_BUFFER_MIB: u64 = 32;
+
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "novagateway",
@@ -135,6 +139,14 @@ pub struct Config {
     #[arg(long, env = "NOVA_OBJECT_CACHE_BYTES", default_value = "256MiB", value_parser = parse_bytes, help_heading = "Budgets")]
     pub object_cache_bytes: u64,
 
+    /// Recycled buffers: freed buffers of 128 KiB or more (fetched sections, encoded pages,
+    /// connection buffers) kept resident for the next large allocation they can hold, so it is
+    /// not written into freshly mapped pages (each of which faults once). A reused buffer's
+    /// pages past what is asked for are returned first. When full, the oldest kept buffers are
+    /// unmapped to make room. 0 keeps none.
+    #[arg(long, env = "NOVA_GATEWAY_RECYCLE_BUFFER_MIB", default_value_t = RECYCLE_BUFFER_MIB, help_heading = "Budgets")]
+    pub recycle_buffer_mib: u64,
+
     /// Bounded loads: a fetch goes to its object's owner unless the owner's in-flight claims
     /// would pass this factor times the mean; then it spills to the next instance on the ring.
     #[arg(
@@ -194,6 +206,11 @@ impl nova_server::process::ServerFlags for Config {
 }
 
 impl Config {
+    /// What `--recycle-buffer-mib` keeps, in bytes.
+    pub fn recycle_buffer_bytes(&self) -> u64 {
+        self.recycle_buffer_mib.saturating_mul(limits::MIB)
+    }
+
     /// How the gateway calls its star and its peers: TLS for https:// URLs, its token, and
     /// decoders bounded at the SDK's default.
     pub fn upstream(&self) -> anyhow::Result<nova_proto::route::Settings> {
@@ -315,6 +332,7 @@ mod tests {
         let config = Config::parse_from(["novagateway"]);
         assert_eq!(config.fetch_inflight, 64 << 20);
         assert_eq!(config.footer_cache_bytes, 32 << 20);
+        assert_eq!(config.recycle_buffer_mib, 32);
         assert_eq!(config.object_cache_load_factor, 1.25);
         assert_eq!(config.members(), ["http://127.0.0.1:7500"]);
         assert!(config.check().is_ok());

@@ -2,12 +2,14 @@
 //! its ceiling, as the star's is.
 //!
 //! ```text
-//! fetch pool + footer cache + object cache + --max-reads × per-read state + fixed overhead
+//! fetch pool + footer cache + object cache + recycled buffers + --max-reads × per-read state
+//!   + fixed overhead
 //! ```
 //!
 //! The fetch pool bounds every byte a read, a footer fetch or a range served to a peer holds
 //! from its fetch until its response is sent; the caches are bounded by their capacities; each
-//! read in progress adds its own state outside the pool (`PER_READ_BYTES`). The fixed overhead
+//! read in progress adds its own state outside the pool (`PER_READ_BYTES`); freed large buffers
+//! kept for reuse are at most `--recycle-buffer-mib` (`nova_core::allocator::reuse`). The fixed overhead
 //! is the star's 48 MiB base (binary, runtime, connection pools, allocator slack).
 
 use nova_core::formula::{FIXED_OVERHEAD, REQUEST_MESSAGES};
@@ -18,11 +20,12 @@ use crate::metrics::GatewayMetrics;
 use crate::read::PER_READ_BYTES;
 
 /// The formula's terms, in bytes.
-pub fn terms(config: &Config) -> [(&'static str, u64); 5] {
+pub fn terms(config: &Config) -> [(&'static str, u64); 6] {
     [
         ("fetch_pool", config.fetch_inflight),
         ("footer_cache", config.footer_cache_bytes),
         ("object_cache", config.object_cache_bytes),
+        ("recycle", config.recycle_buffer_bytes()),
         ("reads", config.max_reads as u64 * PER_READ_BYTES),
         ("fixed", FIXED_OVERHEAD + REQUEST_MESSAGES),
     ]
@@ -45,7 +48,7 @@ pub fn export(config: &Config, metrics: &GatewayMetrics) {
             ceiling = %nova_proto::units::human_bytes(ceiling.bytes),
             ceiling_source = %ceiling.source,
             "the gateway's budgets (--fetch-inflight, --footer-cache-bytes, --object-cache-bytes, \
-             --max-reads) do not fit under its memory ceiling"
+             --recycle-buffer-mib, --max-reads) do not fit under its memory ceiling"
         );
     }
 }

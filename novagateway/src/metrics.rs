@@ -56,6 +56,10 @@ pub struct GatewayMetrics {
     pub saturation: prometheus::Gauge,
     /// Resident memory, CPU and the allocator's figures, under the star's names.
     pub process: nova_server::memory::ProcessMetrics,
+    /// Freed large buffers kept for reuse (`--recycle-buffer-mib`), and large allocations by
+    /// whether one served them; refreshed at each scrape.
+    pub recycle_held: IntGauge,
+    pub recycle_buffers: IntCounterVec,
 }
 
 impl GatewayMetrics {
@@ -91,10 +95,12 @@ impl GatewayMetrics {
             sheds: counter_vec(&r, "nova_gateway_sheds_total", "New reads refused with RESOURCE_EXHAUSTED, by the cap that refused them.", &["cap"]),
             reads_in_progress: gauge(&r, "nova_gateway_reads", "Reads in progress, from arrival until their response is sent."),
             reads_capacity: gauge(&r, "nova_gateway_reads_capacity", "Reads in progress allowed at once (--max-reads)."),
-            formula: register(&r, IntGaugeVec::new(Opts::new("nova_gateway_memory_formula_bytes", "Terms of the gateway's memory formula: fetch_pool, footer_cache, object_cache, reads (--max-reads × per-read state), fixed."), &["term"]).expect("valid metric")),
+            formula: register(&r, IntGaugeVec::new(Opts::new("nova_gateway_memory_formula_bytes", "Terms of the gateway's memory formula: fetch_pool, footer_cache, object_cache, recycle (--recycle-buffer-mib), reads (--max-reads × per-read state), fixed."), &["term"]).expect("valid metric")),
             ceiling: gauge(&r, "nova_gateway_memory_ceiling_bytes", "The memory the gateway may use: its cgroup's limit, else 60% of physical memory."),
             saturation: register(&r, prometheus::Gauge::new("nova_gateway_memory_saturation_ratio", "The memory formula divided by the ceiling.").expect("valid metric")),
             process: nova_server::memory::ProcessMetrics::register(&r),
+            recycle_held: gauge(&r, "nova_recycle_buffer_bytes", "Bytes of freed large buffers kept for reuse (at most --recycle-buffer-mib)."),
+            recycle_buffers: counter_vec(&r, "nova_recycle_buffers_total", "Allocations of 128 KiB or more by where their buffer came from: reused (a kept one, already resident) or fresh (newly mapped).", &["source"]),
             registry: r,
         };
         for route in ["owner", "peer", "spilled", "direct"] {
@@ -121,6 +127,12 @@ impl GatewayMetrics {
 
     pub fn render(&self) -> String {
         self.process.refresh();
+        let recycled = nova_core::allocator::reuse::stats();
+        self.recycle_held.set(recycled.held as i64);
+        for (source, total) in [("reused", recycled.reused), ("fresh", recycled.fresh)] {
+            let counter = self.recycle_buffers.with_label_values(&[source]);
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()

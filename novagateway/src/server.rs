@@ -49,6 +49,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
              (no --auth-tokens): every client that reaches it reads what that token may read"
         );
     }
+    nova_core::allocator::reuse::keep_up_to(
+        usize::try_from(config.recycle_buffer_bytes()).unwrap_or(usize::MAX),
+    );
     tokio::spawn(nova_core::allocator::trim_periodically(
         Clock::system(),
         metrics.process.trims.clone(),

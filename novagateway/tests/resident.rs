@@ -15,14 +15,17 @@ const READERS: usize = 1000;
 const STREAM_BYTES: u64 = 64 * (32 << 10);
 
 /// Budgets small beside what 1,000 readers of 2 MiB could hold (4 GiB with their encoded
-/// copies): a formula of 16 + 4 + 16 + 1024 × 64 KiB + 48 + 8 = 156 MiB.
-const SMALL_BUDGETS: [&str; 6] = [
+/// copies), with 8 MiB of freed large buffers kept for reuse: a formula of
+/// 16 + 4 + 16 + 8 + 1024 × 64 KiB + 48 + 8 = 164 MiB.
+const SMALL_BUDGETS: [&str; 8] = [
     "--fetch-inflight",
     "16MiB",
     "--footer-cache-bytes",
     "4MiB",
     "--object-cache-bytes",
     "16MiB",
+    "--recycle-buffer-mib",
+    "8",
 ];
 
 /// 10 streams of 2 MiB in 32 KiB records on `star`: history once past its 1 MiB tail cache.

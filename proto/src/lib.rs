@@ -3,6 +3,7 @@
 //! of Nova's.
 
 pub mod clock;
+pub mod codec;
 
 /// gRPC status codes, for crates that see them without using tonic themselves.
 pub use tonic::Code;

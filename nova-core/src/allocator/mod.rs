@@ -22,6 +22,8 @@
 //! `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`) wins over Nova's. docs/budgets.md has
 //! the measurements behind the choice (against jemalloc and mimalloc too).
 
+pub mod reuse;
+
 use std::time::Duration;
 
 /// The most arenas the servers' threads share.
