@@ -13,20 +13,27 @@
 # On two cores the S3-compatible server, the reading process and the reader share the CPU, so
 # the table gives each one's CPU per MiB beside the throughput: it says where a ratio comes from.
 #
+# With --pin the S3-compatible server runs on CPU 0 and everything else on CPU 1, as if the
+# store were elsewhere (as S3 is): the serving process's CPU no longer takes the server's, so
+# the ratios say whether the reading path keeps up with the store. Its table goes to its own
+# block of docs/performance.md (gateway-pinned).
+#
 # With --update-docs the results in docs/performance.md are rewritten.
 #
 # Uses s3s-fs 0.14.1 like benches/e2e.sh (installed on first use); release builds.
-#   benches/gateway.sh [--bytes 256MiB]
+#   benches/gateway.sh [--bytes 256MiB] [--pin] [--update-docs]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 source benches/lib.sh
 BYTES=256MiB
 UPDATE_DOCS=0
+PIN=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --bytes) BYTES=$2; shift ;;
         --update-docs) UPDATE_DOCS=1 ;;
+        --pin) PIN=1 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -40,6 +47,12 @@ say "building novad, novagateway, nova and cold-read (release)"
 build_release -p novagateway
 start_s3
 S3_PID=${PIDS[-1]}
+MACHINE=$(machine_line)
+if [ "$PIN" = 1 ]; then
+    # Every thread of the server on CPU 0; this script, and so everything it starts, on CPU 1.
+    taskset -a -cp 0 "$S3_PID" >/dev/null
+    taskset -cp 1 $$ >/dev/null
+fi
 "$BIN/raw-put" --endpoint "$ENDPOINT" --bucket nova --create-bucket --duration 0s
 S3=(--s3-bucket nova --s3-endpoint "$ENDPOINT" --s3-path-style)
 
@@ -85,9 +98,9 @@ say "again (warm caches)"
 pass_of warm "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
 save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/warm.metrics"
 
-python3 - "$WORK" "$BYTES" "$(machine_line)" "$(git rev-parse --short HEAD)" <<'PY'
+python3 - "$WORK" "$BYTES" "$MACHINE" "$(git rev-parse --short HEAD)" "$PIN" <<'PY'
 import datetime, json, sys
-work, loaded, machine, commit = sys.argv[1:]
+work, loaded, machine, commit, pin = sys.argv[1:]
 def series(page, name):
     """The sum of every series of metric `name` on a saved metrics page."""
     return sum(float(l.rsplit(" ", 1)[1]) for l in open(f"{work}/{page}.metrics")
@@ -110,7 +123,8 @@ hc, mc = (series("cold", f"nova_gateway_footer_cache_{kind}_total") for kind in 
 h, m = (series("warm", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
 peak = series("warm", "nova_gateway_fetch_pool_peak_bytes")
 lines = [
-    f"Measured {datetime.date.today()} on {machine}, commit {commit}. Server: s3s-fs 0.14.1. "
+    f"Measured {datetime.date.today()} on {machine}, commit {commit}. Server: s3s-fs 0.14.1"
+    + (" on CPU 0, everything else on CPU 1. " if pin == "1" else ", sharing both cores. ") +
     f"Loaded {loaded} of 4 KiB records over 16 streams into a star with a 1 MiB tail cache.",
     "",
     "| reading | MiB/s | ÷ raw | S3 server CPU per MiB | star or gateway CPU per MiB | reader CPU per MiB | all three |",
@@ -127,4 +141,7 @@ table = "\n".join(lines)
 print(table)
 open(f"{work}/gateway.md", "w").write(table + "\n")
 PY
-if [ "$UPDATE_DOCS" = 1 ]; then update_docs_block gateway "$WORK/gateway.md"; fi
+if [ "$UPDATE_DOCS" = 1 ]; then
+    if [ "$PIN" = 1 ]; then block=gateway-pinned; else block=gateway; fi
+    update_docs_block "$block" "$WORK/gateway.md"
+fi
