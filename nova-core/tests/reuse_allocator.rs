@@ -1,7 +1,7 @@
 //! The reusing allocator installed as this test binary's global allocator: freed large buffers
 //! are kept up to the allowance and served again, with their pages past the new request given
 //! back, so a reused buffer is no more resident than a fresh one.
-#![cfg(all(target_os = "linux", target_env = "gnu"))]
+#![cfg(all(target_os = "linux", target_env = "gnu", target_pointer_width = "64"))]
 
 use std::sync::Mutex;
 
@@ -20,7 +20,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     nova_core::allocator::tune();
     // Start each test with nothing kept.
-    reuse::keep_up_to(0);
+    assert!(reuse::keep_up_to(0));
     drop(vec![1u8; 256 * KIB]);
     guard
 }
@@ -45,7 +45,7 @@ fn filled(len: usize) -> Vec<u8> {
 #[test]
 fn a_freed_buffer_serves_a_smaller_one_with_its_tail_given_back() {
     let _serial = serial();
-    reuse::keep_up_to(8 << 20);
+    assert!(reuse::keep_up_to(8 << 20), "glibc malloc on 64-bit Linux");
     let before = reuse::stats();
     let big = filled(1024 * KIB);
     let address = big.as_ptr() as usize;
@@ -90,20 +90,64 @@ fn what_is_kept_stays_within_the_allowance() {
         stats.held >= 1400 * KIB as u64,
         "two of them fit: {stats:?}"
     );
-    // Lowered: the next buffer back makes room by freeing the oldest.
+    // Lowered: what no longer fits is unmapped at once, oldest first.
     reuse::keep_up_to(800 * KIB);
-    drop(filled(700 * KIB));
+    let lowered = reuse::stats();
+    assert!(lowered.held <= 800 * KIB as u64, "{lowered:?}");
     assert!(
-        reuse::stats().held <= 800 * KIB as u64,
-        "{:?}",
-        reuse::stats()
+        lowered.held >= 700 * KIB as u64,
+        "the newest stays: {lowered:?}"
     );
+}
+
+#[test]
+fn at_most_sixty_four_buffers_are_kept() {
+    let _serial = serial();
+    reuse::keep_up_to(64 << 20);
+    let buffers: Vec<Vec<u8>> = (0..70).map(|_| filled(130 * KIB)).collect();
+    drop(buffers);
+    let one = reuse::stats().held / 64;
+    assert_eq!(reuse::stats().held, 64 * one, "64 of the same size");
+    assert!((130 * KIB as u64..140 * KIB as u64).contains(&one), "{one}");
+}
+
+#[test]
+fn a_buffer_grows_in_place_into_the_rest_of_a_kept_one() {
+    let _serial = serial();
+    reuse::keep_up_to(8 << 20);
+    drop(filled(1024 * KIB));
+    let mut growing = Vec::<u8>::with_capacity(600 * KIB);
+    let address = growing.as_ptr() as usize;
+    let reused = reuse::stats().reused;
+    growing.resize(600 * KIB, 5);
+    growing.reserve_exact(300 * KIB);
+    assert_eq!(growing.as_ptr() as usize, address, "grown where it was");
+    assert_eq!(reuse::stats().reused, reused, "no other buffer taken");
+    growing.resize(900 * KIB, 6);
+    assert!(growing[..600 * KIB].iter().all(|&b| b == 5));
+    assert!(growing[600 * KIB..].iter().all(|&b| b == 6));
+}
+
+#[test]
+fn buffers_from_the_arenas_are_never_kept() {
+    let _serial = serial();
+    reuse::keep_up_to(8 << 20);
+    // Raise glibc's threshold so that a 256 KiB buffer comes from an arena, not a mapping of
+    // its own: its pages are not its alone, so it must go back to glibc.
+    // SAFETY: mallopt only changes malloc's parameters.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20) };
+    let from_arena = filled(256 * KIB);
+    drop(from_arena);
+    let held = reuse::stats().held;
+    // SAFETY: as above; back to Nova's setting.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, nova_core::allocator::MMAP_THRESHOLD) };
+    assert_eq!(held, 0, "an arena chunk is not kept");
 }
 
 #[test]
 fn a_growing_buffer_moves_into_a_kept_one_with_its_contents() {
     let _serial = serial();
-    reuse::keep_up_to(8 << 20);
+    assert!(reuse::keep_up_to(8 << 20), "glibc malloc on 64-bit Linux");
     let kept = filled(2048 * KIB);
     let address = kept.as_ptr() as usize;
     drop(kept);
@@ -118,7 +162,7 @@ fn a_growing_buffer_moves_into_a_kept_one_with_its_contents() {
 #[test]
 fn zeroed_buffers_are_never_served_from_kept_ones() {
     let _serial = serial();
-    reuse::keep_up_to(8 << 20);
+    assert!(reuse::keep_up_to(8 << 20), "glibc malloc on 64-bit Linux");
     drop(filled(1024 * KIB));
     let zeroed = vec![0u8; 900 * KIB];
     assert!(zeroed.iter().all(|&b| b == 0));
@@ -139,7 +183,7 @@ fn nothing_is_kept_while_the_allowance_is_zero() {
 #[test]
 fn a_kept_buffer_over_twice_the_request_is_left_for_a_larger_one() {
     let _serial = serial();
-    reuse::keep_up_to(8 << 20);
+    assert!(reuse::keep_up_to(8 << 20), "glibc malloc on 64-bit Linux");
     drop(filled(2048 * KIB));
     let before = reuse::stats();
     let small = filled(600 * KIB);

@@ -60,6 +60,9 @@ pub struct GatewayMetrics {
     /// whether one served them; refreshed at each scrape.
     pub recycle_held: IntGauge,
     pub recycle_buffers: IntCounterVec,
+    /// Serializes copying the allocator's totals into `recycle_buffers` (two scrapes at once
+    /// would each add the same difference).
+    recycle_sync: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 impl GatewayMetrics {
@@ -101,6 +104,7 @@ impl GatewayMetrics {
             process: nova_server::memory::ProcessMetrics::register(&r),
             recycle_held: gauge(&r, "nova_recycle_buffer_bytes", "Bytes of freed large buffers kept for reuse (at most --recycle-buffer-mib)."),
             recycle_buffers: counter_vec(&r, "nova_recycle_buffers_total", "Allocations of 128 KiB or more by where their buffer came from: reused (a kept one, already resident) or fresh (newly mapped).", &["source"]),
+            recycle_sync: Default::default(),
             registry: r,
         };
         for route in ["owner", "peer", "spilled", "direct"] {
@@ -127,11 +131,14 @@ impl GatewayMetrics {
 
     pub fn render(&self) -> String {
         self.process.refresh();
-        let recycled = nova_core::allocator::reuse::stats();
-        self.recycle_held.set(recycled.held as i64);
-        for (source, total) in [("reused", recycled.reused), ("fresh", recycled.fresh)] {
-            let counter = self.recycle_buffers.with_label_values(&[source]);
-            counter.inc_by(total.saturating_sub(counter.get()));
+        {
+            let _one_at_a_time = self.recycle_sync.lock().unwrap_or_else(|e| e.into_inner());
+            let recycled = nova_core::allocator::reuse::stats();
+            self.recycle_held.set(recycled.held as i64);
+            for (source, total) in [("reused", recycled.reused), ("fresh", recycled.fresh)] {
+                let counter = self.recycle_buffers.with_label_values(&[source]);
+                counter.inc_by(total.saturating_sub(counter.get()));
+            }
         }
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);

@@ -49,9 +49,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
              (no --auth-tokens): every client that reaches it reads what that token may read"
         );
     }
-    nova_core::allocator::reuse::keep_up_to(
+    if !nova_core::allocator::reuse::keep_up_to(
         usize::try_from(config.recycle_buffer_bytes()).unwrap_or(usize::MAX),
-    );
+    ) {
+        tracing::warn!(
+            "--recycle-buffer-mib keeps nothing here: freed buffers are kept only under glibc's \
+             malloc on 64-bit Linux (is another allocator preloaded?)"
+        );
+    }
     tokio::spawn(nova_core::allocator::trim_periodically(
         Clock::system(),
         metrics.process.trims.clone(),

@@ -468,6 +468,7 @@ pub fn gateway_formula_bytes(page: &str) -> u64 {
         "fetch_pool",
         "footer_cache",
         "object_cache",
+        "recycle",
         "reads",
         "fixed",
     ]

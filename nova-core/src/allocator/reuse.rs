@@ -9,13 +9,16 @@
 //! response), and a profile put a third of its CPU in those faults and unmaps.
 //!
 //! [`Reusing`] keeps up to [`keep_up_to`] bytes of freed mapped buffers, and serves a large
-//! allocation from the smallest kept buffer that holds it and is at most twice its size. What a reused buffer holds beyond the
-//! new request's last page is returned to the system first (`madvise(MADV_DONTNEED)`), so a
-//! live buffer is never more resident than a fresh one of its size would be, and memory stays
-//! within the formula plus the kept bytes. When a freed buffer does not fit among the kept
-//! ones, the oldest kept ones are unmapped to make room (or it is, when larger than the whole
-//! allowance). Zeroed allocations, over-aligned ones and buffers glibc did not map on their own
-//! always take the ordinary path.
+//! allocation from the smallest kept buffer that holds it and is at most twice its size. What a
+//! reused buffer holds beyond the new request's last page is returned to the system first
+//! (`madvise(MADV_DONTNEED)`), so a live buffer is never resident beyond the size asked for.
+//! (A fresh mapping faults in only what is written, so the two differ for a buffer reserved
+//! ahead of its bytes: tonic's decoder reserves a message's announced length when its header
+//! arrives, and a reused buffer is then resident at that length while the bytes come in.)
+//! Memory then stays within the formula plus the kept bytes. When a freed buffer does not fit
+//! among the kept ones, the oldest kept ones are unmapped to make room (or it is, when larger
+//! than the whole allowance). Zeroed allocations, over-aligned ones and buffers glibc did not
+//! map on their own always take the ordinary path.
 //!
 //! Off (nothing kept) until [`keep_up_to`] is called with more than zero; a process that
 //! installs it without calling that behaves exactly as with the system allocator.
@@ -34,20 +37,28 @@ const SLOTS: usize = 64;
 /// malloc's alignment on 64-bit glibc; a larger one goes through `posix_memalign`.
 const MALLOC_ALIGN: usize = 16;
 
-const PAGE: usize = 4096;
-
 static CAPACITY: AtomicUsize = AtomicUsize::new(0);
+/// The system's page size, learnt by [`keep_up_to`].
+static PAGE: AtomicUsize = AtomicUsize::new(4096);
 static HELD: AtomicUsize = AtomicUsize::new(0);
 static REUSED: AtomicU64 = AtomicU64::new(0);
 static FRESH: AtomicU64 = AtomicU64::new(0);
 
 /// Keeps at most `bytes` of freed large buffers for reuse from now on (0 keeps none). Those
-/// kept beyond a lowered allowance, the oldest first, are unmapped at once.
-pub fn keep_up_to(bytes: usize) {
-    CAPACITY.store(bytes, Ordering::Relaxed);
+/// kept beyond a lowered allowance, the oldest first, are unmapped at once. False, keeping
+/// none, where the allocator is not glibc's malloc on 64-bit Linux (another malloc preloaded,
+/// for one), whose chunk layout the keeping relies on.
+pub fn keep_up_to(bytes: usize) -> bool {
+    let supported = platform::glibc_malloc_in_use();
+    if supported {
+        PAGE.store(platform::page_size(), Ordering::Relaxed);
+    }
+    let capacity = if supported { bytes } else { 0 };
+    CAPACITY.store(capacity, Ordering::Relaxed);
     let mut evicted = [0usize; SLOTS];
-    let count = table::lock().make_room(0, bytes, &mut evicted);
+    let count = table::lock().make_room(0, capacity, &mut evicted);
     free_all(&evicted[..count]);
+    supported || bytes == 0
 }
 
 /// What [`Reusing`] has done.
@@ -142,8 +153,9 @@ fn take_kept(layout: Layout) -> Option<*mut u8> {
         return None;
     };
     REUSED.fetch_add(1, Ordering::Relaxed);
-    let start = (ptr + layout.size()).next_multiple_of(PAGE);
-    let end = (ptr + usable) / PAGE * PAGE;
+    let page = PAGE.load(Ordering::Relaxed);
+    let start = (ptr + layout.size()).next_multiple_of(page);
+    let end = (ptr + usable) / page * page;
     if end > start {
         // SAFETY: [start, end) lies inside this buffer's own mapping, which nothing else uses.
         unsafe { platform::release(start, end - start) };
@@ -157,7 +169,6 @@ fn take_kept(layout: Layout) -> Option<*mut u8> {
 /// # Safety
 /// `ptr` is live and was allocated with `layout` by this allocator.
 unsafe fn keep(ptr: *mut u8, layout: Layout) -> bool {
-    let capacity = CAPACITY.load(Ordering::Relaxed);
     if !keeping(layout.size(), layout.align()) {
         return false;
     }
@@ -167,12 +178,14 @@ unsafe fn keep(ptr: *mut u8, layout: Layout) -> bool {
     }
     // SAFETY: as above.
     let usable = unsafe { platform::usable_size(ptr) };
-    if usable > capacity {
-        return false;
-    }
     let mut evicted = [0usize; SLOTS];
     let count = {
         let mut table = table::lock();
+        // Read under the lock, so a lowered allowance (which trims under it) is never passed.
+        let capacity = CAPACITY.load(Ordering::Relaxed);
+        if usable > capacity {
+            return false;
+        }
         let count = table.make_room(usable, capacity, &mut evicted);
         table.put(ptr as usize, usable);
         count
@@ -265,7 +278,7 @@ mod table {
     }
 }
 
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[cfg(all(target_os = "linux", target_env = "gnu", target_pointer_width = "64"))]
 mod platform {
     pub const SUPPORTED: bool = true;
 
@@ -286,9 +299,35 @@ mod platform {
     /// # Safety
     /// `ptr` is live and came from malloc.
     pub unsafe fn mapped_on_its_own(ptr: *mut u8) -> bool {
-        // SAFETY: every malloc chunk has its size word just before the pointer it hands out.
-        let size_word = unsafe { (ptr as *const usize).sub(1).read() };
+        // SAFETY: every glibc malloc chunk has its size word just before the pointer it hands
+        // out ([`glibc_malloc_in_use`] was checked before anything is kept). Volatile: glibc
+        // may flip another bit of it under its arena lock.
+        let size_word = unsafe { (ptr as *const usize).sub(1).read_volatile() };
         size_word & IS_MMAPPED != 0
+    }
+
+    /// Whether `malloc` is glibc's: a buffer of 1 MiB from it shows in glibc's own figure for
+    /// buffers mapped on their own. (Another malloc preloaded leaves that figure alone.)
+    pub fn glibc_malloc_in_use() -> bool {
+        const PROBE: usize = 1 << 20;
+        // SAFETY: mallinfo2 reads glibc's bookkeeping; the buffer is freed at once, untouched.
+        unsafe {
+            let before = libc::mallinfo2().hblkhd;
+            // black_box: a compiler may otherwise drop a malloc whose buffer nothing uses.
+            let probe = std::hint::black_box(libc::malloc(PROBE));
+            if probe.is_null() {
+                return false;
+            }
+            let during = libc::mallinfo2().hblkhd;
+            libc::free(probe);
+            during >= before + PROBE
+        }
+    }
+
+    pub fn page_size() -> usize {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(page).unwrap_or(4096).max(1)
     }
 
     /// Gives the pages of [start, start + len) back to the system; they read as zero after.
@@ -301,7 +340,7 @@ mod platform {
     }
 }
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+#[cfg(not(all(target_os = "linux", target_env = "gnu", target_pointer_width = "64")))]
 mod platform {
     pub const SUPPORTED: bool = false;
 
@@ -314,4 +353,12 @@ mod platform {
     }
 
     pub unsafe fn release(_: usize, _: usize) {}
+
+    pub fn glibc_malloc_in_use() -> bool {
+        false
+    }
+
+    pub fn page_size() -> usize {
+        4096
+    }
 }
