@@ -198,7 +198,11 @@ impl ProcessMetrics {
             self.cpu_seconds.set(cpu);
         }
         if let Some(stats) = nova_core::allocator::stats() {
-            self.allocated.set(stats.allocated as i64);
+            // glibc counts freed buffers kept for reuse (the gateway's --recycle-buffer-mib) as
+            // in use; to the program they are freed.
+            let kept = nova_core::allocator::reuse::stats().held;
+            self.allocated
+                .set(stats.allocated.saturating_sub(kept) as i64);
             self.mapped.set(stats.mapped as i64);
             self.retained.set(stats.retained as i64);
         }
