@@ -36,6 +36,12 @@ fn resident_pages(start: usize, len: usize) -> Vec<bool> {
     flags.iter().map(|f| f & 1 == 1).collect()
 }
 
+/// Fills `count` buffers of `len` bytes, all live at once, then frees them.
+fn fill_and_free(count: usize, len: usize) {
+    let buffers: Vec<Vec<u8>> = (0..count).map(|_| filled(len)).collect();
+    drop(buffers);
+}
+
 fn filled(len: usize) -> Vec<u8> {
     let mut buffer = Vec::with_capacity(len);
     buffer.resize(len, 7u8);
@@ -82,8 +88,7 @@ fn a_freed_buffer_serves_a_smaller_one_with_its_tail_given_back() {
 fn what_is_kept_stays_within_the_allowance() {
     let _serial = serial();
     reuse::keep_up_to(2 << 20);
-    let buffers: Vec<Vec<u8>> = (0..6).map(|_| filled(700 * KIB)).collect();
-    drop(buffers);
+    fill_and_free(6, 700 * KIB);
     let stats = reuse::stats();
     assert!(stats.held <= 2 << 20, "{stats:?}");
     assert!(
@@ -104,8 +109,7 @@ fn what_is_kept_stays_within_the_allowance() {
 fn at_most_sixty_four_buffers_are_kept() {
     let _serial = serial();
     reuse::keep_up_to(64 << 20);
-    let buffers: Vec<Vec<u8>> = (0..70).map(|_| filled(130 * KIB)).collect();
-    drop(buffers);
+    fill_and_free(70, 130 * KIB);
     let one = reuse::stats().held / 64;
     assert_eq!(reuse::stats().held, 64 * one, "64 of the same size");
     assert!((130 * KIB as u64..140 * KIB as u64).contains(&one), "{one}");

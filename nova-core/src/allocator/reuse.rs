@@ -40,7 +40,6 @@ const MALLOC_ALIGN: usize = 16;
 static CAPACITY: AtomicUsize = AtomicUsize::new(0);
 /// The system's page size, learnt by [`keep_up_to`].
 static PAGE: AtomicUsize = AtomicUsize::new(4096);
-static HELD: AtomicUsize = AtomicUsize::new(0);
 static REUSED: AtomicU64 = AtomicU64::new(0);
 static FRESH: AtomicU64 = AtomicU64::new(0);
 
@@ -74,7 +73,7 @@ pub struct ReuseStats {
 
 pub fn stats() -> ReuseStats {
     ReuseStats {
-        held: HELD.load(Ordering::Relaxed) as u64,
+        held: table::lock().bytes() as u64,
         reused: REUSED.load(Ordering::Relaxed),
         fresh: FRESH.load(Ordering::Relaxed),
     }
@@ -203,10 +202,9 @@ fn free_all(evicted: &[usize]) {
 }
 
 mod table {
-    use std::sync::atomic::Ordering;
     use std::sync::{Mutex, MutexGuard};
 
-    use super::{HELD, SLOTS};
+    use super::SLOTS;
 
     /// The kept buffers, oldest first, as (address, usable size).
     pub(super) struct Table {
@@ -229,6 +227,11 @@ mod table {
     }
 
     impl Table {
+        /// Bytes of the buffers kept.
+        pub(super) fn bytes(&self) -> usize {
+            self.bytes
+        }
+
         /// The smallest kept buffer of at least `size` bytes and at most twice that, taken
         /// out. A much larger one is left for a request of its own size: giving it away would
         /// return most of its resident pages only for them to fault in again later.
@@ -264,7 +267,6 @@ mod table {
             self.kept[self.len] = (ptr, usable);
             self.len += 1;
             self.bytes += usable;
-            HELD.store(self.bytes, Ordering::Relaxed);
         }
 
         fn remove(&mut self, index: usize) -> (usize, usize) {
@@ -272,7 +274,6 @@ mod table {
             self.kept.copy_within(index + 1..self.len, index);
             self.len -= 1;
             self.bytes -= entry.1;
-            HELD.store(self.bytes, Ordering::Relaxed);
             entry
         }
     }
