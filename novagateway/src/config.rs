@@ -172,6 +172,20 @@ pub struct Config {
     #[arg(long, env = "NOVA_GATEWAY_MAX_READS", default_value_t = crate::read::MAX_READS, help_heading = "Budgets")]
     pub max_reads: u32,
 
+    /// Read-ahead: bytes of the next pages of consumers reading history in order, fetched while
+    /// their current page is sent (charged as a page is: its sections, its encoded copy and
+    /// its records' bookkeeping). A read-ahead is only started when its page fits; it never
+    /// waits for room or takes it from a consumer's read. A page its consumer does not ask
+    /// for within 2 s is dropped. 0 turns read-ahead off.
+    #[arg(long, env = "NOVA_GATEWAY_READ_AHEAD_BYTES", default_value = crate::read_ahead::READ_AHEAD_BYTES, value_parser = parse_bytes, help_heading = "Budgets")]
+    pub read_ahead_bytes: u64,
+
+    /// Read-aheads at once, being read or waiting for their request, each with its task and
+    /// its state outside --read-ahead-bytes. At the cap no more are started (counted in
+    /// nova_gateway_read_aheads_total{outcome="cap"}); the reads themselves go on as usual.
+    #[arg(long, env = "NOVA_GATEWAY_MAX_READ_AHEADS", default_value_t = crate::read_ahead::MAX_READ_AHEADS, help_heading = "Budgets")]
+    pub max_read_aheads: u32,
+
     // ---- peers ----------------------------------------------------------------------------
     /// How long a fetch from a peer may take before the peer is taken for dead.
     #[arg(long, env = "NOVA_GATEWAY_PEER_TIMEOUT_MS", default_value_t = 2000)]
@@ -333,6 +347,8 @@ mod tests {
         assert_eq!(config.fetch_inflight, 64 << 20);
         assert_eq!(config.footer_cache_bytes, 32 << 20);
         assert_eq!(config.recycle_buffer_mib, 32);
+        assert_eq!(config.read_ahead_bytes, 64 << 20);
+        assert_eq!(config.max_read_aheads, 64);
         assert_eq!(config.object_cache_load_factor, 1.25);
         assert_eq!(config.members(), ["http://127.0.0.1:7500"]);
         assert!(config.check().is_ok());
@@ -342,7 +358,10 @@ mod tests {
             "--fetch-inflight",
             "--footer-cache-bytes",
             "--object-cache-load-factor",
+            "--read-ahead-bytes",
+            "--max-read-aheads",
             "NOVA_FETCH_INFLIGHT",
+            "NOVA_GATEWAY_READ_AHEAD_BYTES",
         ] {
             assert!(help.contains(flag), "{flag} missing from --help");
         }

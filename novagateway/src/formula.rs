@@ -3,13 +3,15 @@
 //!
 //! ```text
 //! fetch pool + footer cache + object cache + recycled buffers + --max-reads × per-read state
-//!   + fixed overhead
+//!   + read-ahead bytes + --max-read-aheads × per-read state + fixed overhead
 //! ```
 //!
 //! The fetch pool bounds every byte a read, a footer fetch or a range served to a peer holds
 //! from its fetch until its response is sent; the caches are bounded by their capacities; each
 //! read in progress adds its own state outside the pool (`PER_READ_BYTES`); freed large buffers
-//! kept for reuse are at most `--recycle-buffer-mib` (`nova_core::allocator::reuse`). The fixed overhead
+//! kept for reuse are at most `--recycle-buffer-mib` (`nova_core::allocator::reuse`); pages
+//! read ahead are bounded by `--read-ahead-bytes` as the pool bounds reads, and each read-ahead
+//! holds a read's state besides. The fixed overhead
 //! is the star's 48 MiB base (binary, runtime, connection pools, allocator slack).
 
 use nova_core::formula::{FIXED_OVERHEAD, REQUEST_MESSAGES};
@@ -20,13 +22,18 @@ use crate::metrics::GatewayMetrics;
 use crate::read::PER_READ_BYTES;
 
 /// The formula's terms, in bytes.
-pub fn terms(config: &Config) -> [(&'static str, u64); 6] {
+pub fn terms(config: &Config) -> [(&'static str, u64); 8] {
     [
         ("fetch_pool", config.fetch_inflight),
         ("footer_cache", config.footer_cache_bytes),
         ("object_cache", config.object_cache_bytes),
         ("recycle", config.recycle_buffer_bytes()),
         ("reads", config.max_reads as u64 * PER_READ_BYTES),
+        ("read_ahead", config.read_ahead_bytes),
+        (
+            "read_aheads",
+            config.max_read_aheads as u64 * PER_READ_BYTES,
+        ),
         ("fixed", FIXED_OVERHEAD + REQUEST_MESSAGES),
     ]
 }
@@ -48,7 +55,7 @@ pub fn export(config: &Config, metrics: &GatewayMetrics) {
             ceiling = %nova_proto::units::human_bytes(ceiling.bytes),
             ceiling_source = %ceiling.source,
             "the gateway's budgets (--fetch-inflight, --footer-cache-bytes, --object-cache-bytes, \
-             --recycle-buffer-mib, --max-reads) do not fit under its memory ceiling"
+             --recycle-buffer-mib, --max-reads, --read-ahead-bytes, --max-read-aheads) do not fit under its memory ceiling"
         );
     }
 }

@@ -6,6 +6,7 @@ mod formula;
 mod health;
 mod metrics;
 mod read;
+mod read_ahead;
 mod redirects;
 mod server;
 mod service;

@@ -60,6 +60,13 @@ pub struct GatewayMetrics {
     /// whether one served them; refreshed at each scrape.
     pub recycle_held: IntGauge,
     pub recycle_buffers: IntCounterVec,
+    /// Bytes of pages read ahead (`--read-ahead-bytes`).
+    pub read_ahead: BudgetMetrics,
+    /// Read-ahead slots in use (at most `--max-read-aheads`).
+    pub read_ahead_slots: IntGauge,
+    /// What became of each read-ahead: used, expired, no_room, hot, failed; cap counts those
+    /// not started for want of a slot.
+    pub read_aheads: IntCounterVec,
     /// Serializes copying the allocator's totals into `recycle_buffers` (two scrapes at once
     /// would each add the same difference).
     recycle_sync: std::sync::Arc<std::sync::Mutex<()>>,
@@ -98,13 +105,16 @@ impl GatewayMetrics {
             sheds: counter_vec(&r, "nova_gateway_sheds_total", "New reads refused with RESOURCE_EXHAUSTED, by the cap that refused them.", &["cap"]),
             reads_in_progress: gauge(&r, "nova_gateway_reads", "Reads in progress, from arrival until their response is sent."),
             reads_capacity: gauge(&r, "nova_gateway_reads_capacity", "Reads in progress allowed at once (--max-reads)."),
-            formula: register(&r, IntGaugeVec::new(Opts::new("nova_gateway_memory_formula_bytes", "Terms of the gateway's memory formula: fetch_pool, footer_cache, object_cache, recycle (--recycle-buffer-mib), reads (--max-reads × per-read state), fixed."), &["term"]).expect("valid metric")),
+            formula: register(&r, IntGaugeVec::new(Opts::new("nova_gateway_memory_formula_bytes", "Terms of the gateway's memory formula: fetch_pool, footer_cache, object_cache, recycle (--recycle-buffer-mib), reads (--max-reads × per-read state), read_ahead (--read-ahead-bytes), read_aheads (--max-read-aheads × per-read state), fixed."), &["term"]).expect("valid metric")),
             ceiling: gauge(&r, "nova_gateway_memory_ceiling_bytes", "The memory the gateway may use: its cgroup's limit, else 60% of physical memory."),
             saturation: register(&r, prometheus::Gauge::new("nova_gateway_memory_saturation_ratio", "The memory formula divided by the ceiling.").expect("valid metric")),
             process: nova_server::memory::ProcessMetrics::register(&r),
             recycle_held: gauge(&r, "nova_recycle_buffer_bytes", "Bytes of freed large buffers kept for reuse (at most --recycle-buffer-mib)."),
             recycle_buffers: counter_vec(&r, "nova_recycle_buffers_total", "Allocations of 128 KiB or more by where their buffer came from: reused (a kept one, already resident) or fresh (newly mapped).", &["source"]),
             recycle_sync: Default::default(),
+            read_ahead: budget(&r, "nova_gateway_read_ahead", "bytes", "read-ahead budget"),
+            read_ahead_slots: gauge(&r, "nova_gateway_read_ahead_slots", "Pages being read ahead or waiting for their request (at most --max-read-aheads)."),
+            read_aheads: counter_vec(&r, "nova_gateway_read_aheads_total", "Read-aheads by outcome: used (its request took it), expired (none came within 2 s), no_room (--read-ahead-bytes was full), hot (the page would come from the star), failed; cap: not started, every --max-read-aheads slot taken.", &["outcome"]),
             registry: r,
         };
         for route in ["owner", "peer", "spilled", "direct"] {
@@ -114,6 +124,9 @@ impl GatewayMetrics {
         metrics
             .sheds
             .with_label_values(&[nova_server::net::small::SHED_LABEL]);
+        for outcome in ["used", "expired", "no_room", "hot", "failed", "cap"] {
+            metrics.read_aheads.with_label_values(&[outcome]);
+        }
         for source in ["history", "star"] {
             metrics.reads.with_label_values(&[source]);
         }

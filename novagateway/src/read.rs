@@ -8,6 +8,9 @@
 //! sections at once through the object cache tier, checks each against its footer's crc32c,
 //! and decodes the page.
 //!
+//! A consumer reading history in order gets its next page read ahead while this one is sent
+//! (`read_ahead`).
+//!
 //! The auditor moves records to other objects and deletes the old ones a grace period later. A
 //! read whose refs were vended before a move and whose fetch comes after the delete finds the
 //! object gone: it asks the star for fresh refs and starts again, up to `STALE_REF_RETRIES`
@@ -35,6 +38,7 @@ use nova_server::shed::ShedLog;
 
 use crate::footers::Footers;
 use crate::metrics::GatewayMetrics;
+use crate::read_ahead::{AheadKey, AheadPage, Dropped, ReadAhead};
 use crate::tier::Tier;
 use nova_server::net::hold::Hold;
 
@@ -52,6 +56,8 @@ pub struct Reader {
     pub max_reads: u32,
     /// Throttles the shed log to a line a second.
     pub sheds: Arc<ShedLog>,
+    /// Next pages of consumers reading history in order.
+    pub ahead: Arc<ReadAhead>,
 }
 
 /// `--max-reads`' default.
@@ -75,6 +81,26 @@ enum Failure {
     /// An object a ref named is gone (the auditor collected it): resolve again.
     Stale(String),
     Status(Status),
+    /// A read-ahead that is not made (`Charge::Ahead` only).
+    NotAhead(Dropped),
+}
+
+/// How a read's bytes are charged.
+#[derive(Clone, Copy)]
+enum Charge<'a> {
+    /// A consumer's read: it waits for room in the fetch pool.
+    Wait,
+    /// A read ahead: it takes room in the read-ahead budget if there is some, and reads only
+    /// history (a page from the star is not made ahead).
+    Ahead(&'a Budget),
+}
+
+/// One attempt's page: the response, its charge, and (a history page) where the star's
+/// in-memory stretch began.
+struct Served {
+    response: v1::ReadResponse,
+    permit: BudgetPermit,
+    hot_from_seq: Option<u64>,
 }
 
 impl From<Status> for Failure {
@@ -108,7 +134,7 @@ impl Reader {
     /// Serves a read, or sheds it at `--max-reads`. The [`Hold`] keeps its place and its pool
     /// share until the response is sent.
     pub async fn read(
-        &self,
+        self: &Arc<Self>,
         request: v1::ReadRequest,
         peer: Option<SocketAddr>,
     ) -> Result<(v1::ReadResponse, Hold), Status> {
@@ -121,14 +147,32 @@ impl Reader {
             _pool: None,
             gauge: self.metrics.reads_in_progress.clone(),
         };
+        let (max_records, max_bytes) =
+            read_caps(&request, self.max_read_records, self.max_read_bytes);
+        let key = AheadKey::of(&request, max_records, max_bytes);
+        if let Some(key) = &key
+            && let Some(page) = self.ahead.claim(key).await
+        {
+            self.metrics.reads.with_label_values(&["history"]).inc();
+            self.read_ahead_after(&request, &page.response, Some(page.hot_from_seq));
+            holds._pool = Some(page.permit);
+            return Ok((page.response, Hold::new(holds)));
+        }
         let mut stale = 0;
         loop {
-            match self.read_once(&request).await {
-                Ok((response, pool)) => {
-                    holds._pool = pool;
-                    return Ok((response, Hold::new(holds)));
+            match self.read_once(&request, Charge::Wait).await {
+                Ok(served) => {
+                    self.read_ahead_after(&request, &served.response, served.hot_from_seq);
+                    holds._pool = Some(served.permit);
+                    return Ok((served.response, Hold::new(holds)));
                 }
                 Err(Failure::Status(status)) => return Err(status),
+                Err(Failure::NotAhead(why)) => {
+                    return Err(RequestError::Unavailable(format!(
+                        "a consumer's read was taken for a read-ahead ({why:?}); retry"
+                    ))
+                    .into());
+                }
                 Err(Failure::Stale(key)) if stale < STALE_REF_RETRIES => {
                     stale += 1;
                     self.metrics.stale_refs.inc();
@@ -141,6 +185,53 @@ impl Reader {
                 }
             }
         }
+    }
+
+    /// After a history page for `request`, starts reading the page its consumer will ask for
+    /// next, when that one is history too and a read-ahead has room.
+    fn read_ahead_after(
+        self: &Arc<Self>,
+        request: &v1::ReadRequest,
+        response: &v1::ReadResponse,
+        hot_from_seq: Option<u64>,
+    ) {
+        let Some(hot_from_seq) = hot_from_seq else {
+            return;
+        };
+        let next = response.next_seq;
+        if response.records.is_empty() || next >= hot_from_seq.min(response.tail_seq) {
+            return;
+        }
+        let next_request = v1::ReadRequest {
+            start_seq: next,
+            ..request.clone()
+        };
+        let (max_records, max_bytes) =
+            read_caps(&next_request, self.max_read_records, self.max_read_bytes);
+        let Some(key) = AheadKey::of(&next_request, max_records, max_bytes) else {
+            return;
+        };
+        let (Some(budget), Some(started)) = (self.ahead.budget.clone(), self.ahead.start(key))
+        else {
+            return;
+        };
+        let reader = self.clone();
+        // Bounded: a task per slot, and slots are capped (--max-read-aheads).
+        tokio::spawn(async move {
+            let page = match reader
+                .read_once(&next_request, Charge::Ahead(&budget))
+                .await
+            {
+                Ok(served) => Ok(AheadPage {
+                    response: served.response,
+                    permit: served.permit,
+                    hot_from_seq: served.hot_from_seq.unwrap_or(0),
+                }),
+                Err(Failure::NotAhead(why)) => Err(why),
+                Err(Failure::Stale(_) | Failure::Status(_)) => Err(Dropped::Failed),
+            };
+            reader.ahead.finish(started, page);
+        });
     }
 
     /// A read past `--max-reads`: counted, logged (a line a second), refused with a hint.
@@ -159,7 +250,8 @@ impl Reader {
     async fn read_once(
         &self,
         request: &v1::ReadRequest,
-    ) -> Result<(v1::ReadResponse, Option<BudgetPermit>), Failure> {
+        charge: Charge<'_>,
+    ) -> Result<Served, Failure> {
         let refs = self
             .star
             .call(&request.stream, |mut star| async move {
@@ -181,6 +273,9 @@ impl Reader {
         let (max_records, max_bytes) =
             read_caps(request, self.max_read_records, self.max_read_bytes);
         if start_seq >= refs.hot_from_seq || refs.refs.is_empty() {
+            if let Charge::Ahead(_) = charge {
+                return Err(Failure::NotAhead(Dropped::Hot));
+            }
             self.metrics.reads.with_label_values(&["star"]).inc();
             // Within the gateway's own caps, and charged to the pool once it arrives (the
             // decoded page and its encoded copy), held until it is sent like a history page.
@@ -197,13 +292,19 @@ impl Reader {
                 })
                 .await?
                 .into_inner();
-            let charge = self
+            let permit = self
                 .pool
                 .acquire(2 * prost::Message::encoded_len(&page) as u64)
                 .await;
-            return Ok((page, Some(charge)));
+            return Ok(Served {
+                response: page,
+                permit,
+                hot_from_seq: None,
+            });
         }
-        self.metrics.reads.with_label_values(&["history"]).inc();
+        if let Charge::Wait = charge {
+            self.metrics.reads.with_label_values(&["history"]).inc();
+        }
 
         // Where each ref's section is, from the footers.
         let footers =
@@ -245,14 +346,20 @@ impl Reader {
         // response is sent: the sections fetched, and the encoded response built from them.
         let waited = Instant::now();
         let records = records.min(max_records as u64);
-        let permit = self
-            .pool
-            .acquire(2 * planned + records * PER_RECORD_BYTES)
-            .await;
-        let in_use = self.pool.in_use() as i64;
-        if in_use > self.metrics.fetch_pool_peak.get() {
-            self.metrics.fetch_pool_peak.set(in_use);
-        }
+        let bytes = 2 * planned + records * PER_RECORD_BYTES;
+        let permit = match charge {
+            Charge::Wait => {
+                let permit = self.pool.acquire(bytes).await;
+                let in_use = self.pool.in_use() as i64;
+                if in_use > self.metrics.fetch_pool_peak.get() {
+                    self.metrics.fetch_pool_peak.set(in_use);
+                }
+                permit
+            }
+            Charge::Ahead(budget) => budget
+                .try_acquire(bytes)
+                .ok_or(Failure::NotAhead(Dropped::NoRoom))?,
+        };
         tracing::trace!(
             waited_ms = waited.elapsed().as_millis() as u64,
             planned,
@@ -296,13 +403,14 @@ impl Reader {
                 .unwrap_or(records.len());
             records.drain(..first);
         }
-        Ok((
-            v1::ReadResponse {
+        Ok(Served {
+            response: v1::ReadResponse {
                 records: records.into_iter().map(Into::into).collect(),
                 next_seq: page.next_seq,
                 tail_seq: refs.tail_seq,
             },
-            Some(permit),
-        ))
+            permit,
+            hot_from_seq: Some(refs.hot_from_seq),
+        })
     }
 }

@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::footers::Footers;
 use crate::metrics::GatewayMetrics;
 use crate::read::Reader;
+use crate::read_ahead::ReadAhead;
 use crate::service::{GatewayService, PeerService};
 use crate::tier::Tier;
 
@@ -114,6 +115,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Clock::system(),
     );
     metrics.reads_capacity.set(config.max_reads as i64);
+    let ahead = Arc::new(ReadAhead::new(
+        (config.read_ahead_bytes > 0).then(|| {
+            Budget::new(
+                config.read_ahead_bytes,
+                metrics.read_ahead.clone(),
+                Clock::system(),
+            )
+        }),
+        config.max_read_aheads,
+        metrics.clone(),
+    ));
     crate::formula::export(&config, &metrics);
     let reader = Arc::new(Reader {
         star,
@@ -131,7 +143,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         reads: Arc::new(tokio::sync::Semaphore::new(config.max_reads.max(1) as usize)),
         max_reads: config.max_reads,
         sheds: Arc::new(nova_server::shed::ShedLog::new(Clock::system())),
+        ahead: ahead.clone(),
     });
+    tokio::spawn(ReadAhead::sweep_forever(Arc::downgrade(&ahead)));
 
     let stopping = CancellationToken::new();
     let render: nova_server::process::RenderMetrics = {

@@ -569,3 +569,80 @@ async fn reads_past_the_cap_are_shed_with_a_hint() {
     assert!(page.records.is_empty());
     assert_eq!(via.read("capped", 0, 0).await.unwrap().records.len(), 10);
 }
+
+/// A gateway of its own (no peers) on the cluster's bucket, in front of its star.
+fn lone_gateway(c: &Cluster, args: &[&str]) -> Novad {
+    with_aws(NovadBuilder::gateway(workspace_binary("novagateway")))
+        .args(s3_args(&c.moto))
+        .args(["--star", &c.star.url()])
+        .args(args.iter().copied())
+        .start()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consumer_reading_in_order_gets_its_next_pages_read_ahead() {
+    let c = cluster(&[]);
+    let tail = fill(&c.star, "s", 40, 100, 4096).await;
+    let star = Client::connect(&c.star.url()).await.unwrap();
+    let expected = read_range(&star, "s", 0, tail).await;
+    // Pages of 64 KiB, so the stream is many pages; one gateway reads ahead, one does not.
+    let ahead = lone_gateway(&c, &["--max-read-bytes", "64KiB"]);
+    let plain = lone_gateway(
+        &c,
+        &["--max-read-bytes", "64KiB", "--read-ahead-bytes", "0"],
+    );
+    for gateway in [&ahead, &plain] {
+        let via = Client::connect(&gateway.url()).await.unwrap();
+        let got = read_range(&via, "s", 0, tail).await;
+        assert!(got == expected, "records differ through {}", gateway.url());
+    }
+    let outcome = |g: &Novad, o: &str| {
+        metric(
+            g,
+            &format!("nova_gateway_read_aheads_total{{outcome=\"{o}\"}}"),
+        )
+    };
+    let history = metric(&ahead, "nova_gateway_reads_total{source=\"history\"}");
+    let used = outcome(&ahead, "used");
+    assert!(history > 10.0, "{history} history pages");
+    // Every page but the first was read ahead, but for the last ones near the star's
+    // in-memory stretch, which are not.
+    assert!(
+        used >= history - 4.0,
+        "{used} of {history} pages read ahead"
+    );
+    for o in ["failed", "no_room", "expired", "cap"] {
+        assert_eq!(outcome(&ahead, o), 0.0, "read-aheads {o}");
+    }
+    assert_eq!(outcome(&plain, "used"), 0.0, "read-ahead is off at 0 bytes");
+    // Reading ahead fetched nothing the consumer did not read.
+    let got = |g: &Novad| metric(g, "nova_object_store_bytes_total{op=\"get\"}");
+    assert!(
+        got(&ahead) <= got(&plain),
+        "{} bytes fetched reading ahead, {} without",
+        got(&ahead),
+        got(&plain)
+    );
+
+    // A page read ahead that nobody asks for is dropped with its bytes after 2 s.
+    let via = Client::connect(&ahead.url()).await.unwrap();
+    let page = via.read("s", 100, 0).await.unwrap();
+    assert!(!page.records.is_empty());
+    nova_testkit::eventually_every(
+        Duration::from_millis(200),
+        Duration::from_secs(10),
+        "the unclaimed read-ahead expires and frees its bytes",
+        || {
+            outcome(&ahead, "expired") == 1.0
+                && metric(&ahead, "nova_gateway_read_ahead_used_bytes") == 0.0
+                && metric(&ahead, "nova_gateway_read_ahead_slots") == 0.0
+        },
+    )
+    .await;
+    let formula = nova_testkit::gateway_formula_bytes(&ahead.metrics()) as f64;
+    let peak = metric(&ahead, "nova_process_peak_resident_bytes");
+    assert!(
+        peak <= formula,
+        "peak RSS {peak} over the formula {formula}"
+    );
+}

@@ -470,6 +470,8 @@ pub fn gateway_formula_bytes(page: &str) -> u64 {
         "object_cache",
         "recycle",
         "reads",
+        "read_ahead",
+        "read_aheads",
         "fixed",
     ]
     .iter()

@@ -1,0 +1,363 @@
+//! Read-ahead: a consumer reading history in order asks next for the page that starts where
+//! the one it just got ends, with the same caps. While that page is on its way to it, the
+//! gateway fetches the next one, so a consumer waits for one round of object-store GETs per
+//! two pages at most, not per page: with one page in flight per consumer, that wait is what
+//! limited a cold read, not the fetch pool or the object store.
+//!
+//! A read-ahead is kept in a slot under the next request's key (stream, first sequence number,
+//! page caps) until that request claims it, for at most `READ_AHEAD_TTL`. It is only ever a
+//! history page (a read that would go to the star is not made ahead), never a read by time,
+//! and is only started when there is room: its bytes are charged to its own budget
+//! (`--read-ahead-bytes`, taken only if free, so it never delays a consumer's read), and the
+//! slots in use (each with its task) are capped (`--max-read-aheads`). A read-ahead that finds
+//! no room, fails, or would go to the star is dropped, and the request, when it comes, is read
+//! as if there had been none. A claimed page keeps its charge until its response is sent.
+//!
+//! What a claimed page serves is what the same read would have served when the read-ahead ran:
+//! a history page's records never change, and its `tail_seq` is at most a TTL old.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+
+use nova_core::budget::{Budget, BudgetPermit};
+use nova_proto::v1;
+
+use crate::metrics::GatewayMetrics;
+
+/// How long a read-ahead waits for its request; past it the slot and its bytes are freed.
+pub const READ_AHEAD_TTL: Duration = Duration::from_secs(2);
+
+/// How often slots past their TTL are looked for.
+const SWEEP_EVERY: Duration = Duration::from_millis(250);
+
+/// `--read-ahead-bytes`' default: the fetch pool's, so each of as many consumers as the pool
+/// serves at once can have its next page fetched.
+pub const READ_AHEAD_BYTES: &str = "64MiB";
+
+/// `--max-read-aheads`' default.
+pub const MAX_READ_AHEADS: u32 = 64;
+
+/// The request a read-ahead answers: every field that shapes a history page. Reads by time
+/// are never made ahead.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AheadKey {
+    stream: String,
+    start_seq: u64,
+    max_records: u32,
+    max_bytes: u64,
+}
+
+impl AheadKey {
+    /// The key of `request` read with these caps (the gateway's caps applied); `None` for a
+    /// read by time.
+    pub fn of(request: &v1::ReadRequest, max_records: u32, max_bytes: u64) -> Option<Self> {
+        request.start_timestamp.is_none().then(|| AheadKey {
+            stream: request.stream.clone(),
+            start_seq: request.start_seq,
+            max_records,
+            max_bytes,
+        })
+    }
+}
+
+/// A page read ahead: the response and its charge, held until the response is sent.
+pub struct AheadPage {
+    pub response: v1::ReadResponse,
+    pub permit: BudgetPermit,
+    /// Where the star's in-memory stretch began when the page was read.
+    pub hot_from_seq: u64,
+}
+
+/// Why a read-ahead was dropped before its request came.
+#[derive(Debug, Clone, Copy)]
+pub enum Dropped {
+    /// Its budget had no room for the page.
+    NoRoom,
+    /// The page would have come from the star.
+    Hot,
+    /// The read failed (the request, when it comes, is read again and meets the failure).
+    Failed,
+}
+
+impl Dropped {
+    fn label(self) -> &'static str {
+        match self {
+            Dropped::NoRoom => "no_room",
+            Dropped::Hot => "hot",
+            Dropped::Failed => "failed",
+        }
+    }
+}
+
+struct Slot {
+    page: oneshot::Receiver<AheadPage>,
+    started: Instant,
+    /// Its place under `--max-read-aheads`, shared with its task: free once both are gone.
+    _place: Arc<OwnedSemaphorePermit>,
+    id: u64,
+}
+
+pub struct ReadAhead {
+    /// Bytes of pages read ahead (`--read-ahead-bytes`); 0 turns read-ahead off.
+    pub budget: Option<Budget>,
+    places: Arc<Semaphore>,
+    slots: Mutex<HashMap<AheadKey, Slot>>,
+    next_id: AtomicU64,
+    metrics: GatewayMetrics,
+}
+
+/// A read-ahead that has a slot, to be run by the caller: it reads the page and hands it to
+/// [`Started::finish`].
+pub struct Started {
+    tx: oneshot::Sender<AheadPage>,
+    key: AheadKey,
+    id: u64,
+    _place: Arc<OwnedSemaphorePermit>,
+}
+
+impl ReadAhead {
+    pub fn new(budget: Option<Budget>, max_read_aheads: u32, metrics: GatewayMetrics) -> Self {
+        Self {
+            budget,
+            places: Arc::new(Semaphore::new(max_read_aheads as usize)),
+            slots: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            metrics,
+        }
+    }
+
+    /// Takes the page read ahead for `key`, waiting for it if it is still being read. `None`
+    /// when there is none, or it was dropped.
+    pub async fn claim(&self, key: &AheadKey) -> Option<AheadPage> {
+        let slot = self.slots.lock().remove(key)?;
+        self.metrics.read_ahead_slots.dec();
+        let page = slot.page.await.ok()?;
+        self.count("used");
+        Some(page)
+    }
+
+    /// A slot for a read-ahead of `key`, unless read-ahead is off, one for `key` exists, or
+    /// every place is taken.
+    pub fn start(&self, key: AheadKey) -> Option<Started> {
+        self.budget.as_ref()?;
+        let mut slots = self.slots.lock();
+        if slots.contains_key(&key) {
+            return None;
+        }
+        let Ok(place) = self.places.clone().try_acquire_owned() else {
+            self.count("cap");
+            return None;
+        };
+        let place = Arc::new(place);
+        let (tx, rx) = oneshot::channel();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        slots.insert(
+            key.clone(),
+            Slot {
+                page: rx,
+                started: Instant::now(),
+                _place: place.clone(),
+                id,
+            },
+        );
+        self.metrics.read_ahead_slots.inc();
+        Some(Started {
+            tx,
+            key,
+            id,
+            _place: place,
+        })
+    }
+
+    /// Hands a read-ahead's page to its slot, or drops the slot.
+    pub fn finish(&self, started: Started, page: Result<AheadPage, Dropped>) {
+        match page {
+            // Claimed and waited for, or still in its slot: either way the receiver has it.
+            // (Gone past its TTL, the page drops here with its charge.)
+            Ok(page) => {
+                let _ = started.tx.send(page);
+            }
+            Err(why) => {
+                self.count(why.label());
+                self.remove_if(&started.key, |slot| slot.id == started.id);
+            }
+        }
+    }
+
+    /// Frees the slots past their TTL (each with its page and charge).
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        let mut expired = 0;
+        self.slots.lock().retain(|_, slot| {
+            let keep = now.duration_since(slot.started) < READ_AHEAD_TTL;
+            expired += u64::from(!keep);
+            keep
+        });
+        if expired > 0 {
+            self.metrics.read_ahead_slots.sub(expired as i64);
+            self.metrics
+                .read_aheads
+                .with_label_values(&["expired"])
+                .inc_by(expired);
+        }
+    }
+
+    /// Sweeps every `SWEEP_EVERY` while `ahead` is alive.
+    pub async fn sweep_forever(ahead: std::sync::Weak<ReadAhead>) {
+        let mut tick = tokio::time::interval(SWEEP_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match ahead.upgrade() {
+                Some(ahead) => ahead.sweep(),
+                None => return,
+            }
+        }
+    }
+
+    fn remove_if(&self, key: &AheadKey, matches: impl Fn(&Slot) -> bool) {
+        let mut slots = self.slots.lock();
+        if slots.get(key).is_some_and(matches) {
+            slots.remove(key);
+            self.metrics.read_ahead_slots.dec();
+        }
+    }
+
+    fn count(&self, outcome: &str) {
+        self.metrics.read_aheads.with_label_values(&[outcome]).inc();
+    }
+
+    /// The slots in use (for tests).
+    #[cfg(test)]
+    fn slots(&self) -> usize {
+        self.slots.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nova_core::clock::Clock;
+
+    fn ahead(places: u32) -> ReadAhead {
+        let metrics = GatewayMetrics::new();
+        let budget = Budget::new(1 << 20, metrics.read_ahead.clone(), Clock::system());
+        ReadAhead::new(Some(budget), places, metrics)
+    }
+
+    fn key(seq: u64) -> AheadKey {
+        AheadKey {
+            stream: "s".into(),
+            start_seq: seq,
+            max_records: 10,
+            max_bytes: 100,
+        }
+    }
+
+    fn page(ahead: &ReadAhead, bytes: u64, next_seq: u64) -> AheadPage {
+        AheadPage {
+            response: v1::ReadResponse {
+                records: Vec::new(),
+                next_seq,
+                tail_seq: 100,
+            },
+            permit: ahead.budget.as_ref().unwrap().try_acquire(bytes).unwrap(),
+            hot_from_seq: 100,
+        }
+    }
+
+    fn outcome(ahead: &ReadAhead, label: &str) -> u64 {
+        ahead.metrics.read_aheads.with_label_values(&[label]).get()
+    }
+
+    #[tokio::test]
+    async fn a_claim_takes_the_page_once_and_keeps_its_charge() {
+        let ahead = ahead(4);
+        let started = ahead.start(key(5)).unwrap();
+        assert!(ahead.start(key(5)).is_none(), "one slot per key");
+        ahead.finish(started, Ok(page(&ahead, 1000, 9)));
+        assert!(ahead.claim(&key(6)).await.is_none(), "another key");
+        let claimed = ahead.claim(&key(5)).await.unwrap();
+        assert_eq!(claimed.response.next_seq, 9);
+        assert_eq!(ahead.budget.as_ref().unwrap().in_use(), 1000);
+        assert!(ahead.claim(&key(5)).await.is_none(), "claimed once");
+        drop(claimed);
+        assert_eq!(ahead.budget.as_ref().unwrap().in_use(), 0);
+        assert_eq!(outcome(&ahead, "used"), 1);
+        assert_eq!(ahead.slots(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_claim_waits_for_a_page_still_being_read() {
+        let ahead = Arc::new(ahead(4));
+        let started = ahead.start(key(1)).unwrap();
+        let claim = {
+            let ahead = ahead.clone();
+            tokio::spawn(async move { ahead.claim(&key(1)).await.map(|p| p.response.next_seq) })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        ahead.finish(started, Ok(page(&ahead, 10, 7)));
+        assert_eq!(claim.await.unwrap(), Some(7));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_read_ahead_frees_its_slot_and_place() {
+        let ahead = ahead(1);
+        let started = ahead.start(key(1)).unwrap();
+        assert!(ahead.start(key(2)).is_none(), "the only place is taken");
+        assert_eq!(outcome(&ahead, "cap"), 1);
+        ahead.finish(started, Err(Dropped::NoRoom));
+        assert_eq!(outcome(&ahead, "no_room"), 1);
+        assert_eq!(ahead.slots(), 0);
+        assert!(ahead.claim(&key(1)).await.is_none());
+        assert!(ahead.start(key(2)).is_some(), "the place came back");
+    }
+
+    #[tokio::test]
+    async fn a_claim_of_a_slot_whose_read_failed_finds_nothing() {
+        let ahead = Arc::new(ahead(2));
+        let started = ahead.start(key(3)).unwrap();
+        let claim = {
+            let ahead = ahead.clone();
+            tokio::spawn(async move { ahead.claim(&key(3)).await.is_some() })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        ahead.finish(started, Err(Dropped::Failed));
+        assert!(!claim.await.unwrap());
+        assert_eq!(outcome(&ahead, "used"), 0);
+    }
+
+    #[tokio::test]
+    async fn pages_nobody_claims_are_freed_after_the_ttl() {
+        let ahead = ahead(2);
+        let started = ahead.start(key(1)).unwrap();
+        ahead.finish(started, Ok(page(&ahead, 500, 2)));
+        ahead.sweep();
+        assert_eq!(ahead.slots(), 1, "not yet");
+        // Age the slot instead of waiting out the TTL.
+        for slot in ahead.slots.lock().values_mut() {
+            slot.started -= READ_AHEAD_TTL;
+        }
+        ahead.sweep();
+        assert_eq!(ahead.slots(), 0);
+        assert_eq!(outcome(&ahead, "expired"), 1);
+        assert_eq!(
+            ahead.budget.as_ref().unwrap().in_use(),
+            0,
+            "its charge went"
+        );
+        assert_eq!(ahead.metrics.read_ahead_slots.get(), 0);
+        assert!(ahead.start(key(1)).is_some());
+    }
+
+    #[tokio::test]
+    async fn off_starts_nothing() {
+        let ahead = ReadAhead::new(None, 4, GatewayMetrics::new());
+        assert!(ahead.start(key(1)).is_none());
+    }
+}
