@@ -174,9 +174,9 @@ pub struct Config {
 
     /// Read-ahead: bytes of the next pages of consumers reading history in order, fetched while
     /// their current page is sent (charged as a page is: its sections, its encoded copy and
-    /// its records' bookkeeping). A read-ahead is only started when its page fits; it never
-    /// waits for room or takes it from a consumer's read. A page its consumer does not ask
-    /// for within 2 s is dropped. 0 turns read-ahead off.
+    /// its records' bookkeeping). A page is only read ahead when it fits at once; a read-ahead
+    /// never waits for room here. A page its consumer does not ask for within 2 s is dropped.
+    /// 0 turns read-ahead off.
     #[arg(long, env = "NOVA_GATEWAY_READ_AHEAD_BYTES", default_value = crate::read_ahead::READ_AHEAD_BYTES, value_parser = parse_bytes, help_heading = "Budgets")]
     pub read_ahead_bytes: u64,
 

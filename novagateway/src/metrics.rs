@@ -64,8 +64,8 @@ pub struct GatewayMetrics {
     pub read_ahead: BudgetMetrics,
     /// Read-ahead slots in use (at most `--max-read-aheads`).
     pub read_ahead_slots: IntGauge,
-    /// What became of each read-ahead: used, expired, no_room, hot, failed; cap counts those
-    /// not started for want of a slot.
+    /// What became of each read-ahead: used, outdated, expired, no_room, hot, failed; cap
+    /// counts those not started for want of a slot.
     pub read_aheads: IntCounterVec,
     /// Serializes copying the allocator's totals into `recycle_buffers` (two scrapes at once
     /// would each add the same difference).
@@ -114,7 +114,7 @@ impl GatewayMetrics {
             recycle_sync: Default::default(),
             read_ahead: budget(&r, "nova_gateway_read_ahead", "bytes", "read-ahead budget"),
             read_ahead_slots: gauge(&r, "nova_gateway_read_ahead_slots", "Pages being read ahead or waiting for their request (at most --max-read-aheads)."),
-            read_aheads: counter_vec(&r, "nova_gateway_read_aheads_total", "Read-aheads by outcome: used (its request took it), expired (none came within 2 s), no_room (--read-ahead-bytes was full), hot (the page would come from the star), failed; cap: not started, every --max-read-aheads slot taken.", &["outcome"]),
+            read_aheads: counter_vec(&r, "nova_gateway_read_aheads_total", "Read-aheads by outcome: used (its request took it), outdated (its request came, but the stream had been deleted or trimmed since), expired (no request came within 2 s), no_room (--read-ahead-bytes had no room for the page), hot (the page would come from the star), failed (or took over 2 s); cap: not started, every --max-read-aheads slot taken.", &["outcome"]),
             registry: r,
         };
         for route in ["owner", "peer", "spilled", "direct"] {
@@ -124,7 +124,9 @@ impl GatewayMetrics {
         metrics
             .sheds
             .with_label_values(&[nova_server::net::small::SHED_LABEL]);
-        for outcome in ["used", "expired", "no_room", "hot", "failed", "cap"] {
+        for outcome in [
+            "used", "outdated", "expired", "no_room", "hot", "failed", "cap",
+        ] {
             metrics.read_aheads.with_label_values(&[outcome]);
         }
         for source in ["history", "star"] {

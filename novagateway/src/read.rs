@@ -38,7 +38,7 @@ use nova_server::shed::ShedLog;
 
 use crate::footers::Footers;
 use crate::metrics::GatewayMetrics;
-use crate::read_ahead::{AheadKey, AheadPage, Dropped, ReadAhead};
+use crate::read_ahead::{AheadKey, AheadPage, Dropped, READ_AHEAD_TTL, ReadAhead};
 use crate::tier::Tier;
 use nova_server::net::hold::Hold;
 
@@ -95,12 +95,18 @@ enum Charge<'a> {
     Ahead(&'a Budget),
 }
 
-/// One attempt's page: the response, its charge, and (a history page) where the star's
-/// in-memory stretch began.
+/// One attempt's page: the response, its charge, and for a history page, the stream's id and
+/// where the star's in-memory stretch began.
 struct Served {
     response: v1::ReadResponse,
     permit: BudgetPermit,
-    hot_from_seq: Option<u64>,
+    history: Option<History>,
+}
+
+#[derive(Clone, Copy)]
+struct History {
+    stream_id: u64,
+    hot_from_seq: u64,
 }
 
 impl From<Status> for Failure {
@@ -117,10 +123,11 @@ fn fetch_failure(err: impl std::ops::Deref<Target = FetchError>) -> Failure {
 }
 
 /// What a read in progress holds until its response is sent: its place under `--max-reads`,
-/// and its share of the fetch pool (a history read's).
+/// and its page's charge (to the fetch pool, or to the read-ahead budget for a page read
+/// ahead).
 struct ReadHolds {
     _place: OwnedSemaphorePermit,
-    _pool: Option<BudgetPermit>,
+    _charge: Option<BudgetPermit>,
     gauge: prometheus::IntGauge,
 }
 
@@ -132,7 +139,8 @@ impl Drop for ReadHolds {
 
 impl Reader {
     /// Serves a read, or sheds it at `--max-reads`. The [`Hold`] keeps its place and its pool
-    /// share until the response is sent.
+    /// share until the response is sent. The caller has checked the consumer may read the
+    /// stream (a page read ahead for one consumer may go to another).
     pub async fn read(
         self: &Arc<Self>,
         request: v1::ReadRequest,
@@ -144,32 +152,38 @@ impl Reader {
         self.metrics.reads_in_progress.inc();
         let mut holds = ReadHolds {
             _place: place,
-            _pool: None,
+            _charge: None,
             gauge: self.metrics.reads_in_progress.clone(),
         };
         let (max_records, max_bytes) =
             read_caps(&request, self.max_read_records, self.max_read_bytes);
         let key = AheadKey::of(&request, max_records, max_bytes);
-        if let Some(key) = &key
-            && let Some(page) = self.ahead.claim(key).await
-        {
-            self.metrics.reads.with_label_values(&["history"]).inc();
-            self.read_ahead_after(&request, &page.response, Some(page.hot_from_seq));
-            holds._pool = Some(page.permit);
-            return Ok((page.response, Hold::new(holds)));
+        if let Some(claimed) = key.as_ref().and_then(|key| self.ahead.claim(key)) {
+            let (page, refs) = tokio::join!(claimed.page(), self.refs(&request, 1));
+            if let Some(page) = page {
+                if let Some(served) = still_current(&request, page, refs.ok()) {
+                    self.ahead.count("used");
+                    self.metrics.reads.with_label_values(&["history"]).inc();
+                    self.read_ahead_after(&request, &served);
+                    holds._charge = Some(served.permit);
+                    return Ok((served.response, Hold::new(holds)));
+                }
+                self.ahead.count("outdated");
+            }
         }
         let mut stale = 0;
         loop {
             match self.read_once(&request, Charge::Wait).await {
                 Ok(served) => {
-                    self.read_ahead_after(&request, &served.response, served.hot_from_seq);
-                    holds._pool = Some(served.permit);
+                    self.read_ahead_after(&request, &served);
+                    holds._charge = Some(served.permit);
                     return Ok((served.response, Hold::new(holds)));
                 }
                 Err(Failure::Status(status)) => return Err(status),
+                // Only a read ahead is dropped; a consumer's read waits for room instead.
                 Err(Failure::NotAhead(why)) => {
                     return Err(RequestError::Unavailable(format!(
-                        "a consumer's read was taken for a read-ahead ({why:?}); retry"
+                        "a consumer's read was dropped as a read-ahead would be ({why:?}); retry"
                     ))
                     .into());
                 }
@@ -189,17 +203,13 @@ impl Reader {
 
     /// After a history page for `request`, starts reading the page its consumer will ask for
     /// next, when that one is history too and a read-ahead has room.
-    fn read_ahead_after(
-        self: &Arc<Self>,
-        request: &v1::ReadRequest,
-        response: &v1::ReadResponse,
-        hot_from_seq: Option<u64>,
-    ) {
-        let Some(hot_from_seq) = hot_from_seq else {
+    fn read_ahead_after(self: &Arc<Self>, request: &v1::ReadRequest, served: &Served) {
+        let Some(history) = served.history else {
             return;
         };
+        let response = &served.response;
         let next = response.next_seq;
-        if response.records.is_empty() || next >= hot_from_seq.min(response.tail_seq) {
+        if response.records.is_empty() || next >= history.hot_from_seq.min(response.tail_seq) {
             return;
         }
         let next_request = v1::ReadRequest {
@@ -211,27 +221,55 @@ impl Reader {
         let Some(key) = AheadKey::of(&next_request, max_records, max_bytes) else {
             return;
         };
-        let (Some(budget), Some(started)) = (self.ahead.budget.clone(), self.ahead.start(key))
-        else {
+        let (Some(budget), Some(started)) = (
+            self.ahead.budget.clone(),
+            self.ahead.start(key, served.permit.units()),
+        ) else {
             return;
         };
         let reader = self.clone();
-        // Bounded: a task per slot, and slots are capped (--max-read-aheads).
+        // Bounded: a task per slot, and slots are capped (--max-read-aheads). It gives up at
+        // the TTL, so a claim never waits longer than that for it.
         tokio::spawn(async move {
-            let page = match reader
-                .read_once(&next_request, Charge::Ahead(&budget))
-                .await
-            {
-                Ok(served) => Ok(AheadPage {
-                    response: served.response,
-                    permit: served.permit,
-                    hot_from_seq: served.hot_from_seq.unwrap_or(0),
+            let read = reader.read_once(&next_request, Charge::Ahead(&budget));
+            let page = match tokio::time::timeout(READ_AHEAD_TTL, read).await {
+                Ok(Ok(Served {
+                    response,
+                    permit,
+                    history: Some(history),
+                })) => Ok(AheadPage {
+                    response,
+                    permit,
+                    stream_id: history.stream_id,
                 }),
-                Err(Failure::NotAhead(why)) => Err(why),
-                Err(Failure::Stale(_) | Failure::Status(_)) => Err(Dropped::Failed),
+                Ok(Err(Failure::NotAhead(why))) => Err(why),
+                Ok(Ok(_) | Err(Failure::Stale(_) | Failure::Status(_))) | Err(_) => {
+                    Err(Dropped::Failed)
+                }
             };
             reader.ahead.finish(started, page);
         });
+    }
+
+    /// The stream's refs from `request`'s first record on, at most `max_refs`.
+    async fn refs(
+        &self,
+        request: &v1::ReadRequest,
+        max_refs: u32,
+    ) -> Result<v1::ResolveRefsResponse, Status> {
+        Ok(self
+            .star
+            .call(&request.stream, |mut star| async move {
+                star.resolve_refs(v1::ResolveRefsRequest {
+                    stream: request.stream.clone(),
+                    start_seq: request.start_seq,
+                    max_refs,
+                    start_timestamp: request.start_timestamp,
+                })
+                .await
+            })
+            .await?
+            .into_inner())
     }
 
     /// A read past `--max-reads`: counted, logged (a line a second), refused with a hint.
@@ -252,19 +290,7 @@ impl Reader {
         request: &v1::ReadRequest,
         charge: Charge<'_>,
     ) -> Result<Served, Failure> {
-        let refs = self
-            .star
-            .call(&request.stream, |mut star| async move {
-                star.resolve_refs(v1::ResolveRefsRequest {
-                    stream: request.stream.clone(),
-                    start_seq: request.start_seq,
-                    max_refs: COLD_READ_REFS as u32,
-                    start_timestamp: request.start_timestamp,
-                })
-                .await
-            })
-            .await?
-            .into_inner();
+        let refs = self.refs(request, COLD_READ_REFS as u32).await?;
         // A read by time starts where the star's seek put the refs, never before the request.
         let start_seq = refs
             .refs
@@ -299,7 +325,7 @@ impl Reader {
             return Ok(Served {
                 response: page,
                 permit,
-                hot_from_seq: None,
+                history: None,
             });
         }
         if let Charge::Wait = charge {
@@ -356,8 +382,11 @@ impl Reader {
                 }
                 permit
             }
-            Charge::Ahead(budget) => budget
-                .try_acquire(bytes)
+            // Never clamped to the budget as a consumer's read is: a page larger than the
+            // whole budget is not read ahead.
+            Charge::Ahead(budget) => (bytes <= budget.capacity())
+                .then(|| budget.try_acquire(bytes))
+                .flatten()
                 .ok_or(Failure::NotAhead(Dropped::NoRoom))?,
         };
         tracing::trace!(
@@ -410,7 +439,37 @@ impl Reader {
                 tail_seq: refs.tail_seq,
             },
             permit,
-            hot_from_seq: Some(refs.hot_from_seq),
+            history: refs.refs.first().map(|first| History {
+                stream_id: first.stream_id,
+                hot_from_seq: refs.hot_from_seq,
+            }),
         })
     }
+}
+
+/// A page read ahead for `request`, as the read would serve it now, or `None` if it is no
+/// longer that: `refs` (the stream's refs from the request's first record, as the star gives
+/// them now) must be of the same stream (not one deleted and created again under its name)
+/// and still hold the page's first record (not trimmed). The tail is the star's latest.
+fn still_current(
+    request: &v1::ReadRequest,
+    page: AheadPage,
+    refs: Option<v1::ResolveRefsResponse>,
+) -> Option<Served> {
+    let refs = refs?;
+    let first = refs.refs.first()?;
+    let seq = request.start_seq;
+    if first.stream_id != page.stream_id || first.start_seq > seq || seq >= first.end_seq {
+        return None;
+    }
+    let mut response = page.response;
+    response.tail_seq = response.tail_seq.max(refs.tail_seq);
+    Some(Served {
+        response,
+        permit: page.permit,
+        history: Some(History {
+            stream_id: page.stream_id,
+            hot_from_seq: refs.hot_from_seq,
+        }),
+    })
 }

@@ -7,14 +7,18 @@
 //! A read-ahead is kept in a slot under the next request's key (stream, first sequence number,
 //! page caps) until that request claims it, for at most `READ_AHEAD_TTL`. It is only ever a
 //! history page (a read that would go to the star is not made ahead), never a read by time,
-//! and is only started when there is room: its bytes are charged to its own budget
-//! (`--read-ahead-bytes`, taken only if free, so it never delays a consumer's read), and the
-//! slots in use (each with its task) are capped (`--max-read-aheads`). A read-ahead that finds
-//! no room, fails, or would go to the star is dropped, and the request, when it comes, is read
-//! as if there had been none. A claimed page keeps its charge until its response is sent.
+//! and is only started when there is room: its page is charged to its own budget
+//! (`--read-ahead-bytes`, taken only if free, never waited for; its footers, when not cached,
+//! are fetched through the fetch pool as a read's are), and the slots in use (each
+//! with its task) are capped (`--max-read-aheads`). A read-ahead that finds no room, fails, or
+//! would go to the star is dropped, and the request, when it comes, is read as if there had
+//! been none. A claimed page keeps its charge until its response is sent.
 //!
-//! What a claimed page serves is what the same read would have served when the read-ahead ran:
-//! a history page's records never change, and its `tail_seq` is at most a TTL old.
+//! A claim asks the star for the stream's refs while it waits for the page (the one call a
+//! read makes anyway), and serves the page only if it is still that stream's (same id: a
+//! stream deleted and created again under its name is another stream) and its first record is
+//! still there (not trimmed), with the tail as it is now. A history page's records never
+//! change, so the page is then what the read would have served.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,8 +73,8 @@ impl AheadKey {
 pub struct AheadPage {
     pub response: v1::ReadResponse,
     pub permit: BudgetPermit,
-    /// Where the star's in-memory stretch began when the page was read.
-    pub hot_from_seq: u64,
+    /// The id of the stream its records are from.
+    pub stream_id: u64,
 }
 
 /// Why a read-ahead was dropped before its request came.
@@ -80,7 +84,8 @@ pub enum Dropped {
     NoRoom,
     /// The page would have come from the star.
     Hot,
-    /// The read failed (the request, when it comes, is read again and meets the failure).
+    /// The read failed or took longer than the TTL (the request, when it comes, is read again
+    /// and meets the failure).
     Failed,
 }
 
@@ -91,6 +96,18 @@ impl Dropped {
             Dropped::Hot => "hot",
             Dropped::Failed => "failed",
         }
+    }
+}
+
+/// A slot taken by the request it was read ahead for.
+pub struct Claimed {
+    page: oneshot::Receiver<AheadPage>,
+}
+
+impl Claimed {
+    /// The page, once read; `None` if the read-ahead was dropped.
+    pub async fn page(self) -> Option<AheadPage> {
+        self.page.await.ok()
     }
 }
 
@@ -121,9 +138,10 @@ pub struct Started {
 }
 
 impl ReadAhead {
+    /// Read-ahead is off without a budget or without slots.
     pub fn new(budget: Option<Budget>, max_read_aheads: u32, metrics: GatewayMetrics) -> Self {
         Self {
-            budget,
+            budget: budget.filter(|_| max_read_aheads > 0),
             places: Arc::new(Semaphore::new(max_read_aheads as usize)),
             slots: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
@@ -131,22 +149,25 @@ impl ReadAhead {
         }
     }
 
-    /// Takes the page read ahead for `key`, waiting for it if it is still being read. `None`
-    /// when there is none, or it was dropped.
-    pub async fn claim(&self, key: &AheadKey) -> Option<AheadPage> {
+    /// Takes the slot of `key`, if there is one: its page, when [`Claimed::page`] is awaited
+    /// (it may still be being read; its task ends within the TTL).
+    pub fn claim(&self, key: &AheadKey) -> Option<Claimed> {
         let slot = self.slots.lock().remove(key)?;
         self.metrics.read_ahead_slots.dec();
-        let page = slot.page.await.ok()?;
-        self.count("used");
-        Some(page)
+        Some(Claimed { page: slot.page })
     }
 
-    /// A slot for a read-ahead of `key`, unless read-ahead is off, one for `key` exists, or
-    /// every place is taken.
-    pub fn start(&self, key: AheadKey) -> Option<Started> {
-        self.budget.as_ref()?;
+    /// A slot for a read-ahead of `key`, unless read-ahead is off, one for `key` exists, every
+    /// place is taken, or its budget has less room than `estimate` (the charge of the page
+    /// before it, likely close: a read-ahead that is bound to find no room is not begun).
+    pub fn start(&self, key: AheadKey, estimate: u64) -> Option<Started> {
+        let budget = self.budget.as_ref()?;
         let mut slots = self.slots.lock();
         if slots.contains_key(&key) {
+            return None;
+        }
+        if budget.capacity().saturating_sub(budget.in_use()) < estimate {
+            self.count("no_room");
             return None;
         }
         let Ok(place) = self.places.clone().try_acquire_owned() else {
@@ -189,21 +210,25 @@ impl ReadAhead {
         }
     }
 
-    /// Frees the slots past their TTL (each with its page and charge).
+    /// Frees the slots past their TTL whose page is read (each with its page and charge). One
+    /// still being read is left to its task, which gives up at the TTL and drops the slot.
     pub fn sweep(&self) {
         let now = Instant::now();
-        let mut expired = 0;
+        let (mut expired, mut gone) = (0, 0);
         self.slots.lock().retain(|_, slot| {
-            let keep = now.duration_since(slot.started) < READ_AHEAD_TTL;
-            expired += u64::from(!keep);
-            keep
+            if now.duration_since(slot.started) < READ_AHEAD_TTL {
+                return true;
+            }
+            match slot.page.try_recv() {
+                Ok(_) => expired += 1,
+                Err(oneshot::error::TryRecvError::Closed) => gone += 1,
+                Err(oneshot::error::TryRecvError::Empty) => return true,
+            }
+            false
         });
-        if expired > 0 {
-            self.metrics.read_ahead_slots.sub(expired as i64);
-            self.metrics
-                .read_aheads
-                .with_label_values(&["expired"])
-                .inc_by(expired);
+        if expired + gone > 0 {
+            self.metrics.read_ahead_slots.sub(expired + gone);
+            self.count_by("expired", expired as u64);
         }
     }
 
@@ -228,8 +253,16 @@ impl ReadAhead {
         }
     }
 
-    fn count(&self, outcome: &str) {
-        self.metrics.read_aheads.with_label_values(&[outcome]).inc();
+    /// Counts a read-ahead's outcome (each is counted once, by what ends it).
+    pub fn count(&self, outcome: &str) {
+        self.count_by(outcome, 1);
+    }
+
+    fn count_by(&self, outcome: &str, n: u64) {
+        self.metrics
+            .read_aheads
+            .with_label_values(&[outcome])
+            .inc_by(n);
     }
 
     /// The slots in use (for tests).
@@ -267,7 +300,7 @@ mod tests {
                 tail_seq: 100,
             },
             permit: ahead.budget.as_ref().unwrap().try_acquire(bytes).unwrap(),
-            hot_from_seq: 100,
+            stream_id: 1,
         }
     }
 
@@ -275,89 +308,107 @@ mod tests {
         ahead.metrics.read_aheads.with_label_values(&[label]).get()
     }
 
+    fn in_use(ahead: &ReadAhead) -> u64 {
+        ahead.budget.as_ref().unwrap().in_use()
+    }
+
     #[tokio::test]
     async fn a_claim_takes_the_page_once_and_keeps_its_charge() {
         let ahead = ahead(4);
-        let started = ahead.start(key(5)).unwrap();
-        assert!(ahead.start(key(5)).is_none(), "one slot per key");
+        let started = ahead.start(key(5), 0).unwrap();
+        assert!(ahead.start(key(5), 0).is_none(), "one slot per key");
         ahead.finish(started, Ok(page(&ahead, 1000, 9)));
-        assert!(ahead.claim(&key(6)).await.is_none(), "another key");
-        let claimed = ahead.claim(&key(5)).await.unwrap();
+        assert!(ahead.claim(&key(6)).is_none(), "another key");
+        let claimed = ahead.claim(&key(5)).unwrap().page().await.unwrap();
         assert_eq!(claimed.response.next_seq, 9);
-        assert_eq!(ahead.budget.as_ref().unwrap().in_use(), 1000);
-        assert!(ahead.claim(&key(5)).await.is_none(), "claimed once");
+        assert_eq!(in_use(&ahead), 1000);
+        assert!(ahead.claim(&key(5)).is_none(), "claimed once");
+        assert_eq!(ahead.metrics.read_ahead_slots.get(), 0);
         drop(claimed);
-        assert_eq!(ahead.budget.as_ref().unwrap().in_use(), 0);
-        assert_eq!(outcome(&ahead, "used"), 1);
-        assert_eq!(ahead.slots(), 0);
+        assert_eq!(in_use(&ahead), 0);
     }
 
     #[tokio::test]
     async fn a_claim_waits_for_a_page_still_being_read() {
-        let ahead = Arc::new(ahead(4));
-        let started = ahead.start(key(1)).unwrap();
-        let claim = {
-            let ahead = ahead.clone();
-            tokio::spawn(async move { ahead.claim(&key(1)).await.map(|p| p.response.next_seq) })
-        };
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let ahead = ahead(4);
+        let started = ahead.start(key(1), 0).unwrap();
+        let claimed = ahead.claim(&key(1)).unwrap();
+        assert_eq!(ahead.slots(), 0, "the slot is the claim's");
+        let mut waiting = Box::pin(claimed.page());
+        assert!(
+            futures::FutureExt::now_or_never(waiting.as_mut()).is_none(),
+            "nothing to take yet"
+        );
         ahead.finish(started, Ok(page(&ahead, 10, 7)));
-        assert_eq!(claim.await.unwrap(), Some(7));
+        assert_eq!(waiting.await.map(|p| p.response.next_seq), Some(7));
     }
 
     #[tokio::test]
     async fn a_dropped_read_ahead_frees_its_slot_and_place() {
         let ahead = ahead(1);
-        let started = ahead.start(key(1)).unwrap();
-        assert!(ahead.start(key(2)).is_none(), "the only place is taken");
+        let started = ahead.start(key(1), 0).unwrap();
+        assert!(ahead.start(key(2), 0).is_none(), "the only place is taken");
         assert_eq!(outcome(&ahead, "cap"), 1);
         ahead.finish(started, Err(Dropped::NoRoom));
         assert_eq!(outcome(&ahead, "no_room"), 1);
         assert_eq!(ahead.slots(), 0);
-        assert!(ahead.claim(&key(1)).await.is_none());
-        assert!(ahead.start(key(2)).is_some(), "the place came back");
+        assert!(ahead.claim(&key(1)).is_none());
+        assert!(ahead.start(key(2), 0).is_some(), "the place came back");
     }
 
     #[tokio::test]
-    async fn a_claim_of_a_slot_whose_read_failed_finds_nothing() {
-        let ahead = Arc::new(ahead(2));
-        let started = ahead.start(key(3)).unwrap();
-        let claim = {
-            let ahead = ahead.clone();
-            tokio::spawn(async move { ahead.claim(&key(3)).await.is_some() })
-        };
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    async fn a_claim_of_a_read_ahead_that_failed_finds_nothing() {
+        let ahead = ahead(2);
+        let started = ahead.start(key(3), 0).unwrap();
+        let claimed = ahead.claim(&key(3)).unwrap();
         ahead.finish(started, Err(Dropped::Failed));
-        assert!(!claim.await.unwrap());
-        assert_eq!(outcome(&ahead, "used"), 0);
+        assert!(claimed.page().await.is_none());
+        assert_eq!(outcome(&ahead, "failed"), 1);
+    }
+
+    #[tokio::test]
+    async fn one_is_not_begun_when_the_page_before_it_would_not_fit() {
+        let ahead = ahead(4);
+        let held = ahead.budget.as_ref().unwrap().try_acquire(1 << 19).unwrap();
+        assert!(ahead.start(key(1), (1 << 19) + 1).is_none());
+        assert_eq!(outcome(&ahead, "no_room"), 1);
+        assert!(ahead.start(key(1), 1 << 19).is_some());
+        drop(held);
     }
 
     #[tokio::test]
     async fn pages_nobody_claims_are_freed_after_the_ttl() {
         let ahead = ahead(2);
-        let started = ahead.start(key(1)).unwrap();
+        let started = ahead.start(key(1), 0).unwrap();
         ahead.finish(started, Ok(page(&ahead, 500, 2)));
+        let reading = ahead.start(key(2), 0).unwrap();
         ahead.sweep();
-        assert_eq!(ahead.slots(), 1, "not yet");
-        // Age the slot instead of waiting out the TTL.
+        assert_eq!(ahead.slots(), 2, "not yet");
+        // Age the slots instead of waiting out the TTL.
         for slot in ahead.slots.lock().values_mut() {
             slot.started -= READ_AHEAD_TTL;
         }
         ahead.sweep();
-        assert_eq!(ahead.slots(), 0);
-        assert_eq!(outcome(&ahead, "expired"), 1);
         assert_eq!(
-            ahead.budget.as_ref().unwrap().in_use(),
-            0,
-            "its charge went"
+            ahead.slots(),
+            1,
+            "the one still being read is its task's to end"
         );
+        assert_eq!(outcome(&ahead, "expired"), 1);
+        assert_eq!(in_use(&ahead), 0, "its charge went");
+        ahead.finish(reading, Err(Dropped::Failed));
+        assert_eq!(ahead.slots(), 0);
         assert_eq!(ahead.metrics.read_ahead_slots.get(), 0);
-        assert!(ahead.start(key(1)).is_some());
+        assert_eq!(outcome(&ahead, "expired"), 1, "counted once");
+        assert!(ahead.start(key(1), 0).is_some());
     }
 
     #[tokio::test]
     async fn off_starts_nothing() {
-        let ahead = ReadAhead::new(None, 4, GatewayMetrics::new());
-        assert!(ahead.start(key(1)).is_none());
+        let off = ReadAhead::new(None, 4, GatewayMetrics::new());
+        assert!(off.start(key(1), 0).is_none());
+        let no_slots = ahead(0);
+        assert!(no_slots.start(key(1), 0).is_none());
+        assert_eq!(outcome(&no_slots, "cap"), 0);
     }
 }

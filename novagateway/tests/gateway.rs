@@ -586,11 +586,23 @@ async fn a_consumer_reading_in_order_gets_its_next_pages_read_ahead() {
     let star = Client::connect(&c.star.url()).await.unwrap();
     let expected = read_range(&star, "s", 0, tail).await;
     // Pages of 64 KiB, so the stream is many pages; one gateway reads ahead, one does not.
-    let ahead = lone_gateway(&c, &["--max-read-bytes", "64KiB"]);
-    let plain = lone_gateway(
-        &c,
-        &["--max-read-bytes", "64KiB", "--read-ahead-bytes", "0"],
-    );
+    // Small budgets, so that the peak RSS checked against the formula says something.
+    let small = [
+        "--max-read-bytes",
+        "64KiB",
+        "--fetch-inflight",
+        "4MiB",
+        "--footer-cache-bytes",
+        "4MiB",
+        "--object-cache-bytes",
+        "8MiB",
+        "--recycle-buffer-mib",
+        "8",
+        "--max-reads",
+        "64",
+    ];
+    let ahead = lone_gateway(&c, &[&small[..], &["--read-ahead-bytes", "2MiB"]].concat());
+    let plain = lone_gateway(&c, &[&small[..], &["--read-ahead-bytes", "0"]].concat());
     for gateway in [&ahead, &plain] {
         let via = Client::connect(&gateway.url()).await.unwrap();
         let got = read_range(&via, "s", 0, tail).await;
@@ -611,7 +623,7 @@ async fn a_consumer_reading_in_order_gets_its_next_pages_read_ahead() {
         used >= history - 4.0,
         "{used} of {history} pages read ahead"
     );
-    for o in ["failed", "no_room", "expired", "cap"] {
+    for o in ["failed", "no_room", "expired", "cap", "outdated"] {
         assert_eq!(outcome(&ahead, o), 0.0, "read-aheads {o}");
     }
     assert_eq!(outcome(&plain, "used"), 0.0, "read-ahead is off at 0 bytes");
@@ -639,10 +651,51 @@ async fn a_consumer_reading_in_order_gets_its_next_pages_read_ahead() {
         },
     )
     .await;
+
+    // A stream deleted and created again under its name is another stream: the page read
+    // ahead of the old one is not served for it.
+    fill(&c.star, "r", 10, 100, 4096).await;
+    let first = via.read("r", 0, 0).await.unwrap();
+    let next = first.next_seq;
+    nova_testkit::eventually_every(
+        Duration::from_millis(20),
+        Duration::from_secs(10),
+        "the next page of r is read ahead",
+        || metric(&ahead, "nova_gateway_read_ahead_used_bytes") > 0.0,
+    )
+    .await;
+    star.delete_stream("r").await.unwrap();
+    star.create_stream("r").await.unwrap();
+    let producer = Producer::new(star.clone(), "r", ProducerConfig::default())
+        .await
+        .unwrap();
+    // Past the star's 1 MiB tail cache, so the new records at `next` are history too.
+    for i in 0..next + 400 {
+        let mut body = format!("new:{i}:").into_bytes();
+        body.resize(4096, b'.');
+        producer.append(Record::new(body)).await.unwrap();
+    }
+    producer.close().await.unwrap();
+    let page = via.read("r", next, 0).await.unwrap();
+    assert!(!page.records.is_empty());
+    for record in &page.records {
+        let new = format!("new:{}:", record.seq);
+        assert!(
+            record.record.body.starts_with(new.as_bytes()),
+            "a record of the deleted stream at {}",
+            record.seq
+        );
+    }
+    assert_eq!(
+        outcome(&ahead, "outdated"),
+        1.0,
+        "the page was claimed, and refused"
+    );
+
     let formula = nova_testkit::gateway_formula_bytes(&ahead.metrics()) as f64;
     let peak = metric(&ahead, "nova_process_peak_resident_bytes");
     assert!(
-        peak <= formula,
+        peak > 0.0 && peak <= formula,
         "peak RSS {peak} over the formula {formula}"
     );
 }
