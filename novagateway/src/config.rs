@@ -182,7 +182,8 @@ pub struct Config {
 
     /// Read-aheads at once, being read or waiting for their request, each with its task and
     /// its state outside --read-ahead-bytes. At the cap no more are started (counted in
-    /// nova_gateway_read_aheads_total{outcome="cap"}); the reads themselves go on as usual.
+    /// nova_gateway_read_aheads_total{outcome="cap"}); the reads themselves go on as usual. 0
+    /// turns read-ahead off.
     #[arg(long, env = "NOVA_GATEWAY_MAX_READ_AHEADS", default_value_t = crate::read_ahead::MAX_READ_AHEADS, help_heading = "Budgets")]
     pub max_read_aheads: u32,
 
@@ -223,6 +224,12 @@ impl Config {
     /// What `--recycle-buffer-mib` keeps, in bytes.
     pub fn recycle_buffer_bytes(&self) -> u64 {
         self.recycle_buffer_mib.saturating_mul(limits::MIB)
+    }
+
+    /// Read-ahead's budget in bytes and its slots, or `None` when either is 0 (off).
+    pub fn read_ahead(&self) -> Option<(u64, u32)> {
+        (self.read_ahead_bytes > 0 && self.max_read_aheads > 0)
+            .then_some((self.read_ahead_bytes, self.max_read_aheads))
     }
 
     /// How the gateway calls its star and its peers: TLS for https:// URLs, its token, and

@@ -29,10 +29,15 @@ pub fn terms(config: &Config) -> [(&'static str, u64); 8] {
         ("object_cache", config.object_cache_bytes),
         ("recycle", config.recycle_buffer_bytes()),
         ("reads", config.max_reads as u64 * PER_READ_BYTES),
-        ("read_ahead", config.read_ahead_bytes),
+        (
+            "read_ahead",
+            config.read_ahead().map_or(0, |(bytes, _)| bytes),
+        ),
         (
             "read_aheads",
-            config.max_read_aheads as u64 * PER_READ_BYTES,
+            config
+                .read_ahead()
+                .map_or(0, |(_, slots)| slots as u64 * PER_READ_BYTES),
         ),
         ("fixed", FIXED_OVERHEAD + REQUEST_MESSAGES),
     ]

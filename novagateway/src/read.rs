@@ -38,7 +38,7 @@ use nova_server::shed::ShedLog;
 
 use crate::footers::Footers;
 use crate::metrics::GatewayMetrics;
-use crate::read_ahead::{AheadKey, AheadPage, Dropped, READ_AHEAD_TTL, ReadAhead};
+use crate::read_ahead::{AheadKey, AheadPage, Dropped, ReadAhead};
 use crate::tier::Tier;
 use nova_server::net::hold::Hold;
 
@@ -160,15 +160,20 @@ impl Reader {
         let key = AheadKey::of(&request, max_records, max_bytes);
         if let Some(claimed) = key.as_ref().and_then(|key| self.ahead.claim(key)) {
             let (page, refs) = tokio::join!(claimed.page(), self.refs(&request, 1));
-            if let Some(page) = page {
-                if let Some(served) = still_current(&request, page, refs.ok()) {
-                    self.ahead.count("used");
-                    self.metrics.reads.with_label_values(&["history"]).inc();
-                    self.read_ahead_after(&request, &served);
-                    holds._charge = Some(served.permit);
-                    return Ok((served.response, Hold::new(holds)));
-                }
-                self.ahead.count("outdated");
+            match (page, refs) {
+                (Ok(page), Ok(refs)) => match still_current(&request, page, refs) {
+                    Some(served) => {
+                        self.ahead.count("used");
+                        self.metrics.reads.with_label_values(&["history"]).inc();
+                        self.read_ahead_after(&request, &served);
+                        holds._charge = Some(served.permit);
+                        return Ok((served.response, Hold::new(holds)));
+                    }
+                    None => self.ahead.count("outdated"),
+                },
+                // The star did not answer: the read below meets the same failure.
+                (Ok(_), Err(_)) => self.ahead.count("failed"),
+                (Err(why), _) => self.ahead.count(why.label()),
             }
         }
         let mut stale = 0;
@@ -228,24 +233,24 @@ impl Reader {
             return;
         };
         let reader = self.clone();
-        // Bounded: a task per slot, and slots are capped (--max-read-aheads). It gives up at
-        // the TTL, so a claim never waits longer than that for it.
+        // Bounded: a task per place, and places are capped (--max-read-aheads); a task keeps
+        // its place until it ends, which takes as long as any read.
         tokio::spawn(async move {
-            let read = reader.read_once(&next_request, Charge::Ahead(&budget));
-            let page = match tokio::time::timeout(READ_AHEAD_TTL, read).await {
-                Ok(Ok(Served {
+            let page = match reader
+                .read_once(&next_request, Charge::Ahead(&budget))
+                .await
+            {
+                Ok(Served {
                     response,
                     permit,
                     history: Some(history),
-                })) => Ok(AheadPage {
+                }) => Ok(AheadPage {
                     response,
                     permit,
                     stream_id: history.stream_id,
                 }),
-                Ok(Err(Failure::NotAhead(why))) => Err(why),
-                Ok(Ok(_) | Err(Failure::Stale(_) | Failure::Status(_))) | Err(_) => {
-                    Err(Dropped::Failed)
-                }
+                Err(Failure::NotAhead(why)) => Err(why),
+                Ok(_) | Err(Failure::Stale(_) | Failure::Status(_)) => Err(Dropped::Failed),
             };
             reader.ahead.finish(started, page);
         });
@@ -384,7 +389,7 @@ impl Reader {
             }
             // Never clamped to the budget as a consumer's read is: a page larger than the
             // whole budget is not read ahead.
-            Charge::Ahead(budget) => (bytes <= budget.capacity())
+            Charge::Ahead(budget) => (bytes <= budget.capacity() && bytes <= u32::MAX as u64)
                 .then(|| budget.try_acquire(bytes))
                 .flatten()
                 .ok_or(Failure::NotAhead(Dropped::NoRoom))?,
@@ -449,21 +454,26 @@ impl Reader {
 
 /// A page read ahead for `request`, as the read would serve it now, or `None` if it is no
 /// longer that: `refs` (the stream's refs from the request's first record, as the star gives
-/// them now) must be of the same stream (not one deleted and created again under its name)
-/// and still hold the page's first record (not trimmed). The tail is the star's latest.
+/// them now) must be of the same stream (ids are never reused: not one deleted and created
+/// again under its name), still hold the page's first record (not trimmed), and reach past
+/// its last (a star that took the stream back may have a lower tail). The tail is the star's
+/// latest.
 fn still_current(
     request: &v1::ReadRequest,
     page: AheadPage,
-    refs: Option<v1::ResolveRefsResponse>,
+    refs: v1::ResolveRefsResponse,
 ) -> Option<Served> {
-    let refs = refs?;
     let first = refs.refs.first()?;
     let seq = request.start_seq;
-    if first.stream_id != page.stream_id || first.start_seq > seq || seq >= first.end_seq {
+    if first.stream_id != page.stream_id
+        || first.start_seq > seq
+        || seq >= first.end_seq
+        || page.response.next_seq > refs.tail_seq
+    {
         return None;
     }
     let mut response = page.response;
-    response.tail_seq = response.tail_seq.max(refs.tail_seq);
+    response.tail_seq = refs.tail_seq;
     Some(Served {
         response,
         permit: page.permit,

@@ -14,11 +14,13 @@
 //! would go to the star is dropped, and the request, when it comes, is read as if there had
 //! been none. A claimed page keeps its charge until its response is sent.
 //!
-//! A claim asks the star for the stream's refs while it waits for the page (the one call a
-//! read makes anyway), and serves the page only if it is still that stream's (same id: a
-//! stream deleted and created again under its name is another stream) and its first record is
-//! still there (not trimmed), with the tail as it is now. A history page's records never
-//! change, so the page is then what the read would have served.
+//! A claim asks the star for the stream's refs while it waits for the page, and serves the
+//! page only if it is still that stream's (same id: a stream deleted and created again under
+//! its name is another stream) and its first record is still there (not trimmed), with the
+//! tail as it is now. A history page's records never change, so the page is then what the
+//! read would have served. (So a page read ahead costs the star two ResolveRefs, the
+//! read-ahead's and the claim's, where a read makes one: cheap calls, answered from memory or
+//! one index scan, against the object-store GETs the read-ahead overlaps.)
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -84,13 +86,12 @@ pub enum Dropped {
     NoRoom,
     /// The page would have come from the star.
     Hot,
-    /// The read failed or took longer than the TTL (the request, when it comes, is read again
-    /// and meets the failure).
+    /// The read failed (the request, when it comes, is read again and meets the failure).
     Failed,
 }
 
 impl Dropped {
-    fn label(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             Dropped::NoRoom => "no_room",
             Dropped::Hot => "hot",
@@ -99,20 +100,24 @@ impl Dropped {
     }
 }
 
+/// What a read-ahead's task hands over.
+type Outcome = Result<AheadPage, Dropped>;
+
 /// A slot taken by the request it was read ahead for.
 pub struct Claimed {
-    page: oneshot::Receiver<AheadPage>,
+    page: oneshot::Receiver<Outcome>,
 }
 
 impl Claimed {
-    /// The page, once read; `None` if the read-ahead was dropped.
-    pub async fn page(self) -> Option<AheadPage> {
-        self.page.await.ok()
+    /// The page, once read (as long as a read takes: the claim's request is waiting for a read
+    /// that began before it); why it was dropped otherwise.
+    pub async fn page(self) -> Outcome {
+        self.page.await.unwrap_or(Err(Dropped::Failed))
     }
 }
 
 struct Slot {
-    page: oneshot::Receiver<AheadPage>,
+    page: oneshot::Receiver<Outcome>,
     started: Instant,
     /// Its place under `--max-read-aheads`, shared with its task: free once both are gone.
     _place: Arc<OwnedSemaphorePermit>,
@@ -131,7 +136,7 @@ pub struct ReadAhead {
 /// A read-ahead that has a slot, to be run by the caller: it reads the page and hands it to
 /// [`Started::finish`].
 pub struct Started {
-    tx: oneshot::Sender<AheadPage>,
+    tx: oneshot::Sender<Outcome>,
     key: AheadKey,
     id: u64,
     _place: Arc<OwnedSemaphorePermit>,
@@ -150,7 +155,7 @@ impl ReadAhead {
     }
 
     /// Takes the slot of `key`, if there is one: its page, when [`Claimed::page`] is awaited
-    /// (it may still be being read; its task ends within the TTL).
+    /// (it may still be being read). The claimer counts the outcome.
     pub fn claim(&self, key: &AheadKey) -> Option<Claimed> {
         let slot = self.slots.lock().remove(key)?;
         self.metrics.read_ahead_slots.dec();
@@ -195,41 +200,39 @@ impl ReadAhead {
         })
     }
 
-    /// Hands a read-ahead's page to its slot, or drops the slot.
-    pub fn finish(&self, started: Started, page: Result<AheadPage, Dropped>) {
-        match page {
-            // Claimed and waited for, or still in its slot: either way the receiver has it.
-            // (Gone past its TTL, the page drops here with its charge.)
-            Ok(page) => {
-                let _ = started.tx.send(page);
-            }
-            Err(why) => {
-                self.count(why.label());
-                self.remove_if(&started.key, |slot| slot.id == started.id);
-            }
+    /// Hands a read-ahead's outcome to its slot. Each outcome is counted once: a page by its
+    /// claimer (used or outdated) or by the sweep (expired); a read-ahead dropped while still
+    /// in its slot here, one dropped after its claim by the claimer.
+    pub fn finish(&self, started: Started, outcome: Outcome) {
+        if let Err(why) = &outcome
+            && self.remove_if(&started.key, |slot| slot.id == started.id)
+        {
+            self.count(why.label());
+            return;
         }
+        // Claimed, or still in its slot: the receiver takes it. (Past its TTL, the slot is
+        // gone and the page drops here with its charge.)
+        let _ = started.tx.send(outcome);
     }
 
-    /// Frees the slots past their TTL whose page is read (each with its page and charge). One
-    /// still being read is left to its task, which gives up at the TTL and drops the slot.
+    /// Frees the slots past their TTL, with their pages and charges. A page still being read
+    /// is dropped when its task hands it over; the task keeps its place until it ends, as
+    /// long as any read takes.
     pub fn sweep(&self) {
         let now = Instant::now();
-        let (mut expired, mut gone) = (0, 0);
-        self.slots.lock().retain(|_, slot| {
-            if now.duration_since(slot.started) < READ_AHEAD_TTL {
-                return true;
-            }
-            match slot.page.try_recv() {
-                Ok(_) => expired += 1,
-                Err(oneshot::error::TryRecvError::Closed) => gone += 1,
-                Err(oneshot::error::TryRecvError::Empty) => return true,
-            }
-            false
-        });
-        if expired + gone > 0 {
-            self.metrics.read_ahead_slots.sub(expired + gone);
-            self.count_by("expired", expired as u64);
+        let expired: Vec<Slot> = self
+            .slots
+            .lock()
+            .extract_if(|_, slot| now.duration_since(slot.started) >= READ_AHEAD_TTL)
+            .map(|(_, slot)| slot)
+            .collect();
+        if expired.is_empty() {
+            return;
         }
+        self.metrics.read_ahead_slots.sub(expired.len() as i64);
+        self.count_by("expired", expired.len() as u64);
+        // The pages (megabytes each) are freed here, out of the lock every read takes.
+        drop(expired);
     }
 
     /// Sweeps every `SWEEP_EVERY` while `ahead` is alive.
@@ -245,12 +248,15 @@ impl ReadAhead {
         }
     }
 
-    fn remove_if(&self, key: &AheadKey, matches: impl Fn(&Slot) -> bool) {
+    /// Removes the slot of `key` if it `matches`; whether it did.
+    fn remove_if(&self, key: &AheadKey, matches: impl Fn(&Slot) -> bool) -> bool {
         let mut slots = self.slots.lock();
-        if slots.get(key).is_some_and(matches) {
-            slots.remove(key);
-            self.metrics.read_ahead_slots.dec();
+        if !slots.get(key).is_some_and(matches) {
+            return false;
         }
+        slots.remove(key);
+        self.metrics.read_ahead_slots.dec();
+        true
     }
 
     /// Counts a read-ahead's outcome (each is counted once, by what ends it).
@@ -319,7 +325,7 @@ mod tests {
         assert!(ahead.start(key(5), 0).is_none(), "one slot per key");
         ahead.finish(started, Ok(page(&ahead, 1000, 9)));
         assert!(ahead.claim(&key(6)).is_none(), "another key");
-        let claimed = ahead.claim(&key(5)).unwrap().page().await.unwrap();
+        let claimed = ahead.claim(&key(5)).unwrap().page().await.ok().unwrap();
         assert_eq!(claimed.response.next_seq, 9);
         assert_eq!(in_use(&ahead), 1000);
         assert!(ahead.claim(&key(5)).is_none(), "claimed once");
@@ -340,7 +346,7 @@ mod tests {
             "nothing to take yet"
         );
         ahead.finish(started, Ok(page(&ahead, 10, 7)));
-        assert_eq!(waiting.await.map(|p| p.response.next_seq), Some(7));
+        assert_eq!(waiting.await.ok().map(|p| p.response.next_seq), Some(7));
     }
 
     #[tokio::test]
@@ -357,13 +363,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_claim_of_a_read_ahead_that_failed_finds_nothing() {
+    async fn a_claim_of_a_read_ahead_that_failed_learns_why() {
         let ahead = ahead(2);
         let started = ahead.start(key(3), 0).unwrap();
         let claimed = ahead.claim(&key(3)).unwrap();
-        ahead.finish(started, Err(Dropped::Failed));
-        assert!(claimed.page().await.is_none());
-        assert_eq!(outcome(&ahead, "failed"), 1);
+        ahead.finish(started, Err(Dropped::Hot));
+        assert!(matches!(claimed.page().await, Err(Dropped::Hot)));
+        assert_eq!(outcome(&ahead, "hot"), 0, "the claimer counts it");
     }
 
     #[tokio::test]
@@ -389,18 +395,21 @@ mod tests {
             slot.started -= READ_AHEAD_TTL;
         }
         ahead.sweep();
-        assert_eq!(
-            ahead.slots(),
-            1,
-            "the one still being read is its task's to end"
-        );
-        assert_eq!(outcome(&ahead, "expired"), 1);
-        assert_eq!(in_use(&ahead), 0, "its charge went");
-        ahead.finish(reading, Err(Dropped::Failed));
         assert_eq!(ahead.slots(), 0);
+        assert_eq!(outcome(&ahead, "expired"), 2);
+        assert_eq!(in_use(&ahead), 0, "its charge went");
         assert_eq!(ahead.metrics.read_ahead_slots.get(), 0);
-        assert_eq!(outcome(&ahead, "expired"), 1, "counted once");
-        assert!(ahead.start(key(1), 0).is_some());
+        let third = ahead.start(key(3), 0).unwrap();
+        assert!(
+            ahead.start(key(4), 0).is_none(),
+            "the task still reading keeps its place"
+        );
+        // Its page, when read, is dropped with its charge, and not counted again.
+        ahead.finish(reading, Ok(page(&ahead, 500, 3)));
+        assert_eq!(in_use(&ahead), 0);
+        ahead.finish(third, Err(Dropped::Failed));
+        assert_eq!(outcome(&ahead, "expired"), 2);
+        assert_eq!(outcome(&ahead, "failed"), 1);
     }
 
     #[tokio::test]

@@ -116,13 +116,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     metrics.reads_capacity.set(config.max_reads as i64);
     let ahead = Arc::new(ReadAhead::new(
-        (config.read_ahead_bytes > 0).then(|| {
-            Budget::new(
-                config.read_ahead_bytes,
-                metrics.read_ahead.clone(),
-                Clock::system(),
-            )
-        }),
+        config
+            .read_ahead()
+            .map(|(bytes, _)| Budget::new(bytes, metrics.read_ahead.clone(), Clock::system())),
         config.max_read_aheads,
         metrics.clone(),
     ));
