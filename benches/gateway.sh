@@ -8,7 +8,11 @@
 #   2. raw: every section of every flight fetched with ranged GETs, 64 at a time (the
 #      gateway's concurrency: 8 readers, each with up to 8 sections in flight);
 #   3. star: every stream read from its start from the star, 8 readers at a time;
-#   4. gateway: the same through one gateway, twice (cold caches, then warm).
+#   4. gateway: the same through one gateway, twice (cold caches, then warm);
+#   5. the cold pass again through a fresh gateway with read-ahead on (--read-ahead-bytes
+#      64MiB), which says what reading each consumer's next page ahead gives; and both again
+#      with readers that spend 20 ms on every page (--think-ms 20), as consumers that process
+#      what they read do.
 #
 # On two cores the S3-compatible server, the reading process and the reader share the CPU, so
 # the table gives each one's CPU per MiB beside the throughput: it says where a ratio comes from.
@@ -18,10 +22,15 @@
 # the ratios say whether the reading path keeps up with the store. Its table goes to its own
 # block of docs/performance.md (gateway-pinned).
 #
+# With --store-latency-ms N every request to the server goes through a delay line
+# (benches/src/bin/delay_proxy.rs) that holds each chunk N ms in each direction, as a store in
+# another data centre (as S3 is: a GET's first byte takes tens of ms); the delay line runs
+# with the server. Its table goes to the block gateway-latency.
+#
 # With --update-docs the results in docs/performance.md are rewritten.
 #
 # Uses s3s-fs 0.14.1 like benches/e2e.sh (installed on first use); release builds.
-#   benches/gateway.sh [--bytes 256MiB] [--pin] [--update-docs]
+#   benches/gateway.sh [--bytes 256MiB] [--pin] [--store-latency-ms N] [--update-docs]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -29,11 +38,13 @@ source benches/lib.sh
 BYTES=256MiB
 UPDATE_DOCS=0
 PIN=0
+LATENCY=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --bytes) BYTES=$2; shift ;;
         --update-docs) UPDATE_DOCS=1 ;;
         --pin) PIN=1 ;;
+        --store-latency-ms) LATENCY=$2; shift ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -48,9 +59,18 @@ build_release -p novagateway
 start_s3
 S3_PID=${PIDS[-1]}
 MACHINE=$(machine_line)
+if [ "$LATENCY" != 0 ]; then
+    "$BIN/delay-proxy" --target "127.0.0.1:$S3_PORT" --delay-ms "$LATENCY" >"$WORK/proxy.addr" &
+    PROXY_PID=$!
+    PIDS+=("$PROXY_PID")
+    for _ in $(seq 100); do [ -s "$WORK/proxy.addr" ] && break; sleep 0.05; done
+    ENDPOINT=http://$(head -1 "$WORK/proxy.addr")
+fi
 if [ "$PIN" = 1 ]; then
-    # Every thread of the server on CPU 0; this script, and so everything it starts, on CPU 1.
+    # Every thread of the server (and its delay line) on CPU 0; this script, and so
+    # everything it starts from here on, on CPU 1.
     taskset -a -cp 0 "$S3_PID" >/dev/null
+    if [ "$LATENCY" != 0 ]; then taskset -a -cp 0 "$PROXY_PID" >/dev/null; fi
     taskset -cp 1 $$ >/dev/null
 fi
 "$BIN/raw-put" --endpoint "$ENDPOINT" --bucket nova --create-bucket --duration 0s
@@ -63,13 +83,17 @@ NOVA_PORT=$(free_port)
 STAR_PID=$!
 PIDS+=("$STAR_PID")
 wait_port "$NOVA_PORT"
-GW_PORT=$(free_port)
-GW_METRICS=$(free_port)
-"$BIN/novagateway" --listen "127.0.0.1:$GW_PORT" --metrics-addr "127.0.0.1:$GW_METRICS" \
-    --star "http://127.0.0.1:$NOVA_PORT" "${S3[@]}" >"$WORK/gateway.log" 2>&1 &
-GW_PID=$!
-PIDS+=("$GW_PID")
-wait_port "$GW_PORT"
+# Starts a gateway with FLAGS on fresh ports (GW_PID, GW_PORT, GW_METRICS).
+start_gateway() {
+    GW_PORT=$(free_port)
+    GW_METRICS=$(free_port)
+    "$BIN/novagateway" --listen "127.0.0.1:$GW_PORT" --metrics-addr "127.0.0.1:$GW_METRICS" \
+        --star "http://127.0.0.1:$NOVA_PORT" "${S3[@]}" "$@" >>"$WORK/gateway.log" 2>&1 &
+    GW_PID=$!
+    PIDS+=("$GW_PID")
+    wait_port "$GW_PORT"
+}
+start_gateway
 
 say "loading $BYTES over 16 streams"
 "$BIN/nova" --server "http://127.0.0.1:$NOVA_PORT" --output json bench --reuse-streams --sessions 16 --record-bytes 4KiB \
@@ -97,14 +121,32 @@ save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/cold.metrics"
 say "again (warm caches)"
 pass_of warm "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
 save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/warm.metrics"
+stop_pid "$GW_PID"
+AHEAD=(--read-ahead-bytes 64MiB)
+start_gateway "${AHEAD[@]}"
+say "every stream through a fresh gateway with read-ahead (cold caches)"
+pass_of ahead "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
+save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/ahead.metrics"
+stop_pid "$GW_PID"
+start_gateway
+say "the same, readers spending 20 ms on each page, without read-ahead (cold caches)"
+pass_of think "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8 --think-ms 20
+stop_pid "$GW_PID"
+start_gateway "${AHEAD[@]}"
+say "and with read-ahead (cold caches)"
+pass_of think_ahead "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8 --think-ms 20
 
-python3 - "$WORK" "$BYTES" "$MACHINE" "$(git rev-parse --short HEAD)" "$PIN" <<'PY'
+python3 - "$WORK" "$BYTES" "$MACHINE" "$(git rev-parse --short HEAD)" "$PIN" "$LATENCY" <<'PY'
 import datetime, json, sys
-work, loaded, machine, commit, pin = sys.argv[1:]
+work, loaded, machine, commit, pin, latency = sys.argv[1:]
 def series(page, name):
     """The sum of every series of metric `name` on a saved metrics page."""
     return sum(float(l.rsplit(" ", 1)[1]) for l in open(f"{work}/{page}.metrics")
                if l.split("{")[0].split(" ")[0] == name)
+def series_where(page, name, label):
+    """The series of `name` with `label` on a saved metrics page."""
+    return sum(float(l.rsplit(" ", 1)[1]) for l in open(f"{work}/{page}.metrics")
+               if l.startswith(name + "{") and label in l)
 def load(name):
     run = json.load(open(f"{work}/{name}.json"))
     s0, s1, p0, p1 = map(float, open(f"{work}/{name}.cpu").read().split())
@@ -112,7 +154,8 @@ def load(name):
     mib = run["bytes"] / (1 << 20)
     run["server_ms"], run["serving_ms"] = server * 1000 / mib, serving * 1000 / mib
     return run
-raw, star, cold, warm = map(load, ("raw", "star", "cold", "warm"))
+raw, star, cold, warm, ahead_run, think, think_ahead = map(
+    load, ("raw", "star", "cold", "warm", "ahead", "think", "think_ahead"))
 raw["serving_ms"] = 0.0
 def row(label, run, serving):
     total = run["server_ms"] + run["serving_ms"] + run["cpu_ms_per_mib"]
@@ -122,9 +165,12 @@ def row(label, run, serving):
 hc, mc = (series("cold", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
 h, m = (series("warm", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
 peak = series("warm", "nova_gateway_fetch_pool_peak_bytes")
+ahead = {o: int(series_where("ahead", "nova_gateway_read_aheads_total", f'outcome="{o}"'))
+         for o in ("used", "no_room", "hot", "expired", "outdated", "failed", "cap")}
 lines = [
     f"Measured {datetime.date.today()} on {machine}, commit {commit}. Server: s3s-fs 0.14.1"
-    + (" on CPU 0, everything else on CPU 1. " if pin == "1" else ", sharing both cores. ") +
+    + (" on CPU 0, everything else on CPU 1" if pin == "1" else ", sharing both cores")
+    + (f", behind a delay line of {latency} ms each way. " if latency != "0" else ". ") +
     f"Loaded {loaded} of 4 KiB records over 16 streams into a star with a 1 MiB tail cache.",
     "",
     "| reading | MiB/s | ÷ raw | S3 server CPU per MiB | star or gateway CPU per MiB | reader CPU per MiB | all three |",
@@ -133,15 +179,22 @@ lines = [
     row("from the star, 8 readers", star, True),
     row("through the gateway, cold caches", cold, True),
     row("through the gateway, warm caches", warm, True),
+    row("through the gateway, cold caches, read-ahead on", ahead_run, True),
+    row("through the gateway, cold caches, readers spending 20 ms a page", think, True),
+    row("the same, read-ahead on", think_ahead, True),
     "",
     f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on the cold pass, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass. "
-    f"Fetch pool peak: {peak / (1 << 20):.1f} MiB of 64 MiB.",
+    f"Fetch pool peak: {peak / (1 << 20):.1f} MiB of 64 MiB. "
+    "Read-aheads on the cold pass with read-ahead on: "
+    + ", ".join(f"{n} {o}" for o, n in ahead.items() if n) + ".",
 ]
 table = "\n".join(lines)
 print(table)
 open(f"{work}/gateway.md", "w").write(table + "\n")
 PY
 if [ "$UPDATE_DOCS" = 1 ]; then
-    if [ "$PIN" = 1 ]; then block=gateway-pinned; else block=gateway; fi
+    if [ "$LATENCY" != 0 ]; then block=gateway-latency
+    elif [ "$PIN" = 1 ]; then block=gateway-pinned
+    else block=gateway; fi
     update_docs_block "$block" "$WORK/gateway.md"
 fi

@@ -176,7 +176,8 @@ pub struct Config {
     /// their current page is sent (charged as a page is: its sections, its encoded copy and
     /// its records' bookkeeping). A page is only read ahead when it fits at once; a read-ahead
     /// never waits for room here. A page its consumer does not ask for within 2 s is dropped.
-    /// 0 turns read-ahead off.
+    /// 0 (the default) turns read-ahead off; 64MiB (the fetch pool's size) suits consumers
+    /// that spend time on each page before asking for the next.
     #[arg(long, env = "NOVA_GATEWAY_READ_AHEAD_BYTES", default_value = crate::read_ahead::READ_AHEAD_BYTES, value_parser = parse_bytes, help_heading = "Budgets")]
     pub read_ahead_bytes: u64,
 
@@ -354,7 +355,7 @@ mod tests {
         assert_eq!(config.fetch_inflight, 64 << 20);
         assert_eq!(config.footer_cache_bytes, 32 << 20);
         assert_eq!(config.recycle_buffer_mib, 32);
-        assert_eq!(config.read_ahead_bytes, 64 << 20);
+        assert_eq!(config.read_ahead_bytes, 0, "read-ahead is opt-in");
         assert_eq!(config.max_read_aheads, 64);
         assert_eq!(config.object_cache_load_factor, 1.25);
         assert_eq!(config.members(), ["http://127.0.0.1:7500"]);

@@ -41,9 +41,11 @@ pub const READ_AHEAD_TTL: Duration = Duration::from_secs(2);
 /// How often slots past their TTL are looked for.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
 
-/// `--read-ahead-bytes`' default: the fetch pool's, so each of as many consumers as the pool
-/// serves at once can have its next page fetched.
-pub const READ_AHEAD_BYTES: &str = "64MiB";
+/// `--read-ahead-bytes`' default: off. On a machine whose cores the store shares, the extra
+/// requests in flight cost more than the overlap gives to consumers that ask for their next page
+/// at once (docs/performance.md); 64MiB (the fetch pool's size) suits consumers that spend
+/// time on each page, or a store a round trip away.
+pub const READ_AHEAD_BYTES: &str = "0";
 
 /// `--max-read-aheads`' default.
 pub const MAX_READ_AHEADS: u32 = 64;

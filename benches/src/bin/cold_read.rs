@@ -4,6 +4,10 @@
 //!
 //! cold-read raw     --endpoint URL --bucket NAME [--prefix chain/] [--concurrency 8]
 //! cold-read gateway --gateway URL --streams N [--stream-prefix bench] [--readers 8]
+//!                   [--think-ms 0]
+//!
+//! `--think-ms` has each reader spend that long on every page before asking for the next, as
+//! a consumer that processes what it reads does.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,6 +95,7 @@ async fn through_gateway() -> Result<serde_json::Value, String> {
         .map_err(|e| e.to_string())?;
     let prefix = arg("--stream-prefix").unwrap_or_else(|| "bench".into());
     let streams = number("--streams", 1);
+    let think = std::time::Duration::from_millis(number("--think-ms", 0) as u64);
     let bytes = Arc::new(AtomicU64::new(0));
     let records = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -108,6 +113,9 @@ async fn through_gateway() -> Result<serde_json::Value, String> {
                     return Ok::<_, String>(());
                 }
                 records.fetch_add(page.records.len() as u64, Ordering::Relaxed);
+                if !think.is_zero() {
+                    tokio::time::sleep(think).await;
+                }
                 let content: u64 = page.records.iter().map(|r| r.record.content_bytes()).sum();
                 bytes.fetch_add(content, Ordering::Relaxed);
             }
