@@ -64,6 +64,10 @@ if [ "$LATENCY" != 0 ]; then
     PROXY_PID=$!
     PIDS+=("$PROXY_PID")
     for _ in $(seq 100); do [ -s "$WORK/proxy.addr" ] && break; sleep 0.05; done
+    if [ ! -s "$WORK/proxy.addr" ] || ! kill -0 "$PROXY_PID" 2>/dev/null; then
+        echo "the delay line (delay-proxy) did not start" >&2
+        exit 1
+    fi
     ENDPOINT=http://$(head -1 "$WORK/proxy.addr")
 fi
 if [ "$PIN" = 1 ]; then
@@ -135,6 +139,7 @@ stop_pid "$GW_PID"
 start_gateway "${AHEAD[@]}"
 say "and with read-ahead (cold caches)"
 pass_of think_ahead "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8 --think-ms 20
+save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/think_ahead.metrics"
 
 python3 - "$WORK" "$BYTES" "$MACHINE" "$(git rev-parse --short HEAD)" "$PIN" "$LATENCY" <<'PY'
 import datetime, json, sys
@@ -165,8 +170,10 @@ def row(label, run, serving):
 hc, mc = (series("cold", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
 h, m = (series("warm", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
 peak = series("warm", "nova_gateway_fetch_pool_peak_bytes")
-ahead = {o: int(series_where("ahead", "nova_gateway_read_aheads_total", f'outcome="{o}"'))
-         for o in ("used", "no_room", "hot", "expired", "outdated", "failed", "cap")}
+def outcomes(page):
+    counts = {o: int(series_where(page, "nova_gateway_read_aheads_total", f'outcome="{o}"'))
+              for o in ("used", "no_room", "hot", "expired", "outdated", "failed", "cap")}
+    return ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "none"
 lines = [
     f"Measured {datetime.date.today()} on {machine}, commit {commit}. Server: s3s-fs 0.14.1"
     + (" on CPU 0, everything else on CPU 1" if pin == "1" else ", sharing both cores")
@@ -185,8 +192,10 @@ lines = [
     "",
     f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on the cold pass, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass. "
     f"Fetch pool peak: {peak / (1 << 20):.1f} MiB of 64 MiB. "
-    "Read-aheads on the cold pass with read-ahead on: "
-    + ", ".join(f"{n} {o}" for o, n in ahead.items() if n) + ".",
+    f"Read-aheads with read-ahead on: {outcomes('ahead')} on the cold pass, "
+    f"{outcomes('think_ahead')} with readers spending 20 ms a page."
+    + (" The delay line runs beside the server (on its core when pinned); its CPU is in no column."
+       if latency != "0" else ""),
 ]
 table = "\n".join(lines)
 print(table)

@@ -113,8 +113,8 @@ impl GatewayMetrics {
             recycle_buffers: counter_vec(&r, "nova_recycle_buffers_total", "Allocations of 128 KiB or more by where their buffer came from: reused (a kept one, already resident) or fresh (newly mapped).", &["source"]),
             recycle_sync: Default::default(),
             read_ahead: budget(&r, "nova_gateway_read_ahead", "bytes", "read-ahead budget"),
-            read_ahead_slots: gauge(&r, "nova_gateway_read_ahead_slots", "Pages being read ahead or waiting for their request (at most --max-read-aheads)."),
-            read_aheads: counter_vec(&r, "nova_gateway_read_aheads_total", "Read-aheads by outcome: used (its request took it), outdated (its request came, but the stream had been deleted or trimmed since), expired (no request came within 2 s), no_room (--read-ahead-bytes had no room for the page), hot (the page would come from the star), failed (or took over 2 s); cap: not started, every --max-read-aheads slot taken.", &["outcome"]),
+            read_ahead_slots: gauge(&r, "nova_gateway_read_ahead_slots", "Read-ahead slots: pages being read ahead or waiting for their request (a read claimed or expired while still under way keeps its --max-read-aheads place until it ends)."),
+            read_aheads: counter_vec(&r, "nova_gateway_read_aheads_total", "Read-aheads by outcome: used (its request took it), outdated (its request came, but the stream had been deleted, trimmed or its tail gone back since), expired (no request came within 2 s), no_room (--read-ahead-bytes had no room for the page), hot (the page would come from the star), failed (the read failed, or the star did not answer the claim); cap: not started, every --max-read-aheads place taken.", &["outcome"]),
             registry: r,
         };
         for route in ["owner", "peer", "spilled", "direct"] {

@@ -234,12 +234,17 @@ impl Reader {
         };
         let reader = self.clone();
         // Bounded: a task per place, and places are capped (--max-read-aheads); a task keeps
-        // its place until it ends, which takes as long as any read.
+        // its place until it ends: when its page is handed over, or once nobody can take it.
         tokio::spawn(async move {
-            let page = match reader
-                .read_once(&next_request, Charge::Ahead(&budget))
-                .await
-            {
+            let mut started = started;
+            let read = reader.read_once(&next_request, Charge::Ahead(&budget));
+            let served = tokio::select! {
+                served = read => served,
+                // Nobody can take the page: stop (a star that does not answer would otherwise
+                // keep the place for as long as it is silent).
+                () = started.abandoned() => return,
+            };
+            let page = match served {
                 Ok(Served {
                     response,
                     permit,
@@ -482,4 +487,68 @@ fn still_current(
             hot_from_seq: refs.hot_from_seq,
         }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nova_core::clock::Clock;
+
+    fn page(stream_id: u64, next_seq: u64) -> AheadPage {
+        let metrics = GatewayMetrics::new();
+        let budget = Budget::new(1 << 20, metrics.read_ahead.clone(), Clock::system());
+        AheadPage {
+            response: v1::ReadResponse {
+                records: Vec::new(),
+                next_seq,
+                tail_seq: 50,
+            },
+            permit: budget.try_acquire(10).unwrap(),
+            stream_id,
+        }
+    }
+
+    fn refs(
+        stream_id: u64,
+        start_seq: u64,
+        end_seq: u64,
+        tail_seq: u64,
+    ) -> v1::ResolveRefsResponse {
+        v1::ResolveRefsResponse {
+            refs: vec![v1::ObjectRef {
+                object_key: "data/x".into(),
+                stream_id,
+                start_seq,
+                end_seq,
+            }],
+            tail_seq,
+            hot_from_seq: tail_seq,
+            ..Default::default()
+        }
+    }
+
+    fn request(start_seq: u64) -> v1::ReadRequest {
+        v1::ReadRequest {
+            stream: "s".into(),
+            start_seq,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_page_read_ahead_is_served_only_as_the_read_would_be_now() {
+        let served = still_current(&request(10), page(7, 20), refs(7, 5, 15, 80)).unwrap();
+        assert_eq!(served.response.tail_seq, 80, "the star's tail now");
+        // The stream was deleted and created again under its name.
+        assert!(still_current(&request(10), page(7, 20), refs(8, 5, 15, 80)).is_none());
+        // Trimmed past the page's first record.
+        assert!(still_current(&request(10), page(7, 20), refs(7, 12, 15, 80)).is_none());
+        // A ref that does not hold the first record.
+        assert!(still_current(&request(10), page(7, 20), refs(7, 0, 10, 80)).is_none());
+        // A tail behind the page's end (a star that took the stream back).
+        assert!(still_current(&request(10), page(7, 20), refs(7, 5, 15, 19)).is_none());
+        // No refs at all.
+        let none = v1::ResolveRefsResponse::default();
+        assert!(still_current(&request(10), page(7, 20), none).is_none());
+    }
 }

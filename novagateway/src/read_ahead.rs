@@ -136,12 +136,20 @@ pub struct ReadAhead {
 }
 
 /// A read-ahead that has a slot, to be run by the caller: it reads the page and hands it to
-/// [`Started::finish`].
+/// [`ReadAhead::finish`], unless [`Started::abandoned`] comes first.
 pub struct Started {
     tx: oneshot::Sender<Outcome>,
     key: AheadKey,
     id: u64,
     _place: Arc<OwnedSemaphorePermit>,
+}
+
+impl Started {
+    /// Resolves once nobody can take the page any more (its slot went past the TTL, or the
+    /// request that claimed it went away): the read may stop, giving back its place.
+    pub async fn abandoned(&mut self) {
+        self.tx.closed().await
+    }
 }
 
 impl ReadAhead {
@@ -412,6 +420,36 @@ mod tests {
         ahead.finish(third, Err(Dropped::Failed));
         assert_eq!(outcome(&ahead, "expired"), 2);
         assert_eq!(outcome(&ahead, "failed"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_read_ahead_nobody_can_take_is_abandoned() {
+        use futures::FutureExt;
+        let ahead = ahead(2);
+        let mut waiting = ahead.start(key(1), 0).unwrap();
+        assert!(
+            waiting.abandoned().now_or_never().is_none(),
+            "its slot waits"
+        );
+        let mut claimed = ahead.start(key(2), 0).unwrap();
+        let claim = ahead.claim(&key(2)).unwrap();
+        assert!(
+            claimed.abandoned().now_or_never().is_none(),
+            "its claimer waits"
+        );
+        drop(claim);
+        assert!(
+            claimed.abandoned().now_or_never().is_some(),
+            "its claimer went away"
+        );
+        for slot in ahead.slots.lock().values_mut() {
+            slot.started -= READ_AHEAD_TTL;
+        }
+        ahead.sweep();
+        assert!(
+            waiting.abandoned().now_or_never().is_some(),
+            "its slot expired"
+        );
     }
 
     #[tokio::test]
