@@ -81,18 +81,25 @@ enum Failure {
     /// An object a ref named is gone (the auditor collected it): resolve again.
     Stale(String),
     Status(Status),
-    /// A read-ahead that is not made (`Charge::Ahead` only).
-    NotAhead(Dropped),
 }
 
-/// How a read's bytes are charged.
-#[derive(Clone, Copy)]
-enum Charge<'a> {
-    /// A consumer's read: it waits for room in the fetch pool.
-    Wait,
-    /// A read ahead: it takes room in the read-ahead budget if there is some, and reads only
-    /// history (a page from the star is not made ahead).
-    Ahead(&'a Budget),
+/// What a read is, once the star has given its refs.
+enum Planned {
+    /// From the star's in-memory stretch on: the star serves it.
+    Star,
+    History(Plan),
+}
+
+/// A history read's plan: the refs, the sections that fill its page, and what it charges.
+struct Plan {
+    refs: v1::ResolveRefsResponse,
+    start_seq: u64,
+    max_records: u32,
+    max_bytes: u64,
+    sections: Vec<(String, SectionEntry)>,
+    /// The sections fetched, the encoded response built from them, and each record's
+    /// bookkeeping: what the page holds until it is sent.
+    charge: u64,
 }
 
 /// One attempt's page: the response, its charge, and for a history page, the stream's id and
@@ -165,7 +172,7 @@ impl Reader {
                     Some(served) => {
                         self.ahead.count("used");
                         self.metrics.reads.with_label_values(&["history"]).inc();
-                        self.read_ahead_after(&request, &served);
+                        self.read_ahead_after(&request, key.as_ref(), &served);
                         holds._charge = Some(served.permit);
                         return Ok((served.response, Hold::new(holds)));
                     }
@@ -178,20 +185,13 @@ impl Reader {
         }
         let mut stale = 0;
         loop {
-            match self.read_once(&request, Charge::Wait).await {
+            match self.read_once(&request).await {
                 Ok(served) => {
-                    self.read_ahead_after(&request, &served);
+                    self.read_ahead_after(&request, key.as_ref(), &served);
                     holds._charge = Some(served.permit);
                     return Ok((served.response, Hold::new(holds)));
                 }
                 Err(Failure::Status(status)) => return Err(status),
-                // Only a read ahead is dropped; a consumer's read waits for room instead.
-                Err(Failure::NotAhead(why)) => {
-                    return Err(RequestError::Unavailable(format!(
-                        "a consumer's read was dropped as a read-ahead would be ({why:?}); retry"
-                    ))
-                    .into());
-                }
                 Err(Failure::Stale(key)) if stale < STALE_REF_RETRIES => {
                     stale += 1;
                     self.metrics.stale_refs.inc();
@@ -206,10 +206,16 @@ impl Reader {
         }
     }
 
-    /// After a history page for `request`, starts reading the page its consumer will ask for
-    /// next, when that one is history too and a read-ahead has room.
-    fn read_ahead_after(self: &Arc<Self>, request: &v1::ReadRequest, served: &Served) {
-        let Some(history) = served.history else {
+    /// After a history page for `request` (whose read-ahead key is `key`), starts reading the
+    /// page its consumer will ask for next, when that one is history too and a read-ahead has
+    /// room.
+    fn read_ahead_after(
+        self: &Arc<Self>,
+        request: &v1::ReadRequest,
+        key: Option<&AheadKey>,
+        served: &Served,
+    ) {
+        let (Some(history), Some(key)) = (served.history, key) else {
             return;
         };
         let response = &served.response;
@@ -217,45 +223,26 @@ impl Reader {
         if response.records.is_empty() || next >= history.hot_from_seq.min(response.tail_seq) {
             return;
         }
+        let (Some(budget), Some(started)) = (
+            self.ahead.budget.clone(),
+            self.ahead.start(key.at(next), served.permit.units()),
+        ) else {
+            return;
+        };
         let next_request = v1::ReadRequest {
             start_seq: next,
             ..request.clone()
-        };
-        let (max_records, max_bytes) =
-            read_caps(&next_request, self.max_read_records, self.max_read_bytes);
-        let Some(key) = AheadKey::of(&next_request, max_records, max_bytes) else {
-            return;
-        };
-        let (Some(budget), Some(started)) = (
-            self.ahead.budget.clone(),
-            self.ahead.start(key, served.permit.units()),
-        ) else {
-            return;
         };
         let reader = self.clone();
         // Bounded: a task per place, and places are capped (--max-read-aheads); a task keeps
         // its place until it ends: when its page is handed over, or once nobody can take it.
         tokio::spawn(async move {
             let mut started = started;
-            let read = reader.read_once(&next_request, Charge::Ahead(&budget));
-            let served = tokio::select! {
-                served = read => served,
+            let page = tokio::select! {
+                page = reader.read_ahead_once(&next_request, &budget) => page,
                 // Nobody can take the page: stop (a star that does not answer would otherwise
                 // keep the place for as long as it is silent).
                 () = started.abandoned() => return,
-            };
-            let page = match served {
-                Ok(Served {
-                    response,
-                    permit,
-                    history: Some(history),
-                }) => Ok(AheadPage {
-                    response,
-                    permit,
-                    stream_id: history.stream_id,
-                }),
-                Err(Failure::NotAhead(why)) => Err(why),
-                Ok(_) | Err(Failure::Stale(_) | Failure::Status(_)) => Err(Dropped::Failed),
             };
             reader.ahead.finish(started, page);
         });
@@ -295,58 +282,107 @@ impl Reader {
         refusal.into()
     }
 
-    async fn read_once(
+    /// A consumer's read, once: history from the object store, the rest forwarded to the star.
+    async fn read_once(&self, request: &v1::ReadRequest) -> Result<Served, Failure> {
+        let plan = match self.plan(request).await? {
+            Planned::Star => return self.forward(request).await,
+            Planned::History(plan) => plan,
+        };
+        self.metrics.reads.with_label_values(&["history"]).inc();
+        // The whole response's share of the fetch pool, taken at once, and held until the
+        // response is sent.
+        let waited = Instant::now();
+        let permit = self.pool.acquire(plan.charge).await;
+        let in_use = self.pool.in_use() as i64;
+        if in_use > self.metrics.fetch_pool_peak.get() {
+            self.metrics.fetch_pool_peak.set(in_use);
+        }
+        tracing::trace!(
+            waited_ms = waited.elapsed().as_millis() as u64,
+            charge = plan.charge,
+            "fetch pool"
+        );
+        self.fetch(request, plan, permit).await
+    }
+
+    /// A read ahead, once: only history, and only if its page fits in the read-ahead budget
+    /// now. Never clamped to the budget as a consumer's read is to the pool: a page larger
+    /// than the whole budget is not read ahead.
+    async fn read_ahead_once(
         &self,
         request: &v1::ReadRequest,
-        charge: Charge<'_>,
-    ) -> Result<Served, Failure> {
+        budget: &Budget,
+    ) -> Result<AheadPage, Dropped> {
+        let plan = match self.plan(request).await {
+            Ok(Planned::History(plan)) => plan,
+            Ok(Planned::Star) => return Err(Dropped::Hot),
+            Err(_) => return Err(Dropped::Failed),
+        };
+        let permit = (plan.charge <= budget.capacity() && plan.charge <= u32::MAX as u64)
+            .then(|| budget.try_acquire(plan.charge))
+            .flatten()
+            .ok_or(Dropped::NoRoom)?;
+        let served = self
+            .fetch(request, plan, permit)
+            .await
+            .map_err(|_| Dropped::Failed)?;
+        let stream_id = served.history.ok_or(Dropped::Failed)?.stream_id;
+        Ok(AheadPage {
+            response: served.response,
+            permit: served.permit,
+            stream_id,
+        })
+    }
+
+    /// Forwards `request` to the star, within the gateway's own caps, and charges its page to
+    /// the pool once it arrives (the decoded page and its encoded copy), held until it is sent
+    /// like a history page.
+    async fn forward(&self, request: &v1::ReadRequest) -> Result<Served, Failure> {
+        self.metrics.reads.with_label_values(&["star"]).inc();
+        let (max_records, max_bytes) =
+            read_caps(request, self.max_read_records, self.max_read_bytes);
+        let forwarded = v1::ReadRequest {
+            max_records,
+            max_bytes,
+            ..request.clone()
+        };
+        let page = self
+            .star
+            .call(&request.stream, |mut star| {
+                let forwarded = forwarded.clone();
+                async move { star.read(forwarded).await }
+            })
+            .await?
+            .into_inner();
+        let permit = self
+            .pool
+            .acquire(2 * prost::Message::encoded_len(&page) as u64)
+            .await;
+        Ok(Served {
+            response: page,
+            permit,
+            history: None,
+        })
+    }
+
+    /// Asks the star for `request`'s refs and, for history, finds each ref's section in its
+    /// object's footer: enough sections to fill the page.
+    async fn plan(&self, request: &v1::ReadRequest) -> Result<Planned, Failure> {
         let refs = self.refs(request, COLD_READ_REFS as u32).await?;
         // A read by time starts where the star's seek put the refs, never before the request.
         let start_seq = refs
             .refs
             .first()
             .map_or(request.start_seq, |r| r.start_seq.max(request.start_seq));
+        if start_seq >= refs.hot_from_seq || refs.refs.is_empty() {
+            return Ok(Planned::Star);
+        }
         let (max_records, max_bytes) =
             read_caps(request, self.max_read_records, self.max_read_bytes);
-        if start_seq >= refs.hot_from_seq || refs.refs.is_empty() {
-            if let Charge::Ahead(_) = charge {
-                return Err(Failure::NotAhead(Dropped::Hot));
-            }
-            self.metrics.reads.with_label_values(&["star"]).inc();
-            // Within the gateway's own caps, and charged to the pool once it arrives (the
-            // decoded page and its encoded copy), held until it is sent like a history page.
-            let forwarded = v1::ReadRequest {
-                max_records,
-                max_bytes,
-                ..request.clone()
-            };
-            let page = self
-                .star
-                .call(&request.stream, |mut star| {
-                    let forwarded = forwarded.clone();
-                    async move { star.read(forwarded).await }
-                })
-                .await?
-                .into_inner();
-            let permit = self
-                .pool
-                .acquire(2 * prost::Message::encoded_len(&page) as u64)
-                .await;
-            return Ok(Served {
-                response: page,
-                permit,
-                history: None,
-            });
-        }
-        if let Charge::Wait = charge {
-            self.metrics.reads.with_label_values(&["history"]).inc();
-        }
-
-        // Where each ref's section is, from the footers.
         let footers =
             futures::future::join_all(refs.refs.iter().map(|r| self.footers.get(&r.object_key)))
                 .await;
-        let mut plan: Vec<(String, SectionEntry)> = Vec::new();
+        let mut sections: Vec<(String, SectionEntry)> = Vec::new();
         let mut planned = 0u64;
         let mut records = 0u64;
         for (object_ref, footer) in refs.refs.iter().zip(footers) {
@@ -371,47 +407,45 @@ impl Reader {
                 })?;
             planned += section.len;
             records += section.end_seq - section.start_seq;
-            plan.push((object_ref.object_key.clone(), section));
+            sections.push((object_ref.object_key.clone(), section));
             // Enough sections to fill the page's byte budget; more would only be thrown away.
             if planned >= max_bytes {
                 break;
             }
         }
-
-        // The whole response's share of the fetch pool, taken at once, and held until the
-        // response is sent: the sections fetched, and the encoded response built from them.
-        let waited = Instant::now();
         let records = records.min(max_records as u64);
-        let bytes = 2 * planned + records * PER_RECORD_BYTES;
-        let permit = match charge {
-            Charge::Wait => {
-                let permit = self.pool.acquire(bytes).await;
-                let in_use = self.pool.in_use() as i64;
-                if in_use > self.metrics.fetch_pool_peak.get() {
-                    self.metrics.fetch_pool_peak.set(in_use);
-                }
-                permit
-            }
-            // Never clamped to the budget as a consumer's read is: a page larger than the
-            // whole budget is not read ahead.
-            Charge::Ahead(budget) => (bytes <= budget.capacity() && bytes <= u32::MAX as u64)
-                .then(|| budget.try_acquire(bytes))
-                .flatten()
-                .ok_or(Failure::NotAhead(Dropped::NoRoom))?,
-        };
-        tracing::trace!(
-            waited_ms = waited.elapsed().as_millis() as u64,
-            planned,
-            "fetch pool"
-        );
+        Ok(Planned::History(Plan {
+            refs,
+            start_seq,
+            max_records,
+            max_bytes,
+            sections,
+            charge: 2 * planned + records * PER_RECORD_BYTES,
+        }))
+    }
 
+    /// Fetches a planned history page, holding `permit` (its charge) with it.
+    async fn fetch(
+        &self,
+        request: &v1::ReadRequest,
+        plan: Plan,
+        permit: BudgetPermit,
+    ) -> Result<Served, Failure> {
+        let Plan {
+            refs,
+            start_seq,
+            max_records,
+            max_bytes,
+            sections,
+            ..
+        } = plan;
         let mut page = PageBuilder::new(
             start_seq,
             refs.next_seq.min(refs.tail_seq),
             max_records.max(1) as usize,
             max_bytes,
         );
-        let mut sections = futures::stream::iter(plan.into_iter().map(|(key, section)| {
+        let mut sections = futures::stream::iter(sections.into_iter().map(|(key, section)| {
             let tier = self.tier.clone();
             async move {
                 let bytes = tier

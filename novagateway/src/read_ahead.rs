@@ -61,6 +61,15 @@ pub struct AheadKey {
 }
 
 impl AheadKey {
+    /// The same read's key from `start_seq` on: the next page's, for a consumer reading in
+    /// order (the caps do not change between its pages).
+    pub fn at(&self, start_seq: u64) -> Self {
+        AheadKey {
+            start_seq,
+            ..self.clone()
+        }
+    }
+
     /// The key of `request` read with these caps (the gateway's caps applied); `None` for a
     /// read by time.
     pub fn of(request: &v1::ReadRequest, max_records: u32, max_bytes: u64) -> Option<Self> {
@@ -215,7 +224,7 @@ impl ReadAhead {
     /// in its slot here, one dropped after its claim by the claimer.
     pub fn finish(&self, started: Started, outcome: Outcome) {
         if let Err(why) = &outcome
-            && self.remove_if(&started.key, |slot| slot.id == started.id)
+            && self.remove_slot(&started.key, started.id)
         {
             self.count(why.label());
             return;
@@ -258,10 +267,11 @@ impl ReadAhead {
         }
     }
 
-    /// Removes the slot of `key` if it `matches`; whether it did.
-    fn remove_if(&self, key: &AheadKey, matches: impl Fn(&Slot) -> bool) -> bool {
+    /// Removes the slot of `key` if it is still read-ahead `id`'s (not claimed, expired, or
+    /// taken by a later read-ahead of the same key); whether it did.
+    fn remove_slot(&self, key: &AheadKey, id: u64) -> bool {
         let mut slots = self.slots.lock();
-        if !slots.get(key).is_some_and(matches) {
+        if slots.get(key).is_none_or(|slot| slot.id != id) {
             return false;
         }
         slots.remove(key);

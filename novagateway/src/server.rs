@@ -141,7 +141,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         sheds: Arc::new(nova_server::shed::ShedLog::new(Clock::system())),
         ahead: ahead.clone(),
     });
-    tokio::spawn(ReadAhead::sweep_forever(Arc::downgrade(&ahead)));
+    if ahead.budget.is_some() {
+        tokio::spawn(ReadAhead::sweep_forever(Arc::downgrade(&ahead)));
+    }
 
     let stopping = CancellationToken::new();
     let render: nova_server::process::RenderMetrics = {

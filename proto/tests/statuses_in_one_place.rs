@@ -160,12 +160,6 @@ const UNAVAILABLE_ALLOWED: &[(&str, usize, &str)] = &[
         "the star did not answer the gateway's probe in time",
     ),
     (
-        "novagateway/src/read.rs",
-        1,
-        "a read ahead declined (no room, or a page from the star) surfacing in a consumer's read, \
-         which never declines: retryable if it ever happened",
-    ),
-    (
         "nova-sim/src/run/clients.rs",
         1,
         "a pattern the simulation's oracle matches, not built",
