@@ -2,11 +2,16 @@
 //! sequence number, and where its in-memory stretch begins); history the gateway reads itself,
 //! anything from the star's in-memory stretch on it forwards to the star.
 //!
-//! A history read finds each ref's section in the object's footer (footer cache), charges the
-//! fetch pool for every section it will fetch in one go (so a response never holds part of the
-//! pool while waiting for more, and responses cannot deadlock each other), fetches up to eight
-//! sections at once through the object cache tier, checks each against its footer's crc32c,
-//! and decodes the page.
+//! A history read finds each ref's section in the object's footer (footer cache): as many
+//! sections as fill the page's byte budget, as the star fills its own pages. It fetches them
+//! through the object cache tier with eight in flight (a steady window: the next starts as the
+//! first lands), checks each against its footer's crc32c, and decodes the page.
+//!
+//! The page is charged to the fetch pool section by section, and held until it is sent. The
+//! first window's charge is waited for in one go, so a read never holds part of the pool while
+//! waiting for more (reads cannot deadlock each other); each section after it is charged only
+//! if the pool has room now, and where it has none the page ends there. A busy pool makes pages
+//! shorter, never a read wait twice.
 //!
 //! A consumer reading history in order gets its next page read ahead while this one is sent
 //! (`read_ahead`).
@@ -21,13 +26,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use futures::stream::FuturesOrdered;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
 use nova_core::budget::{Budget, BudgetPermit};
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, SectionEntry, verify_section};
-use nova_core::limits::{COLD_READ_REFS, STALE_REF_RETRIES};
+use nova_core::limits::{COLD_READ_REFS, MAX_RESOLVED_REFS, STALE_REF_RETRIES};
 use nova_core::object_store::StoreError;
 use nova_core::refusal;
 use nova_proto::RequestError;
@@ -90,16 +96,32 @@ enum Planned {
     History(Plan),
 }
 
-/// A history read's plan: the refs, the sections that fill its page, and what it charges.
+/// A history read's plan: the refs, and the sections that fill its page, each with its charge.
 struct Plan {
     refs: v1::ResolveRefsResponse,
     start_seq: u64,
     max_records: u32,
     max_bytes: u64,
-    sections: Vec<(String, SectionEntry)>,
-    /// The sections fetched, the encoded response built from them, and each record's
-    /// bookkeeping: what the page holds until it is sent.
+    sections: Vec<PlannedSection>,
+}
+
+/// A section to fetch, and what the page holds for it until it is sent: the section, its
+/// share of the encoded response, and its records' bookkeeping.
+struct PlannedSection {
+    key: String,
+    entry: SectionEntry,
     charge: u64,
+}
+
+impl Plan {
+    /// The charge a read waits for before fetching anything: its first window's.
+    fn first_charge(&self) -> u64 {
+        self.sections
+            .iter()
+            .take(COLD_READ_REFS)
+            .map(|s| s.charge)
+            .sum()
+    }
 }
 
 /// One attempt's page: the response, its charge, and for a history page, the stream's id and
@@ -289,20 +311,22 @@ impl Reader {
             Planned::History(plan) => plan,
         };
         self.metrics.reads.with_label_values(&["history"]).inc();
-        // The whole response's share of the fetch pool, taken at once, and held until the
-        // response is sent.
+        // The first window's share of the fetch pool, waited for in one go; the rest of the
+        // page only if there is room as it goes (`fetch`).
         let waited = Instant::now();
-        let permit = self.pool.acquire(plan.charge).await;
+        let first = plan.first_charge();
+        let permit = self.pool.acquire(first).await;
+        tracing::trace!(
+            waited_ms = waited.elapsed().as_millis() as u64,
+            charge = first,
+            "fetch pool"
+        );
+        let served = self.fetch(request, plan, permit, &self.pool).await;
         let in_use = self.pool.in_use() as i64;
         if in_use > self.metrics.fetch_pool_peak.get() {
             self.metrics.fetch_pool_peak.set(in_use);
         }
-        tracing::trace!(
-            waited_ms = waited.elapsed().as_millis() as u64,
-            charge = plan.charge,
-            "fetch pool"
-        );
-        self.fetch(request, plan, permit).await
+        served
     }
 
     /// A read ahead, once: only history, and only if its page fits in the read-ahead budget
@@ -318,12 +342,13 @@ impl Reader {
             Ok(Planned::Star) => return Err(Dropped::Hot),
             Err(_) => return Err(Dropped::Failed),
         };
-        let permit = (plan.charge <= budget.capacity() && plan.charge <= u32::MAX as u64)
-            .then(|| budget.try_acquire(plan.charge))
+        let first = plan.first_charge();
+        let permit = (first <= budget.capacity() && first <= u32::MAX as u64)
+            .then(|| budget.try_acquire(first))
             .flatten()
             .ok_or(Dropped::NoRoom)?;
         let served = self
-            .fetch(request, plan, permit)
+            .fetch(request, plan, permit, budget)
             .await
             .map_err(|_| Dropped::Failed)?;
         let stream_id = served.history.ok_or(Dropped::Failed)?.stream_id;
@@ -366,9 +391,9 @@ impl Reader {
     }
 
     /// Asks the star for `request`'s refs and, for history, finds each ref's section in its
-    /// object's footer: enough sections to fill the page.
+    /// object's footer: enough sections to fill the page (within the refs one answer holds).
     async fn plan(&self, request: &v1::ReadRequest) -> Result<Planned, Failure> {
-        let refs = self.refs(request, COLD_READ_REFS as u32).await?;
+        let refs = self.refs(request, MAX_RESOLVED_REFS as u32).await?;
         // A read by time starts where the star's seek put the refs, never before the request.
         let start_seq = refs
             .refs
@@ -379,13 +404,21 @@ impl Reader {
         }
         let (max_records, max_bytes) =
             read_caps(request, self.max_read_records, self.max_read_bytes);
-        let footers =
-            futures::future::join_all(refs.refs.iter().map(|r| self.footers.get(&r.object_key)))
-                .await;
-        let mut sections: Vec<(String, SectionEntry)> = Vec::new();
+        // Footers a window at a time, and no more once the page is planned full.
+        let keys: Vec<String> = refs.refs.iter().map(|r| r.object_key.clone()).collect();
+        let cache = &self.footers;
+        let mut footers = futures::stream::iter(
+            keys.into_iter()
+                .map(|key| async move { cache.get(&key).await }),
+        )
+        .buffered(COLD_READ_REFS);
+        let mut sections: Vec<PlannedSection> = Vec::new();
         let mut planned = 0u64;
-        let mut records = 0u64;
-        for (object_ref, footer) in refs.refs.iter().zip(footers) {
+        let mut records_left = u64::from(max_records);
+        for object_ref in &refs.refs {
+            let Some(footer) = footers.next().await else {
+                break;
+            };
             let footer = footer.map_err(fetch_failure)?;
             let section = footer
                 .sections
@@ -406,38 +439,51 @@ impl Reader {
                     )))
                 })?;
             planned += section.len;
-            records += section.end_seq - section.start_seq;
-            sections.push((object_ref.object_key.clone(), section));
+            let records = section
+                .end_seq
+                .saturating_sub(section.start_seq.max(start_seq))
+                .min(records_left);
+            records_left -= records;
+            sections.push(PlannedSection {
+                key: object_ref.object_key.clone(),
+                charge: 2 * section.len + records * PER_RECORD_BYTES,
+                entry: section,
+            });
             // Enough sections to fill the page's byte budget; more would only be thrown away.
-            if planned >= max_bytes {
+            if planned >= max_bytes || records_left == 0 {
                 break;
             }
         }
-        let records = records.min(max_records as u64);
+        drop(footers);
         Ok(Planned::History(Plan {
             refs,
             start_seq,
             max_records,
             max_bytes,
             sections,
-            charge: 2 * planned + records * PER_RECORD_BYTES,
         }))
     }
 
-    /// Fetches a planned history page, holding `permit` (its charge) with it.
+    /// Fetches a planned history page with a window of sections in flight. `permit` holds
+    /// the first window's charge from `budget`; each later section is charged to `budget`
+    /// before it is fetched, only if it has room now, and the page ends before the first that
+    /// finds none. Everything charged is held with the page.
     async fn fetch(
         &self,
         request: &v1::ReadRequest,
         plan: Plan,
-        permit: BudgetPermit,
+        mut permit: BudgetPermit,
+        budget: &Budget,
     ) -> Result<Served, Failure> {
+        // A first window larger than the whole budget was charged only the budget: such a
+        // page takes nothing more.
+        let mut may_grow = permit.units() >= plan.first_charge();
         let Plan {
             refs,
             start_seq,
             max_records,
             max_bytes,
             sections,
-            ..
         } = plan;
         let mut page = PageBuilder::new(
             start_seq,
@@ -445,27 +491,41 @@ impl Reader {
             max_records.max(1) as usize,
             max_bytes,
         );
-        let mut sections = futures::stream::iter(sections.into_iter().map(|(key, section)| {
+        let fetch_one = |section: PlannedSection| {
             let tier = self.tier.clone();
             async move {
+                let PlannedSection { key, entry, .. } = section;
                 let bytes = tier
-                    .fetch(&key, section.offset, section.len)
+                    .fetch(&key, entry.offset, entry.len)
                     .await
                     .map_err(|e| fetch_failure(&FetchError::Store(e)))?;
-                verify_section(&bytes, &section).map_err(|e| {
+                verify_section(&bytes, &entry).map_err(|e| {
                     Failure::Status(RequestError::DataLoss(format!("{key}: {e}")).into())
                 })?;
-                Ok::<_, Failure>((section.start_seq, bytes))
+                Ok::<_, Failure>((entry.start_seq, bytes))
             }
-        }))
-        .buffered(COLD_READ_REFS);
-        while let Some(fetched) = sections.next().await {
+        };
+        let mut later = sections.into_iter();
+        let mut in_flight: FuturesOrdered<_> =
+            later.by_ref().take(COLD_READ_REFS).map(fetch_one).collect();
+        while let Some(fetched) = in_flight.next().await {
             if page.full() {
                 break;
             }
             let (start, bytes) = fetched?;
             page.take_from(start, bytes)
                 .map_err(|e| Status::from(RequestError::DataLoss(e.to_string())))?;
+            // Keep the window full while the budget has room for the next section now.
+            if may_grow && let Some(next) = later.next() {
+                let exact = u64::from(budget.clamp(next.charge)) == next.charge;
+                match exact.then(|| budget.try_acquire(next.charge)).flatten() {
+                    Some(charge) => {
+                        permit.merge(charge);
+                        in_flight.push_back(fetch_one(next));
+                    }
+                    None => may_grow = false,
+                }
+            }
         }
         let mut records = page.records;
         if let Some(timestamp) = request.start_timestamp {

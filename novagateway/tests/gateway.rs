@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use nova_client::{Client, Consumer, Error, Producer, ProducerConfig, Record, SequencedRecord};
+use nova_client::{
+    Client, Consumer, Error, Producer, ProducerConfig, ReadOptions, Record, SequencedRecord,
+};
 use nova_testkit::{Moto, Novad, NovadBuilder, free_port, workspace_binary};
 use tonic::Code;
 
@@ -568,6 +570,53 @@ async fn reads_past_the_cap_are_shed_with_a_hint() {
         .expect("the waiting read was not cut");
     assert!(page.records.is_empty());
     assert_eq!(via.read("capped", 0, 0).await.unwrap().records.len(), 10);
+}
+
+/// A page through a gateway is as full as the star's: as many sections as its byte budget
+/// takes, not only the first window of eight. A fetch pool with room for less ends the page
+/// sooner, and the consumer still reads every record as the star has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gateway_page_fills_its_byte_budget_as_the_stars_does() {
+    let c = cluster(&[]);
+    // A flight per batch: sections of about 100 KiB.
+    let tail = fill(&c.star, "s", 40, 100, 1024).await;
+    let two_mib = ReadOptions {
+        max_bytes: 2 << 20,
+        ..ReadOptions::default()
+    };
+    let star = Client::connect(&c.star.url()).await.unwrap();
+    let expected = star.read_with("s", 0, two_mib).await.unwrap();
+    assert!(
+        expected.records.len() > 800,
+        "the star's page spans more than eight sections: {} records",
+        expected.records.len()
+    );
+    let via = Client::connect(&c.gateways[0].url()).await.unwrap();
+    let page = via.read_with("s", 0, two_mib).await.unwrap();
+    assert_eq!(page.records.len(), expected.records.len());
+    assert!(page.records == expected.records, "the pages differ");
+    assert_eq!(page.next_seq, expected.next_seq);
+
+    // A pool with room for the first window and a few sections more: a shorter page, and
+    // nothing lost or repeated over the whole stream.
+    let pressed = lone_gateway(&c, &["--fetch-inflight", "3MiB"]);
+    let via = Client::connect(&pressed.url()).await.unwrap();
+    let page = via.read_with("s", 0, two_mib).await.unwrap();
+    let n = page.records.len();
+    assert!(
+        n > 800 && n < expected.records.len(),
+        "{n} records: more than the first window, less than the pool has no room for"
+    );
+    assert!(
+        page.records[..] == expected.records[..n],
+        "not the star's records"
+    );
+    assert!(read_range(&via, "s", 0, tail).await == read_range(&star, "s", 0, tail).await);
+    let peak = metric(&pressed, "nova_gateway_fetch_pool_peak_bytes");
+    assert!(
+        peak > (2u64 << 20) as f64 && peak <= (3u64 << 20) as f64,
+        "pool peak {peak}: grown past the first window, within the pool"
+    );
 }
 
 /// A gateway of its own (no peers) on the cluster's bucket, in front of its star.
