@@ -126,8 +126,8 @@ pub struct Config {
     // ---- budgets --------------------------------------------------------------------------
     /// Fetch pool: bytes of object sections being fetched for responses, across every response.
     /// A response waits for room for its first 8 sections before it fetches (the wait is a
-    /// metric), and takes more only while there is room, ending its page sooner otherwise. A
-    /// first window needing more than the whole pool is clamped to it.
+    /// metric), and takes more only while the pool stays at most half used, ending its page
+    /// sooner otherwise. A first window needing more than the whole pool is clamped to it.
     #[arg(long, env = "NOVA_FETCH_INFLIGHT", default_value = "64MiB", value_parser = parse_bytes, help_heading = "Budgets")]
     pub fetch_inflight: u64,
 

@@ -3,15 +3,16 @@
 //! anything from the star's in-memory stretch on it forwards to the star.
 //!
 //! A history read finds each ref's section in the object's footer (footer cache): as many
-//! sections as fill the page's byte budget, as the star fills its own pages. It fetches them
-//! through the object cache tier with eight in flight (a steady window: the next starts as the
-//! first lands), checks each against its footer's crc32c, and decodes the page.
+//! sections as fill the page's byte budget (at most `PAGE_REFS`), as the star fills its own
+//! pages. It fetches them through the object cache tier with eight in flight (a steady window:
+//! the next starts as the oldest lands), checks each against its footer's crc32c, and decodes
+//! the page.
 //!
 //! The page is charged to the fetch pool section by section, and held until it is sent. The
 //! first window's charge is waited for in one go, so a read never holds part of the pool while
 //! waiting for more (reads cannot deadlock each other); each section after it is charged only
-//! if the pool has room now, and where it has none the page ends there. A busy pool makes pages
-//! shorter, never a read wait twice.
+//! if the pool has room now and stays at most half used, and otherwise the page ends there. A
+//! busy pool makes pages shorter, never a read wait twice.
 //!
 //! A consumer reading history in order gets its next page read ahead while this one is sent
 //! (`read_ahead`).
@@ -33,7 +34,7 @@ use tonic::Status;
 use nova_core::budget::{Budget, BudgetPermit};
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, SectionEntry, verify_section};
-use nova_core::limits::{COLD_READ_REFS, MAX_RESOLVED_REFS, STALE_REF_RETRIES};
+use nova_core::limits::{COLD_READ_REFS, STALE_REF_RETRIES};
 use nova_core::object_store::StoreError;
 use nova_core::refusal;
 use nova_proto::RequestError;
@@ -78,6 +79,11 @@ pub const PER_READ_BYTES: u64 = 64 * 1024;
 /// decoded form and its message in the response), charged with the sections (as the star
 /// charges 192 bytes a record).
 const PER_RECORD_BYTES: u64 = 192;
+
+/// The most sections one history page plans: enough for an 8 MiB page of sections of 256 KiB
+/// or more, four times the window. What a read holds while planning (the refs and each
+/// section's footer entry, stream name included) stays within `PER_READ_BYTES`.
+const PAGE_REFS: u32 = 32;
 
 /// The retry hint of a read shed at `--max-reads`.
 const SHED_RETRY_AFTER: Duration = Duration::from_millis(500);
@@ -136,6 +142,9 @@ struct Served {
 struct History {
     stream_id: u64,
     hot_from_seq: u64,
+    /// The charge of the page's first window: what reading the next page ahead needs room
+    /// for before it starts.
+    window: u64,
 }
 
 impl From<Status> for Failure {
@@ -247,7 +256,7 @@ impl Reader {
         }
         let (Some(budget), Some(started)) = (
             self.ahead.budget.clone(),
-            self.ahead.start(key.at(next), served.permit.units()),
+            self.ahead.start(key.at(next), history.window),
         ) else {
             return;
         };
@@ -329,9 +338,10 @@ impl Reader {
         served
     }
 
-    /// A read ahead, once: only history, and only if its page fits in the read-ahead budget
-    /// now. Never clamped to the budget as a consumer's read is to the pool: a page larger
-    /// than the whole budget is not read ahead.
+    /// A read ahead, once: only history, and only if its page's first window fits in the
+    /// read-ahead budget now (the page grows as a read's does). Never clamped to the budget as
+    /// a consumer's read is to the pool: a window larger than the whole budget is not read
+    /// ahead.
     async fn read_ahead_once(
         &self,
         request: &v1::ReadRequest,
@@ -351,11 +361,12 @@ impl Reader {
             .fetch(request, plan, permit, budget)
             .await
             .map_err(|_| Dropped::Failed)?;
-        let stream_id = served.history.ok_or(Dropped::Failed)?.stream_id;
+        let history = served.history.ok_or(Dropped::Failed)?;
         Ok(AheadPage {
             response: served.response,
             permit: served.permit,
-            stream_id,
+            stream_id: history.stream_id,
+            window: history.window,
         })
     }
 
@@ -393,7 +404,7 @@ impl Reader {
     /// Asks the star for `request`'s refs and, for history, finds each ref's section in its
     /// object's footer: enough sections to fill the page (within the refs one answer holds).
     async fn plan(&self, request: &v1::ReadRequest) -> Result<Planned, Failure> {
-        let refs = self.refs(request, MAX_RESOLVED_REFS as u32).await?;
+        let refs = self.refs(request, PAGE_REFS).await?;
         // A read by time starts where the star's seek put the refs, never before the request.
         let start_seq = refs
             .refs
@@ -477,7 +488,8 @@ impl Reader {
     ) -> Result<Served, Failure> {
         // A first window larger than the whole budget was charged only the budget: such a
         // page takes nothing more.
-        let mut may_grow = permit.units() >= plan.first_charge();
+        let window = plan.first_charge();
+        let mut may_grow = permit.units() >= window;
         let Plan {
             refs,
             start_seq,
@@ -513,12 +525,29 @@ impl Reader {
                 break;
             }
             let (start, bytes) = fetched?;
+            let before = page.next_seq;
             page.take_from(start, bytes)
                 .map_err(|e| Status::from(RequestError::DataLoss(e.to_string())))?;
-            // Keep the window full while the budget has room for the next section now.
+            if page.next_seq == before && !page.full() {
+                return Err(Failure::Status(
+                    RequestError::DataLoss(format!(
+                        "a section of stream {:?} from {start} holds no record {before} though \
+                         the star's refs say it does",
+                        request.stream
+                    ))
+                    .into(),
+                ));
+            }
+            // Keep the window full while the budget has room for the next section now, and
+            // at most half of it is in use: a few long pages (of consumers slow to take them)
+            // leave room for everyone's first window.
             if may_grow && let Some(next) = later.next() {
                 let exact = u64::from(budget.clamp(next.charge)) == next.charge;
-                match exact.then(|| budget.try_acquire(next.charge)).flatten() {
+                let spare = budget.in_use() + next.charge <= budget.capacity() / 2;
+                match (exact && spare)
+                    .then(|| budget.try_acquire(next.charge))
+                    .flatten()
+                {
                     Some(charge) => {
                         permit.merge(charge);
                         in_flight.push_back(fetch_one(next));
@@ -546,6 +575,7 @@ impl Reader {
             history: refs.refs.first().map(|first| History {
                 stream_id: first.stream_id,
                 hot_from_seq: refs.hot_from_seq,
+                window,
             }),
         })
     }
@@ -579,6 +609,7 @@ fn still_current(
         history: Some(History {
             stream_id: page.stream_id,
             hot_from_seq: refs.hot_from_seq,
+            window: page.window,
         }),
     })
 }
@@ -599,6 +630,7 @@ mod tests {
             },
             permit: budget.try_acquire(10).unwrap(),
             stream_id,
+            window: 10,
         }
     }
 

@@ -88,6 +88,8 @@ pub struct AheadPage {
     pub permit: BudgetPermit,
     /// The id of the stream its records are from.
     pub stream_id: u64,
+    /// The charge of its first window (see `read::History`).
+    pub window: u64,
 }
 
 /// Why a read-ahead was dropped before its request came.
@@ -327,6 +329,7 @@ mod tests {
             },
             permit: ahead.budget.as_ref().unwrap().try_acquire(bytes).unwrap(),
             stream_id: 1,
+            window: bytes,
         }
     }
 
