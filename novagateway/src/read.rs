@@ -415,57 +415,55 @@ impl Reader {
         }
         let (max_records, max_bytes) =
             read_caps(request, self.max_read_records, self.max_read_bytes);
-        // Footers a window at a time, and no more once the page is planned full.
-        let keys: Vec<String> = refs.refs.iter().map(|r| r.object_key.clone()).collect();
-        let cache = &self.footers;
-        let mut footers = futures::stream::iter(
-            keys.into_iter()
-                .map(|key| async move { cache.get(&key).await }),
-        )
-        .buffered(COLD_READ_REFS);
+        // Footers a window at a time (each window looked up to the end, so every footer
+        // fetched is cached for the pages after this one), and no more windows once the page
+        // is planned full.
         let mut sections: Vec<PlannedSection> = Vec::new();
         let mut planned = 0u64;
         let mut records_left = u64::from(max_records);
-        for object_ref in &refs.refs {
-            let Some(footer) = footers.next().await else {
-                break;
-            };
-            let footer = footer.map_err(fetch_failure)?;
-            let section = footer
-                .sections
-                .iter()
-                .find(|s| {
-                    s.stream_id == object_ref.stream_id
-                        && s.start_seq == object_ref.start_seq
-                        && s.end_seq == object_ref.end_seq
-                })
-                .cloned()
-                .ok_or_else(|| {
-                    Status::from(RequestError::DataLoss(format!(
-                        "{} has no section for records {}..{} of stream {:?}",
-                        object_ref.object_key,
-                        object_ref.start_seq,
-                        object_ref.end_seq,
-                        request.stream
-                    )))
-                })?;
-            planned += section.len;
-            let records = section
-                .end_seq
-                .saturating_sub(section.start_seq.max(start_seq))
-                .min(records_left);
-            records_left -= records;
-            sections.push(PlannedSection {
-                key: object_ref.object_key.clone(),
-                charge: 2 * section.len + records * PER_RECORD_BYTES,
-                entry: section,
-            });
-            // Enough sections to fill the page's byte budget; more would only be thrown away.
-            if planned >= max_bytes || records_left == 0 {
-                break;
+        'windows: for window in refs.refs.chunks(COLD_READ_REFS) {
+            let footers =
+                futures::future::join_all(window.iter().map(|r| self.footers.get(&r.object_key)))
+                    .await;
+            for (object_ref, footer) in window.iter().zip(footers) {
+                let footer = footer.map_err(fetch_failure)?;
+                let section = footer
+                    .sections
+                    .iter()
+                    .find(|s| {
+                        s.stream_id == object_ref.stream_id
+                            && s.start_seq == object_ref.start_seq
+                            && s.end_seq == object_ref.end_seq
+                    })
+                    .cloned()
+                    .ok_or_else(|| {
+                        Status::from(RequestError::DataLoss(format!(
+                            "{} has no section for records {}..{} of stream {:?}",
+                            object_ref.object_key,
+                            object_ref.start_seq,
+                            object_ref.end_seq,
+                            request.stream
+                        )))
+                    })?;
+                // Whole sections, the first too: a page that starts near a section's end ends
+                // with it, rather than fetching another section for a few records more.
+                planned += section.len;
+                let records = section
+                    .end_seq
+                    .saturating_sub(section.start_seq.max(start_seq))
+                    .min(records_left);
+                records_left -= records;
+                sections.push(PlannedSection {
+                    key: object_ref.object_key.clone(),
+                    charge: 2 * section.len + records * PER_RECORD_BYTES,
+                    entry: section,
+                });
+                // Enough sections to fill the page's byte budget; more would be thrown away.
+                if planned >= max_bytes || records_left == 0 {
+                    break 'windows;
+                }
             }
         }
-        drop(footers);
         Ok(Planned::History(Plan {
             refs,
             start_seq,
@@ -477,8 +475,9 @@ impl Reader {
 
     /// Fetches a planned history page with a window of sections in flight. `permit` holds
     /// the first window's charge from `budget`; each later section is charged to `budget`
-    /// before it is fetched, only if it has room now, and the page ends before the first that
-    /// finds none. Everything charged is held with the page.
+    /// before it is fetched, only if it has room now and `budget` stays at most half used
+    /// (give or take a section per reader growing at the same moment), and the page ends
+    /// before the first that finds none. Everything charged is held with the page.
     async fn fetch(
         &self,
         request: &v1::ReadRequest,

@@ -184,8 +184,8 @@ impl ReadAhead {
     }
 
     /// A slot for a read-ahead of `key`, unless read-ahead is off, one for `key` exists, every
-    /// place is taken, or its budget has less room than `estimate` (the charge of the page
-    /// before it, likely close: a read-ahead that is bound to find no room is not begun).
+    /// place is taken, or its budget has less room than `estimate` (the first window's charge
+    /// of the page before it, likely close: a read-ahead bound to find no room is not begun).
     pub fn start(&self, key: AheadKey, estimate: u64) -> Option<Started> {
         let budget = self.budget.as_ref()?;
         let mut slots = self.slots.lock();

@@ -572,8 +572,8 @@ async fn reads_past_the_cap_are_shed_with_a_hint() {
     assert_eq!(via.read("capped", 0, 0).await.unwrap().records.len(), 10);
 }
 
-/// A page through a gateway is as full as the star's: as many sections as its byte budget
-/// takes, not only the first window of eight. A fetch pool with room for less ends the page
+/// A page through a gateway holds as many sections as its byte budget takes, as the star's
+/// does, not only the first window of eight. A fetch pool with room for less ends the page
 /// sooner, and the consumer still reads every record as the star has them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_gateway_page_fills_its_byte_budget_as_the_stars_does() {
