@@ -273,16 +273,13 @@ pub(crate) async fn read(
                 }
                 other => other.map_err(|e| read_error(stream.name(), e))?,
             };
-            let before = page.next_seq;
-            page.take_from(entry.start_seq, section)
-                .map_err(|e| RequestError::DataLoss(format!("{}: {e}", entry.object_key)))?;
-            if page.next_seq == before && !page.full() {
-                return Err(RequestError::DataLoss(format!(
-                    "{} holds no record {before} of stream {:?} though the index says it does",
+            page.take_from(entry.start_seq, section).map_err(|e| {
+                RequestError::DataLoss(format!(
+                    "{} (stream {:?}): {e}",
                     entry.object_key,
                     stream.name()
-                )));
-            }
+                ))
+            })?;
         }
     }
     Ok(Page {

@@ -140,6 +140,14 @@ impl Budget {
         Some(self.granted(permit))
     }
 
+    /// Takes exactly `units` now if they are free: `None` if they are not, or if they are more
+    /// than the budget can ever hold (where [`Budget::try_acquire`] would take less).
+    pub fn try_acquire_exact(&self, units: u64) -> Option<BudgetPermit> {
+        (u64::from(self.clamp(units)) == units)
+            .then(|| self.try_acquire(units))
+            .flatten()
+    }
+
     /// Waits until the units are free. Cancel-safe: dropping the future gives up the place in
     /// line and takes nothing.
     pub async fn acquire(&self, units: u64) -> BudgetPermit {
@@ -183,6 +191,16 @@ mod tests {
         let registry = prometheus::Registry::new();
         let metrics = crate::prom::budget(&registry, "test", "bytes", "test budget");
         Budget::new(capacity, metrics, Clock::system())
+    }
+
+    #[test]
+    fn an_exact_take_is_never_clamped() {
+        let b = budget(100);
+        assert!(b.try_acquire_exact(101).is_none(), "more than the budget");
+        let held = b.try_acquire_exact(60).unwrap();
+        assert_eq!(held.units(), 60);
+        assert!(b.try_acquire_exact(41).is_none(), "no room now");
+        assert_eq!(b.try_acquire_exact(40).unwrap().units(), 40);
     }
 
     #[tokio::test(start_paused = true)]

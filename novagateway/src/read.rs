@@ -109,6 +109,8 @@ struct Plan {
     max_records: u32,
     max_bytes: u64,
     sections: Vec<PlannedSection>,
+    /// The charge a read waits for before fetching anything: its first window's.
+    first_charge: u64,
 }
 
 /// A section to fetch, and what the page holds for it until it is sent: the section, its
@@ -117,17 +119,6 @@ struct PlannedSection {
     key: String,
     entry: SectionEntry,
     charge: u64,
-}
-
-impl Plan {
-    /// The charge a read waits for before fetching anything: its first window's.
-    fn first_charge(&self) -> u64 {
-        self.sections
-            .iter()
-            .take(COLD_READ_REFS)
-            .map(|s| s.charge)
-            .sum()
-    }
 }
 
 /// One attempt's page: the response, its charge, and for a history page, the stream's id and
@@ -323,7 +314,7 @@ impl Reader {
         // The first window's share of the fetch pool, waited for in one go; the rest of the
         // page only if there is room as it goes (`fetch`).
         let waited = Instant::now();
-        let first = plan.first_charge();
+        let first = plan.first_charge;
         let permit = self.pool.acquire(first).await;
         tracing::trace!(
             waited_ms = waited.elapsed().as_millis() as u64,
@@ -352,10 +343,8 @@ impl Reader {
             Ok(Planned::Star) => return Err(Dropped::Hot),
             Err(_) => return Err(Dropped::Failed),
         };
-        let first = plan.first_charge();
-        let permit = (first <= budget.capacity() && first <= u32::MAX as u64)
-            .then(|| budget.try_acquire(first))
-            .flatten()
+        let permit = budget
+            .try_acquire_exact(plan.first_charge)
             .ok_or(Dropped::NoRoom)?;
         let served = self
             .fetch(request, plan, permit, budget)
@@ -464,12 +453,14 @@ impl Reader {
                 }
             }
         }
+        let first_charge = sections.iter().take(COLD_READ_REFS).map(|s| s.charge).sum();
         Ok(Planned::History(Plan {
             refs,
             start_seq,
             max_records,
             max_bytes,
             sections,
+            first_charge,
         }))
     }
 
@@ -487,15 +478,15 @@ impl Reader {
     ) -> Result<Served, Failure> {
         // A first window larger than the whole budget was charged only the budget: such a
         // page takes nothing more.
-        let window = plan.first_charge();
-        let mut may_grow = permit.units() >= window;
         let Plan {
             refs,
             start_seq,
             max_records,
             max_bytes,
             sections,
+            first_charge: window,
         } = plan;
+        let mut may_grow = permit.units() >= window;
         let mut page = PageBuilder::new(
             start_seq,
             refs.next_seq.min(refs.tail_seq),
@@ -524,27 +515,19 @@ impl Reader {
                 break;
             }
             let (start, bytes) = fetched?;
-            let before = page.next_seq;
-            page.take_from(start, bytes)
-                .map_err(|e| Status::from(RequestError::DataLoss(e.to_string())))?;
-            if page.next_seq == before && !page.full() {
-                return Err(Failure::Status(
-                    RequestError::DataLoss(format!(
-                        "a section of stream {:?} from {start} holds no record {before} though \
-                         the star's refs say it does",
-                        request.stream
-                    ))
-                    .into(),
-                ));
-            }
+            page.take_from(start, bytes).map_err(|e| {
+                Status::from(RequestError::DataLoss(format!(
+                    "stream {:?}: {e}",
+                    request.stream
+                )))
+            })?;
             // Keep the window full while the budget has room for the next section now, and
             // at most half of it is in use: a few long pages (of consumers slow to take them)
             // leave room for everyone's first window.
             if may_grow && let Some(next) = later.next() {
-                let exact = u64::from(budget.clamp(next.charge)) == next.charge;
                 let spare = budget.in_use() + next.charge <= budget.capacity() / 2;
-                match (exact && spare)
-                    .then(|| budget.try_acquire(next.charge))
+                match spare
+                    .then(|| budget.try_acquire_exact(next.charge))
                     .flatten()
                 {
                     Some(charge) => {

@@ -38,10 +38,20 @@ impl PageBuilder {
         self.capped || self.next_seq >= self.tail || self.records.len() >= self.max_records
     }
 
-    /// Offers the records of a run starting at `first_seq`; takes those from `next_seq` on
-    /// until the page is full.
+    /// Offers the records of a section starting at `first_seq`; takes those from `next_seq` on
+    /// until the page is full. A section offered to a page that is not full must hold its next
+    /// record (the index or refs that named it said so): one that moves the page on by none
+    /// is corrupt.
     pub fn take_from(&mut self, first_seq: u64, section: Bytes) -> Result<(), FormatError> {
-        self.take_records(first_seq, RecordIter::new(section))
+        let before = self.next_seq;
+        self.take_records(first_seq, RecordIter::new(section))?;
+        if self.next_seq == before && !self.full() {
+            return Err(FormatError::corrupt(format!(
+                "a section from record {first_seq} holds no record {before}, though it was \
+                 named as holding it"
+            )));
+        }
+        Ok(())
     }
 
     /// `take_from` for records already being iterated (a fragment in several parts).
@@ -130,5 +140,17 @@ mod tests {
         page.take_records(0, fragment.iter()).unwrap();
         let seqs: Vec<u64> = page.records.iter().map(|r| r.seq).collect();
         assert_eq!(seqs, [7, 8], "nothing past the tail");
+    }
+
+    #[test]
+    fn a_section_that_moves_the_page_on_by_nothing_is_corrupt() {
+        // Records 0..10, offered to a page that wants record 10 (its tail is further on).
+        let fragment = encode_fragment(records(10, 1).iter());
+        let mut page = builder(10, 20, 100, 1 << 20);
+        assert!(page.take_from(0, fragment.to_bytes()).is_err());
+        // A full page takes nothing, and that is no error.
+        let mut page = builder(0, 20, 2, 1 << 20);
+        page.take_from(0, fragment.to_bytes()).unwrap();
+        page.take_from(0, fragment.to_bytes()).unwrap();
     }
 }
