@@ -6,10 +6,13 @@
 #   1. load: nova bench writes --bytes (default 256MiB) over 16 streams into a star whose tail
 #      cache is 1 MiB, so nearly everything is history in the object store;
 #   2. raw: every section of every flight fetched with ranged GETs, 64 at a time (the
-#      gateway's concurrency: 8 readers, each with up to 8 sections in flight), before and
-#      again after the gateway's cold pass; the table divides by the two passes' mean;
-#   3. gateway: every stream read from its start through one gateway, 8 readers at a time,
-#      with cold caches (between the two raw passes), and later again with warm caches;
+#      gateway's concurrency: 8 readers, each with up to 8 sections in flight);
+#   3. gateway: every stream read from its start through a fresh gateway (cold caches), 8
+#      readers at a time, in --rounds rounds (default 3) that alternate with raw passes:
+#      raw, gateway, raw, gateway, ..., raw. Each round's ratio is its gateway pass over the
+#      mean of the raw passes either side (this shared machine drifts by a fifth between
+#      passes a minute apart); the table's row is the median round, and every round's ratio
+#      is printed under it. The last round's gateway then reads everything again (warm caches);
 #   4. star: the same from the star itself;
 #   5. the cold pass again through a fresh gateway with read-ahead on (--read-ahead-bytes
 #      64MiB), which says what reading each consumer's next page ahead gives; and both again
@@ -32,7 +35,7 @@
 # With --update-docs the results in docs/performance.md are rewritten.
 #
 # Uses s3s-fs 0.14.1 like benches/e2e.sh (installed on first use); release builds.
-#   benches/gateway.sh [--bytes 256MiB] [--pin] [--store-latency-ms N] [--update-docs]
+#   benches/gateway.sh [--bytes 256MiB] [--rounds 3] [--pin] [--store-latency-ms N] [--update-docs]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -41,16 +44,22 @@ BYTES=256MiB
 UPDATE_DOCS=0
 PIN=0
 LATENCY=0
+ROUNDS=3
 while [ $# -gt 0 ]; do
     case "$1" in
         --bytes) BYTES=$2; shift ;;
         --update-docs) UPDATE_DOCS=1 ;;
         --pin) PIN=1 ;;
+        --rounds) ROUNDS=$2; shift ;;
         --store-latency-ms) LATENCY=$2; shift ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
+if ! [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]]; then
+    echo "--rounds must be a whole number of at least 1, not '$ROUNDS'" >&2
+    exit 2
+fi
 
 WORK=$(mktemp -d)
 PIDS=()
@@ -117,15 +126,22 @@ pass_of() {
     echo "$s0 $(cpu_of "$S3_PID") $p0 $(cpu_of "$pid")" >"$WORK/$name.cpu"
 }
 
-# The raw pass runs twice, either side of the gateway's cold pass, and the table divides by
-# their mean: this shared machine drifts by a fifth between passes a minute apart.
+# Raw and cold gateway passes alternate (raw_0, cold_1, raw_1, ..., cold_N, raw_N): each
+# round is divided by the raw passes either side of it, as this shared machine drifts by a
+# fifth between passes a minute apart. Every round's gateway is fresh, so its caches are cold.
 say "raw ranged GETs of every section, 64 at a time"
-pass_of raw "$STAR_PID" "$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64
-say "every stream through the gateway, 8 readers (cold caches)"
-pass_of cold "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
-save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/cold.metrics"
-say "raw ranged GETs again"
-pass_of raw_again "$STAR_PID" "$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64
+pass_of raw_0 "$STAR_PID" "$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64
+for round in $(seq "$ROUNDS"); do
+    if [ "$round" -gt 1 ]; then
+        stop_pid "$GW_PID"
+        start_gateway
+    fi
+    say "round $round of $ROUNDS: every stream through a fresh gateway, 8 readers (cold caches)"
+    pass_of "cold_$round" "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
+    save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/cold_$round.metrics"
+    say "raw ranged GETs again"
+    pass_of "raw_$round" "$STAR_PID" "$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64
+done
 say "every stream from the star, 8 readers"
 pass_of star "$STAR_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$NOVA_PORT" --streams 16 --readers 8
 say "again (warm caches)"
@@ -147,9 +163,10 @@ say "and with read-ahead (cold caches)"
 pass_of think_ahead "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8 --think-ms 20
 save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/think_ahead.metrics"
 
-python3 - "$WORK" "$BYTES" "$MACHINE" "$(git rev-parse --short HEAD)" "$PIN" "$LATENCY" <<'PY'
+python3 - "$WORK" "$BYTES" "$MACHINE" "$(git rev-parse --short HEAD)" "$PIN" "$LATENCY" "$ROUNDS" <<'PY'
 import datetime, json, sys
-work, loaded, machine, commit, pin, latency = sys.argv[1:]
+work, loaded, machine, commit, pin, latency, rounds = sys.argv[1:]
+rounds = int(rounds)
 def series(page, name):
     """The sum of every series of metric `name` on a saved metrics page."""
     return sum(float(l.rsplit(" ", 1)[1]) for l in open(f"{work}/{page}.metrics")
@@ -165,19 +182,28 @@ def load(name):
     mib = run["bytes"] / (1 << 20)
     run["server_ms"], run["serving_ms"] = server * 1000 / mib, serving * 1000 / mib
     return run
-raw, raw_again, star, cold, warm, ahead_run, think, think_ahead = map(
-    load, ("raw", "raw_again", "star", "cold", "warm", "ahead", "think", "think_ahead"))
-# The two raw passes as one row: their mean throughput and CPU per MiB.
-passes = (raw["mib_per_sec"], raw_again["mib_per_sec"])
+star, warm, ahead_run, think, think_ahead = map(
+    load, ("star", "warm", "ahead", "think", "think_ahead"))
+raws = [load(f"raw_{i}") for i in range(rounds + 1)]
+colds = [load(f"cold_{i}") for i in range(1, rounds + 1)]
+# Each round against the raw passes either side of it; the row is the median round's.
+for i, cold_run in enumerate(colds):
+    cold_run["ratio"] = cold_run["mib_per_sec"] / ((raws[i]["mib_per_sec"] + raws[i + 1]["mib_per_sec"]) / 2)
+# (With an even number of rounds, the lower of the middle two.)
+cold = sorted(colds, key=lambda c: c["ratio"])[(rounds - 1) // 2]
+# The raw passes as one row: their mean throughput and CPU per MiB. The other rows (read
+# once, not in rounds) are divided by it.
+raw = dict(raws[0])
 for key in ("mib_per_sec", "server_ms", "cpu_ms_per_mib"):
-    raw[key] = (raw[key] + raw_again[key]) / 2
+    raw[key] = sum(r[key] for r in raws) / len(raws)
 raw["serving_ms"] = 0.0
 def row(label, run, serving):
     total = run["server_ms"] + run["serving_ms"] + run["cpu_ms_per_mib"]
     serving_cell = f"{run['serving_ms']:.2f} ms" if serving else "—"
-    return (f"| {label} | {run['mib_per_sec']:.1f} | {run['mib_per_sec'] / raw['mib_per_sec']:.2f} | "
+    ratio = run.get("ratio", run["mib_per_sec"] / raw["mib_per_sec"])
+    return (f"| {label} | {run['mib_per_sec']:.1f} | {ratio:.2f} | "
             f"{run['server_ms']:.2f} ms | {serving_cell} | {run['cpu_ms_per_mib']:.2f} ms | {total:.2f} ms |")
-hc, mc = (series("cold", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
+hc, mc = (series(f"cold_{rounds}", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
 h, m = (series("warm", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
 peak = series("warm", "nova_gateway_fetch_pool_peak_bytes")
 def outcomes(page):
@@ -193,15 +219,18 @@ lines = [
     "| reading | MiB/s | ÷ raw | S3 server CPU per MiB | star or gateway CPU per MiB | reader CPU per MiB | all three |",
     "|---|---|---|---|---|---|---|",
     row(f"raw ranged GETs, 64 at a time ({raw['sections']} sections of {raw['objects']} objects; "
-        f"the mean of a pass before and one after the gateway's cold pass: {passes[0]:.1f} and {passes[1]:.1f})", raw, False),
+        f"the mean of {len(raws)} passes: " + ", ".join(f"{r['mib_per_sec']:.1f}" for r in raws) + ")", raw, False),
     row("from the star, 8 readers", star, True),
-    row("through the gateway, cold caches", cold, True),
+    row(f"through the gateway, cold caches (the median of {rounds} rounds, each ÷ the raw passes either side)", cold, True),
     row("through the gateway, warm caches", warm, True),
     row("through the gateway, cold caches, read-ahead on", ahead_run, True),
     row("through the gateway, cold caches, readers spending 20 ms a page", think, True),
     row("the same, read-ahead on", think_ahead, True),
     "",
-    f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on the cold pass, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass. "
+    f"The gateway's cold rounds, each ÷ the mean of the raw passes either side: "
+    + ", ".join(f"{c['mib_per_sec']:.1f} MiB/s ({c['ratio']:.2f})" for c in colds) + ".",
+    "",
+    f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on the last cold round, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass. "
     f"Fetch pool peak: {peak / (1 << 20):.1f} MiB of 64 MiB. "
     f"Read-aheads with read-ahead on: {outcomes('ahead')} on the cold pass, "
     f"{outcomes('think_ahead')} with readers spending 20 ms a page."
