@@ -13,6 +13,10 @@
 #      mean of the raw passes either side (this shared machine drifts by a fifth between
 #      passes a minute apart); the table's row is the median round, and every round's ratio
 #      is printed under it. The last round's gateway then reads everything again (warm caches);
+#   3a. the read floor, in each round after the gateway: the same reads served by `relay
+#      --star` (benches/src/bin/relay.rs), which knows every section from the start and only
+#      fetches, checks, decodes and sends them on: the least a process between the store and
+#      the readers can cost on this machine, and so what the gateway is measured against;
 #   4. star: the same from the star itself;
 #   5. the cold pass again through a fresh gateway with read-ahead on (--read-ahead-bytes
 #      64MiB), which says what reading each consumer's next page ahead gives; and both again
@@ -126,6 +130,14 @@ pass_of() {
     echo "$s0 $(cpu_of "$S3_PID") $p0 $(cpu_of "$pid")" >"$WORK/$name.cpu"
 }
 
+# The read floor: every stream's sections learnt once, then only fetched and sent on.
+FLOOR_PORT=$(free_port)
+"$BIN/relay" --endpoint "$ENDPOINT" --bucket nova --listen "127.0.0.1:$FLOOR_PORT" \
+    --star "http://127.0.0.1:$NOVA_PORT" --streams 16 >"$WORK/relay.log" 2>&1 &
+FLOOR_PID=$!
+PIDS+=("$FLOOR_PID")
+wait_port "$FLOOR_PORT" || { cat "$WORK/relay.log" >&2; exit 1; }
+
 # Raw and cold gateway passes alternate (raw_0, cold_1, raw_1, ..., cold_N, raw_N): each
 # round is divided by the raw passes either side of it, as this shared machine drifts by a
 # fifth between passes a minute apart. Every round's gateway is fresh, so its caches are cold.
@@ -139,6 +151,8 @@ for round in $(seq "$ROUNDS"); do
     say "round $round of $ROUNDS: every stream through a fresh gateway, 8 readers (cold caches)"
     pass_of "cold_$round" "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
     save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/cold_$round.metrics"
+    say "round $round of $ROUNDS: every stream through the read floor, 8 readers"
+    pass_of "floor_$round" "$FLOOR_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$FLOOR_PORT" --streams 16 --readers 8
     say "raw ranged GETs again"
     pass_of "raw_$round" "$STAR_PID" "$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64
 done
@@ -186,11 +200,16 @@ star, warm, ahead_run, think, think_ahead = map(
     load, ("star", "warm", "ahead", "think", "think_ahead"))
 raws = [load(f"raw_{i}") for i in range(rounds + 1)]
 colds = [load(f"cold_{i}") for i in range(1, rounds + 1)]
+floors = [load(f"floor_{i}") for i in range(1, rounds + 1)]
 # Each round against the raw passes either side of it; the row is the median round's.
-for i, cold_run in enumerate(colds):
-    cold_run["ratio"] = cold_run["mib_per_sec"] / ((raws[i]["mib_per_sec"] + raws[i + 1]["mib_per_sec"]) / 2)
-# (With an even number of rounds, the lower of the middle two.)
-cold = sorted(colds, key=lambda c: c["ratio"])[(rounds - 1) // 2]
+for i in range(rounds):
+    for run in (colds[i], floors[i]):
+        run["ratio"] = run["mib_per_sec"] / ((raws[i]["mib_per_sec"] + raws[i + 1]["mib_per_sec"]) / 2)
+    colds[i]["of_floor"] = colds[i]["mib_per_sec"] / floors[i]["mib_per_sec"]
+def median(runs, key):
+    """The median run by `key` (with an even number, the lower of the middle two)."""
+    return sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
+cold, floor = median(colds, "ratio"), median(floors, "ratio")
 # The raw passes as one row: their mean throughput and CPU per MiB. The other rows (read
 # once, not in rounds) are divided by it.
 raw = dict(raws[0])
@@ -220,6 +239,7 @@ lines = [
     "|---|---|---|---|---|---|---|",
     row(f"raw ranged GETs, 64 at a time ({raw['sections']} sections of {raw['objects']} objects; "
         f"the mean of {len(raws)} passes: " + ", ".join(f"{r['mib_per_sec']:.1f}" for r in raws) + ")", raw, False),
+    row(f"the read floor (`relay --star`), 8 readers (the median of {rounds} rounds)", floor, True),
     row("from the star, 8 readers", star, True),
     row(f"through the gateway, cold caches (the median of {rounds} rounds, each ÷ the raw passes either side)", cold, True),
     row("through the gateway, warm caches", warm, True),
@@ -228,7 +248,10 @@ lines = [
     row("the same, read-ahead on", think_ahead, True),
     "",
     f"The gateway's cold rounds, each ÷ the mean of the raw passes either side: "
-    + ", ".join(f"{c['mib_per_sec']:.1f} MiB/s ({c['ratio']:.2f})" for c in colds) + ".",
+    + ", ".join(f"{c['mib_per_sec']:.1f} MiB/s ({c['ratio']:.2f})" for c in colds) + "; "
+    f"the read floor's: " + ", ".join(f"{f['mib_per_sec']:.1f} MiB/s ({f['ratio']:.2f})" for f in floors) + "; "
+    f"the gateway ÷ the floor in each round: " + ", ".join(f"{c['of_floor']:.2f}" for c in colds)
+    + f" (median {median(colds, 'of_floor')['of_floor']:.2f}).",
     "",
     f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on the last cold round, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass. "
     f"Fetch pool peak: {peak / (1 << 20):.1f} MiB of 64 MiB. "

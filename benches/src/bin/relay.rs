@@ -10,25 +10,41 @@
 //! checksums, no index and no metastore, and it bounds nothing: what it costs is receiving the
 //! bytes and sending them on.
 //!
+//! With `--star`, it is also the read floor: the least a process can do to serve cold reads of
+//! what a star wrote. At start it asks the star for each stream's id (`--streams` streams named
+//! `--stream-prefix`-0, -1, ...), then reads every flight's footer, as the raw ranged-GET client
+//! does (not timed by a reader). It answers each Read with the stream's sections from the
+//! request's first record on, fetched with ranged GETs eight in flight (a sliding window, as the
+//! gateway keeps), checked against their crc32c, decoded and encoded as a page of up to 8 MiB. It
+//! asks the star nothing per read and has no cache, no budget and no read-ahead: what it costs
+//! is fetching the bytes and sending them on.
+//!
 //! relay --endpoint URL --bucket NAME --listen ADDR [--object-bytes 8MiB] [--concurrency 8]
 //!       [--linger-ms 50] [--window-kib 64]
+//!       [--star URL --streams N [--stream-prefix bench] [--read-window 8]]
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use nova_core::flight::page::PageBuilder;
+use nova_core::flight::{ObjectFooter, SectionEntry, fetch_footer, fetch_section};
+use nova_core::limits::{COLD_READ_REFS, MAX_READ_RECORDS};
 use nova_core::object_store::{ObjectStore, PutPayload, S3Config, S3Store};
 use nova_proto::RequestError;
 use nova_proto::server::nova_server::{Nova, NovaServer};
 use nova_proto::units::parse_bytes;
 use nova_proto::v1;
+use nova_proto::validate::read_caps;
 use nova_proto::wire::WireAppend;
 use nova_server::net::recycle::{RecycleMetrics, Recycler};
 use prometheus::Registry;
@@ -128,8 +144,145 @@ impl Relay {
     }
 }
 
+/// A page's content bytes at most, as the star's and the gateway's `--max-read-bytes` default.
+const PAGE_BYTES: u64 = 8 << 20;
+
+/// One section of a stream: which object holds it, and where.
+struct Section {
+    key: String,
+    entry: SectionEntry,
+}
+
+/// The read floor's index: every stream's sections, in order, read once at start.
+struct ReadFloor {
+    store: Arc<S3Store>,
+    streams: HashMap<String, Vec<Section>>,
+    /// Sections in flight per read (`--read-window`, default the gateway's eight).
+    window: usize,
+}
+
+impl ReadFloor {
+    /// Learns each stream's id from the star, then every flight's sections from its footer.
+    async fn load(
+        store: Arc<S3Store>,
+        star: String,
+        names: Vec<String>,
+        window: usize,
+    ) -> Result<Self, String> {
+        let mut client = v1::nova_client::NovaClient::connect(star)
+            .await
+            .map_err(|e| format!("cannot reach the star: {e}"))?;
+        let mut ids = HashMap::new();
+        for name in names {
+            let refs = client
+                .resolve_refs(v1::ResolveRefsRequest {
+                    stream: name.clone(),
+                    start_seq: 0,
+                    max_refs: 1,
+                    start_timestamp: None,
+                })
+                .await
+                .map_err(|e| format!("refs of {name}: {e}"))?
+                .into_inner();
+            let first = refs
+                .refs
+                .first()
+                .ok_or_else(|| format!("{name} has no records in the object store"))?;
+            ids.insert(first.stream_id, name);
+        }
+        let mut streams: HashMap<String, Vec<Section>> = HashMap::new();
+        let mut after: Option<String> = None;
+        loop {
+            let listed = store
+                .list("chain/", after.as_deref(), 1000)
+                .await
+                .map_err(|e| e.to_string())?;
+            for object in listed.objects {
+                let Ok(ObjectFooter::Flight(footer)) =
+                    fetch_footer(store.as_ref(), &object.key).await
+                else {
+                    continue;
+                };
+                for entry in footer.sections {
+                    if let Some(name) = ids.get(&entry.stream_id) {
+                        streams.entry(name.clone()).or_default().push(Section {
+                            key: object.key.clone(),
+                            entry,
+                        });
+                    }
+                }
+            }
+            match listed.next_start_after {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        for sections in streams.values_mut() {
+            sections.sort_by_key(|s| s.entry.start_seq);
+        }
+        Ok(Self {
+            store,
+            streams,
+            window: window.max(1),
+        })
+    }
+
+    /// A page of `request`'s stream from its first record: the sections that fill it, eight
+    /// in flight.
+    async fn read(&self, request: v1::ReadRequest) -> Result<v1::ReadResponse, RequestError> {
+        let sections = self
+            .streams
+            .get(&request.stream)
+            .ok_or_else(|| RequestError::StreamNotFound(request.stream.clone()))?;
+        let (max_records, max_bytes) = read_caps(&request, MAX_READ_RECORDS, PAGE_BYTES);
+        let tail = sections.last().map_or(0, |s| s.entry.end_seq);
+        let first = sections.partition_point(|s| s.entry.end_seq <= request.start_seq);
+        let mut page = PageBuilder::new(
+            request.start_seq,
+            tail,
+            max_records.max(1) as usize,
+            max_bytes,
+        );
+        let fetch = |section| fetch_one(self.store.as_ref(), section);
+        // As the gateway plans a page: whole sections until they hold the page's bytes.
+        let mut planned = 0;
+        let mut later = sections[first..].iter().take_while(|s| {
+            let more = planned < max_bytes;
+            planned += s.entry.len;
+            more
+        });
+        let mut in_flight: FuturesOrdered<_> =
+            later.by_ref().take(self.window).map(fetch).collect();
+        while let Some(fetched) = in_flight.next().await {
+            if page.full() {
+                break;
+            }
+            let (start, bytes) = fetched?;
+            page.take_from(start, bytes)
+                .map_err(|e| RequestError::DataLoss(e.to_string()))?;
+            if let Some(next) = later.next() {
+                in_flight.push_back(fetch(next));
+            }
+        }
+        Ok(v1::ReadResponse {
+            records: page.records.into_iter().map(Into::into).collect(),
+            next_seq: page.next_seq,
+            tail_seq: tail,
+        })
+    }
+}
+
+/// One section's bytes, checked against its crc32c, and its first record's sequence number.
+async fn fetch_one(store: &S3Store, section: &Section) -> Result<(u64, Bytes), RequestError> {
+    let entry = &section.entry;
+    fetch_section(store, &section.key, entry.offset, entry.len, entry.crc32c)
+        .await
+        .map(|bytes| (entry.start_seq, bytes))
+        .map_err(|e| RequestError::Internal(format!("{}: {e}", section.key)))
+}
+
 #[derive(Clone)]
-struct Service(Arc<Relay>);
+struct Service(Arc<Relay>, Option<Arc<ReadFloor>>);
 
 type Acks = Pin<Box<dyn Stream<Item = Result<v1::AppendAck, Status>> + Send>>;
 
@@ -138,7 +291,7 @@ const SESSION_PIPELINE: usize = 256;
 
 fn only_appends() -> Status {
     Status::from(RequestError::Unimplemented(
-        "the relay floor only takes appends".into(),
+        "the relay floor only takes appends (and reads, when started with --star)".into(),
     ))
 }
 
@@ -205,9 +358,10 @@ impl Nova for Service {
 
     async fn read(
         &self,
-        _: Request<v1::ReadRequest>,
+        request: Request<v1::ReadRequest>,
     ) -> Result<Response<v1::ReadResponse>, Status> {
-        Err(only_appends())
+        let floor = self.1.as_ref().ok_or_else(only_appends)?;
+        Ok(Response::new(floor.read(request.into_inner()).await?))
     }
 
     async fn resolve_refs(
@@ -289,6 +443,15 @@ fn main() -> Result<(), String> {
     let concurrency = number("--concurrency", 8)? as usize;
     let linger = Duration::from_millis(number("--linger-ms", 50)?.max(5));
     let window = (number("--window-kib", 64)? * 1024) as u32;
+    let star = arg("--star");
+    let prefix = arg("--stream-prefix").unwrap_or_else(|| "bench".into());
+    let names: Vec<String> = (0..number("--streams", 0)?)
+        .map(|n| format!("{prefix}-{n}"))
+        .collect();
+    let read_window = number("--read-window", COLD_READ_REFS as u64)? as usize;
+    if star.is_some() && names.is_empty() {
+        return Err("--star needs --streams: the streams to serve reads of".into());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -300,6 +463,12 @@ fn main() -> Result<(), String> {
         config.limits.write_concurrency = concurrency;
         let store = Arc::new(S3Store::new(config).await);
         let _ = store.client().create_bucket().bucket(&bucket).send().await;
+        let floor = match star {
+            Some(star) => Some(Arc::new(
+                ReadFloor::load(store.clone(), star, names, read_window).await?,
+            )),
+            None => None,
+        };
         let relay = Arc::new(Relay {
             store,
             pending: Mutex::default(),
@@ -310,7 +479,7 @@ fn main() -> Result<(), String> {
             recycler: Recycler::new(64 << 20, RecycleMetrics::register(&Registry::new())),
         });
         tokio::spawn(relay.clone().linger(linger));
-        let service = NovaServer::new(Service(relay))
+        let service = NovaServer::new(Service(relay, floor))
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         // The star's transport settings: pinned stream windows, a connection window as wide as
