@@ -7,21 +7,23 @@
 #      cache is 1 MiB, so nearly everything is history in the object store;
 #   2. raw: every section of every flight fetched with ranged GETs, 64 at a time (the
 #      gateway's concurrency: 8 readers, each with up to 8 sections in flight);
-#   3. gateway: every stream read from its start through a fresh gateway (cold caches), 8
-#      readers at a time, in --rounds rounds (default 3) that alternate with raw passes:
-#      raw, gateway, raw, gateway, ..., raw. Each round's ratio is its gateway pass over the
-#      mean of the raw passes either side (this shared machine drifts by a fifth between
-#      passes a minute apart); the table's row is the median round, and every round's ratio
-#      is printed under it. The last round's gateway then reads everything again (warm caches);
-#   3a. the read floor, in each round after the gateway: the same reads served by `relay
-#      --star` (benches/src/bin/relay.rs), which knows every section from the start and only
-#      fetches, checks, decodes and sends them on: the least a process between the store and
-#      the readers can cost on this machine, and so what the gateway is measured against;
-#   4. star: the same from the star itself;
-#   5. the cold pass again through a fresh gateway with read-ahead on (--read-ahead-bytes
-#      64MiB), which says what reading each consumer's next page ahead gives; and both again
-#      with readers that spend 20 ms on every page (--think-ms 20), as consumers that process
-#      what they read do.
+#   3. rounds (--rounds, default 3), alternating with raw passes (raw, round, raw, ...,
+#      round, raw). In each round every stream is read from its start three ways, 8 readers
+#      at a time, the three taking turns to go first:
+#      - through a fresh gateway (cold caches);
+#      - through a fresh gateway with read-ahead on (--read-ahead-bytes 64MiB), which says
+#        what reading each consumer's next page ahead gives;
+#      - through the read floor, `relay --star` (benches/src/bin/relay.rs), which plans and
+#        fetches each page as the gateway does (whole sections up to 8 MiB, 8 GETs in flight)
+#        but knows every section from the start and does nothing else per read: what that
+#        fetch plan costs against independent GETs, apart from the gateway's own work.
+#      Each read is divided by the mean of the raw passes either side of its round (this
+#      shared machine drifts by a fifth between passes a minute apart); each row is its
+#      median round, and every round's figures are printed under the table;
+#   4. star: the same from the star itself, once;
+#   5. the last round's gateway reads everything again (warm caches); and fresh gateways
+#      without and with read-ahead read it once more with readers that spend 20 ms on every
+#      page (--think-ms 20), as consumers that process what they read do.
 #
 # On two cores the S3-compatible server, the reading process and the reader share the CPU, so
 # the table gives each one's CPU per MiB beside the throughput: it says where a ratio comes from.
@@ -138,35 +140,56 @@ FLOOR_PID=$!
 PIDS+=("$FLOOR_PID")
 wait_port "$FLOOR_PORT" || { cat "$WORK/relay.log" >&2; exit 1; }
 
-# Raw and cold gateway passes alternate (raw_0, cold_1, raw_1, ..., cold_N, raw_N): each
-# round is divided by the raw passes either side of it, as this shared machine drifts by a
-# fifth between passes a minute apart. Every round's gateway is fresh, so its caches are cold.
+AHEAD=(--read-ahead-bytes 64MiB)
+# A round's three reads of every stream, 8 readers each: through a fresh gateway (cold
+# caches), through a fresh gateway with read-ahead, and through the read floor. Only one
+# gateway runs at a time: in probes, a gateway read while another (idle) one was still up
+# spent a quarter more CPU per MiB (2.61 against 2.03 to 2.16 ms), for no reason found.
+fresh_gateway() {
+    if [ -n "$GW_PID" ]; then stop_pid "$GW_PID"; fi
+    start_gateway "$@"
+}
+cold_pass() {
+    fresh_gateway
+    say "round $1 of $ROUNDS: every stream through a fresh gateway (cold caches)"
+    pass_of "cold_$1" "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
+    save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/cold_$1.metrics"
+}
+ahead_pass() {
+    fresh_gateway "${AHEAD[@]}"
+    say "round $1 of $ROUNDS: every stream through a fresh gateway with read-ahead (cold caches)"
+    pass_of "ahead_$1" "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
+    save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/ahead_$1.metrics"
+}
+floor_pass() {
+    if [ -n "$GW_PID" ]; then stop_pid "$GW_PID"; GW_PID=; fi
+    say "round $1 of $ROUNDS: every stream through the read floor"
+    pass_of "floor_$1" "$FLOOR_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$FLOOR_PORT" --streams 16 --readers 8
+}
+
+# Rounds of the three reads alternate with raw passes (raw_0, round 1, raw_1, ..., round N,
+# raw_N): each read is divided by the raw passes either side of its round, as this shared
+# machine drifts by a fifth between passes a minute apart. The three take turns going first.
+ORDERS=("cold floor ahead" "floor ahead cold" "ahead cold floor")
 say "raw ranged GETs of every section, 64 at a time"
 pass_of raw_0 "$STAR_PID" "$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64
 for round in $(seq "$ROUNDS"); do
-    if [ "$round" -gt 1 ]; then
-        stop_pid "$GW_PID"
-        start_gateway
-    fi
-    say "round $round of $ROUNDS: every stream through a fresh gateway, 8 readers (cold caches)"
-    pass_of "cold_$round" "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
-    save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/cold_$round.metrics"
-    say "round $round of $ROUNDS: every stream through the read floor, 8 readers"
-    pass_of "floor_$round" "$FLOOR_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$FLOOR_PORT" --streams 16 --readers 8
+    for read in ${ORDERS[$(((round - 1) % 3))]}; do
+        "${read}_pass" "$round"
+    done
     say "raw ranged GETs again"
     pass_of "raw_$round" "$STAR_PID" "$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64
 done
+if [ -n "$GW_PID" ]; then stop_pid "$GW_PID"; GW_PID=; fi
 say "every stream from the star, 8 readers"
 pass_of star "$STAR_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$NOVA_PORT" --streams 16 --readers 8
-say "again (warm caches)"
+# The warm pass: a fresh gateway reads everything once (not measured), then again.
+fresh_gateway
+say "warm caches: every stream through a fresh gateway twice, the second time measured"
+"$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8 >"$WORK/prime.json"
+save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/prime.metrics"
 pass_of warm "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
 save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/warm.metrics"
-stop_pid "$GW_PID"
-AHEAD=(--read-ahead-bytes 64MiB)
-start_gateway "${AHEAD[@]}"
-say "every stream through a fresh gateway with read-ahead (cold caches)"
-pass_of ahead "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
-save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/ahead.metrics"
 stop_pid "$GW_PID"
 start_gateway
 say "the same, readers spending 20 ms on each page, without read-ahead (cold caches)"
@@ -196,20 +219,23 @@ def load(name):
     mib = run["bytes"] / (1 << 20)
     run["server_ms"], run["serving_ms"] = server * 1000 / mib, serving * 1000 / mib
     return run
-star, warm, ahead_run, think, think_ahead = map(
-    load, ("star", "warm", "ahead", "think", "think_ahead"))
+star, warm, think, think_ahead = map(load, ("star", "warm", "think", "think_ahead"))
 raws = [load(f"raw_{i}") for i in range(rounds + 1)]
 colds = [load(f"cold_{i}") for i in range(1, rounds + 1)]
 floors = [load(f"floor_{i}") for i in range(1, rounds + 1)]
+aheads = [load(f"ahead_{i}") for i in range(1, rounds + 1)]
 # Each round against the raw passes either side of it; the row is the median round's.
 for i in range(rounds):
-    for run in (colds[i], floors[i]):
+    if floors[i]["records"] != colds[i]["records"]:
+        sys.exit(f"round {i + 1}: the read floor served {floors[i]['records']} records, "
+                 f"the gateway {colds[i]['records']}: they must read the same")
+    for run in (colds[i], floors[i], aheads[i]):
         run["ratio"] = run["mib_per_sec"] / ((raws[i]["mib_per_sec"] + raws[i + 1]["mib_per_sec"]) / 2)
     colds[i]["of_floor"] = colds[i]["mib_per_sec"] / floors[i]["mib_per_sec"]
 def median(runs, key):
     """The median run by `key` (with an even number, the lower of the middle two)."""
     return sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
-cold, floor = median(colds, "ratio"), median(floors, "ratio")
+cold, floor, ahead_run = (median(runs, "ratio") for runs in (colds, floors, aheads))
 # The raw passes as one row: their mean throughput and CPU per MiB. The other rows (read
 # once, not in rounds) are divided by it.
 raw = dict(raws[0])
@@ -222,7 +248,7 @@ def row(label, run, serving):
     ratio = run.get("ratio", run["mib_per_sec"] / raw["mib_per_sec"])
     return (f"| {label} | {run['mib_per_sec']:.1f} | {ratio:.2f} | "
             f"{run['server_ms']:.2f} ms | {serving_cell} | {run['cpu_ms_per_mib']:.2f} ms | {total:.2f} ms |")
-hc, mc = (series(f"cold_{rounds}", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
+hc, mc = (series("prime", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
 h, m = (series("warm", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
 peak = series("warm", "nova_gateway_fetch_pool_peak_bytes")
 def outcomes(page):
@@ -239,11 +265,11 @@ lines = [
     "|---|---|---|---|---|---|---|",
     row(f"raw ranged GETs, 64 at a time ({raw['sections']} sections of {raw['objects']} objects; "
         f"the mean of {len(raws)} passes: " + ", ".join(f"{r['mib_per_sec']:.1f}" for r in raws) + ")", raw, False),
-    row(f"the read floor (`relay --star`), 8 readers (the median of {rounds} rounds)", floor, True),
+    row(f"the read floor (`relay --star`: the gateway's fetch plan, none of its per-read work), 8 readers (the median of {rounds} rounds)", floor, True),
     row("from the star, 8 readers", star, True),
     row(f"through the gateway, cold caches (the median of {rounds} rounds, each ÷ the raw passes either side)", cold, True),
     row("through the gateway, warm caches", warm, True),
-    row("through the gateway, cold caches, read-ahead on", ahead_run, True),
+    row(f"through the gateway, cold caches, read-ahead on (the median of {rounds} rounds)", ahead_run, True),
     row("through the gateway, cold caches, readers spending 20 ms a page", think, True),
     row("the same, read-ahead on", think_ahead, True),
     "",
@@ -251,11 +277,12 @@ lines = [
     + ", ".join(f"{c['mib_per_sec']:.1f} MiB/s ({c['ratio']:.2f})" for c in colds) + "; "
     f"the read floor's: " + ", ".join(f"{f['mib_per_sec']:.1f} MiB/s ({f['ratio']:.2f})" for f in floors) + "; "
     f"the gateway ÷ the floor in each round: " + ", ".join(f"{c['of_floor']:.2f}" for c in colds)
-    + f" (median {median(colds, 'of_floor')['of_floor']:.2f}).",
+    + f" (median {median(colds, 'of_floor')['of_floor']:.2f}); with read-ahead on: "
+    + ", ".join(f"{a['mib_per_sec']:.1f} MiB/s ({a['ratio']:.2f})" for a in aheads) + ".",
     "",
-    f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on the last cold round, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass. "
+    f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on a cold pass, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass. "
     f"Fetch pool peak: {peak / (1 << 20):.1f} MiB of 64 MiB. "
-    f"Read-aheads with read-ahead on: {outcomes('ahead')} on the cold pass, "
+    f"Read-aheads with read-ahead on: {outcomes(f'ahead_{rounds}')} on the last round's cold pass, "
     f"{outcomes('think_ahead')} with readers spending 20 ms a page."
     + (" The delay line runs beside the server (on its core when pinned); its CPU is in no column."
        if latency != "0" else ""),

@@ -10,14 +10,15 @@
 //! checksums, no index and no metastore, and it bounds nothing: what it costs is receiving the
 //! bytes and sending them on.
 //!
-//! With `--star`, it is also the read floor: the least a process can do to serve cold reads of
-//! what a star wrote. At start it asks the star for each stream's id (`--streams` streams named
+//! With `--star`, it is also a read floor: the gateway's fetch plan without the gateway's
+//! per-read work. At start it asks the star for each stream's id (`--streams` streams named
 //! `--stream-prefix`-0, -1, ...), then reads every flight's footer, as the raw ranged-GET client
-//! does (not timed by a reader). It answers each Read with the stream's sections from the
-//! request's first record on, fetched with ranged GETs eight in flight (a sliding window, as the
-//! gateway keeps), checked against their crc32c, decoded and encoded as a page of up to 8 MiB. It
-//! asks the star nothing per read and has no cache, no budget and no read-ahead: what it costs
-//! is fetching the bytes and sending them on.
+//! does (before any reader times it). It answers each Read with the stream's sections from the
+//! request's first record on, planned as the gateway plans a page (whole sections until they
+//! hold the page's 8 MiB) and fetched with ranged GETs `--read-window` in flight (eight, as the
+//! gateway keeps), each checked against its crc32c, decoded and sent as one page. It asks the
+//! star nothing per read and has no cache, no budget and no read-ahead. So it measures what
+//! that plan itself costs against independent GETs, apart from the gateway's own work.
 //!
 //! relay --endpoint URL --bucket NAME --listen ADDR [--object-bytes 8MiB] [--concurrency 8]
 //!       [--linger-ms 50] [--window-kib 64]
@@ -38,7 +39,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{ObjectFooter, SectionEntry, fetch_footer, fetch_section};
-use nova_core::limits::{COLD_READ_REFS, MAX_READ_RECORDS};
+use nova_core::limits::{COLD_READ_REFS, MAX_READ_BYTES, MAX_READ_RECORDS};
 use nova_core::object_store::{ObjectStore, PutPayload, S3Config, S3Store};
 use nova_proto::RequestError;
 use nova_proto::server::nova_server::{Nova, NovaServer};
@@ -144,9 +145,6 @@ impl Relay {
     }
 }
 
-/// A page's content bytes at most, as the star's and the gateway's `--max-read-bytes` default.
-const PAGE_BYTES: u64 = 8 << 20;
-
 /// One section of a stream: which object holds it, and where.
 struct Section {
     key: String,
@@ -198,10 +196,11 @@ impl ReadFloor {
                 .await
                 .map_err(|e| e.to_string())?;
             for object in listed.objects {
-                let Ok(ObjectFooter::Flight(footer)) =
-                    fetch_footer(store.as_ref(), &object.key).await
-                else {
-                    continue;
+                let footer = match fetch_footer(store.as_ref(), &object.key).await {
+                    Ok(ObjectFooter::Flight(footer)) => footer,
+                    // A fence holds no records.
+                    Ok(ObjectFooter::Fence(_)) => continue,
+                    Err(e) => return Err(format!("the footer of {}: {e}", object.key)),
                 };
                 for entry in footer.sections {
                     if let Some(name) = ids.get(&entry.stream_id) {
@@ -217,8 +216,19 @@ impl ReadFloor {
                 None => break,
             }
         }
-        for sections in streams.values_mut() {
+        // Every stream whole from its first record: a gap or an overlap would serve records
+        // under the wrong sequence numbers.
+        for (name, sections) in streams.iter_mut() {
             sections.sort_by_key(|s| s.entry.start_seq);
+            if let Some(pair) = sections
+                .windows(2)
+                .find(|pair| pair[0].entry.end_seq != pair[1].entry.start_seq)
+            {
+                return Err(format!(
+                    "{name}'s sections are not contiguous: {} ends at {}, {} starts at {}",
+                    pair[0].key, pair[0].entry.end_seq, pair[1].key, pair[1].entry.start_seq
+                ));
+            }
         }
         Ok(Self {
             store,
@@ -234,9 +244,23 @@ impl ReadFloor {
             .streams
             .get(&request.stream)
             .ok_or_else(|| RequestError::StreamNotFound(request.stream.clone()))?;
-        let (max_records, max_bytes) = read_caps(&request, MAX_READ_RECORDS, PAGE_BYTES);
+        if request.start_timestamp.is_some() || request.wait_ms > 0 {
+            return Err(RequestError::InvalidRequest(
+                "the read floor reads by sequence number only, and never waits at the tail".into(),
+            ));
+        }
+        let (max_records, max_bytes) = read_caps(&request, MAX_READ_RECORDS, MAX_READ_BYTES);
         let tail = sections.last().map_or(0, |s| s.entry.end_seq);
         let first = sections.partition_point(|s| s.entry.end_seq <= request.start_seq);
+        if sections
+            .get(first)
+            .is_some_and(|s| s.entry.start_seq > request.start_seq)
+        {
+            return Err(RequestError::InvalidRequest(format!(
+                "{:?} holds no records before {} in the object store",
+                request.stream, sections[first].entry.start_seq
+            )));
+        }
         let mut page = PageBuilder::new(
             request.start_seq,
             tail,
@@ -248,7 +272,7 @@ impl ReadFloor {
         let mut planned = 0;
         let mut later = sections[first..].iter().take_while(|s| {
             let more = planned < max_bytes;
-            planned += s.entry.len;
+            planned = planned.saturating_add(s.entry.len);
             more
         });
         let mut in_flight: FuturesOrdered<_> =
@@ -278,7 +302,7 @@ async fn fetch_one(store: &S3Store, section: &Section) -> Result<(u64, Bytes), R
     fetch_section(store, &section.key, entry.offset, entry.len, entry.crc32c)
         .await
         .map(|bytes| (entry.start_seq, bytes))
-        .map_err(|e| RequestError::Internal(format!("{}: {e}", section.key)))
+        .map_err(RequestError::from)
 }
 
 #[derive(Clone)]
