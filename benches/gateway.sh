@@ -8,15 +8,18 @@
 #   2. raw: every section of every flight fetched with ranged GETs, 64 at a time (the
 #      gateway's concurrency: 8 readers, each with up to 8 sections in flight);
 #   3. rounds (--rounds, default 3), alternating with raw passes (raw, round, raw, ...,
-#      round, raw). In each round every stream is read from its start three ways, 8 readers
-#      at a time, the three taking turns to go first:
+#      round, raw). In each round every stream is read from its start four ways, 8 readers
+#      at a time, the four taking turns to go first:
 #      - through a fresh gateway (cold caches);
 #      - through a fresh gateway with read-ahead on (--read-ahead-bytes 64MiB), which says
 #        what reading each consumer's next page ahead gives;
 #      - through the read floor, `relay --star` (benches/src/bin/relay.rs), which plans and
 #        fetches each page as the gateway does (whole sections up to 8 MiB, 8 GETs in flight)
 #        but knows every section from the start and does nothing else per read: what that
-#        fetch plan costs against independent GETs, apart from the gateway's own work.
+#        fetch plan costs against independent GETs, apart from the gateway's own work;
+#      - through the read floor with each stream's window of 8 GETs kept full across pages
+#        (`--cursor-sections 24`: the sections after a page are fetched while it is sent):
+#        what a plan that does not stop at each page's end would give.
 #      Each read is divided by the mean of the raw passes either side of its round (this
 #      shared machine drifts by a fifth between passes a minute apart); each row is its
 #      median round, and every round's figures are printed under the table;
@@ -141,10 +144,11 @@ PIDS+=("$FLOOR_PID")
 wait_port "$FLOOR_PORT" || { cat "$WORK/relay.log" >&2; exit 1; }
 
 AHEAD=(--read-ahead-bytes 64MiB)
-# A round's three reads of every stream, 8 readers each: through a fresh gateway (cold
-# caches), through a fresh gateway with read-ahead, and through the read floor. Only one
-# gateway runs at a time: in probes, a gateway read while another (idle) one was still up
-# spent a quarter more CPU per MiB (2.61 against 2.03 to 2.16 ms), for no reason found.
+# A round's four reads of every stream, 8 readers each: through a fresh gateway (cold
+# caches), through a fresh gateway with read-ahead, and through the read floor without and
+# with its windows kept full across pages. Only one gateway runs at a time: in probes, a
+# gateway read while another (idle) one was still up spent a quarter more CPU per MiB (2.61
+# against 2.03 to 2.16 ms), for no reason found.
 fresh_gateway() {
     if [ -n "$GW_PID" ]; then stop_pid "$GW_PID"; fi
     start_gateway "$@"
@@ -166,15 +170,29 @@ floor_pass() {
     say "round $1 of $ROUNDS: every stream through the read floor"
     pass_of "floor_$1" "$FLOOR_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$FLOOR_PORT" --streams 16 --readers 8
 }
+# The read floor with each stream's window of GETs kept full across pages (--cursor-sections).
+cursor_pass() {
+    if [ -n "$GW_PID" ]; then stop_pid "$GW_PID"; GW_PID=; fi
+    local port pid
+    port=$(free_port)
+    "$BIN/relay" --endpoint "$ENDPOINT" --bucket nova --listen "127.0.0.1:$port" \
+        --star "http://127.0.0.1:$NOVA_PORT" --streams 16 --cursor-sections 24 >>"$WORK/relay.log" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    wait_port "$port" || { cat "$WORK/relay.log" >&2; exit 1; }
+    say "round $1 of $ROUNDS: every stream through the read floor, its windows kept full across pages"
+    pass_of "cursor_$1" "$pid" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$port" --streams 16 --readers 8
+    stop_pid "$pid"
+}
 
-# Rounds of the three reads alternate with raw passes (raw_0, round 1, raw_1, ..., round N,
+# Rounds of the four reads alternate with raw passes (raw_0, round 1, raw_1, ..., round N,
 # raw_N): each read is divided by the raw passes either side of its round, as this shared
-# machine drifts by a fifth between passes a minute apart. The three take turns going first.
-ORDERS=("cold floor ahead" "floor ahead cold" "ahead cold floor")
+# machine drifts by a fifth between passes a minute apart. The four take turns going first.
+ORDERS=("cold floor ahead cursor" "floor ahead cursor cold" "ahead cursor cold floor" "cursor cold floor ahead")
 say "raw ranged GETs of every section, 64 at a time"
 pass_of raw_0 "$STAR_PID" "$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64
 for round in $(seq "$ROUNDS"); do
-    for read in ${ORDERS[$(((round - 1) % 3))]}; do
+    for read in ${ORDERS[$(((round - 1) % 4))]}; do
         "${read}_pass" "$round"
     done
     say "raw ranged GETs again"
@@ -224,18 +242,19 @@ raws = [load(f"raw_{i}") for i in range(rounds + 1)]
 colds = [load(f"cold_{i}") for i in range(1, rounds + 1)]
 floors = [load(f"floor_{i}") for i in range(1, rounds + 1)]
 aheads = [load(f"ahead_{i}") for i in range(1, rounds + 1)]
+cursors = [load(f"cursor_{i}") for i in range(1, rounds + 1)]
 # Each round against the raw passes either side of it; the row is the median round's.
 for i in range(rounds):
     if floors[i]["records"] != colds[i]["records"]:
         sys.exit(f"round {i + 1}: the read floor served {floors[i]['records']} records, "
                  f"the gateway {colds[i]['records']}: they must read the same")
-    for run in (colds[i], floors[i], aheads[i]):
+    for run in (colds[i], floors[i], aheads[i], cursors[i]):
         run["ratio"] = run["mib_per_sec"] / ((raws[i]["mib_per_sec"] + raws[i + 1]["mib_per_sec"]) / 2)
     colds[i]["of_floor"] = colds[i]["mib_per_sec"] / floors[i]["mib_per_sec"]
 def median(runs, key):
     """The median run by `key` (with an even number, the lower of the middle two)."""
     return sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
-cold, floor, ahead_run = (median(runs, "ratio") for runs in (colds, floors, aheads))
+cold, floor, ahead_run, cursor = (median(runs, "ratio") for runs in (colds, floors, aheads, cursors))
 # The raw passes as one row: their mean throughput and CPU per MiB. The other rows (read
 # once, not in rounds) are divided by it.
 raw = dict(raws[0])
@@ -266,6 +285,7 @@ lines = [
     row(f"raw ranged GETs, 64 at a time ({raw['sections']} sections of {raw['objects']} objects; "
         f"the mean of {len(raws)} passes: " + ", ".join(f"{r['mib_per_sec']:.1f}" for r in raws) + ")", raw, False),
     row(f"the read floor (`relay --star`: the gateway's fetch plan, none of its per-read work), 8 readers (the median of {rounds} rounds)", floor, True),
+    row(f"the read floor with each stream's window of GETs kept full across pages (`--cursor-sections 24`; the median of {rounds} rounds)", cursor, True),
     row("from the star, 8 readers", star, True),
     row(f"through the gateway, cold caches (the median of {rounds} rounds, each ÷ the raw passes either side)", cold, True),
     row("through the gateway, warm caches", warm, True),
@@ -278,7 +298,8 @@ lines = [
     f"the read floor's: " + ", ".join(f"{f['mib_per_sec']:.1f} MiB/s ({f['ratio']:.2f})" for f in floors) + "; "
     f"the gateway ÷ the floor in each round: " + ", ".join(f"{c['of_floor']:.2f}" for c in colds)
     + f" (median {median(colds, 'of_floor')['of_floor']:.2f}); with read-ahead on: "
-    + ", ".join(f"{a['mib_per_sec']:.1f} MiB/s ({a['ratio']:.2f})" for a in aheads) + ".",
+    + ", ".join(f"{a['mib_per_sec']:.1f} MiB/s ({a['ratio']:.2f})" for a in aheads) + "; "
+    f"the floor with windows kept full: " + ", ".join(f"{c['mib_per_sec']:.1f} MiB/s ({c['ratio']:.2f})" for c in cursors) + ".",
     "",
     f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on a cold pass, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass. "
     f"Fetch pool peak: {peak / (1 << 20):.1f} MiB of 64 MiB. "

@@ -22,7 +22,7 @@
 //!
 //! relay --endpoint URL --bucket NAME --listen ADDR [--object-bytes 8MiB] [--concurrency 8]
 //!       [--linger-ms 50] [--window-kib 64]
-//!       [--star URL --streams N [--stream-prefix bench] [--read-window 8]]
+//!       [--star URL --streams N [--stream-prefix bench] [--read-window 8] [--cursor-sections 0]]
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -154,9 +154,35 @@ struct Section {
 /// The read floor's index: every stream's sections, in order, read once at start.
 struct ReadFloor {
     store: Arc<S3Store>,
-    streams: HashMap<String, Vec<Section>>,
+    streams: HashMap<String, Arc<[Section]>>,
     /// Sections in flight per read (`--read-window`, default the gateway's eight).
     window: usize,
+    /// With `--cursor-sections N` above 0, each stream's reads keep fetching across pages:
+    /// the sections after a page are fetched while it is sent, up to N of them waiting.
+    cursor_sections: usize,
+    cursors: Mutex<HashMap<String, Cursor>>,
+}
+
+/// A section's records as fetched.
+struct Fetched {
+    start_seq: u64,
+    end_seq: u64,
+    bytes: Bytes,
+}
+
+/// A stream read on across pages: a task fetching its sections in order, `window` in flight,
+/// into a channel of `--cursor-sections` places; and the section the last page stopped inside.
+struct Cursor {
+    next_seq: u64,
+    pending: Option<Fetched>,
+    sections: mpsc::Receiver<Result<Fetched, RequestError>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Cursor {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl ReadFloor {
@@ -166,6 +192,7 @@ impl ReadFloor {
         star: String,
         names: Vec<String>,
         window: usize,
+        cursor_sections: usize,
     ) -> Result<Self, String> {
         let mut client = v1::nova_client::NovaClient::connect(star)
             .await
@@ -232,8 +259,13 @@ impl ReadFloor {
         }
         Ok(Self {
             store,
-            streams,
+            streams: streams
+                .into_iter()
+                .map(|(name, sections)| (name, sections.into()))
+                .collect(),
             window: window.max(1),
+            cursor_sections,
+            cursors: Mutex::default(),
         })
     }
 
@@ -267,6 +299,9 @@ impl ReadFloor {
             max_records.max(1) as usize,
             max_bytes,
         );
+        if self.cursor_sections > 0 {
+            return self.read_on(request, sections, first, tail).await;
+        }
         let fetch = |section| fetch_one(self.store.as_ref(), section);
         // As the gateway plans a page: whole sections until they hold the page's bytes.
         let mut planned = 0;
@@ -281,8 +316,8 @@ impl ReadFloor {
             if page.full() {
                 break;
             }
-            let (start, bytes) = fetched?;
-            page.take_from(start, bytes)
+            let fetched = fetched?;
+            page.take_from(fetched.start_seq, fetched.bytes)
                 .map_err(|e| RequestError::DataLoss(e.to_string()))?;
             if let Some(next) = later.next() {
                 in_flight.push_back(fetch(next));
@@ -296,12 +331,102 @@ impl ReadFloor {
     }
 }
 
-/// One section's bytes, checked against its crc32c, and its first record's sequence number.
-async fn fetch_one(store: &S3Store, section: &Section) -> Result<(u64, Bytes), RequestError> {
+impl ReadFloor {
+    /// A page from the stream's cursor: the one left at the request's first record, or a new
+    /// one started there.
+    async fn read_on(
+        &self,
+        request: v1::ReadRequest,
+        sections: &Arc<[Section]>,
+        first: usize,
+        tail: u64,
+    ) -> Result<v1::ReadResponse, RequestError> {
+        let (max_records, max_bytes) = read_caps(&request, MAX_READ_RECORDS, MAX_READ_BYTES);
+        let left = self
+            .cursors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&request.stream)
+            .filter(|cursor| cursor.next_seq == request.start_seq);
+        let mut cursor = match left {
+            Some(cursor) => cursor,
+            None => self.open(sections.clone(), first, request.start_seq),
+        };
+        let mut page = PageBuilder::new(
+            request.start_seq,
+            tail,
+            max_records.max(1) as usize,
+            max_bytes,
+        );
+        let mut next = cursor.pending.take();
+        while !page.full() {
+            let fetched = match next.take() {
+                Some(fetched) => fetched,
+                None => match cursor.sections.recv().await {
+                    Some(fetched) => fetched?,
+                    None => break,
+                },
+            };
+            page.take_from(fetched.start_seq, fetched.bytes.clone())
+                .map_err(|e| RequestError::DataLoss(e.to_string()))?;
+            if page.next_seq < fetched.end_seq {
+                cursor.pending = Some(fetched);
+            }
+        }
+        cursor.next_seq = page.next_seq;
+        if cursor.next_seq < tail {
+            self.cursors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(request.stream.clone(), cursor);
+        }
+        Ok(v1::ReadResponse {
+            records: page.records.into_iter().map(Into::into).collect(),
+            next_seq: page.next_seq,
+            tail_seq: tail,
+        })
+    }
+
+    /// Starts fetching `sections` from `first` on, `window` in flight, for a cursor at `seq`.
+    fn open(&self, sections: Arc<[Section]>, first: usize, seq: u64) -> Cursor {
+        let (sender, receiver) = mpsc::channel(self.cursor_sections);
+        let store = self.store.clone();
+        let window = self.window;
+        let task = tokio::spawn(async move {
+            let mut later = sections[first..].iter();
+            let mut in_flight: FuturesOrdered<_> = later
+                .by_ref()
+                .take(window)
+                .map(|s| fetch_one(&store, s))
+                .collect();
+            while let Some(fetched) = in_flight.next().await {
+                if sender.send(fetched).await.is_err() {
+                    return;
+                }
+                if let Some(section) = later.next() {
+                    in_flight.push_back(fetch_one(&store, section));
+                }
+            }
+        });
+        Cursor {
+            next_seq: seq,
+            pending: None,
+            sections: receiver,
+            task,
+        }
+    }
+}
+
+/// One section's bytes, checked against its crc32c.
+async fn fetch_one(store: &S3Store, section: &Section) -> Result<Fetched, RequestError> {
     let entry = &section.entry;
     fetch_section(store, &section.key, entry.offset, entry.len, entry.crc32c)
         .await
-        .map(|bytes| (entry.start_seq, bytes))
+        .map(|bytes| Fetched {
+            start_seq: entry.start_seq,
+            end_seq: entry.end_seq,
+            bytes,
+        })
         .map_err(RequestError::from)
 }
 
@@ -473,6 +598,7 @@ fn main() -> Result<(), String> {
         .map(|n| format!("{prefix}-{n}"))
         .collect();
     let read_window = number("--read-window", COLD_READ_REFS as u64)? as usize;
+    let cursor_sections = number("--cursor-sections", 0)? as usize;
     if star.is_some() && names.is_empty() {
         return Err("--star needs --streams: the streams to serve reads of".into());
     }
@@ -489,7 +615,7 @@ fn main() -> Result<(), String> {
         let _ = store.client().create_bucket().bucket(&bucket).send().await;
         let floor = match star {
             Some(star) => Some(Arc::new(
-                ReadFloor::load(store.clone(), star, names, read_window).await?,
+                ReadFloor::load(store.clone(), star, names, read_window, cursor_sections).await?,
             )),
             None => None,
         };
