@@ -64,9 +64,11 @@ pub struct GatewayMetrics {
     pub read_ahead: BudgetMetrics,
     /// Read-ahead slots in use (at most `--max-read-aheads`).
     pub read_ahead_slots: IntGauge,
-    /// What became of each read-ahead: used, outdated, expired, no_room, hot, failed; cap
-    /// counts those not started for want of a slot.
+    /// What became of each read-ahead: used, outdated, expired, no_room, hot, failed,
+    /// unneeded; cap counts those not started for want of a slot.
     pub read_aheads: IntCounterVec,
+    /// Read-aheads begun, by when: while the page before was still being fetched, or after.
+    pub read_aheads_begun: IntCounterVec,
     /// Serializes copying the allocator's totals into `recycle_buffers` (two scrapes at once
     /// would each add the same difference).
     recycle_sync: std::sync::Arc<std::sync::Mutex<()>>,
@@ -114,7 +116,8 @@ impl GatewayMetrics {
             recycle_sync: Default::default(),
             read_ahead: budget(&r, "nova_gateway_read_ahead", "bytes", "read-ahead budget"),
             read_ahead_slots: gauge(&r, "nova_gateway_read_ahead_slots", "Read-ahead slots: pages being read ahead or waiting for their request (a read claimed or expired while still under way keeps its --max-read-aheads place until it ends)."),
-            read_aheads: counter_vec(&r, "nova_gateway_read_aheads_total", "Read-aheads by outcome: used (its request took it), outdated (its request came, but the stream had been deleted, trimmed or its tail gone back since), expired (no request came within 2 s), no_room (--read-ahead-bytes had no room for the page), hot (the page would come from the star), failed (the read failed, or the star did not answer the claim); cap: not started, every --max-read-aheads place taken.", &["outcome"]),
+            read_aheads: counter_vec(&r, "nova_gateway_read_aheads_total", "Read-aheads by outcome: used (its request took it), outdated (its request came, but the stream had been deleted, trimmed or its tail gone back since), expired (no request came within 2 s), no_room (--read-ahead-bytes had no room for the page), hot (the page would come from the star), failed (the read failed, or the star did not answer the claim), unneeded (begun while the page before was read, which then ended at the star's in-memory stretch, failed, or found the next page read ahead already); cap: not started, every --max-read-aheads place taken.", &["outcome"]),
+            read_aheads_begun: counter_vec(&r, "nova_gateway_read_aheads_begun_total", "Read-aheads begun, by when: while_read (once the page before had all its sections on their way; when the section it ends in is small against a page, the next page's sections are fetched from then on, so the consumer's GETs stay a full window from page to page), after (once the page before was read: it stopped growing short of its plan).", &["when"]),
             registry: r,
         };
         for route in ["owner", "peer", "spilled", "direct"] {
@@ -125,9 +128,12 @@ impl GatewayMetrics {
             .sheds
             .with_label_values(&[nova_server::net::small::SHED_LABEL]);
         for outcome in [
-            "used", "outdated", "expired", "no_room", "hot", "failed", "cap",
+            "used", "outdated", "expired", "no_room", "hot", "failed", "cap", "unneeded",
         ] {
             metrics.read_aheads.with_label_values(&[outcome]);
+        }
+        for when in ["while_read", "after"] {
+            metrics.read_aheads_begun.with_label_values(&[when]);
         }
         for source in ["history", "star"] {
             metrics.reads.with_label_values(&[source]);

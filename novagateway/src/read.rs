@@ -14,8 +14,12 @@
 //! if the pool has room now and stays at most half used, and otherwise the page ends there. A
 //! busy pool makes pages shorter, never a read wait twice.
 //!
-//! A consumer reading history in order gets its next page read ahead while this one is sent
-//! (`read_ahead`).
+//! With read-ahead on, a consumer reading history in order has its next page begun while this
+//! one is still being fetched: once this page's last section is on its way, a task plans and
+//! fetches the sections after it, so the consumer's window of GETs stays full from one page
+//! into the next instead of draining at each page's end. The page being read then hands over
+//! where it ended (inside its last section or at its end) and that section's bytes, and the
+//! next page is built from there (`read_ahead`).
 //!
 //! The auditor moves records to other objects and deletes the old ones a grace period later. A
 //! read whose refs were vended before a move and whose fetch comes after the delete finds the
@@ -26,9 +30,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tonic::Status;
 
 use nova_core::budget::{Budget, BudgetPermit};
@@ -45,7 +50,9 @@ use nova_server::shed::ShedLog;
 
 use crate::footers::Footers;
 use crate::metrics::GatewayMetrics;
-use crate::read_ahead::{AheadKey, AheadPage, Dropped, ReadAhead};
+use crate::read_ahead::{
+    AheadKey, AheadPage, Dropped, LastSection, Launched, ReadAhead, Reserved, Started,
+};
 use crate::tier::Tier;
 use nova_server::net::hold::Hold;
 
@@ -127,6 +134,105 @@ struct Served {
     response: v1::ReadResponse,
     permit: BudgetPermit,
     history: Option<History>,
+    /// A history page's last section, where the page after it starts.
+    last: Option<LastSection>,
+    /// Whether the page after it was begun (or found no room or place) while it was read:
+    /// if so, it is not tried again after.
+    next_tried: bool,
+}
+
+/// The page after one being read, begun early (`Reader::begin_next`): what the page being
+/// read tells it once built (`Reader::hand_off`).
+struct NextPage {
+    reserved: Reserved,
+    /// The read's key (its first sequence number is the page being read's).
+    key: AheadKey,
+    /// The section it was begun after: the page being read ends in it or at its end.
+    last: SectionEntry,
+    handoff: oneshot::Sender<Handoff>,
+}
+
+/// What a page tells the page begun after it: where it starts, the last section's bytes if
+/// it starts inside it, and its slot.
+struct Handoff {
+    next_seq: u64,
+    lead: Option<Bytes>,
+    stream_id: u64,
+    started: Started,
+}
+
+/// A page begun after another: the read it is for, and the section it starts in or after.
+struct NextTask {
+    request: v1::ReadRequest,
+    key: AheadKey,
+    last: SectionEntry,
+    last_charge: u64,
+    reserved: Reserved,
+}
+
+impl NextTask {
+    /// What to plan before the page before ends: the sections after the last one, within
+    /// what of the page the last section leaves, all of it counted (so the page holds no more
+    /// than a consumer's own read would, and nothing fetched goes unread). Only when the last
+    /// section is at most an eighth of a page, by bytes and by records: the page may then come
+    /// out up to that much short. `None` otherwise: the page is planned once the page before
+    /// has ended, exactly.
+    fn early(&self) -> Option<(u64, u32, u64)> {
+        let last = &self.last;
+        let records = last.end_seq.saturating_sub(last.start_seq);
+        let max_records = u64::from(self.key.max_records);
+        let small = last.len <= self.key.max_bytes / 8 && records <= max_records / 8;
+        small.then(|| {
+            let records_left = (max_records - records).min(u64::from(u32::MAX)) as u32;
+            (last.end_seq, records_left, self.key.max_bytes - last.len)
+        })
+    }
+}
+
+/// The sections fetched for a page begun after another, before it knows where it starts.
+struct Fetched {
+    sections: Vec<LastSection>,
+    permit: BudgetPermit,
+    /// The refs its sections were planned from (none if the page is only what is left of
+    /// the last section).
+    refs: Option<v1::ResolveRefsResponse>,
+    /// What it is charged before growing: what reading the page after it needs room for.
+    window: u64,
+    /// The page after it, begun while its sections were fetched (it had been claimed).
+    next: Option<NextPage>,
+    /// Whether that was tried.
+    next_tried: bool,
+}
+
+/// A page begun after another, started from where that one ended.
+struct NextPageBuilder {
+    page: PageBuilder,
+    /// The section it started in, if it took records from it.
+    taken: Option<LastSection>,
+    /// Whether it did.
+    lead: bool,
+}
+
+impl NextPageBuilder {
+    /// The records and bytes the page has room for still (none once it is full).
+    fn room(&self) -> (u32, u64) {
+        let page = &self.page;
+        if page.full() {
+            return (0, 0);
+        }
+        let records = page.max_records.saturating_sub(page.records.len());
+        (
+            records.min(u32::MAX as usize) as u32,
+            page.max_bytes.saturating_sub(page.bytes),
+        )
+    }
+}
+
+/// A page read ahead whose sections do not fit together: dropped (the request, when it comes,
+/// is read and meets the same).
+fn corrupt(stream: &str, e: impl std::fmt::Display) -> Dropped {
+    tracing::warn!(%stream, "a page read ahead: {e}");
+    Dropped::Failed
 }
 
 #[derive(Clone, Copy)]
@@ -187,14 +293,28 @@ impl Reader {
         let (max_records, max_bytes) =
             read_caps(&request, self.max_read_records, self.max_read_bytes);
         let key = AheadKey::of(&request, max_records, max_bytes);
-        if let Some(claimed) = key.as_ref().and_then(|key| self.ahead.claim(key)) {
+        if let Some(key) = key.as_ref()
+            && let Some(mut claimed) = self.ahead.claim(key)
+        {
+            // The page's sections are all on their way: begin the one after it now (and only
+            // now: found no room or place, it is not tried again once the page is in).
+            let launched = claimed.launched.take();
+            let tried = launched.is_some();
+            let next = launched.and_then(|last| {
+                self.begin_next(&request, key, &last.entry, last.charge, last.window)
+            });
+            self.count_begun_while_read(next.is_some());
             let (page, refs) = tokio::join!(claimed.page(), self.refs(&request, 1));
             match (page, refs) {
                 (Ok(page), Ok(refs)) => match still_current(&request, page, refs) {
                     Some(served) => {
                         self.ahead.count("used");
                         self.metrics.reads.with_label_values(&["history"]).inc();
-                        self.read_ahead_after(&request, key.as_ref(), &served);
+                        match next {
+                            Some(next) => self.hand_off(next, &served),
+                            None if tried => {}
+                            None => self.read_ahead_after(&request, Some(key), &served),
+                        }
                         holds._charge = Some(served.permit);
                         return Ok((served.response, Hold::new(holds)));
                     }
@@ -207,7 +327,7 @@ impl Reader {
         }
         let mut stale = 0;
         loop {
-            match self.read_once(&request).await {
+            match self.read_once(&request, key.as_ref()).await {
                 Ok(served) => {
                     self.read_ahead_after(&request, key.as_ref(), &served);
                     holds._charge = Some(served.permit);
@@ -229,45 +349,381 @@ impl Reader {
     }
 
     /// After a history page for `request` (whose read-ahead key is `key`), starts reading the
-    /// page its consumer will ask for next, when that one is history too and a read-ahead has
-    /// room.
+    /// page its consumer will ask for next, unless that was begun while this one was read.
     fn read_ahead_after(
         self: &Arc<Self>,
         request: &v1::ReadRequest,
         key: Option<&AheadKey>,
         served: &Served,
     ) {
-        let (Some(history), Some(key)) = (served.history, key) else {
+        let (Some(history), Some(key), Some(last)) = (served.history, key, &served.last) else {
             return;
         };
         let response = &served.response;
-        let next = response.next_seq;
-        if response.records.is_empty() || next >= history.hot_from_seq.min(response.tail_seq) {
+        let wanted = !response.records.is_empty()
+            && response.next_seq < history.hot_from_seq.min(response.tail_seq);
+        if served.next_tried || !wanted {
             return;
         }
-        let (Some(budget), Some(started)) = (
-            self.ahead.budget.clone(),
-            self.ahead.start(key.at(next), history.window),
-        ) else {
-            return;
+        if let Some(next) = self.begin_next(request, key, &last.entry, last.charge, history.window)
+        {
+            self.metrics
+                .read_aheads_begun
+                .with_label_values(&["after"])
+                .inc();
+            self.hand_off(next, served);
+        }
+    }
+
+    /// Begins reading the page after one whose last section is `last` (with that charge)
+    /// while that page is still being read: a task plans and fetches the sections after `last`
+    /// now, and waits for the page to hand over where it ends ([`Reader::hand_off`]) before
+    /// building its own page. So a consumer's window of GETs stays full from one page into the
+    /// next, instead of draining at each page's end. `None` if read-ahead has no room or
+    /// place (`estimate` is the first window's charge of the page before).
+    fn begin_next(
+        self: &Arc<Self>,
+        request: &v1::ReadRequest,
+        key: &AheadKey,
+        last: &SectionEntry,
+        last_charge: u64,
+        estimate: u64,
+    ) -> Option<NextPage> {
+        let budget = self.ahead.budget.clone()?;
+        let reserved = self.ahead.reserve(estimate)?;
+        let (handoff, waiting) = oneshot::channel();
+        let task = NextTask {
+            request: v1::ReadRequest {
+                start_timestamp: None,
+                ..request.clone()
+            },
+            key: key.clone(),
+            last: last.clone(),
+            last_charge,
+            reserved: reserved.clone(),
         };
-        let next_request = v1::ReadRequest {
-            start_seq: next,
-            ..request.clone()
-        };
-        let reader = self.clone();
         // Bounded: a task per place, and places are capped (--max-read-aheads); a task keeps
         // its place until it ends: when its page is handed over, or once nobody can take it.
-        tokio::spawn(async move {
-            let mut started = started;
-            let page = tokio::select! {
-                page = reader.read_ahead_once(&next_request, &budget) => page,
+        tokio::spawn(self.clone().read_next(task, budget, waiting));
+        Some(NextPage {
+            reserved,
+            key: key.clone(),
+            last: last.clone(),
+            handoff,
+        })
+    }
+
+    fn count_begun_while_read(&self, begun: bool) {
+        if begun {
+            self.metrics
+                .read_aheads_begun
+                .with_label_values(&["while_read"])
+                .inc();
+        }
+    }
+
+    /// Tells the page begun after `served` where it starts, opening its slot; or, when no
+    /// page is wanted after this one (it reached the star's in-memory stretch, or did not end
+    /// in the section the next page was begun after), lets that page go.
+    fn hand_off(&self, next: NextPage, served: &Served) {
+        let response = &served.response;
+        let Some(history) = served.history else {
+            return;
+        };
+        let next_seq = response.next_seq;
+        let wanted = !response.records.is_empty()
+            && next_seq < history.hot_from_seq.min(response.tail_seq)
+            && (next.last.start_seq..=next.last.end_seq).contains(&next_seq);
+        // A next page that starts inside the last section takes its first records from it.
+        let lead = match &served.last {
+            _ if next_seq == next.last.end_seq => None,
+            Some(last) if last.entry == next.last => Some(last.bytes.clone()),
+            _ => return,
+        };
+        if !wanted {
+            return;
+        }
+        let Some(started) = self.ahead.open(&next.reserved, next.key.at(next_seq)) else {
+            return;
+        };
+        // A task that ended already (it found no room, or its plan failed) is told too: it
+        // is what hands its outcome to the slot.
+        let _ = next.handoff.send(Handoff {
+            next_seq,
+            lead,
+            stream_id: history.stream_id,
+            started,
+        });
+    }
+
+    /// A page begun after another (`begin_next`). When the section it follows is small
+    /// against a page, it fetches what follows that section at once, and builds its page
+    /// once the page before hands over where it ended. Otherwise it waits for the handover,
+    /// takes what is left of the section, and only then fetches what the page still has room
+    /// for. Hands the page to its slot.
+    async fn read_next(
+        self: Arc<Self>,
+        task: NextTask,
+        budget: Budget,
+        mut waiting: oneshot::Receiver<Handoff>,
+    ) {
+        let early = task.early();
+        // Fetching early, the last section's share is charged first: its bytes may come with
+        // the handover while the sections after it are still being planned. (Otherwise this
+        // future is never polled, and replaced once the handover has come.)
+        let charged = early
+            .is_some()
+            .then(|| budget.try_acquire_exact(task.last_charge))
+            .flatten();
+        let fetching = self.fetch_next(&task, &budget, early, charged);
+        tokio::pin!(fetching);
+        let mut fetched = None;
+        let handoff = match early {
+            Some(_) => loop {
+                tokio::select! {
+                    handoff = &mut waiting => break handoff,
+                    done = &mut fetching, if fetched.is_none() => fetched = Some(done),
+                }
+            },
+            None => waiting.await,
+        };
+        let Ok(Handoff {
+            next_seq,
+            lead,
+            stream_id,
+            mut started,
+        }) = handoff
+        else {
+            self.ahead.count(Dropped::Unneeded.label());
+            return;
+        };
+        let page = match self.start_page(&task, next_seq, lead) {
+            Ok(page) => page,
+            Err(why) => return self.ahead.finish(started, Err(why)),
+        };
+        if early.is_none() {
+            // What is left of the page after the section, if anything: planned now, exactly.
+            let (records, bytes) = page.room();
+            let after = (records > 0 && bytes > 0).then_some((task.last.end_seq, records, bytes));
+            let charged = budget.try_acquire_exact(if page.lead { task.last_charge } else { 0 });
+            fetching.set(self.fetch_next(&task, &budget, after, charged));
+        }
+        let fetched = match fetched {
+            Some(fetched) => fetched,
+            None => tokio::select! {
+                fetched = &mut fetching => fetched,
                 // Nobody can take the page: stop (a star that does not answer would otherwise
                 // keep the place for as long as it is silent).
                 () = started.abandoned() => return,
-            };
-            reader.ahead.finish(started, page);
-        });
+            },
+        };
+        let page = fetched.and_then(|fetched| self.finish_page(&task, page, stream_id, fetched));
+        self.ahead.finish(started, page);
+    }
+
+    /// The sections of a page begun after another: planned from `after` (first sequence
+    /// number, record and byte caps; none: nothing after the last section) and fetched as a
+    /// read's are, charged to the read-ahead budget on top of `charged` (the last section's
+    /// share, taken before; `None`: there was no room for it). Never waits for room: without
+    /// it now, the page is not read ahead. Once its sections are all on their way, the page
+    /// after it is begun, by this task if the page has been claimed by then, otherwise by the
+    /// claim.
+    async fn fetch_next(
+        self: &Arc<Self>,
+        task: &NextTask,
+        budget: &Budget,
+        after: Option<(u64, u32, u64)>,
+        charged: Option<BudgetPermit>,
+    ) -> Result<Fetched, Dropped> {
+        let mut permit = charged.ok_or(Dropped::NoRoom)?;
+        let plan = match after {
+            None => None,
+            Some((start_seq, max_records, max_bytes)) => {
+                let after = v1::ReadRequest {
+                    start_seq,
+                    max_records,
+                    max_bytes,
+                    ..task.request.clone()
+                };
+                match self.plan(&after).await {
+                    // Ids are never reused: another id is a stream created again under the
+                    // name, whose records must not follow the old one's on a page.
+                    Ok(Planned::History(plan))
+                        if plan.refs.refs.first().map(|r| r.stream_id)
+                            == Some(task.last.stream_id) =>
+                    {
+                        Some(plan)
+                    }
+                    Ok(Planned::History(_)) => return Err(Dropped::Failed),
+                    Ok(Planned::Star) => return Err(Dropped::Hot),
+                    Err(_) => return Err(Dropped::Failed),
+                }
+            }
+        };
+        let first = plan.as_ref().map_or(0, |p| p.first_charge);
+        permit.merge(budget.try_acquire_exact(first).ok_or(Dropped::NoRoom)?);
+        // The room the page after this one likely needs before it starts: about what this
+        // one's sections (or, with none, the section it started in) took before growing.
+        let window = if first > 0 { first } else { task.last_charge };
+        let mut sections = Vec::new();
+        let mut next = None;
+        let mut next_tried = false;
+        let refs = match plan {
+            None => None,
+            Some(plan) => {
+                self.fetch_sections(
+                    plan.sections,
+                    plan.first_charge,
+                    &mut permit,
+                    budget,
+                    |section| {
+                        sections.push(section);
+                        Ok(false)
+                    },
+                    |section| {
+                        let launched = Launched {
+                            entry: section.entry.clone(),
+                            charge: section.charge,
+                            window,
+                        };
+                        if let Some(last) = task.reserved.launched(launched) {
+                            next_tried = true;
+                            next = self.begin_next(
+                                &task.request,
+                                &task.key,
+                                &last.entry,
+                                last.charge,
+                                last.window,
+                            );
+                            self.count_begun_while_read(next.is_some());
+                        }
+                    },
+                )
+                .await
+                .map_err(|_| Dropped::Failed)?;
+                Some(plan.refs)
+            }
+        };
+        Ok(Fetched {
+            sections,
+            permit,
+            refs,
+            window,
+            next,
+            next_tried,
+        })
+    }
+
+    /// A page begun after another, from `next_seq` (where that one ended: inside `task.last`,
+    /// whose bytes are then `lead`, or at its end), with what is left of that section taken.
+    fn start_page(
+        &self,
+        task: &NextTask,
+        next_seq: u64,
+        lead: Option<Bytes>,
+    ) -> Result<NextPageBuilder, Dropped> {
+        let last = &task.last;
+        let mut page = PageBuilder::new(
+            next_seq,
+            u64::MAX,
+            task.key.max_records.max(1) as usize,
+            task.key.max_bytes,
+        );
+        let mut taken = None;
+        if next_seq < last.end_seq {
+            let bytes = lead.ok_or(Dropped::Failed)?;
+            page.take_from(last.start_seq, bytes.clone())
+                .map_err(|e| corrupt(&task.request.stream, e))?;
+            taken = Some(LastSection {
+                entry: last.clone(),
+                charge: task.last_charge,
+                bytes,
+            });
+        }
+        Ok(NextPageBuilder {
+            lead: taken.is_some(),
+            page,
+            taken,
+        })
+    }
+
+    /// Ends a page begun after another with the sections fetched for it. Hands over to the
+    /// page begun after this one, if there is one.
+    fn finish_page(
+        &self,
+        task: &NextTask,
+        started: NextPageBuilder,
+        stream_id: u64,
+        fetched: Fetched,
+    ) -> Result<AheadPage, Dropped> {
+        let last = &task.last;
+        let NextPageBuilder {
+            mut page,
+            mut taken,
+            ..
+        } = started;
+        let Fetched {
+            sections,
+            permit,
+            refs,
+            window,
+            next,
+            next_tried,
+        } = fetched;
+        let (tail_seq, hot_from_seq) = match &refs {
+            Some(refs) => {
+                page.tail = refs.next_seq.min(refs.tail_seq);
+                (refs.tail_seq, refs.hot_from_seq)
+            }
+            // Nothing planned after the last section: the page is what is left of it. (Both
+            // are replaced by the star's own when the page is claimed.)
+            None => (last.end_seq, last.end_seq),
+        };
+        for section in sections {
+            if page.full() {
+                break;
+            }
+            // A section past the page's next record would leave a gap the page could not
+            // see (it numbers records from where it is).
+            if section.entry.start_seq > page.next_seq {
+                return Err(corrupt(
+                    &task.request.stream,
+                    format!(
+                        "a section from record {} follows a page at record {}",
+                        section.entry.start_seq, page.next_seq
+                    ),
+                ));
+            }
+            page.take_from(section.entry.start_seq, section.bytes.clone())
+                .map_err(|e| corrupt(&task.request.stream, e))?;
+            taken = Some(section);
+        }
+        let served = Served {
+            response: v1::ReadResponse {
+                records: page.records.into_iter().map(Into::into).collect(),
+                next_seq: page.next_seq,
+                tail_seq,
+            },
+            permit,
+            history: Some(History {
+                stream_id,
+                hot_from_seq,
+                window,
+            }),
+            last: taken,
+            next_tried,
+        };
+        if let Some(next) = next {
+            self.hand_off(next, &served);
+        }
+        Ok(AheadPage {
+            response: served.response,
+            permit: served.permit,
+            stream_id,
+            window,
+            last: served.last,
+            next_tried: served.next_tried,
+        })
     }
 
     /// The stream's refs from `request`'s first record on, at most `max_refs`.
@@ -305,14 +761,19 @@ impl Reader {
     }
 
     /// A consumer's read, once: history from the object store, the rest forwarded to the star.
-    async fn read_once(&self, request: &v1::ReadRequest) -> Result<Served, Failure> {
+    /// With read-ahead on (`key`), the page after a history page is begun while it is read.
+    async fn read_once(
+        self: &Arc<Self>,
+        request: &v1::ReadRequest,
+        key: Option<&AheadKey>,
+    ) -> Result<Served, Failure> {
         let plan = match self.plan(request).await? {
             Planned::Star => return self.forward(request).await,
             Planned::History(plan) => plan,
         };
         self.metrics.reads.with_label_values(&["history"]).inc();
         // The first window's share of the fetch pool, waited for in one go; the rest of the
-        // page only if there is room as it goes (`fetch`).
+        // page only if there is room as it goes (`fetch_sections`).
         let waited = Instant::now();
         let first = plan.first_charge;
         let permit = self.pool.acquire(first).await;
@@ -321,42 +782,12 @@ impl Reader {
             charge = first,
             "fetch pool"
         );
-        let served = self.fetch(request, plan, permit, &self.pool).await;
+        let served = self.fetch(request, plan, permit, key).await;
         let in_use = self.pool.in_use() as i64;
         if in_use > self.metrics.fetch_pool_peak.get() {
             self.metrics.fetch_pool_peak.set(in_use);
         }
         served
-    }
-
-    /// A read ahead, once: only history, and only if its page's first window fits in the
-    /// read-ahead budget now (the page grows as a read's does). Never clamped to the budget as
-    /// a consumer's read is to the pool: a window larger than the whole budget is not read
-    /// ahead.
-    async fn read_ahead_once(
-        &self,
-        request: &v1::ReadRequest,
-        budget: &Budget,
-    ) -> Result<AheadPage, Dropped> {
-        let plan = match self.plan(request).await {
-            Ok(Planned::History(plan)) => plan,
-            Ok(Planned::Star) => return Err(Dropped::Hot),
-            Err(_) => return Err(Dropped::Failed),
-        };
-        let permit = budget
-            .try_acquire_exact(plan.first_charge)
-            .ok_or(Dropped::NoRoom)?;
-        let served = self
-            .fetch(request, plan, permit, budget)
-            .await
-            .map_err(|_| Dropped::Failed)?;
-        let history = served.history.ok_or(Dropped::Failed)?;
-        Ok(AheadPage {
-            response: served.response,
-            permit: served.permit,
-            stream_id: history.stream_id,
-            window: history.window,
-        })
     }
 
     /// Forwards `request` to the star, within the gateway's own caps, and charges its page to
@@ -387,6 +818,8 @@ impl Reader {
             response: page,
             permit,
             history: None,
+            last: None,
+            next_tried: false,
         })
     }
 
@@ -464,20 +897,17 @@ impl Reader {
         }))
     }
 
-    /// Fetches a planned history page with a window of sections in flight. `permit` holds
-    /// the first window's charge from `budget`; each later section is charged to `budget`
-    /// before it is fetched, only if it has room now and `budget` stays at most half used
-    /// (give or take a section per reader growing at the same moment), and the page ends
-    /// before the first that finds none. Everything charged is held with the page.
+    /// Fetches a planned history page from the fetch pool, `permit` holding its first
+    /// window's charge, and builds it as its sections land. Once its sections are all on
+    /// their way, begins the page after it (`key`: read-ahead is on for this read), which it
+    /// hands over to when built.
     async fn fetch(
-        &self,
+        self: &Arc<Self>,
         request: &v1::ReadRequest,
         plan: Plan,
         mut permit: BudgetPermit,
-        budget: &Budget,
+        key: Option<&AheadKey>,
     ) -> Result<Served, Failure> {
-        // A first window larger than the whole budget was charged only the budget: such a
-        // page takes nothing more.
         let Plan {
             refs,
             start_seq,
@@ -486,58 +916,40 @@ impl Reader {
             sections,
             first_charge: window,
         } = plan;
-        let mut may_grow = permit.units() >= window;
         let mut page = PageBuilder::new(
             start_seq,
             refs.next_seq.min(refs.tail_seq),
             max_records.max(1) as usize,
             max_bytes,
         );
-        let fetch_one = |section: PlannedSection| {
-            let tier = self.tier.clone();
-            async move {
-                let PlannedSection { key, entry, .. } = section;
-                let bytes = tier
-                    .fetch(&key, entry.offset, entry.len)
-                    .await
-                    .map_err(|e| fetch_failure(&FetchError::Store(e)))?;
-                verify_section(&bytes, &entry).map_err(|e| {
-                    Failure::Status(RequestError::DataLoss(format!("{key}: {e}")).into())
-                })?;
-                Ok::<_, Failure>((entry.start_seq, bytes))
-            }
-        };
-        let mut later = sections.into_iter();
-        let mut in_flight: FuturesOrdered<_> =
-            later.by_ref().take(COLD_READ_REFS).map(fetch_one).collect();
-        while let Some(fetched) = in_flight.next().await {
-            if page.full() {
-                break;
-            }
-            let (start, bytes) = fetched?;
-            page.take_from(start, bytes).map_err(|e| {
-                Status::from(RequestError::DataLoss(format!(
-                    "stream {:?}: {e}",
-                    request.stream
-                )))
-            })?;
-            // Keep the window full while the budget has room for the next section now, and
-            // at most half of it is in use: a few long pages (of consumers slow to take them)
-            // leave room for everyone's first window.
-            if may_grow && let Some(next) = later.next() {
-                let spare = budget.in_use() + next.charge <= budget.capacity() / 2;
-                match spare
-                    .then(|| budget.try_acquire_exact(next.charge))
-                    .flatten()
-                {
-                    Some(charge) => {
-                        permit.merge(charge);
-                        in_flight.push_back(fetch_one(next));
-                    }
-                    None => may_grow = false,
+        let mut last = None;
+        let mut next = None;
+        let mut next_tried = false;
+        self.fetch_sections(
+            sections,
+            window,
+            &mut permit,
+            &self.pool,
+            |section| {
+                page.take_from(section.entry.start_seq, section.bytes.clone())
+                    .map_err(|e| {
+                        Status::from(RequestError::DataLoss(format!(
+                            "stream {:?}: {e}",
+                            request.stream
+                        )))
+                    })?;
+                last = Some(section);
+                Ok(page.full())
+            },
+            |section| {
+                if let Some(key) = key {
+                    next_tried = true;
+                    next = self.begin_next(request, key, &section.entry, section.charge, window);
+                    self.count_begun_while_read(next.is_some());
                 }
-            }
-        }
+            },
+        )
+        .await?;
         let mut records = page.records;
         if let Some(timestamp) = request.start_timestamp {
             // As the star does: pass over the records before the first one at `timestamp`.
@@ -547,7 +959,7 @@ impl Reader {
                 .unwrap_or(records.len());
             records.drain(..first);
         }
-        Ok(Served {
+        let served = Served {
             response: v1::ReadResponse {
                 records: records.into_iter().map(Into::into).collect(),
                 next_seq: page.next_seq,
@@ -559,7 +971,93 @@ impl Reader {
                 hot_from_seq: refs.hot_from_seq,
                 window,
             }),
-        })
+            last,
+            next_tried,
+        };
+        if let Some(next) = next {
+            self.hand_off(next, &served);
+        }
+        Ok(served)
+    }
+
+    /// Fetches `sections` with a window of them in flight (the next starts as the oldest
+    /// lands), checks each against its footer's crc32c, and offers each in order to `take`,
+    /// until it says the page is full. `permit` holds the first window's charge (`window`)
+    /// from `budget`; each later section is charged to `budget` before it is fetched, only if
+    /// it has room now and `budget` stays at most half used (give or take a section per
+    /// reader growing at the same moment), and the page ends before the first that finds
+    /// none. Everything charged is held in `permit`. Once the last section is on its way
+    /// (never if the page ended before it), `on_last` is told which it is.
+    async fn fetch_sections(
+        &self,
+        sections: Vec<PlannedSection>,
+        window: u64,
+        permit: &mut BudgetPermit,
+        budget: &Budget,
+        mut take: impl FnMut(LastSection) -> Result<bool, Failure>,
+        on_last: impl FnOnce(&PlannedSection),
+    ) -> Result<(), Failure> {
+        // A first window larger than the whole budget was charged only the budget: such a
+        // page takes nothing more.
+        let mut may_grow = permit.units() >= window;
+        let fetch_one = |section: PlannedSection| {
+            let tier = self.tier.clone();
+            async move {
+                let PlannedSection { key, entry, charge } = section;
+                let bytes = tier
+                    .fetch(&key, entry.offset, entry.len)
+                    .await
+                    .map_err(|e| fetch_failure(&FetchError::Store(e)))?;
+                verify_section(&bytes, &entry).map_err(|e| {
+                    Failure::Status(RequestError::DataLoss(format!("{key}: {e}")).into())
+                })?;
+                Ok::<_, Failure>(LastSection {
+                    entry,
+                    charge,
+                    bytes,
+                })
+            }
+        };
+        let mut on_last = Some(on_last);
+        let mut later = sections.into_iter();
+        let mut in_flight = FuturesOrdered::new();
+        while in_flight.len() < COLD_READ_REFS
+            && let Some(section) = later.next()
+        {
+            if later.len() == 0
+                && let Some(told) = on_last.take()
+            {
+                told(&section);
+            }
+            in_flight.push_back(fetch_one(section));
+        }
+        while let Some(fetched) = in_flight.next().await {
+            if take(fetched?)? {
+                break;
+            }
+            // Keep the window full while the budget has room for the next section now, and
+            // at most half of it is in use: a few long pages (of consumers slow to take them)
+            // leave room for everyone's first window.
+            if may_grow && let Some(next) = later.next() {
+                let spare = budget.in_use() + next.charge <= budget.capacity() / 2;
+                match spare
+                    .then(|| budget.try_acquire_exact(next.charge))
+                    .flatten()
+                {
+                    Some(charge) => {
+                        permit.merge(charge);
+                        if later.len() == 0
+                            && let Some(told) = on_last.take()
+                        {
+                            told(&next);
+                        }
+                        in_flight.push_back(fetch_one(next));
+                    }
+                    None => may_grow = false,
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -593,6 +1091,8 @@ fn still_current(
             hot_from_seq: refs.hot_from_seq,
             window: page.window,
         }),
+        last: page.last,
+        next_tried: page.next_tried,
     })
 }
 
@@ -613,6 +1113,8 @@ mod tests {
             permit: budget.try_acquire(10).unwrap(),
             stream_id,
             window: 10,
+            last: None,
+            next_tried: false,
         }
     }
 

@@ -1,18 +1,25 @@
 //! Read-ahead: a consumer reading history in order asks next for the page that starts where
-//! the one it just got ends, with the same caps. While that page is on its way to it, the
-//! gateway fetches the next one, so a consumer waits for one round of object-store GETs per
-//! two pages at most, not per page: with one page in flight per consumer, that wait is what
-//! limited a cold read, not the fetch pool or the object store.
+//! the one it just got ends, with the same caps. The gateway begins that page before this one
+//! is done: once this page's last section is on its way, the sections after it are planned and
+//! fetched, so the consumer's GETs keep a full window from one page into the next. A page ends
+//! inside its last section or at its end, so when this one is built it hands over where it
+//! ended and that section's bytes, and the next page is built from there. (Pages read ahead
+//! plan what the last section leaves of the byte and record caps, counting all of it: they may
+//! hold a little less than a consumer's own read would, never more, so nothing fetched goes
+//! unread.)
 //!
-//! A read-ahead is kept in a slot under the next request's key (stream, first sequence number,
-//! page caps) until that request claims it, for at most `READ_AHEAD_TTL`. It is only ever a
-//! history page (a read that would go to the star is not made ahead), never a read by time,
-//! and is only started when there is room: its page is charged to its own budget
-//! (`--read-ahead-bytes`, taken only if free, never waited for; its footers, when not cached,
-//! are fetched through the fetch pool as a read's are), and the slots in use (each
-//! with its task) are capped (`--max-read-aheads`). A read-ahead that finds no room, fails, or
-//! would go to the star is dropped, and the request, when it comes, is read as if there had
-//! been none. A claimed page keeps its charge until its response is sent.
+//! A read-ahead first takes a place (`--max-read-aheads`, each with its task); once the page
+//! before knows where it ends, it opens a slot under the next request's key (stream, first
+//! sequence number, page caps), kept until that request claims it, for at most
+//! `READ_AHEAD_TTL`. It is only ever a history page (a read that would go to the star is not
+//! made ahead), never a read by time, and is only made when there is room: its page, with
+//! its share of the last section, is charged to its own budget (`--read-ahead-bytes`, taken
+//! only if free, never waited for; its footers, when not cached, are fetched through the fetch
+//! pool as a read's are). A read-ahead that finds no room, fails, or would go to the star is
+//! dropped, and the request, when it comes, is read as if there had been none. A claimed page
+//! keeps its charge until its response is sent. It begins the page after it in turn once its
+//! last section is on its way and it has been claimed (by its task or by the claim, whichever
+//! comes second), so pages are read ahead only for consumers that come for them, one ahead.
 //!
 //! A claim asks the star for the stream's refs while it waits for the page, and serves the
 //! page only if it is still that stream's (same id: a stream deleted and created again under
@@ -30,7 +37,9 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
+use bytes::Bytes;
 use nova_core::budget::{Budget, BudgetPermit};
+use nova_core::flight::SectionEntry;
 use nova_proto::v1;
 
 use crate::metrics::GatewayMetrics;
@@ -56,8 +65,8 @@ pub const MAX_READ_AHEADS: u32 = 64;
 pub struct AheadKey {
     stream: String,
     start_seq: u64,
-    max_records: u32,
-    max_bytes: u64,
+    pub max_records: u32,
+    pub max_bytes: u64,
 }
 
 impl AheadKey {
@@ -90,6 +99,21 @@ pub struct AheadPage {
     pub stream_id: u64,
     /// The charge of its first window (see `read::History`).
     pub window: u64,
+    /// Its last section, where the page after it starts.
+    pub last: Option<LastSection>,
+    /// Whether the page after it was begun while it was read (it had been claimed by then).
+    pub next_tried: bool,
+}
+
+/// A page's last section: a page ends inside it or at its end, so the page after it starts
+/// there, and takes its first records from these bytes instead of fetching them again.
+#[derive(Clone)]
+pub struct LastSection {
+    pub entry: SectionEntry,
+    /// Its charge to the page (see `read::PlannedSection`): the page after it, holding the
+    /// same bytes, is charged it too.
+    pub charge: u64,
+    pub bytes: Bytes,
 }
 
 /// Why a read-ahead was dropped before its request came.
@@ -99,6 +123,9 @@ pub enum Dropped {
     NoRoom,
     /// The page would have come from the star.
     Hot,
+    /// Begun while the page before it was read, which then ended where no read-ahead is
+    /// wanted (at the star's in-memory stretch, or the page failed).
+    Unneeded,
     /// The read failed (the request, when it comes, is read again and meets the failure).
     Failed,
 }
@@ -108,6 +135,7 @@ impl Dropped {
         match self {
             Dropped::NoRoom => "no_room",
             Dropped::Hot => "hot",
+            Dropped::Unneeded => "unneeded",
             Dropped::Failed => "failed",
         }
     }
@@ -119,6 +147,9 @@ type Outcome = Result<AheadPage, Dropped>;
 /// A slot taken by the request it was read ahead for.
 pub struct Claimed {
     page: oneshot::Receiver<Outcome>,
+    /// The page's last section, if it was on its way before the claim: the claimer begins the
+    /// page after it.
+    pub launched: Option<Launched>,
 }
 
 impl Claimed {
@@ -135,6 +166,49 @@ struct Slot {
     /// Its place under `--max-read-aheads`, shared with its task: free once both are gone.
     _place: Arc<OwnedSemaphorePermit>,
     id: u64,
+    /// Which of the page's task and its claim begins the page after it.
+    next: Arc<Mutex<NextOwner>>,
+}
+
+/// A read-ahead's place under `--max-read-aheads`, held by its task (and its slot, once
+/// open) until both are gone.
+#[derive(Clone)]
+pub struct Reserved {
+    place: Arc<OwnedSemaphorePermit>,
+    id: u64,
+    next: Arc<Mutex<NextOwner>>,
+}
+
+/// The last section of a page read ahead, on its way: what the page after it is begun from.
+pub struct Launched {
+    pub entry: SectionEntry,
+    /// Its charge to the page (see `read::PlannedSection`).
+    pub charge: u64,
+    /// The page's first window's charge: the room the page after it likely needs.
+    pub window: u64,
+}
+
+/// Which begins the page after a page read ahead, once the page's last section is on its
+/// way: the page's task if the page has been claimed by then (reading ahead only for a
+/// consumer that has come for the page before), otherwise the claim, when it comes. Never
+/// both.
+#[derive(Default)]
+struct NextOwner {
+    claimed: bool,
+    launched: Option<Launched>,
+}
+
+impl Reserved {
+    /// The page's last section is on its way: `Some` (back) if the page has been claimed, and
+    /// the caller begins the page after it; `None` if not, and the claim will.
+    pub fn launched(&self, launched: Launched) -> Option<Launched> {
+        let mut next = self.next.lock();
+        if next.claimed {
+            return Some(launched);
+        }
+        next.launched = Some(launched);
+        None
+    }
 }
 
 pub struct ReadAhead {
@@ -180,18 +254,23 @@ impl ReadAhead {
     pub fn claim(&self, key: &AheadKey) -> Option<Claimed> {
         let slot = self.slots.lock().remove(key)?;
         self.metrics.read_ahead_slots.dec();
-        Some(Claimed { page: slot.page })
+        let launched = {
+            let mut next = slot.next.lock();
+            next.claimed = true;
+            next.launched.take()
+        };
+        Some(Claimed {
+            page: slot.page,
+            launched,
+        })
     }
 
-    /// A slot for a read-ahead of `key`, unless read-ahead is off, one for `key` exists, every
-    /// place is taken, or its budget has less room than `estimate` (the first window's charge
-    /// of the page before it, likely close: a read-ahead bound to find no room is not begun).
-    pub fn start(&self, key: AheadKey, estimate: u64) -> Option<Started> {
+    /// A place for a read-ahead, unless read-ahead is off, every place is taken, or its
+    /// budget has less room than `estimate` (the first window's charge of the page before it,
+    /// likely close: a read-ahead bound to find no room is not begun). Its slot is opened
+    /// later, once the page before it knows where it ends ([`ReadAhead::open`]).
+    pub fn reserve(&self, estimate: u64) -> Option<Reserved> {
         let budget = self.budget.as_ref()?;
-        let mut slots = self.slots.lock();
-        if slots.contains_key(&key) {
-            return None;
-        }
         if budget.capacity().saturating_sub(budget.in_use()) < estimate {
             self.count("no_room");
             return None;
@@ -200,25 +279,48 @@ impl ReadAhead {
             self.count("cap");
             return None;
         };
-        let place = Arc::new(place);
+        Some(Reserved {
+            place: Arc::new(place),
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            next: Arc::default(),
+        })
+    }
+
+    /// Opens the slot of `key` for the read-ahead that holds `reserved`, unless one for `key`
+    /// exists (then this read-ahead is not needed: dropping what it holds ends it).
+    pub fn open(&self, reserved: &Reserved, key: AheadKey) -> Option<Started> {
+        let mut slots = self.slots.lock();
+        if slots.contains_key(&key) {
+            return None;
+        }
         let (tx, rx) = oneshot::channel();
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         slots.insert(
             key.clone(),
             Slot {
                 page: rx,
                 started: Instant::now(),
-                _place: place.clone(),
-                id,
+                _place: reserved.place.clone(),
+                id: reserved.id,
+                next: reserved.next.clone(),
             },
         );
         self.metrics.read_ahead_slots.inc();
         Some(Started {
             tx,
             key,
-            id,
-            _place: place,
+            id: reserved.id,
+            _place: reserved.place.clone(),
         })
+    }
+
+    /// `reserve` and `open` in one.
+    #[cfg(test)]
+    fn start(&self, key: AheadKey, estimate: u64) -> Option<Started> {
+        if self.slots.lock().contains_key(&key) {
+            return None;
+        }
+        let reserved = self.reserve(estimate)?;
+        self.open(&reserved, key)
     }
 
     /// Hands a read-ahead's outcome to its slot. Each outcome is counted once: a page by its
@@ -330,6 +432,8 @@ mod tests {
             permit: ahead.budget.as_ref().unwrap().try_acquire(bytes).unwrap(),
             stream_id: 1,
             window: bytes,
+            last: None,
+            next_tried: false,
         }
     }
 
@@ -462,6 +566,60 @@ mod tests {
         assert!(
             waiting.abandoned().now_or_never().is_some(),
             "its slot expired"
+        );
+    }
+
+    fn launched(end_seq: u64) -> Launched {
+        Launched {
+            entry: SectionEntry {
+                stream_id: 1,
+                stream: "s".into(),
+                start_seq: 0,
+                end_seq,
+                offset: 0,
+                len: 10,
+                crc32c: 0,
+            },
+            charge: 20,
+            window: 20,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_page_after_is_begun_by_the_task_or_by_the_claim_never_both() {
+        let ahead = ahead(4);
+        // The last section went out before the claim: the claim begins the next page.
+        let reserved = ahead.reserve(0).unwrap();
+        assert!(
+            reserved.launched(launched(7)).is_none(),
+            "its slot is not even open"
+        );
+        let _started = ahead.open(&reserved, key(1)).unwrap();
+        let claimed = ahead.claim(&key(1)).unwrap();
+        assert_eq!(claimed.launched.map(|l| l.entry.end_seq), Some(7));
+        // Claimed first: the task begins it, and the claim has nothing to begin from.
+        let reserved = ahead.reserve(0).unwrap();
+        let _started = ahead.open(&reserved, key(2)).unwrap();
+        let claimed = ahead.claim(&key(2)).unwrap();
+        assert!(claimed.launched.is_none());
+        assert_eq!(
+            reserved.launched(launched(9)).map(|l| l.entry.end_seq),
+            Some(9)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_slot_is_opened_once_per_key() {
+        let ahead = ahead(2);
+        let first = ahead.reserve(0).unwrap();
+        let second = ahead.reserve(0).unwrap();
+        assert!(ahead.open(&first, key(3)).is_some());
+        assert!(ahead.open(&second, key(3)).is_none());
+        assert!(ahead.reserve(0).is_none(), "both places are taken");
+        drop(second);
+        assert!(
+            ahead.reserve(0).is_some(),
+            "the unneeded one's place came back"
         );
     }
 

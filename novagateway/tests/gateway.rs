@@ -631,11 +631,19 @@ fn lone_gateway(c: &Cluster, args: &[&str]) -> Novad {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_consumer_reading_in_order_gets_its_next_pages_read_ahead() {
     let c = cluster(&[]);
+    // Sections of 4 KiB, sixteen to a page, and of 400 KiB, each several pages: in "m" each
+    // next page's sections are fetched while the page before is still being fetched; in "s"
+    // the next page is what is left of the section the page before ended in. ("s" is
+    // written last, so the star's 1 MiB tail cache holds none of "m".)
+    let m_tail = fill(&c.star, "m", 160, 4, 1024).await;
     let tail = fill(&c.star, "s", 40, 100, 4096).await;
     let star = Client::connect(&c.star.url()).await.unwrap();
     let expected = read_range(&star, "s", 0, tail).await;
+    let m_expected = read_range(&star, "m", 0, m_tail).await;
     // Pages of 64 KiB, so the stream is many pages; one gateway reads ahead, one does not.
-    // Small budgets, so that the peak RSS checked against the formula says something.
+    // Small budgets, so that the peak RSS checked against the formula says something. A page
+    // of "s" that spans two sections is charged both (2 × 400 KiB each, for the section and
+    // the response), and is read ahead while the page before it is still held: 4 MiB.
     let small = [
         "--max-read-bytes",
         "64KiB",
@@ -650,13 +658,53 @@ async fn a_consumer_reading_in_order_gets_its_next_pages_read_ahead() {
         "--max-reads",
         "64",
     ];
-    let ahead = lone_gateway(&c, &[&small[..], &["--read-ahead-bytes", "2MiB"]].concat());
+    let ahead = lone_gateway(&c, &[&small[..], &["--read-ahead-bytes", "4MiB"]].concat());
     let plain = lone_gateway(&c, &[&small[..], &["--read-ahead-bytes", "0"]].concat());
     for gateway in [&ahead, &plain] {
         let via = Client::connect(&gateway.url()).await.unwrap();
         let got = read_range(&via, "s", 0, tail).await;
         assert!(got == expected, "records differ through {}", gateway.url());
     }
+    let begun = |when: &str| {
+        metric(
+            &ahead,
+            &format!("nova_gateway_read_aheads_begun_total{{when=\"{when}\"}}"),
+        )
+    };
+    let early = begun("while_read");
+    let mut pages = Vec::new();
+    for gateway in [&ahead, &plain] {
+        let via = Client::connect(&gateway.url()).await.unwrap();
+        let (mut got, mut next, mut n) = (Vec::new(), 0, 0u32);
+        while next < m_tail {
+            let page = via.read("m", next, 0).await.unwrap();
+            assert!(!page.records.is_empty(), "an empty page at {next}");
+            got.extend(page.records);
+            next = page.next_seq;
+            n += 1;
+        }
+        assert!(
+            got == m_expected,
+            "records of m differ through {}",
+            gateway.url()
+        );
+        pages.push(n);
+    }
+    // Every page of "m" after its first was begun while the page before was fetched (but
+    // for the last, which the star serves), and came out at most a section (an eighth of a
+    // page) short of a page read without read-ahead.
+    assert!(
+        begun("while_read") - early >= f64::from(pages[0]) - 3.0,
+        "{} of {} pages of m begun while the page before was fetched",
+        begun("while_read") - early,
+        pages[0]
+    );
+    assert!(
+        pages[0] * 7 <= pages[1] * 8 + 1,
+        "{} pages read ahead, {} without",
+        pages[0],
+        pages[1]
+    );
     let outcome = |g: &Novad, o: &str| {
         metric(
             g,
@@ -666,15 +714,25 @@ async fn a_consumer_reading_in_order_gets_its_next_pages_read_ahead() {
     let history = metric(&ahead, "nova_gateway_reads_total{source=\"history\"}");
     let used = outcome(&ahead, "used");
     assert!(history > 10.0, "{history} history pages");
-    // Every page but the first was read ahead, but for the last ones near the star's
-    // in-memory stretch, which are not.
+    // Every page but each stream's first was read ahead, but for the last ones near the
+    // star's in-memory stretch, which are not.
+    let outcomes: Vec<String> = [
+        "failed", "no_room", "expired", "cap", "outdated", "hot", "unneeded",
+    ]
+    .iter()
+    .map(|o| format!("{o} {}", outcome(&ahead, o)))
+    .collect();
     assert!(
-        used >= history - 4.0,
-        "{used} of {history} pages read ahead"
+        used >= history - 8.0,
+        "{used} of {history} pages read ahead; begun while read {}, after {}; {outcomes:?}",
+        begun("while_read"),
+        begun("after")
     );
     for o in ["failed", "no_room", "expired", "cap", "outdated"] {
         assert_eq!(outcome(&ahead, o), 0.0, "read-aheads {o}");
     }
+    // In "s" a page is part of one section: its next one is begun once it is read.
+    assert!(begun("after") >= 20.0, "{} begun after", begun("after"));
     assert_eq!(outcome(&plain, "used"), 0.0, "read-ahead is off at 0 bytes");
     // Reading ahead fetched nothing the consumer did not read.
     let got = |g: &Novad| metric(g, "nova_object_store_bytes_total{op=\"get\"}");
