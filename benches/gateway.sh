@@ -11,8 +11,10 @@
 #      round, raw). In each round every stream is read from its start four ways, 8 readers
 #      at a time, the four taking turns to go first:
 #      - through a fresh gateway (cold caches);
-#      - through a fresh gateway with read-ahead on (--read-ahead-bytes 64MiB), which says
-#        what reading each consumer's next page ahead gives;
+#      - through a fresh gateway with read-ahead on (--read-ahead-bytes, 64MiB unless given),
+#        which says what beginning each consumer's next page while its current one is still
+#        being fetched gives (each consumer then holds up to two pages of read-ahead: 256MiB
+#        lets all 8 readers read ahead);
 #      - through the read floor, `relay --star` (benches/src/bin/relay.rs), which plans and
 #        fetches each page as the gateway does (whole sections up to 8 MiB, 8 GETs in flight)
 #        but knows every section from the start and does nothing else per read: what that
@@ -44,7 +46,8 @@
 # With --update-docs the results in docs/performance.md are rewritten.
 #
 # Uses s3s-fs 0.14.1 like benches/e2e.sh (installed on first use); release builds.
-#   benches/gateway.sh [--bytes 256MiB] [--rounds 3] [--pin] [--store-latency-ms N] [--update-docs]
+#   benches/gateway.sh [--bytes 256MiB] [--rounds 3] [--pin] [--store-latency-ms N]
+#                      [--read-ahead-bytes 64MiB] [--update-docs]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -54,6 +57,7 @@ UPDATE_DOCS=0
 PIN=0
 LATENCY=0
 ROUNDS=3
+AHEAD_BYTES=64MiB
 while [ $# -gt 0 ]; do
     case "$1" in
         --bytes) BYTES=$2; shift ;;
@@ -61,6 +65,7 @@ while [ $# -gt 0 ]; do
         --pin) PIN=1 ;;
         --rounds) ROUNDS=$2; shift ;;
         --store-latency-ms) LATENCY=$2; shift ;;
+        --read-ahead-bytes) AHEAD_BYTES=$2; shift ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -143,7 +148,7 @@ FLOOR_PID=$!
 PIDS+=("$FLOOR_PID")
 wait_port "$FLOOR_PORT" || { cat "$WORK/relay.log" >&2; exit 1; }
 
-AHEAD=(--read-ahead-bytes 64MiB)
+AHEAD=(--read-ahead-bytes "$AHEAD_BYTES")
 # A round's four reads of every stream, 8 readers each: through a fresh gateway (cold
 # caches), through a fresh gateway with read-ahead, and through the read floor without and
 # with its windows kept full across pages. Only one gateway runs at a time: in probes, a
@@ -218,9 +223,9 @@ say "and with read-ahead (cold caches)"
 pass_of think_ahead "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8 --think-ms 20
 save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/think_ahead.metrics"
 
-python3 - "$WORK" "$BYTES" "$MACHINE" "$(git rev-parse --short HEAD)" "$PIN" "$LATENCY" "$ROUNDS" <<'PY'
+python3 - "$WORK" "$BYTES" "$MACHINE" "$(git rev-parse --short HEAD)" "$PIN" "$LATENCY" "$ROUNDS" "$AHEAD_BYTES" <<'PY'
 import datetime, json, sys
-work, loaded, machine, commit, pin, latency, rounds = sys.argv[1:]
+work, loaded, machine, commit, pin, latency, rounds, ahead_bytes = sys.argv[1:]
 rounds = int(rounds)
 def series(page, name):
     """The sum of every series of metric `name` on a saved metrics page."""
@@ -245,9 +250,11 @@ aheads = [load(f"ahead_{i}") for i in range(1, rounds + 1)]
 cursors = [load(f"cursor_{i}") for i in range(1, rounds + 1)]
 # Each round against the raw passes either side of it; the row is the median round's.
 for i in range(rounds):
-    if floors[i]["records"] != colds[i]["records"]:
-        sys.exit(f"round {i + 1}: the read floor served {floors[i]['records']} records, "
-                 f"the gateway {colds[i]['records']}: they must read the same")
+    for name, run in (("read floor", floors[i]), ("read floor with windows kept full", cursors[i]),
+                      ("gateway with read-ahead", aheads[i])):
+        if run["records"] != colds[i]["records"]:
+            sys.exit(f"round {i + 1}: the {name} served {run['records']} records, "
+                     f"the gateway {colds[i]['records']}: they must read the same")
     for run in (colds[i], floors[i], aheads[i], cursors[i]):
         run["ratio"] = run["mib_per_sec"] / ((raws[i]["mib_per_sec"] + raws[i + 1]["mib_per_sec"]) / 2)
     colds[i]["of_floor"] = colds[i]["mib_per_sec"] / floors[i]["mib_per_sec"]
@@ -289,7 +296,7 @@ lines = [
     row("from the star, 8 readers", star, True),
     row(f"through the gateway, cold caches (the median of {rounds} rounds, each ÷ the raw passes either side)", cold, True),
     row("through the gateway, warm caches", warm, True),
-    row(f"through the gateway, cold caches, read-ahead on (the median of {rounds} rounds)", ahead_run, True),
+    row(f"through the gateway, cold caches, read-ahead on (`--read-ahead-bytes {ahead_bytes}`; the median of {rounds} rounds)", ahead_run, True),
     row("through the gateway, cold caches, readers spending 20 ms a page", think, True),
     row("the same, read-ahead on", think_ahead, True),
     "",

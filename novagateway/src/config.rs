@@ -173,17 +173,20 @@ pub struct Config {
     #[arg(long, env = "NOVA_GATEWAY_MAX_READS", default_value_t = crate::read::MAX_READS, help_heading = "Budgets")]
     pub max_reads: u32,
 
-    /// Read-ahead: bytes of the next pages of consumers reading history in order, fetched while
-    /// their current page is sent (charged as a page is: its sections, its encoded copy and
-    /// its records' bookkeeping). A page is only read ahead when it fits at once; a read-ahead
-    /// never waits for room here. A page its consumer does not ask for within 2 s is dropped.
-    /// 0 (the default) turns read-ahead off; 64MiB (the fetch pool's size) suits consumers
-    /// that spend time on each page before asking for the next.
+    /// Read-ahead: bytes of the next pages of consumers reading history in order, begun once
+    /// their current page has all its sections on their way, so their GETs keep a full window
+    /// from page to page (charged as a page is: its sections, its encoded copy and its
+    /// records' bookkeeping, and the section it starts in). A page is only read ahead when
+    /// it fits at once; a read-ahead never waits for room here. A page its consumer does not
+    /// ask for within 2 s is dropped. 0 (the default) turns read-ahead off. A consumer reading
+    /// in order holds up to two pages here (the one being sent and the next, each charged
+    /// about twice its bytes): about 4 × --max-read-bytes per consumer lets every consumer
+    /// read ahead.
     #[arg(long, env = "NOVA_GATEWAY_READ_AHEAD_BYTES", default_value = crate::read_ahead::READ_AHEAD_BYTES, value_parser = parse_bytes, help_heading = "Budgets")]
     pub read_ahead_bytes: u64,
 
     /// Read-aheads at once, being read or waiting for their request, each with its task and
-    /// its state outside --read-ahead-bytes. At the cap no more are started (counted in
+    /// its state outside --read-ahead-bytes (a consumer reading in order holds up to two). At the cap no more are started (counted in
     /// nova_gateway_read_aheads_total{outcome="cap"}); the reads themselves go on as usual. 0
     /// turns read-ahead off.
     #[arg(long, env = "NOVA_GATEWAY_MAX_READ_AHEADS", default_value_t = crate::read_ahead::MAX_READ_AHEADS, help_heading = "Budgets")]

@@ -15,8 +15,9 @@
 //! busy pool makes pages shorter, never a read wait twice.
 //!
 //! With read-ahead on, a consumer reading history in order has its next page begun while this
-//! one is still being fetched: once this page's last section is on its way, a task plans and
-//! fetches the sections after it, so the consumer's window of GETs stays full from one page
+//! one is still being fetched: once this page's last section is on its way, a task takes a
+//! place for the next page and, when that section is small against a page, plans and fetches
+//! the sections after it at once, so the consumer's window of GETs stays full from one page
 //! into the next instead of draining at each page's end. The page being read then hands over
 //! where it ended (inside its last section or at its end) and that section's bytes, and the
 //! next page is built from there (`read_ahead`).
@@ -166,8 +167,20 @@ struct NextTask {
     request: v1::ReadRequest,
     key: AheadKey,
     last: SectionEntry,
+    /// What the page holds for the last section's bytes and records, if it starts inside it.
     last_charge: u64,
     reserved: Reserved,
+}
+
+/// The charge of a page that takes records from `section` when it already has its bytes:
+/// the section, its share of the response, and every one of its records' bookkeeping (where
+/// in the section the page starts is not known when the charge is taken).
+fn lead_charge(section: &SectionEntry) -> u64 {
+    let records = section.end_seq.saturating_sub(section.start_seq);
+    section
+        .len
+        .saturating_mul(2)
+        .saturating_add(records.saturating_mul(PER_RECORD_BYTES))
 }
 
 impl NextTask {
@@ -300,9 +313,8 @@ impl Reader {
             // now: found no room or place, it is not tried again once the page is in).
             let launched = claimed.launched.take();
             let tried = launched.is_some();
-            let next = launched.and_then(|last| {
-                self.begin_next(&request, key, &last.entry, last.charge, last.window)
-            });
+            let next =
+                launched.and_then(|last| self.begin_next(&request, key, &last.entry, last.window));
             self.count_begun_while_read(next.is_some());
             let (page, refs) = tokio::join!(claimed.page(), self.refs(&request, 1));
             match (page, refs) {
@@ -365,8 +377,7 @@ impl Reader {
         if served.next_tried || !wanted {
             return;
         }
-        if let Some(next) = self.begin_next(request, key, &last.entry, last.charge, history.window)
-        {
+        if let Some(next) = self.begin_next(request, key, &last.entry, history.window) {
             self.metrics
                 .read_aheads_begun
                 .with_label_values(&["after"])
@@ -375,10 +386,10 @@ impl Reader {
         }
     }
 
-    /// Begins reading the page after one whose last section is `last` (with that charge)
-    /// while that page is still being read: a task plans and fetches the sections after `last`
-    /// now, and waits for the page to hand over where it ends ([`Reader::hand_off`]) before
-    /// building its own page. So a consumer's window of GETs stays full from one page into the
+    /// Begins reading the page after one whose last section is `last` while that page is
+    /// still being read: a task plans and fetches the sections after `last` now if `last` is
+    /// small against a page (`NextTask::early`), and waits for the page to hand over where it
+    /// ends ([`Reader::hand_off`]) before building its own page. So a consumer's window of GETs stays full from one page into the
     /// next, instead of draining at each page's end. `None` if read-ahead has no room or
     /// place (`estimate` is the first window's charge of the page before).
     fn begin_next(
@@ -386,7 +397,6 @@ impl Reader {
         request: &v1::ReadRequest,
         key: &AheadKey,
         last: &SectionEntry,
-        last_charge: u64,
         estimate: u64,
     ) -> Option<NextPage> {
         let budget = self.ahead.budget.clone()?;
@@ -399,7 +409,7 @@ impl Reader {
             },
             key: key.clone(),
             last: last.clone(),
-            last_charge,
+            last_charge: lead_charge(last),
             reserved: reserved.clone(),
         };
         // Bounded: a task per place, and places are capped (--max-read-aheads); a task keeps
@@ -497,6 +507,9 @@ impl Reader {
             self.ahead.count(Dropped::Unneeded.label());
             return;
         };
+        if let Some(Err(why)) = fetched {
+            return self.ahead.finish(started, Err(why));
+        }
         let page = match self.start_page(&task, next_seq, lead) {
             Ok(page) => page,
             Err(why) => return self.ahead.finish(started, Err(why)),
@@ -583,18 +596,12 @@ impl Reader {
                     |section| {
                         let launched = Launched {
                             entry: section.entry.clone(),
-                            charge: section.charge,
                             window,
                         };
                         if let Some(last) = task.reserved.launched(launched) {
                             next_tried = true;
-                            next = self.begin_next(
-                                &task.request,
-                                &task.key,
-                                &last.entry,
-                                last.charge,
-                                last.window,
-                            );
+                            next =
+                                self.begin_next(&task.request, &task.key, &last.entry, last.window);
                             self.count_begun_while_read(next.is_some());
                         }
                     },
@@ -636,7 +643,6 @@ impl Reader {
                 .map_err(|e| corrupt(&task.request.stream, e))?;
             taken = Some(LastSection {
                 entry: last.clone(),
-                charge: task.last_charge,
                 bytes,
             });
         }
@@ -944,7 +950,7 @@ impl Reader {
             |section| {
                 if let Some(key) = key {
                     next_tried = true;
-                    next = self.begin_next(request, key, &section.entry, section.charge, window);
+                    next = self.begin_next(request, key, &section.entry, window);
                     self.count_begun_while_read(next.is_some());
                 }
             },
@@ -1003,7 +1009,7 @@ impl Reader {
         let fetch_one = |section: PlannedSection| {
             let tier = self.tier.clone();
             async move {
-                let PlannedSection { key, entry, charge } = section;
+                let PlannedSection { key, entry, .. } = section;
                 let bytes = tier
                     .fetch(&key, entry.offset, entry.len)
                     .await
@@ -1011,11 +1017,7 @@ impl Reader {
                 verify_section(&bytes, &entry).map_err(|e| {
                     Failure::Status(RequestError::DataLoss(format!("{key}: {e}")).into())
                 })?;
-                Ok::<_, Failure>(LastSection {
-                    entry,
-                    charge,
-                    bytes,
-                })
+                Ok::<_, Failure>(LastSection { entry, bytes })
             }
         };
         let mut on_last = Some(on_last);

@@ -1,19 +1,20 @@
 //! Read-ahead: a consumer reading history in order asks next for the page that starts where
 //! the one it just got ends, with the same caps. The gateway begins that page before this one
-//! is done: once this page's last section is on its way, the sections after it are planned and
-//! fetched, so the consumer's GETs keep a full window from one page into the next. A page ends
-//! inside its last section or at its end, so when this one is built it hands over where it
-//! ended and that section's bytes, and the next page is built from there. (Pages read ahead
-//! plan what the last section leaves of the byte and record caps, counting all of it: they may
-//! hold a little less than a consumer's own read would, never more, so nothing fetched goes
-//! unread.)
+//! is done, once this page's last section is on its way. A page ends inside its last section
+//! or at its end, so the next page starts there. When that section is at most an eighth of a
+//! page, the sections after it are planned and fetched at once, so the consumer's GETs keep a
+//! full window from one page into the next (planned within what the caps leave after the whole
+//! section: the page may hold up to that section less than a consumer's own read would, never
+//! more, so nothing fetched goes unread). Otherwise the page waits until this one is built and
+//! then plans exactly the room it has left. Either way, this page hands over where it ended and
+//! that section's bytes, and the next page is built from there.
 //!
 //! A read-ahead first takes a place (`--max-read-aheads`, each with its task); once the page
 //! before knows where it ends, it opens a slot under the next request's key (stream, first
 //! sequence number, page caps), kept until that request claims it, for at most
 //! `READ_AHEAD_TTL`. It is only ever a history page (a read that would go to the star is not
 //! made ahead), never a read by time, and is only made when there is room: its page, with
-//! its share of the last section, is charged to its own budget (`--read-ahead-bytes`, taken
+//! the section it starts in, is charged to its own budget (`--read-ahead-bytes`, taken
 //! only if free, never waited for; its footers, when not cached, are fetched through the fetch
 //! pool as a read's are). A read-ahead that finds no room, fails, or would go to the star is
 //! dropped, and the request, when it comes, is read as if there had been none. A claimed page
@@ -110,9 +111,7 @@ pub struct AheadPage {
 #[derive(Clone)]
 pub struct LastSection {
     pub entry: SectionEntry,
-    /// Its charge to the page (see `read::PlannedSection`): the page after it, holding the
-    /// same bytes, is charged it too.
-    pub charge: u64,
+    /// Held by the page after it too, which is charged for them (`read::lead_charge`).
     pub bytes: Bytes,
 }
 
@@ -182,8 +181,6 @@ pub struct Reserved {
 /// The last section of a page read ahead, on its way: what the page after it is begun from.
 pub struct Launched {
     pub entry: SectionEntry,
-    /// Its charge to the page (see `read::PlannedSection`).
-    pub charge: u64,
     /// The page's first window's charge: the room the page after it likely needs.
     pub window: u64,
 }
@@ -580,7 +577,6 @@ mod tests {
                 len: 10,
                 crc32c: 0,
             },
-            charge: 20,
             window: 20,
         }
     }
