@@ -142,6 +142,18 @@ struct Served {
     next_tried: bool,
 }
 
+impl Served {
+    /// Whether a page after this one is worth reading ahead: it is a history page with
+    /// records, and the next one is still history.
+    fn wants_next(&self) -> bool {
+        let response = &self.response;
+        self.history.is_some_and(|history| {
+            !response.records.is_empty()
+                && response.next_seq < history.hot_from_seq.min(response.tail_seq)
+        })
+    }
+}
+
 /// The page after one being read, begun early (`Reader::begin_next`): what the page being
 /// read tells it once built (`Reader::hand_off`).
 struct NextPage {
@@ -167,8 +179,6 @@ struct NextTask {
     request: v1::ReadRequest,
     key: AheadKey,
     last: SectionEntry,
-    /// What the page holds for the last section's bytes and records, if it starts inside it.
-    last_charge: u64,
     reserved: Reserved,
 }
 
@@ -184,6 +194,11 @@ fn lead_charge(section: &SectionEntry) -> u64 {
 }
 
 impl NextTask {
+    /// What the page holds for the last section's bytes and records, if it starts inside it.
+    fn last_charge(&self) -> u64 {
+        lead_charge(&self.last)
+    }
+
     /// What to plan before the page before ends: the sections after the last one, within
     /// what of the page the last section leaves, all of it counted (so the page holds no more
     /// than a consumer's own read would, and nothing fetched goes unread). Only when the last
@@ -222,8 +237,6 @@ struct NextPageBuilder {
     page: PageBuilder,
     /// The section it started in, if it took records from it.
     taken: Option<LastSection>,
-    /// Whether it did.
-    lead: bool,
 }
 
 impl NextPageBuilder {
@@ -315,7 +328,7 @@ impl Reader {
             let tried = launched.is_some();
             let next =
                 launched.and_then(|last| self.begin_next(&request, key, &last.entry, last.window));
-            self.count_begun_while_read(next.is_some());
+            self.count_begun("while_read", &next);
             let (page, refs) = tokio::join!(claimed.page(), self.refs(&request, 1));
             match (page, refs) {
                 (Ok(page), Ok(refs)) => match still_current(&request, page, refs) {
@@ -371,17 +384,12 @@ impl Reader {
         let (Some(history), Some(key), Some(last)) = (served.history, key, &served.last) else {
             return;
         };
-        let response = &served.response;
-        let wanted = !response.records.is_empty()
-            && response.next_seq < history.hot_from_seq.min(response.tail_seq);
-        if served.next_tried || !wanted {
+        if served.next_tried || !served.wants_next() {
             return;
         }
-        if let Some(next) = self.begin_next(request, key, &last.entry, history.window) {
-            self.metrics
-                .read_aheads_begun
-                .with_label_values(&["after"])
-                .inc();
+        let next = self.begin_next(request, key, &last.entry, history.window);
+        self.count_begun("after", &next);
+        if let Some(next) = next {
             self.hand_off(next, served);
         }
     }
@@ -389,8 +397,8 @@ impl Reader {
     /// Begins reading the page after one whose last section is `last` while that page is
     /// still being read: a task plans and fetches the sections after `last` now if `last` is
     /// small against a page (`NextTask::early`), and waits for the page to hand over where it
-    /// ends ([`Reader::hand_off`]) before building its own page. So a consumer's window of GETs stays full from one page into the
-    /// next, instead of draining at each page's end. `None` if read-ahead has no room or
+    /// ends ([`Reader::hand_off`]) before building its own page. So a consumer's window of
+    /// GETs stays full from one page into the next, instead of draining at each page's end. `None` if read-ahead has no room or
     /// place (`estimate` is the first window's charge of the page before).
     fn begin_next(
         self: &Arc<Self>,
@@ -409,7 +417,6 @@ impl Reader {
             },
             key: key.clone(),
             last: last.clone(),
-            last_charge: lead_charge(last),
             reserved: reserved.clone(),
         };
         // Bounded: a task per place, and places are capped (--max-read-aheads); a task keeps
@@ -423,11 +430,12 @@ impl Reader {
         })
     }
 
-    fn count_begun_while_read(&self, begun: bool) {
-        if begun {
+    /// Counts a read-ahead begun `when` ("while_read" or "after"), if it was.
+    fn count_begun(&self, when: &str, next: &Option<NextPage>) {
+        if next.is_some() {
             self.metrics
                 .read_aheads_begun
-                .with_label_values(&["while_read"])
+                .with_label_values(&[when])
                 .inc();
         }
     }
@@ -436,23 +444,19 @@ impl Reader {
     /// page is wanted after this one (it reached the star's in-memory stretch, or did not end
     /// in the section the next page was begun after), lets that page go.
     fn hand_off(&self, next: NextPage, served: &Served) {
-        let response = &served.response;
+        let next_seq = served.response.next_seq;
         let Some(history) = served.history else {
             return;
         };
-        let next_seq = response.next_seq;
-        let wanted = !response.records.is_empty()
-            && next_seq < history.hot_from_seq.min(response.tail_seq)
-            && (next.last.start_seq..=next.last.end_seq).contains(&next_seq);
+        if !served.wants_next() || !(next.last.start_seq..=next.last.end_seq).contains(&next_seq) {
+            return;
+        }
         // A next page that starts inside the last section takes its first records from it.
         let lead = match &served.last {
             _ if next_seq == next.last.end_seq => None,
             Some(last) if last.entry == next.last => Some(last.bytes.clone()),
             _ => return,
         };
-        if !wanted {
-            return;
-        }
         let Some(started) = self.ahead.open(&next.reserved, next.key.at(next_seq)) else {
             return;
         };
@@ -483,7 +487,7 @@ impl Reader {
         // future is never polled, and replaced once the handover has come.)
         let charged = early
             .is_some()
-            .then(|| budget.try_acquire_exact(task.last_charge))
+            .then(|| budget.try_acquire_exact(task.last_charge()))
             .flatten();
         let fetching = self.fetch_next(&task, &budget, early, charged);
         tokio::pin!(fetching);
@@ -518,7 +522,12 @@ impl Reader {
             // What is left of the page after the section, if anything: planned now, exactly.
             let (records, bytes) = page.room();
             let after = (records > 0 && bytes > 0).then_some((task.last.end_seq, records, bytes));
-            let charged = budget.try_acquire_exact(if page.lead { task.last_charge } else { 0 });
+            let lead = if page.taken.is_some() {
+                task.last_charge()
+            } else {
+                0
+            };
+            let charged = budget.try_acquire_exact(lead);
             fetching.set(self.fetch_next(&task, &budget, after, charged));
         }
         let fetched = match fetched {
@@ -577,7 +586,7 @@ impl Reader {
         permit.merge(budget.try_acquire_exact(first).ok_or(Dropped::NoRoom)?);
         // The room the page after this one likely needs before it starts: about what this
         // one's sections (or, with none, the section it started in) took before growing.
-        let window = if first > 0 { first } else { task.last_charge };
+        let window = if first > 0 { first } else { task.last_charge() };
         let mut sections = Vec::new();
         let mut next = None;
         let mut next_tried = false;
@@ -602,7 +611,7 @@ impl Reader {
                             next_tried = true;
                             next =
                                 self.begin_next(&task.request, &task.key, &last.entry, last.window);
-                            self.count_begun_while_read(next.is_some());
+                            self.count_begun("while_read", &next);
                         }
                     },
                 )
@@ -646,11 +655,7 @@ impl Reader {
                 bytes,
             });
         }
-        Ok(NextPageBuilder {
-            lead: taken.is_some(),
-            page,
-            taken,
-        })
+        Ok(NextPageBuilder { page, taken })
     }
 
     /// Ends a page begun after another with the sections fetched for it. Hands over to the
@@ -666,7 +671,6 @@ impl Reader {
         let NextPageBuilder {
             mut page,
             mut taken,
-            ..
         } = started;
         let Fetched {
             sections,
@@ -951,7 +955,7 @@ impl Reader {
                 if let Some(key) = key {
                     next_tried = true;
                     next = self.begin_next(request, key, &section.entry, window);
-                    self.count_begun_while_read(next.is_some());
+                    self.count_begun("while_read", &next);
                 }
             },
         )
