@@ -8,9 +8,12 @@
 #   2. raw: every section of every flight fetched with ranged GETs, 64 at a time (the
 #      gateway's concurrency: 8 readers, each with up to 8 sections in flight);
 #   3. rounds (--rounds, default 3), alternating with raw passes (raw, round, raw, ...,
-#      round, raw). In each round every stream is read from its start four ways, 8 readers
-#      at a time, the four taking turns to go first:
+#      round, raw). In each round every stream is read from its start five ways, 8 readers
+#      at a time, the five taking turns to go first:
 #      - through a fresh gateway (cold caches);
+#      - through a gateway in service: a fresh one that has first read --filler-bytes of other
+#        streams (filler-0..15, loaded after the measured streams), so its object cache is full
+#        of other data, as a long-running gateway's is, and these streams are cold in it;
 #      - through a fresh gateway with read-ahead on (--read-ahead-bytes, 64MiB unless given),
 #        which says what beginning each consumer's next page while its current one is still
 #        being fetched gives (each consumer then holds up to two pages of read-ahead: 256MiB
@@ -46,13 +49,14 @@
 # With --update-docs the results in docs/performance.md are rewritten.
 #
 # Uses s3s-fs 0.14.1 like benches/e2e.sh (installed on first use); release builds.
-#   benches/gateway.sh [--bytes 256MiB] [--rounds 3] [--pin] [--store-latency-ms N]
-#                      [--read-ahead-bytes 64MiB] [--update-docs]
+#   benches/gateway.sh [--bytes 256MiB] [--filler-bytes 320MiB] [--rounds 3] [--pin]
+#                      [--store-latency-ms N] [--read-ahead-bytes 64MiB] [--update-docs]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 source benches/lib.sh
 BYTES=256MiB
+FILLER_BYTES=320MiB
 UPDATE_DOCS=0
 PIN=0
 LATENCY=0
@@ -61,6 +65,7 @@ AHEAD_BYTES=64MiB
 while [ $# -gt 0 ]; do
     case "$1" in
         --bytes) BYTES=$2; shift ;;
+        --filler-bytes) FILLER_BYTES=$2; shift ;;
         --update-docs) UPDATE_DOCS=1 ;;
         --pin) PIN=1 ;;
         --rounds) ROUNDS=$2; shift ;;
@@ -127,6 +132,13 @@ start_gateway
 say "loading $BYTES over 16 streams"
 "$BIN/nova" --server "http://127.0.0.1:$NOVA_PORT" --output json bench --reuse-streams --sessions 16 --record-bytes 4KiB \
     --batch-records 64 --bytes "$BYTES" --quiet >"$WORK/load.json"
+# The last object of that load: every raw pass reads up to it, so none reads the filler.
+"$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64 >"$WORK/listed.json"
+LAST_KEY=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["last_key"])' "$WORK/listed.json")
+RAW=("$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64 --through-key "$LAST_KEY")
+say "loading $FILLER_BYTES over 16 other streams, to fill a gateway's object cache with"
+"$BIN/nova" --server "http://127.0.0.1:$NOVA_PORT" --output json bench --reuse-streams --sessions 16 --record-bytes 4KiB \
+    --batch-records 64 --bytes "$FILLER_BYTES" --stream-prefix filler --quiet >"$WORK/filler.json"
 
 # Runs a read pass (its JSON into WORK/NAME.json) and notes the CPU seconds of the
 # S3-compatible server and of the serving process PID before and after it (WORK/NAME.cpu:
@@ -149,9 +161,9 @@ PIDS+=("$FLOOR_PID")
 wait_port "$FLOOR_PORT" || { cat "$WORK/relay.log" >&2; exit 1; }
 
 AHEAD=(--read-ahead-bytes "$AHEAD_BYTES")
-# A round's four reads of every stream, 8 readers each: through a fresh gateway (cold
-# caches), through a fresh gateway with read-ahead, and through the read floor without and
-# with its windows kept full across pages. Only one gateway runs at a time: in probes, a
+# A round's five reads of every stream, 8 readers each: through a fresh gateway (cold
+# caches), through a gateway in service (service_pass, below), through a fresh gateway with
+# read-ahead, and through the read floor without and with its windows kept full across pages. Only one gateway runs at a time: in probes, a
 # gateway read while another (idle) one was still up spent a quarter more CPU per MiB (2.61
 # against 2.03 to 2.16 ms), for no reason found.
 fresh_gateway() {
@@ -169,6 +181,16 @@ ahead_pass() {
     say "round $1 of $ROUNDS: every stream through a fresh gateway with read-ahead (cold caches)"
     pass_of "ahead_$1" "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
     save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/ahead_$1.metrics"
+}
+# A gateway in service: its object cache first filled with the filler streams (not timed),
+# then every measured stream read, cold for this gateway.
+service_pass() {
+    fresh_gateway
+    say "round $1 of $ROUNDS: every stream through a gateway in service (its object cache full of other streams)"
+    "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --stream-prefix filler --readers 8 >"$WORK/filled_$1.json"
+    save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/filled_$1.metrics"
+    pass_of "service_$1" "$GW_PID" "$BIN/cold-read" gateway --gateway "http://127.0.0.1:$GW_PORT" --streams 16 --readers 8
+    save_page "http://127.0.0.1:$GW_METRICS/metrics" "$WORK/service_$1.metrics"
 }
 floor_pass() {
     if [ -n "$GW_PID" ]; then stop_pid "$GW_PID"; GW_PID=; fi
@@ -190,18 +212,19 @@ cursor_pass() {
     stop_pid "$pid"
 }
 
-# Rounds of the four reads alternate with raw passes (raw_0, round 1, raw_1, ..., round N,
+# Rounds of the five reads alternate with raw passes (raw_0, round 1, raw_1, ..., round N,
 # raw_N): each read is divided by the raw passes either side of its round, as this shared
-# machine drifts by a fifth between passes a minute apart. The four take turns going first.
-ORDERS=("cold floor ahead cursor" "floor ahead cursor cold" "ahead cursor cold floor" "cursor cold floor ahead")
+# machine drifts by a fifth between passes a minute apart. The five take turns going first.
+ORDERS=("cold service floor ahead cursor" "service floor ahead cursor cold" "floor ahead cursor cold service"
+    "ahead cursor cold service floor" "cursor cold service floor ahead")
 say "raw ranged GETs of every section, 64 at a time"
-pass_of raw_0 "$STAR_PID" "$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64
+pass_of raw_0 "$STAR_PID" "${RAW[@]}"
 for round in $(seq "$ROUNDS"); do
-    for read in ${ORDERS[$(((round - 1) % 4))]}; do
+    for read in ${ORDERS[$(((round - 1) % 5))]}; do
         "${read}_pass" "$round"
     done
     say "raw ranged GETs again"
-    pass_of "raw_$round" "$STAR_PID" "$BIN/cold-read" raw --endpoint "$ENDPOINT" --bucket nova --concurrency 64
+    pass_of "raw_$round" "$STAR_PID" "${RAW[@]}"
 done
 if [ -n "$GW_PID" ]; then stop_pid "$GW_PID"; GW_PID=; fi
 say "every stream from the star, 8 readers"
@@ -248,20 +271,21 @@ colds = [load(f"cold_{i}") for i in range(1, rounds + 1)]
 floors = [load(f"floor_{i}") for i in range(1, rounds + 1)]
 aheads = [load(f"ahead_{i}") for i in range(1, rounds + 1)]
 cursors = [load(f"cursor_{i}") for i in range(1, rounds + 1)]
+services = [load(f"service_{i}") for i in range(1, rounds + 1)]
 # Each round against the raw passes either side of it; the row is the median round's.
 for i in range(rounds):
     for name, run in (("read floor", floors[i]), ("read floor with windows kept full", cursors[i]),
-                      ("gateway with read-ahead", aheads[i])):
+                      ("gateway with read-ahead", aheads[i]), ("gateway in service", services[i])):
         if run["records"] != colds[i]["records"]:
             sys.exit(f"round {i + 1}: the {name} served {run['records']} records, "
                      f"the gateway {colds[i]['records']}: they must read the same")
-    for run in (colds[i], floors[i], aheads[i], cursors[i]):
+    for run in (colds[i], floors[i], aheads[i], cursors[i], services[i]):
         run["ratio"] = run["mib_per_sec"] / ((raws[i]["mib_per_sec"] + raws[i + 1]["mib_per_sec"]) / 2)
     colds[i]["of_floor"] = colds[i]["mib_per_sec"] / floors[i]["mib_per_sec"]
 def median(runs, key):
     """The median run by `key` (with an even number, the lower of the middle two)."""
     return sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
-cold, floor, ahead_run, cursor = (median(runs, "ratio") for runs in (colds, floors, aheads, cursors))
+cold, floor, ahead_run, cursor, service = (median(runs, "ratio") for runs in (colds, floors, aheads, cursors, services))
 # The raw passes as one row: their mean throughput and CPU per MiB. The other rows (read
 # once, not in rounds) are divided by it.
 raw = dict(raws[0])
@@ -277,6 +301,14 @@ def row(label, run, serving):
 hc, mc = (series("prime", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
 h, m = (series("warm", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
 peak = series("warm", "nova_gateway_fetch_pool_peak_bytes")
+# The gateway in service: how full its object cache was when the timed read began, and how
+# much of that read the cache answered (none, for the read to be cold).
+def between(name, i):
+    return series(f"service_{i}", name) - series(f"filled_{i}", name)
+filled = min(series(f"filled_{i}", "nova_gateway_object_cache_used_bytes") for i in range(1, rounds + 1))
+capacity = series("filled_1", "nova_gateway_object_cache_capacity_bytes")
+service_hits = sum(between("nova_gateway_object_cache_hits_total", i) for i in range(1, rounds + 1))
+service_misses = sum(between("nova_gateway_object_cache_misses_total", i) for i in range(1, rounds + 1))
 def outcomes(page):
     counts = {o: int(series_where(page, "nova_gateway_read_aheads_total", f'outcome="{o}"'))
               for o in ("used", "no_room", "hot", "expired", "outdated", "failed", "cap")}
@@ -295,6 +327,7 @@ lines = [
     row(f"the read floor with each stream's window of GETs kept full across pages (`--cursor-sections 24`; the median of {rounds} rounds)", cursor, True),
     row("from the star, 8 readers", star, True),
     row(f"through the gateway, cold caches (the median of {rounds} rounds, each ÷ the raw passes either side)", cold, True),
+    row(f"through a gateway in service, cold for these streams: its object cache first filled by reading other streams (the median of {rounds} rounds)", service, True),
     row("through the gateway, warm caches", warm, True),
     row(f"through the gateway, cold caches, read-ahead on (`--read-ahead-bytes {ahead_bytes}`; the median of {rounds} rounds)", ahead_run, True),
     row("through the gateway, cold caches, readers spending 20 ms a page", think, True),
@@ -306,10 +339,13 @@ lines = [
     f"the gateway ÷ the floor in each round: " + ", ".join(f"{c['of_floor']:.2f}" for c in colds)
     + f" (median {median(colds, 'of_floor')['of_floor']:.2f}); with read-ahead on: "
     + ", ".join(f"{a['mib_per_sec']:.1f} MiB/s ({a['ratio']:.2f})" for a in aheads) + "; "
-    f"the floor with windows kept full: " + ", ".join(f"{c['mib_per_sec']:.1f} MiB/s ({c['ratio']:.2f})" for c in cursors) + ".",
+    f"the floor with windows kept full: " + ", ".join(f"{c['mib_per_sec']:.1f} MiB/s ({c['ratio']:.2f})" for c in cursors) + "; "
+    f"the gateway in service: " + ", ".join(f"{c['mib_per_sec']:.1f} MiB/s ({c['ratio']:.2f})" for c in services) + ".",
     "",
     f"Footer cache hit rate: {hc / max(hc + mc, 1):.1%} on a cold pass, {(h - hc) / max((h - hc) + (m - mc), 1):.1%} on the warm pass. "
     f"Fetch pool peak: {peak / (1 << 20):.1f} MiB of 64 MiB. "
+    f"The gateway in service: its object cache held at least {filled / (1 << 20):.0f} MiB of its {capacity / (1 << 20):.0f} MiB when each timed read began, "
+    f"and answered {service_hits / max(service_hits + service_misses, 1):.1%} of that read's ranges. "
     f"Read-aheads with read-ahead on: {outcomes(f'ahead_{rounds}')} on the last round's cold pass, "
     f"{outcomes('think_ahead')} with readers spending 20 ms a page."
     + (" The delay line runs beside the server (on its core when pinned); its CPU is in no column."

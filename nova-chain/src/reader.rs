@@ -34,7 +34,7 @@ use nova_core::budget::{Budget, BudgetPermit};
 use nova_core::catalog::IndexEntry;
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, FormatError, fetch_section};
-use nova_core::limits::{COLD_READ_REFS, STALE_REF_RETRIES};
+use nova_core::limits::{COLD_READ_REFS, PAGE_REFS, STALE_REF_RETRIES};
 use nova_core::object_store::StoreError;
 use nova_core::record::SequencedRecord;
 use nova_core::refusal::stale_refs_exhausted;
@@ -211,9 +211,11 @@ pub(crate) async fn read(
             })?;
             continue;
         }
-        // A cold stretch: up to COLD_READ_REFS sections in flight, only as many as the page can
-        // still take and the read budget has room for, consumed in order.
-        let mut refs = resolve(shared, stream, seq, tail, COLD_READ_REFS, Some(room)).await?;
+        // A cold stretch: the refs that fill what the page has room for (at most
+        // PAGE_REFS), fetched with up to COLD_READ_REFS in flight as a sliding window (the
+        // next launched as the oldest lands, so the window does not drain every 8 sections),
+        // each charged before it is launched, and consumed in order.
+        let refs = resolve(shared, stream, seq, tail, PAGE_REFS, Some(room)).await?;
         if refs.is_empty() {
             // Trimmed meanwhile (the page so far stands; the next read is told), or lost.
             if page.records.is_empty() {
@@ -223,34 +225,40 @@ pub(crate) async fn read(
             }
             return Err(no_entry(stream, seq));
         }
-        let mut charged = 0;
-        for entry in &refs {
-            let records = (entry.end_seq - entry.start_seq)
-                .min((page.max_records - page.records.len()) as u64);
-            if !charge.grow(2 * entry.len + records * READ_PER_RECORD).await {
-                break;
+        let fetch = |entry: IndexEntry| async move {
+            let section = fetch_section(
+                shared.store.as_ref(),
+                &entry.object_key,
+                entry.offset,
+                entry.len,
+                entry.crc32c,
+            )
+            .await;
+            (entry, section)
+        };
+        let mut later = refs.into_iter();
+        let mut in_flight = FuturesOrdered::new();
+        // Records the page may still take beyond those of the sections launched.
+        let mut records_left = (page.max_records - page.records.len()) as u64;
+        let mut budget_full = false;
+        loop {
+            while in_flight.len() < COLD_READ_REFS && !budget_full && records_left > 0 {
+                let Some(entry) = later.next() else { break };
+                // The first entry may begin before the stretch: only its records from `seq` on.
+                let records = entry
+                    .end_seq
+                    .saturating_sub(entry.start_seq.max(seq))
+                    .min(records_left);
+                if !charge.grow(2 * entry.len + records * READ_PER_RECORD).await {
+                    budget_full = true;
+                    break;
+                }
+                records_left -= records;
+                in_flight.push_back(fetch(entry));
             }
-            charged += 1;
-        }
-        if charged == 0 {
-            break;
-        }
-        refs.truncate(charged);
-        let mut fetches = refs
-            .into_iter()
-            .map(|entry| async move {
-                let section = fetch_section(
-                    shared.store.as_ref(),
-                    &entry.object_key,
-                    entry.offset,
-                    entry.len,
-                    entry.crc32c,
-                )
-                .await;
-                (entry, section)
-            })
-            .collect::<FuturesOrdered<_>>();
-        while let Some((entry, section)) = fetches.next().await {
+            let Some((entry, section)) = in_flight.next().await else {
+                break;
+            };
             if page.full() {
                 break;
             }
@@ -260,6 +268,9 @@ pub(crate) async fn read(
                 {
                     stale_refs += 1;
                     tracing::debug!(%key, stream = stream.name(), "ref went stale; resolving again");
+                    // Resolved again from here, whatever the window found of the budget: the
+                    // page may not end on a stale ref before it has a record.
+                    budget_full = false;
                     if page.records.is_empty() {
                         // Nothing taken yet: give the charge back, so the next stretch may wait
                         // for room again and the page still serves at least one record.
@@ -280,6 +291,10 @@ pub(crate) async fn read(
                     stream.name()
                 ))
             })?;
+        }
+        // No room in the read budget for the stretch's next section: the page ends here.
+        if budget_full {
+            break;
         }
     }
     Ok(Page {
@@ -317,7 +332,12 @@ pub(crate) async fn resolve(
         };
         let before = refs.len();
         for entry in found {
-            if entry.start_seq > seq || refs.len() == max {
+            // Records the tail cache holds are read from it: the stretch ends before them
+            // (checked for every entry, as one lookup may return many).
+            if entry.start_seq > seq
+                || refs.len() == max
+                || (!refs.is_empty() && shared.tail_cache.contains(stream.id(), seq))
+            {
                 break;
             }
             seq = entry.end_seq;

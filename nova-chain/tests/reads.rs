@@ -10,6 +10,8 @@
 use std::time::Duration;
 
 use nova_chain::ChainConfig;
+use nova_core::object_store::Op;
+use nova_core::object_store::faulty::Fault;
 use nova_testkit::chain::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,4 +153,72 @@ async fn a_read_whose_objects_keep_vanishing_is_unavailable() {
             other.map(|p| p.records.len())
         ),
     }
+}
+
+/// A cold read keeps up to 8 sections in flight as a sliding window: the next is fetched as
+/// the oldest lands, so one slow GET does not hold back the 7 after it, and never more than 8
+/// at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_read_slides_its_window_of_eight_gets() {
+    let disk = Disk::new();
+    let config = ChainConfig {
+        tail_cache_bytes: 0,
+        ..config()
+    };
+    let f = open_faulty(&disk, config).await.unwrap();
+    let star = f.star.clone();
+    create(&star, "s").await;
+    for i in 0..20 {
+        // One record per flight: each is a section, and an object, of its own.
+        answer(append(&star, "s", &format!("record {i}")).await)
+            .await
+            .unwrap();
+    }
+    let stream = star.streams().get("s").unwrap();
+    let mut keys: Vec<String> = disk
+        .store()
+        .list("chain/", None, 1000)
+        .await
+        .unwrap()
+        .objects
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    keys.sort();
+    assert_eq!(keys.len(), 20, "{keys:?}");
+    // The 8th section's GET is held, and so are the 8 after it, each once.
+    for key in &keys[7..16] {
+        f.store.inject(&[Op::Get], key, Fault::Hold, Some(1));
+    }
+    let read = {
+        let star = star.clone();
+        let stream = stream.clone();
+        tokio::spawn(async move { star.read(&stream, 0, 1000, 1 << 30).await })
+    };
+    // Sections 1 to 7 land, and the 9th to the 15th are fetched while the 8th is held.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while f.store.rules_left() > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sections after a held one were not fetched: {} holds unused",
+            f.store.rules_left()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Eight in flight (the 8th to the 15th): the 16th waits for the oldest to land.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(f.store.rules_left(), 1, "more than 8 GETs in flight");
+    f.store.clear();
+    let page = tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("the read ends once its GETs are let go")
+        .unwrap()
+        .unwrap();
+    let bodies: Vec<String> = page
+        .records
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.record.body).into_owned())
+        .collect();
+    let expected: Vec<String> = (0..20).map(|i| format!("record {i}")).collect();
+    assert_eq!(bodies, expected);
 }

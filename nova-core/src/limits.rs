@@ -81,6 +81,10 @@ pub const FLIGHT_LINGER_MS: u64 = 50;
 pub const MAX_SECTION_BYTES: u64 = MIB;
 /// Refs a cold read keeps in flight.
 pub const COLD_READ_REFS: usize = 8;
+/// The most sections a cold read plans for one page (or, on the star, one stretch of a page
+/// between tail-cached records): enough for an 8 MiB page of sections of 256 KiB or more, four
+/// windows of `COLD_READ_REFS`, so the window can slide instead of draining every 8.
+pub const PAGE_REFS: usize = 32;
 /// The most refs one `ResolveRefs` answers with.
 pub const MAX_RESOLVED_REFS: usize = 64;
 /// `--saturation-threshold`: the formula's share of the ceiling at which a star reads saturated.

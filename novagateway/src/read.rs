@@ -88,10 +88,10 @@ pub const PER_READ_BYTES: u64 = 64 * 1024;
 /// charges 192 bytes a record).
 const PER_RECORD_BYTES: u64 = 192;
 
-/// The most sections one history page plans: enough for an 8 MiB page of sections of 256 KiB
-/// or more, four times the window. What a read holds while planning (the refs and each
-/// section's footer entry, stream name included) stays within `PER_READ_BYTES`.
-const PAGE_REFS: u32 = 32;
+/// The most sections one history page plans (`nova_core::limits::PAGE_REFS`). What a read
+/// holds while planning (the refs and each section's footer entry, stream name included) stays
+/// within `PER_READ_BYTES`.
+const PAGE_REFS: u32 = nova_core::limits::PAGE_REFS as u32;
 
 /// The retry hint of a read shed at `--max-reads`.
 const SHED_RETRY_AFTER: Duration = Duration::from_millis(500);

@@ -3,11 +3,14 @@
 //! JSON line per mode.
 //!
 //! cold-read raw     --endpoint URL --bucket NAME [--prefix chain/] [--concurrency 8]
+//!                   [--through-key KEY]
 //! cold-read gateway --gateway URL --streams N [--stream-prefix bench] [--readers 8]
 //!                   [--think-ms 0]
 //!
 //! `--think-ms` has each reader spend that long on every page before asking for the next, as
-//! a consumer that processes what it reads does.
+//! a consumer that processes what it reads does. `--through-key` has the raw reader read only
+//! the objects up to that key (the JSON's `last_key` names the last one it read), so that
+//! objects written after a load are left out.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,6 +38,7 @@ async fn raw() -> Result<serde_json::Value, String> {
     config.force_path_style = true;
     let store: Arc<dyn ObjectStore> = Arc::new(S3Store::new(config).await);
     let prefix = arg("--prefix").unwrap_or_else(|| "chain/".into());
+    let through = arg("--through-key");
     // Every section of every flight: the same byte ranges a gateway reads.
     let mut keys = Vec::new();
     let mut after: Option<String> = None;
@@ -43,7 +47,12 @@ async fn raw() -> Result<serde_json::Value, String> {
             .list(&prefix, after.as_deref(), 1000)
             .await
             .map_err(|e| e.to_string())?;
-        keys.extend(page.objects.into_iter().map(|o| o.key));
+        keys.extend(
+            page.objects
+                .into_iter()
+                .map(|o| o.key)
+                .filter(|key| through.as_ref().is_none_or(|last| key <= last)),
+        );
         match page.next_start_after {
             Some(next) => after = Some(next),
             None => break,
@@ -82,6 +91,7 @@ async fn raw() -> Result<serde_json::Value, String> {
         // This process's CPU (ranged GETs and their crc32c checks) per MiB fetched.
         "cpu_ms_per_mib": if total > 0 { cpu * 1000.0 / (total as f64 / (1 << 20) as f64) } else { 0.0 },
         "objects": keys.len(),
+        "last_key": keys.last(),
         "sections": sections.len(),
         "bytes": total,
         "seconds": seconds,

@@ -85,6 +85,11 @@ impl FaultyStore {
         self.released.send_modify(|n| *n += 1);
     }
 
+    /// Rules not yet used up: a rule for a number of requests is gone once that many came.
+    pub fn rules_left(&self) -> usize {
+        self.state.lock().rules.len()
+    }
+
     /// Makes every conditional create succeed, as a backend that ignores `If-None-Match` does.
     pub fn ignore_conditions(&self, ignore: bool) {
         self.state.lock().ignore_conditions = ignore;
