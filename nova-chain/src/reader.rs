@@ -27,13 +27,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::stream::FuturesOrdered;
-
 use nova_core::budget::{Budget, BudgetPermit};
 use nova_core::catalog::IndexEntry;
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, FormatError, fetch_section};
+use nova_core::in_order::InOrder;
 use nova_core::limits::{COLD_READ_REFS, PAGE_REFS, STALE_REF_RETRIES};
 use nova_core::object_store::StoreError;
 use nova_core::record::SequencedRecord;
@@ -212,8 +210,8 @@ pub(crate) async fn read(
             continue;
         }
         // A cold stretch: the refs that fill what the page has room for (at most
-        // PAGE_REFS), fetched with up to COLD_READ_REFS in flight as a sliding window (the
-        // next launched as the oldest lands, so the window does not drain every 8 sections),
+        // PAGE_REFS), fetched with up to COLD_READ_REFS GETs running (the next launched as
+        // any lands, so the window neither drains every 8 sections nor waits on a slow one),
         // each charged before it is launched, and consumed in order.
         let refs = resolve(shared, stream, seq, tail, PAGE_REFS, Some(room)).await?;
         if refs.is_empty() {
@@ -237,12 +235,14 @@ pub(crate) async fn read(
             (entry, section)
         };
         let mut later = refs.into_iter();
-        let mut in_flight = FuturesOrdered::new();
+        // Only GETs still running count against the window: one that lands before those
+        // started ahead of it waits for them, without holding back the next GET.
+        let mut window = InOrder::new();
         // Records the page may still take beyond those of the sections launched.
         let mut records_left = (page.max_records - page.records.len()) as u64;
         let mut budget_full = false;
         loop {
-            while in_flight.len() < COLD_READ_REFS && !budget_full && records_left > 0 {
+            while window.running() < COLD_READ_REFS && !budget_full && records_left > 0 {
                 let Some(entry) = later.next() else { break };
                 // The first entry may begin before the stretch: only its records from `seq` on.
                 let records = entry
@@ -254,9 +254,12 @@ pub(crate) async fn read(
                     break;
                 }
                 records_left -= records;
-                in_flight.push_back(fetch(entry));
+                window.push(fetch(entry));
             }
-            let Some((entry, section)) = in_flight.next().await else {
+            let Some((entry, section)) = window.ready() else {
+                if window.land().await {
+                    continue;
+                }
                 break;
             };
             if page.full() {
@@ -291,6 +294,10 @@ pub(crate) async fn read(
                     stream.name()
                 ))
             })?;
+            // Full: no more GETs for it, and none waited for.
+            if page.full() {
+                break;
+            }
         }
         // No room in the read budget for the stretch's next section: the page ends here.
         if budget_full {

@@ -8,6 +8,7 @@ pub use nova_proto::clock;
 pub mod entropy;
 pub mod flight;
 pub mod formula;
+pub mod in_order;
 pub mod keys;
 pub mod limits;
 pub mod manifest;

@@ -77,13 +77,14 @@ pub const FLIGHT_MAX_BYTES: u64 = 8 * MIB;
 pub const FLIGHT_LINGER_MS: u64 = 50;
 /// The largest section a flight holds for one stream (unless a single record is larger): a
 /// stream's records beyond it start another section. Each section is one ref for readers, so a
-/// read with 8 refs in flight holds at most 8 MiB of fetched sections.
+/// read with 8 GETs running has at most 8 MiB on its way (what has landed and waits to be
+/// consumed is charged to the read's budget, and bounded by its page).
 pub const MAX_SECTION_BYTES: u64 = MIB;
-/// Refs a cold read keeps in flight.
+/// GETs a cold read keeps running (the next starts as any of them lands).
 pub const COLD_READ_REFS: usize = 8;
 /// The most sections a cold read plans for one page (or, on the star, one stretch of a page
 /// between tail-cached records): enough for an 8 MiB page of sections of 256 KiB or more, four
-/// windows of `COLD_READ_REFS`, so the window can slide instead of draining every 8.
+/// windows of `COLD_READ_REFS`, so GETs keep starting instead of draining every 8.
 pub const PAGE_REFS: usize = 32;
 /// The most refs one `ResolveRefs` answers with.
 pub const MAX_RESOLVED_REFS: usize = 64;

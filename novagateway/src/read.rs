@@ -32,14 +32,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
-use futures::stream::FuturesOrdered;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tonic::Status;
 
 use nova_core::budget::{Budget, BudgetPermit};
 use nova_core::flight::page::PageBuilder;
 use nova_core::flight::{FetchError, SectionEntry, verify_section};
+use nova_core::in_order::InOrder;
 use nova_core::limits::{COLD_READ_REFS, STALE_REF_RETRIES};
 use nova_core::object_store::StoreError;
 use nova_core::refusal;
@@ -990,7 +989,7 @@ impl Reader {
         Ok(served)
     }
 
-    /// Fetches `sections` with a window of them in flight (the next starts as the oldest
+    /// Fetches `sections` with a window of them in flight (the next starts as any of them
     /// lands), checks each against its footer's crc32c, and offers each in order to `take`,
     /// until it says the page is full. `permit` holds the first window's charge (`window`)
     /// from `budget`; each later section is charged to `budget` before it is fetched, only if
@@ -1026,8 +1025,10 @@ impl Reader {
         };
         let mut on_last = Some(on_last);
         let mut later = sections.into_iter();
-        let mut in_flight = FuturesOrdered::new();
-        while in_flight.len() < COLD_READ_REFS
+        // Only GETs still running count against the window: one that lands before those
+        // started ahead of it waits for them, without holding back the next GET.
+        let mut window = InOrder::new();
+        while window.running() < COLD_READ_REFS
             && let Some(section) = later.next()
         {
             if later.len() == 0
@@ -1035,16 +1036,21 @@ impl Reader {
             {
                 told(&section);
             }
-            in_flight.push_back(fetch_one(section));
+            window.push(fetch_one(section));
         }
-        while let Some(fetched) = in_flight.next().await {
-            if take(fetched?)? {
-                break;
+        loop {
+            while let Some(fetched) = window.ready() {
+                if take(fetched?)? {
+                    return Ok(());
+                }
             }
             // Keep the window full while the budget has room for the next section now, and
             // at most half of it is in use: a few long pages (of consumers slow to take them)
             // leave room for everyone's first window.
-            if may_grow && let Some(next) = later.next() {
+            while may_grow
+                && window.running() < COLD_READ_REFS
+                && let Some(next) = later.next()
+            {
                 let spare = budget.in_use() + next.charge <= budget.capacity() / 2;
                 match spare
                     .then(|| budget.try_acquire_exact(next.charge))
@@ -1057,13 +1063,15 @@ impl Reader {
                         {
                             told(&next);
                         }
-                        in_flight.push_back(fetch_one(next));
+                        window.push(fetch_one(next));
                     }
                     None => may_grow = false,
                 }
             }
+            if !window.land().await {
+                return Ok(());
+            }
         }
-        Ok(())
     }
 }
 
