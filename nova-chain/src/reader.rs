@@ -262,9 +262,6 @@ pub(crate) async fn read(
                 }
                 break;
             };
-            if page.full() {
-                break;
-            }
             let section = match section {
                 Err(FetchError::Store(StoreError::NotFound { key }))
                     if stale_refs < STALE_REF_RETRIES =>
