@@ -31,8 +31,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 pub const MIN_KEPT: usize = super::MMAP_THRESHOLD as usize;
 
 /// The most buffers kept at once, whatever their sizes (the table is a fixed array: an
-/// allocator cannot allocate for its own bookkeeping).
-const SLOTS: usize = 64;
+/// allocator cannot allocate for its own bookkeeping). A gateway page frees a dozen or more
+/// large buffers at once (its section bodies, hyper's read buffers, the encoded response):
+/// with 64 slots, keeping more bytes (`--recycle-buffer-mib`) made no difference to its page
+/// faults, the slots running out first.
+pub const SLOTS: usize = 256;
 
 /// malloc's alignment on 64-bit glibc; a larger one goes through `posix_memalign`.
 const MALLOC_ALIGN: usize = 16;
