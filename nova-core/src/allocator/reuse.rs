@@ -34,7 +34,8 @@ pub const MIN_KEPT: usize = super::MMAP_THRESHOLD as usize;
 /// allocator cannot allocate for its own bookkeeping). A gateway page frees a dozen or more
 /// large buffers at once (its section bodies, hyper's read buffers, the encoded response):
 /// with 64 slots, keeping more bytes (`--recycle-buffer-mib`) made no difference to its page
-/// faults, the slots running out first.
+/// faults, the slots running out first. Public for the tests.
+#[doc(hidden)]
 pub const SLOTS: usize = 256;
 
 /// malloc's alignment on 64-bit glibc; a larger one goes through `posix_memalign`.
@@ -255,13 +256,21 @@ mod table {
             capacity: usize,
             evicted: &mut [usize; SLOTS],
         ) -> usize {
+            // The oldest `count` are counted first and the rest moved down once: the table's
+            // lock is global, and shifting it once per evicted buffer would hold it for up to
+            // SLOTS times as long.
             let mut count = 0;
-            while self.len > 0
-                && ((usable > 0 && self.len == SLOTS) || self.bytes + usable > capacity)
+            let mut bytes = self.bytes;
+            while count < self.len
+                && ((usable > 0 && self.len - count == SLOTS) || bytes + usable > capacity)
             {
-                evicted[count] = self.remove(0).0;
+                evicted[count] = self.kept[count].0;
+                bytes -= self.kept[count].1;
                 count += 1;
             }
+            self.kept.copy_within(count..self.len, 0);
+            self.len -= count;
+            self.bytes = bytes;
             count
         }
 
