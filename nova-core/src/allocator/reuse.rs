@@ -268,9 +268,11 @@ mod table {
                 bytes -= self.kept[count].1;
                 count += 1;
             }
-            self.kept.copy_within(count..self.len, 0);
-            self.len -= count;
-            self.bytes = bytes;
+            if count > 0 {
+                self.kept.copy_within(count..self.len, 0);
+                self.len -= count;
+                self.bytes = bytes;
+            }
             count
         }
 
