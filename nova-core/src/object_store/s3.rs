@@ -340,6 +340,30 @@ fn range_header(range: &GetRange) -> Option<String> {
 }
 
 /// The total size out of a `Content-Range: bytes a-b/total` header.
+/// Reserve at most this much ahead of a body's bytes on the server's word (Content-Length);
+/// a longer body grows its buffer as it arrives.
+const MAX_BODY_HINT: u64 = 64 << 20;
+
+/// A body's bytes in one buffer, copied chunk by chunk as they arrive.
+///
+/// The SDK's `collect` keeps every chunk until the body ends and then joins them. Each chunk is
+/// a slice of hyper's read buffer, so that buffer cannot be reused while the body is collected,
+/// and hyper maps fresh ones (a few hundred KiB each) for the rest; the join then writes the
+/// whole body again, long after its first chunks left the cache. Copying each chunk into a
+/// buffer of the body's length as it arrives lets hyper reuse its buffer, and writes each byte
+/// once while it is still warm.
+async fn read_body(
+    mut body: ByteStream,
+    hint: Option<u64>,
+) -> Result<bytes::Bytes, aws_sdk_s3::primitives::ByteStreamError> {
+    let capacity = hint.unwrap_or(0).min(MAX_BODY_HINT) as usize;
+    let mut buffer = bytes::BytesMut::with_capacity(capacity);
+    while let Some(chunk) = body.try_next().await? {
+        buffer.extend_from_slice(&chunk);
+    }
+    Ok(buffer.freeze())
+}
+
 fn total_from_content_range(value: &str) -> Option<u64> {
     value.rsplit('/').next()?.parse().ok()
 }
@@ -411,16 +435,22 @@ impl ObjectStore for S3Store {
             (_, Some(content_range)) => total_from_content_range(content_range),
             (_, None) => response.content_length().map(|l| l as u64),
         };
-        let bytes = response
-            .body
-            .collect()
+        let expected = match &range {
+            GetRange::Bounded(r) => Some(r.end - r.start),
+            _ => None,
+        };
+        let length = response.content_length().map(|l| l.max(0) as u64);
+        let hint = match (length, expected) {
+            (Some(length), Some(expected)) => Some(length.min(expected)),
+            (length, expected) => length.or(expected),
+        };
+        let bytes = read_body(response.body, hint)
             .await
             .map_err(|e| StoreError::Transient {
                 op,
                 key: key.to_owned(),
                 message: format!("reading the body: {e}"),
-            })?
-            .into_bytes();
+            })?;
         Ok(GetResult {
             object_size: object_size.unwrap_or(bytes.len() as u64),
             bytes,
@@ -557,5 +587,22 @@ mod tests {
             "b/p/data/star%20one/00-01-ab"
         );
         assert_eq!(copy_source("b", "a+b%/é"), "b/a%2Bb%25/%C3%A9");
+    }
+
+    fn chunked(chunks: &'static [&'static [u8]]) -> ByteStream {
+        let frames = chunks.iter().map(|c| {
+            Ok::<_, std::convert::Infallible>(http_body::Frame::data(bytes::Bytes::from_static(c)))
+        });
+        let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        ByteStream::new(SdkBody::from_body_1_x(body))
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_whole_whatever_its_length_was_said_to_be() {
+        let chunks: &'static [&'static [u8]] = &[b"ab", b"cde", b"", b"f"];
+        for hint in [None, Some(0), Some(2), Some(6), Some(100), Some(u64::MAX)] {
+            let body = read_body(chunked(chunks), hint).await.unwrap();
+            assert_eq!(&body[..], b"abcdef", "hint {hint:?}");
+        }
     }
 }
