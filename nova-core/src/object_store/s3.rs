@@ -339,7 +339,6 @@ fn range_header(range: &GetRange) -> Option<String> {
     }
 }
 
-/// The total size out of a `Content-Range: bytes a-b/total` header.
 /// Reserve at most this much ahead of a body's bytes on the server's word (Content-Length);
 /// a longer body grows its buffer as it arrives.
 const MAX_BODY_HINT: u64 = 64 << 20;
@@ -350,8 +349,9 @@ const MAX_BODY_HINT: u64 = 64 << 20;
 /// a slice of hyper's read buffer, so that buffer cannot be reused while the body is collected,
 /// and hyper maps fresh ones (a few hundred KiB each) for the rest; the join then writes the
 /// whole body again, long after its first chunks left the cache. Copying each chunk into a
-/// buffer of the body's length as it arrives lets hyper reuse its buffer, and writes each byte
-/// once while it is still warm.
+/// buffer of the body's length as it arrives lets hyper reuse its buffer, and copies each byte
+/// while it is still warm. (The SDK fails a body that is not its Content-Length; without
+/// one the buffer grows as bytes arrive, and is trimmed to them at the end.)
 async fn read_body(
     mut body: ByteStream,
     hint: Option<u64>,
@@ -361,9 +361,16 @@ async fn read_body(
     while let Some(chunk) = body.try_next().await? {
         buffer.extend_from_slice(&chunk);
     }
+    if buffer.capacity() > buffer.len() {
+        // Not the length it was said to be (none was given, or it passed the cap): the buffer
+        // grew past it, and callers' budgets (the gateway's object cache) weigh bytes by their
+        // length, so keep only that.
+        return Ok(bytes::Bytes::copy_from_slice(&buffer));
+    }
     Ok(buffer.freeze())
 }
 
+/// The total size out of a `Content-Range: bytes a-b/total` header.
 fn total_from_content_range(value: &str) -> Option<u64> {
     value.rsplit('/').next()?.parse().ok()
 }
