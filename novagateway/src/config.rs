@@ -10,6 +10,8 @@ use nova_core::limits;
 use nova_proto::units::parse_bytes;
 use nova_server::StoreArgs;
 
+use crate::admission::Admission;
+
 /// `--recycle-buffer-mib`'s default: room for a dozen encoded pages of the common size (the
 /// kept set only bridges a buffer's free and the next allocation, not what reads hold).
 pub const RECYCLE_BUFFER_MIB: u64 = 32;
@@ -139,6 +141,13 @@ pub struct Config {
     /// Object cache: byte ranges of the objects this instance owns, evicted at the budget.
     #[arg(long, env = "NOVA_OBJECT_CACHE_BYTES", default_value = "256MiB", value_parser = parse_bytes, help_heading = "Budgets")]
     pub object_cache_bytes: u64,
+
+    /// When the object cache keeps a fetched range: `repeat` on its second request (while its
+    /// first is remembered), so a consumer reading history once passes through without evicting
+    /// what others share, at one more GET for a range many consumers read; `first` on its
+    /// first request.
+    #[arg(long, env = "NOVA_OBJECT_CACHE_ADMISSION", value_enum, default_value_t = Admission::Repeat, help_heading = "Budgets")]
+    pub object_cache_admission: Admission,
 
     /// Recycled buffers: freed buffers of 128 KiB or more (fetched sections, encoded pages,
     /// connection buffers) kept resident for the next large allocation they can hold, so it is
@@ -362,6 +371,7 @@ mod tests {
         assert_eq!(config.read_ahead_bytes, 0, "read-ahead is opt-in");
         assert_eq!(config.max_read_aheads, 64);
         assert_eq!(config.object_cache_load_factor, 1.25);
+        assert_eq!(config.object_cache_admission, Admission::Repeat);
         assert_eq!(config.members(), ["http://127.0.0.1:7500"]);
         assert!(config.check().is_ok());
         Config::command().debug_assert();
@@ -370,6 +380,7 @@ mod tests {
             "--fetch-inflight",
             "--footer-cache-bytes",
             "--object-cache-load-factor",
+            "--object-cache-admission",
             "--read-ahead-bytes",
             "--max-read-aheads",
             "NOVA_FETCH_INFLIGHT",

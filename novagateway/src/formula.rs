@@ -7,7 +7,8 @@
 //! ```
 //!
 //! The fetch pool bounds every byte a read, a footer fetch or a range served to a peer holds
-//! from its fetch until its response is sent; the caches are bounded by their capacities; each
+//! from its fetch until its response is sent; the caches are bounded by their capacities (the
+//! object cache's table of first requests by 1/4096 of it, `crate::admission`); each
 //! read in progress adds its own state outside the pool (`PER_READ_BYTES`); freed large buffers
 //! kept for reuse are at most `--recycle-buffer-mib` (`nova_core::allocator::reuse`); pages
 //! read ahead are bounded by `--read-ahead-bytes` as the pool bounds reads, and each read-ahead
@@ -17,6 +18,7 @@
 use nova_core::formula::{FIXED_OVERHEAD, REQUEST_MESSAGES};
 use nova_server::memory::detect_ceiling;
 
+use crate::admission::Doorkeeper;
 use crate::config::Config;
 use crate::metrics::GatewayMetrics;
 use crate::read::PER_READ_BYTES;
@@ -26,7 +28,10 @@ pub fn terms(config: &Config) -> [(&'static str, u64); 8] {
     [
         ("fetch_pool", config.fetch_inflight),
         ("footer_cache", config.footer_cache_bytes),
-        ("object_cache", config.object_cache_bytes),
+        (
+            "object_cache",
+            config.object_cache_bytes + Doorkeeper::bytes_for(config.object_cache_bytes),
+        ),
         ("recycle", config.recycle_buffer_bytes()),
         ("reads", config.max_reads as u64 * PER_READ_BYTES),
         (

@@ -1,5 +1,6 @@
 //! novagateway: Nova's stateless read tier.
 
+mod admission;
 mod config;
 mod footers;
 mod formula;

@@ -22,6 +22,7 @@ pub struct GatewayMetrics {
     pub object_cache_bytes: IntGauge,
     pub object_cache_hits: IntCounter,
     pub object_cache_misses: IntCounter,
+    pub object_cache_first_requests: IntCounter,
     /// Section fetches by how they were routed: owner (this instance owns the object), peer
     /// (another instance owns it), spilled (the owner was over its load bound), direct (the
     /// owner is down, or a peer fetch failed).
@@ -92,6 +93,7 @@ impl GatewayMetrics {
             object_cache_bytes: gauge(&r, "nova_gateway_object_cache_used_bytes", "Bytes of object ranges cached."),
             object_cache_hits: counter(&r, "nova_gateway_object_cache_hits_total", "Owned ranges served from the cache."),
             object_cache_misses: counter(&r, "nova_gateway_object_cache_misses_total", "Owned ranges fetched from the object store."),
+            object_cache_first_requests: counter(&r, "nova_gateway_object_cache_first_requests_total", "Owned ranges fetched from the object store for their first request and not cached (--object-cache-admission repeat); also counted as misses."),
             fetches: counter_vec(&r, "nova_gateway_fetches_total", "Section fetches by route: owner, peer, spilled, direct.", &["route"]),
             claims: register(&r, IntGaugeVec::new(Opts::new("nova_gateway_claims", "This instance's fetches in flight to each tier member."), &["member"]).expect("valid metric")),
             claims_peak: register(&r, IntGaugeVec::new(Opts::new("nova_gateway_claims_peak", "The most fetches this instance has had in flight to each tier member at once."), &["member"]).expect("valid metric")),

@@ -101,6 +101,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             me,
             config.object_cache_load_factor,
             config.object_cache_bytes,
+            config.object_cache_admission,
             store.clone(),
             metrics.clone(),
             config.peer_timeout(),

@@ -25,6 +25,7 @@ use nova_core::object_store::{GetRange, ObjectStore, StoreError};
 use nova_proto::v1;
 use nova_proto::v1::gateway_peer_client::GatewayPeerClient;
 
+use crate::admission::{Admission, Doorkeeper};
 use crate::metrics::GatewayMetrics;
 
 /// The largest range a peer serves: a section (sections are capped at 1 MiB unless a single
@@ -36,8 +37,13 @@ const VIRTUAL_NODES: usize = 64;
 /// FNV-1a: stable across processes and builds, which the ring needs (every instance must place
 /// keys the same way).
 fn hash(bytes: &[u8]) -> u64 {
+    hash_parts(&[bytes])
+}
+
+/// [`hash`] of the parts one after the other.
+fn hash_parts(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
+    for b in parts.iter().flat_map(|part| part.iter()) {
         h ^= *b as u64;
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
@@ -137,6 +143,8 @@ pub struct Tier {
     dead_until: Mutex<Vec<Option<Instant>>>,
     factor: f64,
     cache: Cache<(String, u64, u64), Bytes>,
+    /// Remembers first requests, when a range is cached only on its second.
+    doorkeeper: Option<Doorkeeper>,
     store: Arc<dyn ObjectStore>,
     metrics: GatewayMetrics,
     peer_timeout: Duration,
@@ -167,6 +175,7 @@ impl Tier {
         me: usize,
         factor: f64,
         cache_bytes: u64,
+        admission: Admission,
         store: Arc<dyn ObjectStore>,
         metrics: GatewayMetrics,
         peer_timeout: Duration,
@@ -204,6 +213,8 @@ impl Tier {
                 .max_capacity(cache_bytes)
                 .weigher(|_k: &(String, u64, u64), v: &Bytes| v.len().min(u32::MAX as usize) as u32)
                 .build(),
+            doorkeeper: (admission == Admission::Repeat)
+                .then(|| Doorkeeper::for_cache(cache_bytes)),
             members,
             me,
             clients,
@@ -334,11 +345,26 @@ impl Tier {
     }
 
     /// A range of an object this instance serves as its owner: from its cache, or fetched from
-    /// the object store and cached (concurrent misses share one fetch).
+    /// the object store and cached (concurrent misses share one fetch), unless this is the
+    /// range's first request and it is cached only on its second (`crate::admission`).
     pub async fn serve_owned(&self, key: &str, offset: u64, len: u64) -> Result<Bytes, StoreError> {
+        let cache_key = (key.to_owned(), offset, len);
+        if let Some(doorkeeper) = &self.doorkeeper {
+            if let Some(bytes) = self.cache.get(&cache_key).await {
+                self.metrics.object_cache_hits.inc();
+                return Ok(bytes);
+            }
+            let fingerprint =
+                hash_parts(&[key.as_bytes(), &offset.to_le_bytes(), &len.to_le_bytes()]);
+            if !doorkeeper.asked_before(fingerprint) {
+                self.metrics.object_cache_misses.inc();
+                self.metrics.object_cache_first_requests.inc();
+                return self.direct(key, offset, len).await;
+            }
+        }
         let entry = self
             .cache
-            .entry((key.to_owned(), offset, len))
+            .entry(cache_key)
             .or_try_insert_with(self.direct(key, offset, len))
             .await
             // The shared fetch's error, rebuilt for this caller with its kind kept: whether a

@@ -484,6 +484,69 @@ fn the_gateway_exports_its_metrics_and_stops_cleanly_on_sigterm() {
     );
 }
 
+/// A load bound no fetch reaches.
+const NO_SPILLS: [&str; 2] = ["--object-cache-load-factor", "1000"];
+
+/// Object-cache hits, misses and first requests, summed over the tier's gateways (a range is
+/// cached by its owner, whichever gateway a reader asks).
+fn object_cache(c: &Cluster) -> [f64; 3] {
+    ["hits", "misses", "first_requests"].map(|what| {
+        c.gateways
+            .iter()
+            .map(|g| metric(g, &format!("nova_gateway_object_cache_{what}_total")))
+            .sum()
+    })
+}
+
+/// By default the object cache keeps a range from its second request: a history read once
+/// leaves its ranges uncached (but for a section two pages share), a second read fetches them
+/// again and caches them, and a third is served from the caches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_object_cache_keeps_a_range_asked_for_twice() {
+    // Every fetch to its range's owner: a spilled one is cached where it spilled to.
+    let c = cluster(&NO_SPILLS);
+    let tail = fill(&c.star, "s", 40, 50, 1024).await;
+    let star = Client::connect(&c.star.url()).await.unwrap();
+    let expected = read_range(&star, "s", 0, tail).await;
+    let via = Client::connect(&c.gateways[0].url()).await.unwrap();
+    assert!(read_range(&via, "s", 0, tail).await == expected);
+    let [_, misses, first] = object_cache(&c);
+    assert!(first > 0.0, "the first read's ranges were first requests");
+    assert!(read_range(&via, "s", 0, tail).await == expected);
+    let [hits2, misses2, first2] = object_cache(&c);
+    assert_eq!(first2, first, "every range was remembered as asked for");
+    assert!(
+        misses2 > misses,
+        "the second read fetched its ranges again, to cache them"
+    );
+    assert!(read_range(&via, "s", 0, tail).await == expected);
+    let [hits3, misses3, _] = object_cache(&c);
+    assert_eq!(misses3, misses2, "the third read fetched nothing");
+    assert!(hits3 >= hits2 + first, "every range came from the caches");
+}
+
+/// With `--object-cache-admission first` a range is cached on its first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_object_cache_can_keep_every_range_at_once() {
+    let c = cluster(&[
+        NO_SPILLS[0],
+        NO_SPILLS[1],
+        "--object-cache-admission",
+        "first",
+    ]);
+    let tail = fill(&c.star, "s", 40, 50, 1024).await;
+    let via = Client::connect(&c.gateways[0].url()).await.unwrap();
+    let expected = read_range(&via, "s", 0, tail).await;
+    assert_eq!(expected.len() as u64, tail);
+    let [_, misses, first] = object_cache(&c);
+    assert!(misses > 0.0);
+    assert_eq!(first, 0.0);
+    assert!(read_range(&via, "s", 0, tail).await == expected);
+    let [hits2, misses2, _] = object_cache(&c);
+    assert_eq!(misses2, misses, "the second read fetched nothing");
+    assert!(hits2 >= misses, "every range came from the caches");
+}
+
 /// The footer cache holds no more than `--footer-cache-bytes`: with room for a few footers
 /// only, reading the whole history twice decodes footers again the second time (they were
 /// evicted), every record still arrives, and the cache's weight stays at its capacity.
