@@ -144,8 +144,9 @@ pub struct Config {
 
     /// When the object cache keeps a fetched range: `repeat` on its second request (while its
     /// first is remembered), so a consumer reading history once passes through without evicting
-    /// what others share, at one more GET for a range many consumers read; `first` on its
-    /// first request.
+    /// what others share, at one more GET for a range many consumers read (a section a page is
+    /// expected to end in is kept at once: the next page starts there); `first` on its first
+    /// request.
     #[arg(long, env = "NOVA_OBJECT_CACHE_ADMISSION", value_enum, default_value_t = Admission::Repeat, help_heading = "Budgets")]
     pub object_cache_admission: Admission,
 

@@ -8,7 +8,7 @@
 //!
 //! The fetch pool bounds every byte a read, a footer fetch or a range served to a peer holds
 //! from its fetch until its response is sent; the caches are bounded by their capacities (the
-//! object cache's table of first requests by 1/4096 of it, `crate::admission`); each
+//! object cache's table of first requests by 1/1024 of it, `crate::admission`); each
 //! read in progress adds its own state outside the pool (`PER_READ_BYTES`); freed large buffers
 //! kept for reuse are at most `--recycle-buffer-mib` (`nova_core::allocator::reuse`); pages
 //! read ahead are bounded by `--read-ahead-bytes` as the pool bounds reads, and each read-ahead

@@ -126,6 +126,9 @@ struct PlannedSection {
     key: String,
     entry: SectionEntry,
     charge: u64,
+    /// The page is expected to end inside it, so the next page starts in it: its owner is
+    /// asked to cache it on its first request (`crate::admission`).
+    keep: bool,
 }
 
 /// One attempt's page: the response, its charge, and for a history page, the stream's id and
@@ -884,13 +887,15 @@ impl Reader {
                     .saturating_sub(section.start_seq.max(start_seq))
                     .min(records_left);
                 records_left -= records;
+                // Enough sections to fill the page's byte budget; more would be thrown away.
+                let fills = planned >= max_bytes || records_left == 0;
                 sections.push(PlannedSection {
                     key: object_ref.object_key.clone(),
                     charge: 2 * section.len + records * PER_RECORD_BYTES,
                     entry: section,
+                    keep: fills,
                 });
-                // Enough sections to fill the page's byte budget; more would be thrown away.
-                if planned >= max_bytes || records_left == 0 {
+                if fills {
                     break 'windows;
                 }
             }
@@ -1012,9 +1017,11 @@ impl Reader {
         let fetch_one = |section: PlannedSection| {
             let tier = self.tier.clone();
             async move {
-                let PlannedSection { key, entry, .. } = section;
+                let PlannedSection {
+                    key, entry, keep, ..
+                } = section;
                 let bytes = tier
-                    .fetch(&key, entry.offset, entry.len)
+                    .fetch(&key, entry.offset, entry.len, keep)
                     .await
                     .map_err(|e| fetch_failure(&FetchError::Store(e)))?;
                 verify_section(&bytes, &entry).map_err(|e| {

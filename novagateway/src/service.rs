@@ -273,6 +273,13 @@ impl GatewayPeer for PeerService {
             ))
             .into());
         }
+        if request.offset.checked_add(request.len).is_none() {
+            return Err(RequestError::InvalidRequest(format!(
+                "range of {} bytes at offset {} ends past the largest offset",
+                request.len, request.offset
+            ))
+            .into());
+        }
         if request.len > MAX_PEER_RANGE {
             return Err(RequestError::InvalidRequest(format!(
                 "range of {} bytes is over the {MAX_PEER_RANGE}-byte limit",
@@ -298,7 +305,12 @@ impl GatewayPeer for PeerService {
         };
         let data = self
             .tier
-            .serve_owned(&request.object_key, request.offset, request.len)
+            .serve_owned(
+                &request.object_key,
+                request.offset,
+                request.len,
+                request.keep,
+            )
             .await
             .map_err(|e| match e {
                 nova_core::object_store::StoreError::NotFound { key } => {

@@ -34,6 +34,10 @@ pub const MAX_PEER_RANGE: u64 = 128 << 20;
 
 const VIRTUAL_NODES: usize = 64;
 
+/// What the object cache weighs an entry at beyond its bytes and key: moka's entry, its key's
+/// header and the `Bytes` handle, rounded up.
+const ENTRY_OVERHEAD: usize = 256;
+
 /// FNV-1a: stable across processes and builds, which the ring needs (every instance must place
 /// keys the same way).
 fn hash(bytes: &[u8]) -> u64 {
@@ -211,7 +215,11 @@ impl Tier {
             dead_until: Mutex::new(vec![None; members.len()]),
             cache: Cache::builder()
                 .max_capacity(cache_bytes)
-                .weigher(|_k: &(String, u64, u64), v: &Bytes| v.len().min(u32::MAX as usize) as u32)
+                // An entry's key and bookkeeping count too, so many small ranges are bounded
+                // as few large ones are.
+                .weigher(|k: &(String, u64, u64), v: &Bytes| {
+                    (v.len() + k.0.len() + ENTRY_OVERHEAD).min(u32::MAX as usize) as u32
+                })
                 .build(),
             doorkeeper: (admission == Admission::Repeat)
                 .then(|| Doorkeeper::for_cache(cache_bytes)),
@@ -255,8 +263,15 @@ impl Tier {
         Claim { tier: self, member }
     }
 
-    /// `len` bytes of the object at `key` from `offset`, through the tier.
-    pub async fn fetch(&self, key: &str, offset: u64, len: u64) -> Result<Bytes, StoreError> {
+    /// `len` bytes of the object at `key` from `offset`, through the tier; `keep` asks its
+    /// owner to cache it even on its first request (see `crate::admission`).
+    pub async fn fetch(
+        &self,
+        key: &str,
+        offset: u64,
+        len: u64,
+        keep: bool,
+    ) -> Result<Bytes, StoreError> {
         let order = self.ring.order(key);
         let claims: Vec<u64> = self
             .claims
@@ -283,12 +298,13 @@ impl Tier {
         };
         let _claim = self.claim(member);
         match &self.clients[member] {
-            None => self.serve_owned(key, offset, len).await,
+            None => self.serve_owned(key, offset, len, keep).await,
             Some(client) => {
                 let request = v1::FetchRangeRequest {
                     object_key: key.to_owned(),
                     offset,
                     len,
+                    keep,
                 };
                 let answer =
                     tokio::time::timeout(self.peer_timeout, client.clone().fetch_range(request))
@@ -337,17 +353,35 @@ impl Tier {
         if len == 0 {
             return Ok(Bytes::new());
         }
+        // A peer chooses the range: one past the largest offset is no object's.
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| StoreError::InvalidRange {
+                key: key.to_owned(),
+                range: GetRange::Bounded(offset..u64::MAX),
+            })?;
         Ok(self
             .store
-            .get(key, GetRange::Bounded(offset..offset + len))
+            .get(key, GetRange::Bounded(offset..end))
             .await?
             .bytes)
     }
 
     /// A range of an object this instance serves as its owner: from its cache, or fetched from
     /// the object store and cached (concurrent misses share one fetch), unless this is the
-    /// range's first request and it is cached only on its second (`crate::admission`).
-    pub async fn serve_owned(&self, key: &str, offset: u64, len: u64) -> Result<Bytes, StoreError> {
+    /// range's first request and it is cached only on its second, and the asking reader does
+    /// not say to `keep` it (`crate::admission`).
+    pub async fn serve_owned(
+        &self,
+        key: &str,
+        offset: u64,
+        len: u64,
+        keep: bool,
+    ) -> Result<Bytes, StoreError> {
+        if len == 0 {
+            // Nothing to fetch, cache or remember.
+            return Ok(Bytes::new());
+        }
         let cache_key = (key.to_owned(), offset, len);
         if let Some(doorkeeper) = &self.doorkeeper {
             if let Some(bytes) = self.cache.get(&cache_key).await {
@@ -356,10 +390,11 @@ impl Tier {
             }
             let fingerprint =
                 hash_parts(&[key.as_bytes(), &offset.to_le_bytes(), &len.to_le_bytes()]);
-            if !doorkeeper.asked_before(fingerprint) {
+            if !doorkeeper.asked_before(fingerprint) && !keep {
+                let bytes = self.direct(key, offset, len).await?;
                 self.metrics.object_cache_misses.inc();
                 self.metrics.object_cache_first_requests.inc();
-                return self.direct(key, offset, len).await;
+                return Ok(bytes);
             }
         }
         let entry = self

@@ -70,7 +70,15 @@ fn cluster(gateway_args: &[&str]) -> Cluster {
                     url,
                 ])
                 .args(gateway_args.iter().copied())
-                .args(["--peer-timeout-ms", "500"])
+                .args(
+                    if gateway_args.contains(&"--peer-timeout-ms") {
+                        &[][..]
+                    } else {
+                        &["--peer-timeout-ms", "500"][..]
+                    }
+                    .iter()
+                    .copied(),
+                )
                 .start()
         })
         .collect();
@@ -484,8 +492,17 @@ fn the_gateway_exports_its_metrics_and_stops_cleanly_on_sigterm() {
     );
 }
 
-/// A load bound no fetch reaches.
-const NO_SPILLS: [&str; 2] = ["--object-cache-load-factor", "1000"];
+/// Every fetch to its range's owner: a load bound no fetch reaches, a peer timeout no fetch
+/// meets on a busy machine (a fetch past it goes to the object store, not the owner's cache),
+/// and a table of first requests large enough that no two ranges share a slot.
+const TO_OWNERS: [&str; 6] = [
+    "--object-cache-load-factor",
+    "1000",
+    "--peer-timeout-ms",
+    "30000",
+    "--object-cache-bytes",
+    "4GiB",
+];
 
 /// Object-cache hits, misses and first requests, summed over the tier's gateways (a range is
 /// cached by its owner, whichever gateway a reader asks).
@@ -503,8 +520,7 @@ fn object_cache(c: &Cluster) -> [f64; 3] {
 /// again and caches them, and a third is served from the caches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_object_cache_keeps_a_range_asked_for_twice() {
-    // Every fetch to its range's owner: a spilled one is cached where it spilled to.
-    let c = cluster(&NO_SPILLS);
+    let c = cluster(&TO_OWNERS);
     let tail = fill(&c.star, "s", 40, 50, 1024).await;
     let star = Client::connect(&c.star.url()).await.unwrap();
     let expected = read_range(&star, "s", 0, tail).await;
@@ -528,12 +544,7 @@ async fn the_object_cache_keeps_a_range_asked_for_twice() {
 /// With `--object-cache-admission first` a range is cached on its first request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_object_cache_can_keep_every_range_at_once() {
-    let c = cluster(&[
-        NO_SPILLS[0],
-        NO_SPILLS[1],
-        "--object-cache-admission",
-        "first",
-    ]);
+    let c = cluster(&[&TO_OWNERS[..], &["--object-cache-admission", "first"]].concat());
     let tail = fill(&c.star, "s", 40, 50, 1024).await;
     let via = Client::connect(&c.gateways[0].url()).await.unwrap();
     let expected = read_range(&via, "s", 0, tail).await;

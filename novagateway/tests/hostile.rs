@@ -123,10 +123,24 @@ async fn a_gateway_bounds_unfinished_messages_and_serves_only_record_objects() {
                 object_key: key.into(),
                 offset: 0,
                 len: 10,
+                keep: true,
             })
             .await
             .unwrap_err();
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{key}");
         assert!(refused.message().contains("holds records"), "{refused}");
     }
+    // A range past the largest offset is refused, not computed.
+    let data = nova_core::keys::data_key("star-1", 1, 0, 10, 7);
+    let refused = peer
+        .fetch_range(nova_proto::v1::FetchRangeRequest {
+            object_key: data,
+            offset: u64::MAX - 4,
+            len: 10,
+            keep: true,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().contains("largest offset"), "{refused}");
 }
