@@ -310,7 +310,8 @@ hp, mp = (series("prime", f"nova_gateway_footer_cache_{kind}_total") for kind in
 h, m = (series("warm", f"nova_gateway_footer_cache_{kind}_total") for kind in ("hits", "misses"))
 peak = series("warm", "nova_gateway_fetch_pool_peak_bytes")
 # The gateway in service: how full its object cache was when the timed read began, and how
-# much of that read the cache answered (none, for the read to be cold).
+# much of that read the cache answered (for the read to be cold, only sections two of its pages
+# share: the first page's kept, the next's hit).
 def between(name, i):
     return series(f"service_{i}", name) - series(f"filled_{i}", name)
 filled = min(series(f"filled_{i}", "nova_gateway_object_cache_used_bytes") for i in range(1, rounds + 1))

@@ -90,7 +90,7 @@ impl GatewayMetrics {
             footer_cache_hits: counter(&r, "nova_gateway_footer_cache_hits_total", "Footer lookups served from the cache."),
             footer_cache_misses: counter(&r, "nova_gateway_footer_cache_misses_total", "Footer lookups that read the object store."),
             object_cache_capacity: gauge(&r, "nova_gateway_object_cache_capacity_bytes", "Capacity of the object cache (--object-cache-bytes)."),
-            object_cache_bytes: gauge(&r, "nova_gateway_object_cache_used_bytes", "Bytes of object ranges cached."),
+            object_cache_bytes: gauge(&r, "nova_gateway_object_cache_used_bytes", "Weight of the object ranges cached: their bytes, plus each one's key and 256 bytes of bookkeeping."),
             object_cache_hits: counter(&r, "nova_gateway_object_cache_hits_total", "Owned ranges served from the cache."),
             object_cache_misses: counter(&r, "nova_gateway_object_cache_misses_total", "Owned ranges fetched from the object store."),
             object_cache_first_requests: counter(&r, "nova_gateway_object_cache_first_requests_total", "Owned ranges fetched from the object store for their first request and not cached (--object-cache-admission repeat); also counted as misses."),

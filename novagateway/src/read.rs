@@ -187,6 +187,15 @@ struct NextTask {
 /// The charge of a page that takes records from `section` when it already has its bytes:
 /// the section, its share of the response, and every one of its records' bookkeeping (where
 /// in the section the page starts is not known when the charge is taken).
+/// `sections` with none to be kept on its first request: the page after them is read ahead,
+/// and takes its first records from the last section's bytes, handed over.
+fn unkept(mut sections: Vec<PlannedSection>) -> Vec<PlannedSection> {
+    for section in &mut sections {
+        section.keep = false;
+    }
+    sections
+}
+
 fn lead_charge(section: &SectionEntry) -> u64 {
     let records = section.end_seq.saturating_sub(section.start_seq);
     section
@@ -596,7 +605,7 @@ impl Reader {
             None => None,
             Some(plan) => {
                 self.fetch_sections(
-                    plan.sections,
+                    unkept(plan.sections),
                     plan.first_charge,
                     &mut permit,
                     budget,
@@ -854,6 +863,9 @@ impl Reader {
         // is planned full.
         let mut sections: Vec<PlannedSection> = Vec::new();
         let mut planned = 0u64;
+        // The bytes of the records the page takes, estimated: a section's length shared
+        // evenly by its records.
+        let mut taken = 0u64;
         let mut records_left = u64::from(max_records);
         'windows: for window in refs.refs.chunks(COLD_READ_REFS) {
             let footers =
@@ -882,18 +894,23 @@ impl Reader {
                 // Whole sections, the first too: a page that starts near a section's end ends
                 // with it, rather than fetching another section for a few records more.
                 planned += section.len;
-                let records = section
+                let available = section
                     .end_seq
-                    .saturating_sub(section.start_seq.max(start_seq))
-                    .min(records_left);
+                    .saturating_sub(section.start_seq.max(start_seq));
+                let records = available.min(records_left);
                 records_left -= records;
+                taken += section.len * records
+                    / section.end_seq.saturating_sub(section.start_seq).max(1);
                 // Enough sections to fill the page's byte budget; more would be thrown away.
                 let fills = planned >= max_bytes || records_left == 0;
+                // The page is expected to end inside this section, not at its end: the next
+                // page starts in it.
+                let ends_inside = fills && (records < available || taken > max_bytes);
                 sections.push(PlannedSection {
                     key: object_ref.object_key.clone(),
                     charge: 2 * section.len + records * PER_RECORD_BYTES,
                     entry: section,
-                    keep: fills,
+                    keep: ends_inside,
                 });
                 if fills {
                     break 'windows;
@@ -940,7 +957,12 @@ impl Reader {
         let mut next = None;
         let mut next_tried = false;
         self.fetch_sections(
-            sections,
+            // A page read ahead starts from this one's last section, handed over.
+            if key.is_some() {
+                unkept(sections)
+            } else {
+                sections
+            },
             window,
             &mut permit,
             &self.pool,

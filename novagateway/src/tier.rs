@@ -390,7 +390,8 @@ impl Tier {
             }
             let fingerprint =
                 hash_parts(&[key.as_bytes(), &offset.to_le_bytes(), &len.to_le_bytes()]);
-            if !doorkeeper.asked_before(fingerprint) && !keep {
+            // A range to keep is cached now, and takes no slot from a first request.
+            if !keep && !doorkeeper.asked_before(fingerprint) {
                 let bytes = self.direct(key, offset, len).await?;
                 self.metrics.object_cache_misses.inc();
                 self.metrics.object_cache_first_requests.inc();
