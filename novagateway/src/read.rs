@@ -958,7 +958,7 @@ impl Reader {
         let mut next_tried = false;
         self.fetch_sections(
             // A page read ahead starts from this one's last section, handed over.
-            if key.is_some() {
+            if key.is_some() && self.ahead.budget.is_some() {
                 unkept(sections)
             } else {
                 sections

@@ -541,6 +541,31 @@ async fn the_object_cache_keeps_a_range_asked_for_twice() {
     assert!(hits3 >= hits2 + first, "every range came from the caches");
 }
 
+/// Pages smaller than a section end inside one, and the next page starts there: the reader asks
+/// for that section to be kept on its first request, so the next page finds it cached rather
+/// than fetching it a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_section_a_page_ends_inside_is_kept_for_the_next_page() {
+    let c = cluster(&[&TO_OWNERS[..], &["--max-read-bytes", "16KiB"]].concat());
+    let tail = fill(&c.star, "s", 60, 50, 1024).await;
+    let star = Client::connect(&c.star.url()).await.unwrap();
+    let expected = read_range(&star, "s", 0, tail).await;
+    let via = Client::connect(&c.gateways[0].url()).await.unwrap();
+    assert!(read_range(&via, "s", 0, tail).await == expected);
+    let [hits, misses, first] = object_cache(&c);
+    // Every section spans several pages. Were none kept, each would be fetched twice (a first
+    // request, then a second that caches it): twice as many misses as first requests.
+    assert!(
+        misses > 2.0 * first,
+        "sections pages end inside were cached on their first request ({misses} misses, \
+         {first} of them first requests)"
+    );
+    assert!(
+        hits > 0.0,
+        "the pages after them found them cached ({hits} hits)"
+    );
+}
+
 /// With `--object-cache-admission first` a range is cached on its first request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_object_cache_can_keep_every_range_at_once() {
