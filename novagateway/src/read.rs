@@ -184,9 +184,6 @@ struct NextTask {
     reserved: Reserved,
 }
 
-/// The charge of a page that takes records from `section` when it already has its bytes:
-/// the section, its share of the response, and every one of its records' bookkeeping (where
-/// in the section the page starts is not known when the charge is taken).
 /// `sections` with none to be kept on its first request: the page after them is read ahead,
 /// and takes its first records from the last section's bytes, handed over.
 fn unkept(mut sections: Vec<PlannedSection>) -> Vec<PlannedSection> {
@@ -196,6 +193,9 @@ fn unkept(mut sections: Vec<PlannedSection>) -> Vec<PlannedSection> {
     sections
 }
 
+/// The charge of a page that takes records from `section` when it already has its bytes:
+/// the section, its share of the response, and every one of its records' bookkeeping (where
+/// in the section the page starts is not known when the charge is taken).
 fn lead_charge(section: &SectionEntry) -> u64 {
     let records = section.end_seq.saturating_sub(section.start_seq);
     section
