@@ -515,16 +515,27 @@ fn object_cache(c: &Cluster) -> [f64; 3] {
     })
 }
 
+/// Stream "s" filled with `batches` of 50 records of 1 KiB (most of it history, past the star's
+/// 1 MiB tail cache): its tail, its records as the star reads them, and a client of the first
+/// gateway.
+async fn history_through_a_gateway(
+    c: &Cluster,
+    batches: usize,
+) -> (u64, Vec<SequencedRecord>, Client) {
+    let tail = fill(&c.star, "s", batches, 50, 1024).await;
+    let star = Client::connect(&c.star.url()).await.unwrap();
+    let expected = read_range(&star, "s", 0, tail).await;
+    let via = Client::connect(&c.gateways[0].url()).await.unwrap();
+    (tail, expected, via)
+}
+
 /// By default the object cache keeps a range from its second request: a history read once
 /// leaves its ranges uncached (but for a section two pages share), a second read fetches them
 /// again and caches them, and a third is served from the caches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_object_cache_keeps_a_range_asked_for_twice() {
     let c = cluster(&TO_OWNERS);
-    let tail = fill(&c.star, "s", 40, 50, 1024).await;
-    let star = Client::connect(&c.star.url()).await.unwrap();
-    let expected = read_range(&star, "s", 0, tail).await;
-    let via = Client::connect(&c.gateways[0].url()).await.unwrap();
+    let (tail, expected, via) = history_through_a_gateway(&c, 40).await;
     assert!(read_range(&via, "s", 0, tail).await == expected);
     let [_, misses, first] = object_cache(&c);
     assert!(first > 0.0, "the first read's ranges were first requests");
@@ -547,10 +558,7 @@ async fn the_object_cache_keeps_a_range_asked_for_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_section_a_page_ends_inside_is_kept_for_the_next_page() {
     let c = cluster(&[&TO_OWNERS[..], &["--max-read-bytes", "16KiB"]].concat());
-    let tail = fill(&c.star, "s", 60, 50, 1024).await;
-    let star = Client::connect(&c.star.url()).await.unwrap();
-    let expected = read_range(&star, "s", 0, tail).await;
-    let via = Client::connect(&c.gateways[0].url()).await.unwrap();
+    let (tail, expected, via) = history_through_a_gateway(&c, 60).await;
     assert!(read_range(&via, "s", 0, tail).await == expected);
     let [hits, misses, first] = object_cache(&c);
     // Every section spans several pages. Were none kept, each would be fetched twice (a first

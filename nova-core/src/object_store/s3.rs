@@ -350,8 +350,8 @@ const MAX_BODY_HINT: u64 = 64 << 20;
 /// and hyper maps fresh ones (a few hundred KiB each) for the rest; the join then writes the
 /// whole body again, long after its first chunks left the cache. Copying each chunk into a
 /// buffer of the body's length as it arrives lets hyper reuse its buffer, and copies each byte
-/// while it is still warm. (The SDK fails a body that is not its Content-Length; without
-/// one the buffer grows as bytes arrive, and is trimmed to them at the end.)
+/// while it is still warm. (Without a length, or past the cap, the buffer grows as bytes
+/// arrive, and is trimmed to them at the end.)
 async fn read_body(
     mut body: ByteStream,
     hint: Option<u64>,
@@ -442,16 +442,11 @@ impl ObjectStore for S3Store {
             (_, Some(content_range)) => total_from_content_range(content_range),
             (_, None) => response.content_length().map(|l| l as u64),
         };
-        let expected = match &range {
-            GetRange::Bounded(r) => Some(r.end - r.start),
-            _ => None,
-        };
-        let length = response.content_length().map(|l| l.max(0) as u64);
-        let hint = match (length, expected) {
-            (Some(length), Some(expected)) => Some(length.min(expected)),
-            (length, expected) => length.or(expected),
-        };
-        let bytes = read_body(response.body, hint)
+        // The SDK fails a body that is not its Content-Length, so that is the length to reserve.
+        let length = response
+            .content_length()
+            .and_then(|l| u64::try_from(l).ok());
+        let bytes = read_body(response.body, length)
             .await
             .map_err(|e| StoreError::Transient {
                 op,
