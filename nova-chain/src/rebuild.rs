@@ -5,9 +5,11 @@
 //! the records the auditor moved out of the chain; and the chain's flights say which records of
 //! which stream each section holds.
 //!
-//! Settled objects come first, each stream's in key order (by first record): starting at its
-//! first, the rebuild takes at each point the object reaching furthest, so objects a rewrite
-//! replaced or an interrupted settle left behind are passed over and queued for collection.
+//! Settled objects come first, each stream's in key order (by first record): from its first
+//! record (or from where a trim marker says retention may have trimmed it), the rebuild takes the
+//! chain of objects, each starting where the last ended, that reaches furthest, so objects a
+//! rewrite replaced or an interrupted settle left behind are passed over and queued for
+//! collection.
 //! Then each epoch of the chain is read from just past its settle marker (slot 0 without one)
 //! up to its first gap or fence, exactly as recovery settles it (acknowledgements go out in slot
 //! order, so nothing past a gap was ever acknowledged). A section whose records a settled object

@@ -1,6 +1,6 @@
 //! The settled-object pass of a rebuild: each stream's settled objects, in key order, chained
-//! from its first record (or its trim point) taking at each point the object reaching furthest;
-//! what the chain passes over is queued for collection.
+//! from its first record (or where a trim may have moved it) as far as any chain reaches; what
+//! the chain passes over is queued for collection.
 
 use super::*;
 
@@ -62,9 +62,9 @@ pub(super) async fn restore_settled(
 }
 
 /// Chooses, among one stream's settled objects, a chain of objects each starting where the
-/// last ended, from the stream's first record (or, with a trim marker, from any object that
-/// starts at or before the trim point and ends past it) as far as any chain reaches; those are
-/// indexed. Objects wholly below the trim point are queued for collection.
+/// last ended, from the stream's first record (or, with trim markers, from where a trim may
+/// have moved it; see `chain_of`) as far as any chain reaches; those are indexed. Objects
+/// wholly below the trim point are queued for collection.
 /// Objects inside the chosen chain's records that it does not use (replaced by a rewrite, or
 /// left by an interrupted settle) are queued for collection. Objects past where the chain ends
 /// are kept: their records may be needed once the flights have filled the gap.
@@ -74,10 +74,10 @@ async fn choose(
     candidates: Candidates,
     out: &mut Found,
 ) -> Result<(), RebuildError> {
-    let trim = out
+    let (trim, trim_reached) = out
         .streams
         .get(&candidates.stream_id)
-        .map_or(0, |stream| stream.trim);
+        .map_or((0, 0), |stream| (stream.trim, stream.trim_reached));
     let (trimmed, objects): (Vec<_>, Vec<_>) = candidates
         .objects
         .into_iter()
@@ -92,7 +92,7 @@ async fn choose(
     // stream short.
     let mut unreadable = vec![false; objects.len()];
     let (chain, furthest) = 'choose: loop {
-        let Some((chain, furthest)) = chain_of(&objects, &unreadable, trim) else {
+        let Some((chain, furthest)) = chain_of(&objects, &unreadable, trim, trim_reached) else {
             return Ok(());
         };
         for &i in &chain {
@@ -111,8 +111,8 @@ async fn choose(
                 }
             };
             unreadable[i] = true;
-            let covered =
-                chain_of(&objects, &unreadable, trim).is_some_and(|(_, reach)| reach >= data.end);
+            let covered = chain_of(&objects, &unreadable, trim, trim_reached)
+                .is_some_and(|(_, reach)| reach >= data.end);
             if !covered {
                 return Err(RebuildError::Flight {
                     key: meta.key.clone(),
@@ -158,43 +158,53 @@ async fn choose(
 }
 
 /// The chain of `objects` (leaving out the `unreadable` ones) each starting where the last
-/// ended, from the lowest record or the trim point as far as any reaches, and where it ends;
-/// `None` without a usable object.
+/// ended, reaching as far as any chain does, and where it ends; `None` without a usable object.
+///
+/// A chain may start at the stream's lowest record, at any object holding the trim point `trim`
+/// (an abandoned merge may span it alongside the objects the catalog used), or at any object
+/// starting at or below `trim_reached`, the furthest a trim marker says retention was about to
+/// trim: records below it may be gone, so a chain from past them is as good as one from the
+/// first record. That matters when a trim committed but no later marker says so: a settle
+/// after it writes an object from the new trim point, overlapping the one an interrupted
+/// settle wrote before it, and only a chain from the trim point reaches the newest records.
+/// Of the chains reaching a point, the one starting lowest is taken, so nothing is left out
+/// that a chain could keep.
 fn chain_of(
     objects: &[(DataKey, nova_core::object_store::ObjectMeta)],
     unreadable: &[bool],
     trim: u64,
+    trim_reached: u64,
 ) -> Option<(Vec<usize>, u64)> {
-    let usable = || {
-        objects
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !unreadable[*i])
-            .map(|(i, (data, _))| (i, data))
-    };
-    // A chain may start at the stream's first record or, once retention trimmed it, at any
-    // object holding the trim point (an abandoned merge may span it alongside the objects the
-    // catalog used).
-    let first = usable().map(|(_, d)| d.start).min()?.max(trim);
-    // Where a chain can reach, and the object that reaches it first (listing order); a chain
-    // starts where the value is `None`.
-    let mut reach: HashMap<u64, Option<usize>> = usable()
-        .map(|(_, d)| d.start)
-        .filter(|start| *start <= first)
-        .chain([first])
-        .map(|start| (start, None))
+    let mut usable: Vec<(usize, &DataKey)> = objects
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !unreadable[*i])
+        .map(|(i, (data, _))| (i, data))
         .collect();
-    for (i, data) in usable() {
-        if reach.contains_key(&data.start) {
-            reach.entry(data.end).or_insert(Some(i));
+    // By first record: every object ending at a point comes before those starting there.
+    usable.sort_by_key(|(_, data)| (data.start, data.end));
+    let first = usable.first()?.1.start.max(trim);
+    let roots = first.max(trim_reached);
+    // Each point a chain reaches: where the lowest-starting chain to it starts, and the object
+    // ending it there.
+    let mut reach: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
+    for &(i, data) in &usable {
+        let from = match reach.get(&data.start) {
+            Some(&(from, _)) => from,
+            None if data.start <= roots => data.start,
+            None => continue,
+        };
+        let better = reach.get(&data.end).is_none_or(|&(known, _)| from < known);
+        if better {
+            reach.insert(data.end, (from, i));
         }
     }
-    let furthest = reach.keys().copied().max().unwrap_or(first);
+    let furthest = reach.keys().next_back().copied().unwrap_or(first);
     let mut chain = Vec::new();
     let mut pos = furthest;
-    while let Some(Some(i)) = reach.get(&pos) {
-        chain.push(*i);
-        pos = objects[*i].0.start;
+    while let Some(&(_, i)) = reach.get(&pos) {
+        chain.push(i);
+        pos = objects[i].0.start;
     }
     chain.reverse();
     Some((chain, furthest))
@@ -273,4 +283,75 @@ async fn take(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nova_core::object_store::ObjectMeta;
+
+    fn objects(ranges: &[(u64, u64)]) -> Vec<(DataKey, ObjectMeta)> {
+        ranges
+            .iter()
+            .map(|&(start, end)| {
+                let data = DataKey {
+                    stream_id: 1,
+                    start,
+                    end,
+                    rewritten: false,
+                };
+                let meta = ObjectMeta {
+                    key: format!("{start}-{end}"),
+                    size: 1,
+                    modified_ms: None,
+                };
+                (data, meta)
+            })
+            .collect()
+    }
+
+    fn chain(ranges: &[(u64, u64)], trim: u64, trim_reached: u64) -> (Vec<(u64, u64)>, u64) {
+        let objects = objects(ranges);
+        let unreadable = vec![false; objects.len()];
+        let (chain, furthest) = chain_of(&objects, &unreadable, trim, trim_reached).unwrap();
+        let chain = chain.iter().map(|&i| ranges[i]).collect();
+        (chain, furthest)
+    }
+
+    #[test]
+    fn the_chain_reaching_furthest_is_taken_and_the_lowest_of_those() {
+        // A rewrite's merge beside the objects it merged: either reaches 30; the merge is one.
+        assert_eq!(
+            chain(&[(0, 10), (0, 30), (10, 20), (20, 30)], 0, 0),
+            (vec![(0, 30)], 30)
+        );
+        // An interrupted settle's object, reaching less far than the one that replaced it.
+        assert_eq!(
+            chain(&[(0, 10), (0, 12), (10, 15)], 0, 0),
+            (vec![(0, 10), (10, 15)], 15)
+        );
+        // Past a gap, nothing is chained.
+        assert_eq!(chain(&[(0, 10), (12, 20)], 0, 0), (vec![(0, 10)], 10));
+    }
+
+    #[test]
+    fn a_chain_may_start_where_a_trim_may_have_moved_the_stream() {
+        // A settle cut off before its swap left 0..28; retention then trimmed to 21 (its marker
+        // says 21 was reached, not that it committed) and the next settle wrote 21..29. Only
+        // the chain from 21 holds record 28.
+        assert_eq!(chain(&[(0, 28), (21, 29)], 0, 21), (vec![(21, 29)], 29));
+        // Without a marker reaching 21, 21..29 continues nothing.
+        assert_eq!(chain(&[(0, 28), (21, 29)], 0, 0), (vec![(0, 28)], 28));
+        // Where a chain from the first record reaches as far, it is the one taken: nothing
+        // the trim may not have removed is left out.
+        assert_eq!(
+            chain(&[(0, 28), (21, 29), (28, 29)], 0, 21),
+            (vec![(0, 28), (28, 29)], 29)
+        );
+        // An object spanning the committed trim point still starts a chain.
+        assert_eq!(
+            chain(&[(0, 10), (10, 20)], 5, 5),
+            (vec![(0, 10), (10, 20)], 20)
+        );
+    }
 }
