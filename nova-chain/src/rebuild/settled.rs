@@ -111,9 +111,13 @@ async fn choose(
                 }
             };
             unreadable[i] = true;
-            let covered = chain_of(&objects, &unreadable, trim, trim_reached)
-                .is_some_and(|(_, reach)| reach >= data.end);
-            if !covered {
+            if !still_covered(
+                &objects,
+                &unreadable,
+                (trim, trim_reached),
+                &chain,
+                data.end,
+            ) {
                 return Err(RebuildError::Flight {
                     key: meta.key.clone(),
                     source: FetchError::Format {
@@ -178,7 +182,7 @@ fn chain_of(
     let mut usable: Vec<(usize, &DataKey)> = objects
         .iter()
         .enumerate()
-        .filter(|(i, _)| !unreadable[*i])
+        .filter(|(i, (data, _))| !unreadable[*i] && data.start < data.end)
         .map(|(i, (data, _))| (i, data))
         .collect();
     // By first record: every object ending at a point comes before those starting there.
@@ -208,6 +212,21 @@ fn chain_of(
     }
     chain.reverse();
     Some((chain, furthest))
+}
+
+/// Whether, with the `unreadable` objects left out, a chain still reaches `end` from no later a
+/// start than `chain` (the chain one of them was in) did: a chain from where a trim may have
+/// moved the stream must not stand in for records below that point.
+fn still_covered(
+    objects: &[(DataKey, nova_core::object_store::ObjectMeta)],
+    unreadable: &[bool],
+    (trim, trim_reached): (u64, u64),
+    chain: &[usize],
+    end: u64,
+) -> bool {
+    let start = |chain: &[usize]| chain.first().map_or(u64::MAX, |&i| objects[i].0.start);
+    chain_of(objects, unreadable, trim, trim_reached)
+        .is_some_and(|(without, reach)| reach >= end && start(&without) <= start(chain))
 }
 
 fn object_garbage(object: &nova_core::object_store::ObjectMeta) -> Garbage {
@@ -353,5 +372,26 @@ mod tests {
             chain(&[(0, 10), (10, 20)], 5, 5),
             (vec![(0, 10), (10, 20)], 20)
         );
+    }
+
+    #[test]
+    fn an_unreadable_merge_is_left_out_only_where_its_sources_cover_it() {
+        // 10..30 is a merge whose footer does not parse.
+        let ranges = [(0, 10), (10, 20), (10, 30), (20, 30), (30, 40)];
+        let all = objects(&ranges);
+        let with_merge = chain_of(&all, &[false; 5], 0, 25).unwrap().0;
+        assert_eq!(with_merge, [0, 2, 4]);
+        let unreadable = [false, false, true, false, false];
+        assert!(still_covered(&all, &unreadable, (0, 25), &with_merge, 30));
+        // Without 10..20, a chain from 20 (a trim may have moved the stream to 25) reaches 40,
+        // but records 0..20 the merge's chain held would be given up: not covered.
+        let ranges = [(0, 10), (10, 30), (20, 30), (30, 40)];
+        let some = objects(&ranges);
+        let with_merge = chain_of(&some, &[false; 4], 0, 25).unwrap().0;
+        assert_eq!(with_merge, [0, 1, 3]);
+        let unreadable = [false, true, false, false];
+        assert!(!still_covered(&some, &unreadable, (0, 25), &with_merge, 30));
+        // An empty range never starts a chain.
+        assert_eq!(chain(&[(5, 5), (5, 9)], 0, 5), (vec![(5, 9)], 9));
     }
 }
