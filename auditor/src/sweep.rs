@@ -216,13 +216,14 @@ async fn queue_stray(ctx: &Ctx, stray: &[(u64, Garbage)], what: &str) -> Result<
 /// - in an epoch past (one the settle cursor and that point have both left), every slot but
 ///   the one after the epoch's last settle marker (its fence, which stays so a paused
 ///   incarnation can never land that slot; past it, nothing was acknowledged) and every marker
-///   but that last one;
+///   but that last one. A past epoch without a marker had no flight to settle (the settle
+///   writes one for every window of flights before its cursor moves on), so it was fenced at
+///   slot 0: every slot but that one goes (one whose PUT landed after the fence);
 /// - in that point's epoch, the slots up to it (and below the cursor) and the markers below the
 ///   highest that the runs collected superseded.
 ///
-/// An epoch without a marker is left alone. Slots are queued due after the chain's last run,
-/// so what is left of an epoch is still deleted in order, and no item collides with a queued
-/// run.
+/// Slots are queued due after the chain's last run, so what is left of an epoch is still
+/// deleted in order, and no item collides with a queued run.
 async fn sweep_chain_page(
     ctx: &Ctx,
     star: &str,
@@ -277,7 +278,7 @@ async fn sweep_chain_page(
         };
         let left = if let Some(slot) = parse_slot(&chain_prefix(star, epoch), &object.key) {
             if past {
-                marker.is_some_and(|through| slot != through + 1)
+                slot != marker.map_or(0, |through| through + 1)
             } else if reached(epoch, slot) && settled(epoch, slot) {
                 true
             } else {

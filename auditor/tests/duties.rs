@@ -582,8 +582,8 @@ async fn the_sweep_collects_settled_objects_nothing_references() {
 
 /// What a PUT that timed out left landing after its run was collected is swept, in this
 /// star's chain and in an adopted star's chain and trim markers: in an epoch past, every slot
-/// but its fence and every settle marker but its last; in the epoch being collected, what the
-/// collector has passed. While the queue may still hold a slot, it is not queued again; once
+/// but its fence (slot 0 in an epoch without a marker) and every settle marker but its last;
+/// in the epoch being collected, what the collector has passed. While the queue may still hold a slot, it is not queued again; once
 /// the queue has nothing left of the chain, everything below the settle cursor goes. Nothing
 /// at or past the cursor is touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -611,7 +611,10 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
         // Epoch 2 is the cursor's, at slot 5, and collected through slot 2 (the run queued
         // here); slot 3 and the marker slot 3's run superseded may still be queued. Epoch 3 is
         // not reached yet.
+        // Epoch 0 had nothing to settle: fenced at slot 0, with no marker; slot 2's PUT
+        // landed after the fence.
         stray.extend([
+            slot_key(star, 0, 2),
             slot_key(star, 1, 3),
             slot_key(star, 1, 7),
             settle_marker_key(star, 1, 2),
@@ -620,6 +623,7 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
         ]);
         queued.extend([slot_key(star, 2, 3), settle_marker_key(star, 2, 2)]);
         kept.extend([
+            slot_key(star, 0, 0),
             slot_key(star, 1, 5),
             settle_marker_key(star, 1, 4),
             slot_key(star, 2, 5),
