@@ -15,11 +15,12 @@
 use std::collections::HashMap;
 
 use nova_core::catalog::{Garbage, Liveness, SettleCursor};
+use nova_core::flight::{FetchError, ObjectFooter, fetch_footer};
 use nova_core::keys::{
     chain_prefix, chain_root, data_root, parse_data_key, parse_epoch, parse_settle_marker,
     parse_slot, parse_trim_marker, settle_marker_prefix, slot_key, trims_root,
 };
-use nova_core::object_store::{ListPage, MAX_LIST_KEYS};
+use nova_core::object_store::{ListPage, MAX_LIST_KEYS, StoreError};
 
 use crate::{AuditError, Ctx, Step};
 
@@ -216,9 +217,11 @@ async fn queue_stray(ctx: &Ctx, stray: &[(u64, Garbage)], what: &str) -> Result<
 /// - in an epoch past (one the settle cursor and that point have both left), every slot but
 ///   the one after the epoch's last settle marker (its fence, which stays so a paused
 ///   incarnation can never land that slot; past it, nothing was acknowledged) and every marker
-///   but that last one. A past epoch without a marker had no flight to settle (the settle
-///   writes one for every window of flights before its cursor moves on), so it was fenced at
-///   slot 0: every slot but that one goes (one whose PUT landed after the fence);
+///   but that last one. A past epoch without a marker had no flight to settle: the settle
+///   writes a marker for every window of flights before its cursor moves on, nothing deletes
+///   an epoch's highest marker, and recovery fences an epoch with nothing absorbed at slot 0.
+///   Once slot 0 is read to be that fence, every other slot goes (a PUT that landed after the
+///   fence); otherwise the epoch is left alone;
 /// - in that point's epoch, the slots up to it (and below the cursor) and the markers below the
 ///   highest that the runs collected superseded.
 ///
@@ -256,6 +259,7 @@ async fn sweep_chain_page(
         .list(&root, after.as_deref(), MAX_LIST_KEYS)
         .await?;
     let mut highest = page_markers(star, &page);
+    let mut fenced_at_zero: HashMap<u64, bool> = HashMap::new();
     let due = ctx.due_at().max(cursor.last_due_ms.saturating_add(1));
     let mut stray = Vec::new();
     let mut next = page.next_start_after.clone();
@@ -278,7 +282,18 @@ async fn sweep_chain_page(
         };
         let left = if let Some(slot) = parse_slot(&chain_prefix(star, epoch), &object.key) {
             if past {
-                slot != marker.map_or(0, |through| through + 1)
+                match marker {
+                    Some(through) => slot != through + 1,
+                    None if slot == 0 => false,
+                    None => match fenced_at_zero.get(&epoch) {
+                        Some(fenced) => *fenced,
+                        None => {
+                            let fenced = fenced_at_zero_slot(ctx, star, epoch).await?;
+                            fenced_at_zero.insert(epoch, fenced);
+                            fenced
+                        }
+                    },
+                }
             } else if reached(epoch, slot) && settled(epoch, slot) {
                 true
             } else {
@@ -347,6 +362,20 @@ async fn chain_reach(
     }
     let mark = ctx.catalog.chain_collected(star).await?;
     Ok(mark.map(|(epoch, slot)| (epoch, Some(slot))))
+}
+
+/// Whether slot 0 of `epoch` of `star`'s chain is a fence: the one read a past epoch without
+/// a settle marker needs before its other slots go. Such an epoch had no flight to settle, so
+/// its fence is at slot 0; anything else (a missing or unreadable slot 0, a flight there) means
+/// its markers are not what the settle left, and the epoch is left alone.
+async fn fenced_at_zero_slot(ctx: &Ctx, star: &str, epoch: u64) -> Result<bool, AuditError> {
+    match fetch_footer(ctx.store.as_ref(), &slot_key(star, epoch, 0)).await {
+        Ok(footer) => Ok(matches!(footer, ObjectFooter::Fence(_))),
+        Err(FetchError::Store(StoreError::NotFound { .. }) | FetchError::Format { .. }) => {
+            Ok(false)
+        }
+        Err(err) => Err(err.into()),
+    }
 }
 
 /// Each epoch's highest settle marker as far as `page` shows it: for an epoch whose markers it

@@ -606,15 +606,22 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
         .await
         .unwrap();
     let (mut stray, mut queued, mut kept) = (Vec::new(), Vec::new(), Vec::new());
+    let mut fences = Vec::new();
     for star in [STAR, "departed"] {
         // Epoch 1 ended: settled through slot 4, fenced at 5; slot 7 was never acknowledged.
         // Epoch 2 is the cursor's, at slot 5, and collected through slot 2 (the run queued
         // here); slot 3 and the marker slot 3's run superseded may still be queued. Epoch 3 is
         // not reached yet.
-        // Epoch 0 had nothing to settle: fenced at slot 0, with no marker; slot 2's PUT
-        // landed after the fence.
+        // Epoch 0 has no marker. In this star's chain it had nothing to settle: fenced at
+        // slot 0, and slot 2's PUT landed after the fence. In the departed one slot 0 is no
+        // fence (its markers are not what a settle leaves), so the epoch is left alone.
+        if star == STAR {
+            fences.push(slot_key(star, 0, 0));
+            stray.push(slot_key(star, 0, 2));
+        } else {
+            kept.extend([slot_key(star, 0, 0), slot_key(star, 0, 2)]);
+        }
         stray.extend([
-            slot_key(star, 0, 2),
             slot_key(star, 1, 3),
             slot_key(star, 1, 7),
             settle_marker_key(star, 1, 2),
@@ -623,7 +630,6 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
         ]);
         queued.extend([slot_key(star, 2, 3), settle_marker_key(star, 2, 2)]);
         kept.extend([
-            slot_key(star, 0, 0),
             slot_key(star, 1, 5),
             settle_marker_key(star, 1, 4),
             slot_key(star, 2, 5),
@@ -666,6 +672,17 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
             .put(key, bytes::Bytes::from_static(b"bytes").into())
             .await
             .unwrap();
+    }
+    for key in &fences {
+        let fence = nova_core::flight::FenceInfo {
+            star: STAR.to_owned(),
+            epoch: 0,
+            slot: 0,
+            fenced_by: STAR.to_owned(),
+            fenced_at_ms: now,
+        };
+        let bytes = nova_core::flight::encode_fence(&fence);
+        store.put(key, bytes.into()).await.unwrap();
     }
     let config = AuditorConfig {
         sweep_every: Duration::from_millis(200),
@@ -710,7 +727,7 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let queue = taken(Vec::new()).await;
-    for key in queued.iter().chain(&kept) {
+    for key in queued.iter().chain(&kept).chain(&fences) {
         assert!(!queue.contains(key), "{key} was queued");
         assert!(store.head(key).await.is_ok(), "{key} went");
     }
@@ -735,7 +752,7 @@ async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
     }
     let missed: Vec<_> = queued.iter().filter(|key| !seen.contains(*key)).collect();
     assert!(missed.is_empty(), "never queued: {missed:?}");
-    for key in &kept {
+    for key in kept.iter().chain(&fences) {
         assert!(!seen.contains(key), "{key} was queued");
         assert!(store.head(key).await.is_ok(), "{key} went");
     }
