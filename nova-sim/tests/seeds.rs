@@ -70,11 +70,13 @@ fn seeds_fourth_quarter() {
 /// flights to a rewrite budget of 1 MiB/s, whose catch-up the check once cut off at 120 s.
 /// 312249: a slot whose PUT landed after its epoch was fenced at slot 0 and settled, left for
 /// good because the sweep passed over past epochs without a settle marker.
+/// 315316: a rebuild stopping at a wrongly composed merge instead of refusing the stream that
+/// had lost its front object (found in a review's change, before it landed).
 #[test]
 fn seeds_that_found_defects_stay_clean() {
     for seed in [
         55, 71, 13, 21, 5, 59, 68, 182, 747, 27, 105, 241, 172, 195, 244, 140, 208, 737, 17, 22,
-        34, 57, 124, 7791, 9673, 695, 730, 806, 301674, 300163, 312249,
+        34, 57, 124, 7791, 9673, 695, 730, 806, 301674, 300163, 312249, 315316,
     ] {
         if let Err(failure) = run_seed(seed) {
             panic!("{failure}");

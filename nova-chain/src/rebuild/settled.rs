@@ -111,26 +111,35 @@ async fn choose(
                 }
             };
             unreadable[i] = true;
-            if !still_covered(
+            match cover_without(
                 &objects,
                 &unreadable,
                 (trim, trim_reached),
                 &chain,
                 data.end,
             ) {
-                return Err(RebuildError::Flight {
-                    key: meta.key.clone(),
-                    source: FetchError::Format {
+                Cover::Lost => {
+                    return Err(RebuildError::Flight {
                         key: meta.key.clone(),
-                        source,
-                    },
-                });
+                        source: FetchError::Format {
+                            key: meta.key.clone(),
+                            source,
+                        },
+                    });
+                }
+                Cover::Whole => tracing::warn!(
+                    object = %meta.key,
+                    "rebuild: a merged object is unreadable ({source}); its records are taken \
+                     from the objects it was merged from"
+                ),
+                Cover::From(start) => tracing::warn!(
+                    object = %meta.key,
+                    start,
+                    "rebuild: a merged object is unreadable ({source}) and the objects it was \
+                     merged from hold its records only from {start} on; the stream starts \
+                     there if its trim markers allow, and the rebuild refuses it otherwise"
+                ),
             }
-            tracing::warn!(
-                object = %meta.key,
-                "rebuild: a merged object is unreadable ({source}); its records are taken from \
-                 the objects it was merged from"
-            );
             continue 'choose;
         }
         break (chain, furthest);
@@ -214,19 +223,37 @@ fn chain_of(
     Some((chain, furthest))
 }
 
-/// Whether, with the `unreadable` objects left out, a chain still reaches `end` from no later a
-/// start than `chain` (the chain one of them was in) did: a chain from where a trim may have
-/// moved the stream must not stand in for records below that point.
-fn still_covered(
+/// What the objects left cover once the `unreadable` ones are left out of `chain`.
+#[derive(Debug, PartialEq, Eq)]
+enum Cover {
+    /// No chain reaches `end` any more: the rebuild stops rather than restore the stream short.
+    Lost,
+    /// A chain from where `chain` started reaches `end`.
+    Whole,
+    /// A chain reaches `end` only from this later record. That is a stream's restored front
+    /// when its trim markers say retention was about to trim past it (those records were past
+    /// retention); otherwise the continuity check refuses the stream as missing its front.
+    From(u64),
+}
+
+fn cover_without(
     objects: &[(DataKey, nova_core::object_store::ObjectMeta)],
     unreadable: &[bool],
     (trim, trim_reached): (u64, u64),
     chain: &[usize],
     end: u64,
-) -> bool {
+) -> Cover {
     let start = |chain: &[usize]| chain.first().map_or(u64::MAX, |&i| objects[i].0.start);
-    chain_of(objects, unreadable, trim, trim_reached)
-        .is_some_and(|(without, reach)| reach >= end && start(&without) <= start(chain))
+    match chain_of(objects, unreadable, trim, trim_reached) {
+        Some((without, reach)) if reach >= end => {
+            if start(&without) <= start(chain) {
+                Cover::Whole
+            } else {
+                Cover::From(start(&without))
+            }
+        }
+        _ => Cover::Lost,
+    }
 }
 
 fn object_garbage(object: &nova_core::object_store::ObjectMeta) -> Garbage {
@@ -382,15 +409,20 @@ mod tests {
         let with_merge = chain_of(&all, &[false; 5], 0, 25).unwrap().0;
         assert_eq!(with_merge, [0, 2, 4]);
         let unreadable = [false, false, true, false, false];
-        assert!(still_covered(&all, &unreadable, (0, 25), &with_merge, 30));
-        // Without 10..20, a chain from 20 (a trim may have moved the stream to 25) reaches 40,
-        // but records 0..20 the merge's chain held would be given up: not covered.
+        let cover = cover_without(&all, &unreadable, (0, 25), &with_merge, 30);
+        assert_eq!(cover, Cover::Whole);
+        // Without 10..20, only a chain from 20 (a trim was about to move the stream to 25)
+        // reaches 40: records 0..20 are left out, as the marker allows.
         let ranges = [(0, 10), (10, 30), (20, 30), (30, 40)];
         let some = objects(&ranges);
         let with_merge = chain_of(&some, &[false; 4], 0, 25).unwrap().0;
         assert_eq!(with_merge, [0, 1, 3]);
         let unreadable = [false, true, false, false];
-        assert!(!still_covered(&some, &unreadable, (0, 25), &with_merge, 30));
+        let cover = cover_without(&some, &unreadable, (0, 25), &with_merge, 30);
+        assert_eq!(cover, Cover::From(20));
+        // Without a marker reaching 20, no chain reaches past 10: the rebuild stops.
+        let cover = cover_without(&some, &unreadable, (0, 0), &with_merge, 30);
+        assert_eq!(cover, Cover::Lost);
         // An empty range never starts a chain.
         assert_eq!(chain(&[(5, 5), (5, 9)], 0, 5), (vec![(5, 9)], 9));
     }
