@@ -583,9 +583,9 @@ async fn the_sweep_collects_settled_objects_nothing_references() {
 /// What a PUT that timed out left landing after its run was collected is swept, in this
 /// star's chain and in an adopted star's chain and trim markers: in an epoch past, every slot
 /// but its fence (slot 0 in an epoch without a marker) and every settle marker but its last;
-/// in the epoch being collected, what the collector has passed. While the queue may still hold a slot, it is not queued again; once
-/// the queue has nothing left of the chain, everything below the settle cursor goes. Nothing
-/// at or past the cursor is touched.
+/// in the epoch being collected, what the collector has passed. While the queue may still hold
+/// a slot, it is not queued again; once the queue has nothing left of the chain, everything
+/// below the settle cursor goes. Nothing at or past the cursor is touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweep_collects_chain_leftovers_below_the_settle_cursor() {
     use nova_core::catalog::{Garbage, SettleCursor};

@@ -87,7 +87,7 @@ async fn choose(
     }
     // A merged object whose footer does not parse (one the store composed wrongly, whose
     // swap never landed and whose delete failed) is left out, and the chain chosen again
-    // without it, but only when the objects it was merged from still cover its records:
+    // without it, but only when the objects left still reach as far (see `cover_without`):
     // otherwise the rebuild stops, as for any unreadable object, rather than restore the
     // stream short.
     let mut unreadable = vec![false; objects.len()];
@@ -116,7 +116,7 @@ async fn choose(
                 &unreadable,
                 (trim, trim_reached),
                 &chain,
-                data.end,
+                furthest,
             ) {
                 Cover::Lost => {
                     return Err(RebuildError::Flight {
@@ -226,26 +226,30 @@ fn chain_of(
 /// What the objects left cover once the `unreadable` ones are left out of `chain`.
 #[derive(Debug, PartialEq, Eq)]
 enum Cover {
-    /// No chain reaches `end` any more: the rebuild stops rather than restore the stream short.
+    /// No chain reaches as far as `chain` did any more: the rebuild stops rather than restore
+    /// the stream short.
     Lost,
-    /// A chain from where `chain` started reaches `end`.
+    /// A chain from where `chain` started, or from before, reaches as far.
     Whole,
-    /// A chain reaches `end` only from this later record. That is a stream's restored front
+    /// A chain reaches as far only from this later record. That is a stream's restored front
     /// when its trim markers say retention was about to trim past it (those records were past
     /// retention); otherwise the continuity check refuses the stream as missing its front.
     From(u64),
 }
 
+/// `reached`: where `chain` ended. A chain without the unreadable objects must reach it, not
+/// only the end of the object left out: past that, the objects the old chain ended with may
+/// alone hold the stream's newest records.
 fn cover_without(
     objects: &[(DataKey, nova_core::object_store::ObjectMeta)],
     unreadable: &[bool],
     (trim, trim_reached): (u64, u64),
     chain: &[usize],
-    end: u64,
+    reached: u64,
 ) -> Cover {
     let start = |chain: &[usize]| chain.first().map_or(u64::MAX, |&i| objects[i].0.start);
     match chain_of(objects, unreadable, trim, trim_reached) {
-        Some((without, reach)) if reach >= end => {
+        Some((without, reach)) if reach >= reached => {
             if start(&without) <= start(chain) {
                 Cover::Whole
             } else {
@@ -402,14 +406,14 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_merge_is_left_out_only_where_its_sources_cover_it() {
+    fn an_unreadable_merge_is_left_out_only_where_the_rest_reach_as_far() {
         // 10..30 is a merge whose footer does not parse.
         let ranges = [(0, 10), (10, 20), (10, 30), (20, 30), (30, 40)];
         let all = objects(&ranges);
         let with_merge = chain_of(&all, &[false; 5], 0, 25).unwrap().0;
         assert_eq!(with_merge, [0, 2, 4]);
         let unreadable = [false, false, true, false, false];
-        let cover = cover_without(&all, &unreadable, (0, 25), &with_merge, 30);
+        let cover = cover_without(&all, &unreadable, (0, 25), &with_merge, 40);
         assert_eq!(cover, Cover::Whole);
         // Without 10..20, only a chain from 20 (a trim was about to move the stream to 25)
         // reaches 40: records 0..20 are left out, as the marker allows.
@@ -418,10 +422,19 @@ mod tests {
         let with_merge = chain_of(&some, &[false; 4], 0, 25).unwrap().0;
         assert_eq!(with_merge, [0, 1, 3]);
         let unreadable = [false, true, false, false];
-        let cover = cover_without(&some, &unreadable, (0, 25), &with_merge, 30);
+        let cover = cover_without(&some, &unreadable, (0, 25), &with_merge, 40);
         assert_eq!(cover, Cover::From(20));
         // Without a marker reaching 20, no chain reaches past 10: the rebuild stops.
-        let cover = cover_without(&some, &unreadable, (0, 0), &with_merge, 30);
+        let cover = cover_without(&some, &unreadable, (0, 0), &with_merge, 40);
+        assert_eq!(cover, Cover::Lost);
+        // Without 20..30, the rest reach past the merge (to 35) but not as far as the chain
+        // did (40): 30..40 alone held records 35..40, so the rebuild stops.
+        let ranges = [(0, 10), (10, 30), (10, 20), (20, 35), (30, 40)];
+        let these = objects(&ranges);
+        let with_merge = chain_of(&these, &[false; 5], 0, 0).unwrap().0;
+        assert_eq!(with_merge, [0, 1, 4]);
+        let unreadable = [false, true, false, false, false];
+        let cover = cover_without(&these, &unreadable, (0, 0), &with_merge, 40);
         assert_eq!(cover, Cover::Lost);
         // An empty range never starts a chain.
         assert_eq!(chain(&[(5, 5), (5, 9)], 0, 5), (vec![(5, 9)], 9));
