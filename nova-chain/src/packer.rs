@@ -188,8 +188,20 @@ impl Packer {
 
     fn fail_open(&mut self) {
         if let Some(flight) = self.open.take() {
-            flight.fail(&self.shared, &abandoned());
+            self.abandon(flight);
         }
+    }
+
+    /// Fails a flight that shutdown abandoned before it had a slot. Its records were given
+    /// sequence numbers, so the chain ends here: a later flight written at the next slot (a
+    /// backlog permit freed meanwhile) would skip them, and recovery would find the stream's
+    /// records discontinuous and refuse to start.
+    fn abandon(&self, flight: OpenFlight) {
+        self.shared.fence(
+            "a flight was abandoned at shutdown before it was written; the chain ends before it"
+                .into(),
+        );
+        flight.fail(&self.shared, &abandoned());
     }
 
     fn admit(&mut self, sub: Submission) {
@@ -295,7 +307,7 @@ impl Packer {
             return;
         }
         let Some(backlog) = self.backlog_permit().await else {
-            flight.fail(&self.shared, &abandoned());
+            self.abandon(flight);
             return;
         };
         let slot = self.next_slot;

@@ -71,6 +71,54 @@ async fn nothing_past_an_abandoned_flight_is_acknowledged() {
     assert_eq!((next.start, next.end), (0, 1));
 }
 
+/// Shutdown gives up on a flight still waiting for a backlog permit: its records have
+/// sequence numbers, but it has no slot. The chain must end there: were a permit freed
+/// meanwhile to let a later flight take the next slot, that flight's records would not
+/// continue the stream's, and the next start would refuse the chain (simulation seed 328386).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flight_abandoned_before_its_slot_ends_the_chain() {
+    let disk = Disk::new();
+    let one_flight = nova_chain::config::ChainConfig {
+        backlog_flights: 1,
+        ..config()
+    };
+    let f = open_faulty(&disk, one_flight).await.unwrap();
+    create(&f.star, "s").await;
+    // The first flight's absorb is held, so the backlog of one flight stays spent.
+    f.metastore.inject(CommitFault::Hold, None);
+    answer(append(&f.star, "s", "a").await).await.unwrap();
+    let second = append(&f.star, "s", "b").await;
+    let metrics = f.metrics.clone();
+    eventually(Duration::from_secs(10), "the second flight to wait", || {
+        nova_chain::metrics::STALL_CAUSES[..3]
+            .iter()
+            .map(|cause| {
+                metrics
+                    .stalls
+                    .with_label_values(&["chain_backlog", cause])
+                    .get()
+            })
+            .sum::<u64>()
+            >= 1
+    })
+    .await;
+    let _ = f.star.shutdown(Duration::from_millis(300)).await;
+    assert!(
+        answer(second).await.is_err(),
+        "the abandoned flight's append failed"
+    );
+    assert!(
+        f.star.fenced().is_some(),
+        "a flight abandoned after its records were sequenced ends the chain"
+    );
+    f.metastore.clear();
+    drop(f);
+    let star = open_plain(&disk, config()).await.unwrap();
+    assert_eq!(bodies(&star, "s").await, ["a"]);
+    let next = answer(append(&star, "s", "c").await).await.unwrap();
+    assert_eq!((next.start, next.end), (1, 2));
+}
+
 /// A commit that landed but answered with an error makes the retry meet a version conflict;
 /// the star must recognise its own commit rather than fence itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -72,11 +72,15 @@ fn seeds_fourth_quarter() {
 /// good because the sweep passed over past epochs without a settle marker.
 /// 315316: a rebuild stopping at a wrongly composed merge instead of refusing the stream that
 /// had lost its front object (found in a review's change, before it landed).
+/// 328386: a star that could not start again: at a shutdown past its deadline, a flight
+/// waiting for a backlog permit was failed with its records already sequenced, a permit
+/// freed meanwhile let the next flight take the slot, and recovery found the stream's
+/// records discontinuous.
 #[test]
 fn seeds_that_found_defects_stay_clean() {
     for seed in [
         55, 71, 13, 21, 5, 59, 68, 182, 747, 27, 105, 241, 172, 195, 244, 140, 208, 737, 17, 22,
-        34, 57, 124, 7791, 9673, 695, 730, 806, 301674, 300163, 312249, 315316,
+        34, 57, 124, 7791, 9673, 695, 730, 806, 301674, 300163, 312249, 315316, 328386,
     ] {
         if let Err(failure) = run_seed(seed) {
             panic!("{failure}");
