@@ -310,6 +310,12 @@ impl Packer {
             self.abandon(flight);
             return;
         };
+        // The wait may have been long: a fence raised meanwhile (another writer's object at a
+        // slot) means this star no longer owns the chain, and writes nothing more to it.
+        if let Some(reason) = self.shared.fenced() {
+            flight.fail(&self.shared, &nova_core::refusal::fenced(reason));
+            return;
+        }
         let slot = self.next_slot;
         self.next_slot += 1;
         let shared = &self.shared;
@@ -365,6 +371,10 @@ impl Packer {
     /// it once nothing has waited for a while.
     async fn backlog_permit(&mut self) -> Option<BudgetPermit> {
         let shared = self.shared.clone();
+        // Past shutdown's deadline no flight starts, even one a permit is free for.
+        if shared.abandon.is_cancelled() {
+            return None;
+        }
         if let Some(permit) = shared.backlog.try_acquire(1) {
             return Some(permit);
         }
@@ -388,8 +398,8 @@ impl Packer {
         let started = shared.config.clock.now();
         let permit = tokio::select! {
             biased;
-            permit = shared.backlog.acquire(1) => Some(permit),
             _ = shared.abandon.cancelled() => None,
+            permit = shared.backlog.acquire(1) => Some(permit),
         };
         if let Some((stall, last)) = &mut *shared.backlog_stall.lock() {
             stall.waited(shared.config.clock.since(started));

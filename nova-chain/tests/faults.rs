@@ -111,8 +111,13 @@ async fn a_flight_abandoned_before_its_slot_ends_the_chain() {
         f.star.fenced().is_some(),
         "a flight abandoned after its records were sequenced ends the chain"
     );
+    let epoch = f.star.epoch();
     f.metastore.clear();
     drop(f);
+    assert!(
+        disk.store().head(&slot_key(STAR, epoch, 1)).await.is_err(),
+        "no flight is written past shutdown's deadline"
+    );
     let star = open_plain(&disk, config()).await.unwrap();
     assert_eq!(bodies(&star, "s").await, ["a"]);
     let next = answer(append(&star, "s", "c").await).await.unwrap();
