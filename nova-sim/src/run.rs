@@ -600,18 +600,29 @@ const AUDIT_LIMIT: Duration = Duration::from_secs(600);
 async fn audit_to_the_end(world: &World, star: &Star, auditor: &Auditor, clock: Clock) {
     let catalog = Catalog::new(Arc::new(world.metastore.clone()));
     let started = clock.now();
+    // The sweep passes counted when the queue was last seen turning empty.
+    let mut emptied_at: Option<u64> = None;
     loop {
         let cursor = catalog.settle_cursor(STAR).await.ok().flatten();
         let settled = cursor.is_some_and(|c| c.cursor.epoch >= star.epoch());
         let collected = catalog.garbage_page(1).await.is_ok_and(|g| g.is_empty());
+        let sweeps = auditor.metrics().sweeps.get();
+        if collected {
+            emptied_at.get_or_insert(sweeps);
+        } else {
+            emptied_at = None;
+        }
         let dropped = catalog
             .dropping_streams(1)
             .await
             .is_ok_and(|d| d.is_empty());
         // Late writes of earlier lives land up to two seconds into this one: wait for sweeps
-        // begun after that.
-        let swept =
-            clock.since(started) > Duration::from_secs(3) && auditor.metrics().sweeps.get() >= 4;
+        // begun after that. And a pass sweeps a chain only as far as the collector has got
+        // (while the queue holds anything due before the chain's last run, that is where its
+        // collected mark says), so wait for a whole pass begun once the queue was empty.
+        let swept = clock.since(started) > Duration::from_secs(3)
+            && sweeps >= 4
+            && emptied_at.is_some_and(|at| sweeps >= at + 2);
         // Stopping the auditor cuts a job where it waits, as a crash would; a settle job cut
         // between its marker and its commit leaves slots for the next start to queue, which
         // this final check would count as left behind. So stop only between jobs: nothing

@@ -76,11 +76,13 @@ fn seeds_fourth_quarter() {
 /// waiting for a backlog permit was failed with its records already sequenced, a permit
 /// freed meanwhile let the next flight take the slot, and recovery found the stream's
 /// records discontinuous.
+/// 336316: the final check stopping before a sweep pass begun once the garbage queue was
+/// empty, so a settle marker that landed late was counted as left behind.
 #[test]
 fn seeds_that_found_defects_stay_clean() {
     for seed in [
         55, 71, 13, 21, 5, 59, 68, 182, 747, 27, 105, 241, 172, 195, 244, 140, 208, 737, 17, 22,
-        34, 57, 124, 7791, 9673, 695, 730, 806, 301674, 300163, 312249, 315316, 328386,
+        34, 57, 124, 7791, 9673, 695, 730, 806, 301674, 300163, 312249, 315316, 328386, 336316,
     ] {
         if let Err(failure) = run_seed(seed) {
             panic!("{failure}");
