@@ -204,6 +204,17 @@ impl Packer {
         flight.fail(&self.shared, &abandoned());
     }
 
+    /// `flight`, unless the star is fenced: then it is failed with the fence's reason.
+    fn unless_fenced(&self, flight: OpenFlight) -> Option<OpenFlight> {
+        match self.shared.fenced() {
+            Some(reason) => {
+                flight.fail(&self.shared, &nova_core::refusal::fenced(reason));
+                None
+            }
+            None => Some(flight),
+        }
+    }
+
     fn admit(&mut self, sub: Submission) {
         if let Some(reason) = self.shared.fenced() {
             let _ = sub.reply.send(Err(nova_core::refusal::fenced(reason)));
@@ -302,20 +313,18 @@ impl Packer {
         let Some(flight) = self.open.take() else {
             return;
         };
-        if let Some(reason) = self.shared.fenced() {
-            flight.fail(&self.shared, &nova_core::refusal::fenced(reason));
+        let Some(flight) = self.unless_fenced(flight) else {
             return;
-        }
+        };
         let Some(backlog) = self.backlog_permit().await else {
             self.abandon(flight);
             return;
         };
         // The wait may have been long: a fence raised meanwhile (another writer's object at a
         // slot) means this star no longer owns the chain, and writes nothing more to it.
-        if let Some(reason) = self.shared.fenced() {
-            flight.fail(&self.shared, &nova_core::refusal::fenced(reason));
+        let Some(flight) = self.unless_fenced(flight) else {
             return;
-        }
+        };
         let slot = self.next_slot;
         self.next_slot += 1;
         let shared = &self.shared;

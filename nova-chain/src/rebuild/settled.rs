@@ -405,37 +405,32 @@ mod tests {
         );
     }
 
+    /// The chain of `ranges` with `trims`, and what covers it once object `merge` is unreadable.
+    fn without(ranges: &[(u64, u64)], merge: usize, trims: (u64, u64)) -> (Vec<usize>, Cover) {
+        let objects = objects(ranges);
+        let readable = vec![false; objects.len()];
+        let (with_merge, reached) = chain_of(&objects, &readable, trims.0, trims.1).unwrap();
+        let mut unreadable = readable;
+        unreadable[merge] = true;
+        let cover = cover_without(&objects, &unreadable, trims, &with_merge, reached);
+        (with_merge, cover)
+    }
+
     #[test]
     fn an_unreadable_merge_is_left_out_only_where_the_rest_reach_as_far() {
         // 10..30 is a merge whose footer does not parse.
-        let ranges = [(0, 10), (10, 20), (10, 30), (20, 30), (30, 40)];
-        let all = objects(&ranges);
-        let with_merge = chain_of(&all, &[false; 5], 0, 25).unwrap().0;
-        assert_eq!(with_merge, [0, 2, 4]);
-        let unreadable = [false, false, true, false, false];
-        let cover = cover_without(&all, &unreadable, (0, 25), &with_merge, 40);
-        assert_eq!(cover, Cover::Whole);
+        let all = [(0, 10), (10, 20), (10, 30), (20, 30), (30, 40)];
+        assert_eq!(without(&all, 2, (0, 25)), (vec![0, 2, 4], Cover::Whole));
         // Without 10..20, only a chain from 20 (a trim was about to move the stream to 25)
         // reaches 40: records 0..20 are left out, as the marker allows.
-        let ranges = [(0, 10), (10, 30), (20, 30), (30, 40)];
-        let some = objects(&ranges);
-        let with_merge = chain_of(&some, &[false; 4], 0, 25).unwrap().0;
-        assert_eq!(with_merge, [0, 1, 3]);
-        let unreadable = [false, true, false, false];
-        let cover = cover_without(&some, &unreadable, (0, 25), &with_merge, 40);
-        assert_eq!(cover, Cover::From(20));
+        let some = [(0, 10), (10, 30), (20, 30), (30, 40)];
+        assert_eq!(without(&some, 1, (0, 25)), (vec![0, 1, 3], Cover::From(20)));
         // Without a marker reaching 20, no chain reaches past 10: the rebuild stops.
-        let cover = cover_without(&some, &unreadable, (0, 0), &with_merge, 40);
-        assert_eq!(cover, Cover::Lost);
+        assert_eq!(without(&some, 1, (0, 0)).1, Cover::Lost);
         // Without 20..30, the rest reach past the merge (to 35) but not as far as the chain
         // did (40): 30..40 alone held records 35..40, so the rebuild stops.
-        let ranges = [(0, 10), (10, 30), (10, 20), (20, 35), (30, 40)];
-        let these = objects(&ranges);
-        let with_merge = chain_of(&these, &[false; 5], 0, 0).unwrap().0;
-        assert_eq!(with_merge, [0, 1, 4]);
-        let unreadable = [false, true, false, false, false];
-        let cover = cover_without(&these, &unreadable, (0, 0), &with_merge, 40);
-        assert_eq!(cover, Cover::Lost);
+        let these = [(0, 10), (10, 30), (10, 20), (20, 35), (30, 40)];
+        assert_eq!(without(&these, 1, (0, 0)), (vec![0, 1, 4], Cover::Lost));
         // An empty range never starts a chain.
         assert_eq!(chain(&[(5, 5), (5, 9)], 0, 5), (vec![(5, 9)], 9));
     }
